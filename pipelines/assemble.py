@@ -1,0 +1,255 @@
+"""Assembly: raw events → hot ``trajectories`` (one row per session) and ``steps``.
+
+Incremental: each run reads only the raw-event files added since the snapshot it
+last assembled (recorded in the ``trajectories`` table properties), recomputes
+the sessions those files touch from *all* of their events, and replaces their
+rows. Recomputing whole sessions makes the result independent of arrival order
+and of duplicates (events are deduplicated by ``event_id``). A session without
+a ``session_end`` is ``running`` until its last event is older than the idle
+deadline, then ``timeout``; a late event reopens it and the next run amends it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import duckdb
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.expressions import In
+from pyiceberg.table import Table
+
+from pipelines.settings import Settings
+from warehouse.catalog import open_catalog
+from warehouse.snapshots import current_files, files_added_since
+from warehouse.sql import connect, parquet_source
+from warehouse.tables import RAW_EVENTS, STEPS, TRAJECTORIES, ensure_table
+
+log = logging.getLogger("trajlake.assemble")
+
+ASSEMBLED_SNAPSHOT = "trajlake.assembled-raw-snapshot"
+
+# Everything below reads the temp table ``ev``: the deduplicated events of the affected sessions.
+_DEDUP_SQL = """
+CREATE OR REPLACE TEMP TABLE ev AS
+SELECT * FROM {source}
+WHERE session_id IN (SELECT session_id FROM affected)
+QUALIFY row_number() OVER (PARTITION BY event_id ORDER BY kafka_topic, kafka_partition, kafka_offset) = 1
+"""
+
+_TRAJECTORIES_SQL = """
+WITH tools AS (
+    SELECT session_id, map_from_entries(list(struct_pack(k := tool_name, v := n) ORDER BY tool_name)) AS tool_counts
+    FROM (SELECT session_id, agent_action.tool_name AS tool_name, count(*) AS n
+          FROM ev WHERE event_type = 'agent_action' GROUP BY ALL)
+    GROUP BY session_id
+),
+agg AS (
+    SELECT
+        session_id,
+        arg_min(task_id, struct_pack(seq, event_id)) AS task_id,
+        arg_min(task_type, struct_pack(seq, event_id)) AS task_type,
+        arg_min(sandbox_id, struct_pack(seq, event_id)) AS sandbox_id,
+        arg_min(host_id, struct_pack(seq, event_id)) AS host_id,
+        arg_min(image_name, struct_pack(seq, event_id)) AS image_name,
+        arg_min(image_version, struct_pack(seq, event_id)) AS image_version,
+        arg_min(agent_name, struct_pack(seq, event_id)) AS agent_name,
+        arg_min(agent_version, struct_pack(seq, event_id)) AS agent_version,
+        arg_min(agent_model, struct_pack(seq, event_id)) AS agent_model,
+        arg_min(policy_version, struct_pack(seq, event_id)) AS policy_version,
+        arg_max(session_end.status, struct_pack(seq, event_id)) FILTER (event_type = 'session_end') AS end_status,
+        arg_max(session_end.exit_reason, struct_pack(seq, event_id))
+            FILTER (event_type = 'session_end') AS end_reason,
+        min(ts) AS started_at,
+        max(ts) FILTER (event_type = 'session_end') AS ended_at,
+        max(ts) AS last_event_at,
+        count(*) AS n_events,
+        max(seq) AS max_seq,
+        max(seq) + 1 - count(DISTINCT seq) AS n_missing_seq,
+        count(*) FILTER (event_type = 'agent_action') AS n_steps,
+        count(*) FILTER (event_type = 'env_feedback' AND coalesce(env_feedback.exit_code, 0) <> 0) AS n_tool_errors,
+        count(DISTINCT agent_action.tool_name) AS n_distinct_tools,
+        count(*) FILTER (event_type = 'file_op' AND file_op.op IN ('write', 'create', 'rename', 'chmod'))
+            AS n_file_writes,
+        count(*) FILTER (event_type = 'file_op' AND file_op.op = 'delete') AS n_file_deletes,
+        count(*) FILTER (event_type = 'file_op' AND NOT coalesce(file_op.in_workspace, true))
+            AS n_files_outside_workspace,
+        count(*) FILTER (event_type = 'network_request') AS n_network_requests,
+        count(*) FILTER (event_type = 'network_request' AND NOT network_request.allowed) AS n_network_denied,
+        coalesce(sum(agent_input.input_tokens), 0) AS input_tokens,
+        coalesce(sum(agent_input.cached_tokens), 0) AS cached_tokens,
+        coalesce(sum(agent_action.output_tokens), 0) AS output_tokens,
+        coalesce(sum(agent_action.cost_usd), 0.0) AS cost_usd,
+        greatest(max(session_end.cpu_seconds), max(resource_sample.cpu_seconds)) AS cpu_seconds,
+        greatest(max(session_end.peak_memory_bytes), max(resource_sample.memory_bytes)) AS peak_memory_bytes,
+        greatest(max(session_end.peak_processes), max(resource_sample.processes)) AS peak_processes,
+        greatest(max(session_end.disk_write_bytes), max(resource_sample.disk_write_bytes)) AS disk_write_bytes,
+        max(session_start.timeout_s) AS timeout_s,
+        arg_min(session_start.instruction, struct_pack(seq, event_id))
+            FILTER (event_type = 'session_start') AS instruction,
+        arg_max(evaluation.passed, struct_pack(seq, event_id)) FILTER (event_type = 'evaluation') AS eval_passed,
+        arg_max(evaluation.tests_total, struct_pack(seq, event_id)) FILTER (event_type = 'evaluation') AS tests_total,
+        arg_max(evaluation.tests_passed, struct_pack(seq, event_id))
+            FILTER (event_type = 'evaluation') AS tests_passed,
+        coalesce(
+            arg_max(evaluation.reward, struct_pack(seq, event_id)) FILTER (event_type = 'evaluation'),
+            arg_max(session_end.reward, struct_pack(seq, event_id)) FILTER (event_type = 'session_end')
+        ) AS reward
+    FROM ev
+    GROUP BY session_id
+)
+SELECT
+    agg.session_id, task_id, task_type, sandbox_id, host_id, image_name, image_version,
+    agent_name, agent_version, agent_model, policy_version,
+    CASE WHEN end_status IS NOT NULL THEN end_status
+         WHEN last_event_at < $as_of - to_microseconds($idle_us) THEN 'timeout'
+         ELSE 'running' END AS status,
+    CASE WHEN end_status IS NOT NULL THEN end_reason
+         WHEN last_event_at < $as_of - to_microseconds($idle_us) THEN 'idle_timeout' END AS exit_reason,
+    started_at, ended_at, last_event_at,
+    epoch(coalesce(ended_at, last_event_at) - started_at) AS duration_s,
+    n_events, max_seq, n_missing_seq, n_steps, n_tool_errors, n_distinct_tools,
+    coalesce(tools.tool_counts, MAP {}) AS tool_counts,
+    n_file_writes, n_file_deletes, n_files_outside_workspace, n_network_requests, n_network_denied,
+    input_tokens, cached_tokens, output_tokens, cost_usd, cpu_seconds, peak_memory_bytes, peak_processes,
+    disk_write_bytes, timeout_s, instruction, eval_passed, tests_total, tests_passed, reward,
+    coalesce(eval_passed, false) AS completed,
+    $now AS assembled_at
+FROM agg LEFT JOIN tools USING (session_id)
+ORDER BY agg.session_id
+"""
+
+_STEPS_SQL = """
+WITH actions AS (
+    SELECT * FROM ev WHERE event_type = 'agent_action'
+),
+feedback AS (
+    SELECT parent_event_id, arg_min(struct_pack(event_id, ts, f := env_feedback), struct_pack(seq, event_id)) AS fb
+    FROM ev WHERE event_type = 'env_feedback' AND parent_event_id IS NOT NULL
+    GROUP BY parent_event_id
+)
+SELECT
+    a.session_id,
+    row_number() OVER (PARTITION BY a.session_id ORDER BY a.seq, a.event_id) - 1 AS step_index,
+    a.task_id, a.task_type,
+    a.event_id AS action_event_id, a.seq, a.ts,
+    a.agent_action.tool_name, a.agent_action.tool_call_id, a.agent_action.arguments, a.agent_action.command,
+    a.agent_action.thought, a.agent_action.output_tokens, a.agent_action.reasoning_tokens,
+    a.agent_action.cost_usd, a.agent_action.model_latency_ms,
+    fb.event_id AS feedback_event_id, fb.ts AS feedback_ts,
+    fb.f.output, fb.f.exit_code, fb.f.duration_ms, fb.f.truncated, fb.f.output_bytes, fb.f.failure_reason
+FROM actions a LEFT JOIN feedback ON feedback.parent_event_id = a.event_id
+ORDER BY a.session_id, step_index
+"""
+
+
+@dataclass
+class AssembleStats:
+    """What one assembly run did."""
+
+    new_files: int = 0
+    sessions: int = 0
+    trajectories_written: int = 0
+    steps_written: int = 0
+    full_rebuild: bool = False
+    raw_snapshot_id: int | None = None
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain dict for printing and asset metadata."""
+        return dict(self.__dict__)
+
+
+def _replace_sessions(table: Table, rows: pa.Table, properties: dict[str, str]) -> None:
+    """Replace the rows of the sessions in ``rows`` (delete + append, one commit)."""
+    ids = rows.column("session_id").to_pylist()
+    with table.transaction() as tx:
+        if table.current_snapshot() is not None and ids:
+            tx.delete(In("session_id", ids))
+        tx.append(rows, snapshot_properties=properties)
+        if properties:
+            tx.set_properties(properties)
+
+
+def _existing_ids(con: duckdb.DuckDBPyConnection, table: Table, ids_table: str) -> None:
+    """Populate temp table ``known`` with ids of ``ids_table`` that ``table`` already holds."""
+    files = current_files(table).paths
+    if files:
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE known AS SELECT DISTINCT session_id FROM {parquet_source(files)} "
+            f"WHERE session_id IN (SELECT session_id FROM {ids_table})"
+        )
+    else:
+        con.execute("CREATE OR REPLACE TEMP TABLE known (session_id VARCHAR)")
+
+
+def assemble(
+    settings: Settings,
+    catalog: Catalog | None = None,
+    as_of: datetime | None = None,
+    full: bool = False,
+) -> AssembleStats:
+    """Bring ``trajectories`` and ``steps`` up to date with ``raw_events``.
+
+    Args:
+        settings: trajlake settings (idle deadline).
+        catalog: Iceberg catalog; opened from settings by default.
+        as_of: the "now" for idle-timeout decisions; wall clock by default.
+        full: recompute every session instead of the new ones.
+    """
+    started = time.monotonic()
+    catalog = catalog or open_catalog(settings)
+    raw = ensure_table(catalog, settings, RAW_EVENTS.name)
+    trajectories = ensure_table(catalog, settings, TRAJECTORIES.name)
+    steps = ensure_table(catalog, settings, STEPS.name)
+    stats = AssembleStats()
+    all_raw = current_files(raw)
+    stats.raw_snapshot_id = all_raw.snapshot_id
+    if all_raw.snapshot_id is None:
+        return stats
+    last = trajectories.properties.get(ASSEMBLED_SNAPSHOT)
+    new_files = None if full else files_added_since(raw, int(last) if last else None)
+    if new_files is None:
+        stats.full_rebuild = True
+        new_files = all_raw.paths
+    stats.new_files = len(new_files)
+    as_of = as_of or datetime.now(UTC)
+    con = connect()
+    # Sessions touched by new files, plus open sessions whose idle deadline may have passed.
+    con.execute("CREATE TEMP TABLE affected (session_id VARCHAR)")
+    if new_files:
+        con.execute(f"INSERT INTO affected SELECT DISTINCT session_id FROM {parquet_source(new_files)}")
+    open_files = current_files(trajectories).paths
+    if open_files:
+        con.execute(
+            f"INSERT INTO affected SELECT session_id FROM {parquet_source(open_files)} "
+            "WHERE status = 'running' AND epoch(last_event_at) < $cutoff",
+            {"cutoff": as_of.timestamp() - settings.session_idle_timeout_s},
+        )
+    con.execute("CREATE OR REPLACE TEMP TABLE affected AS SELECT DISTINCT session_id FROM affected")
+    stats.sessions = con.execute("SELECT count(*) FROM affected").fetchone()[0]  # type: ignore[index]
+    properties = {ASSEMBLED_SNAPSHOT: str(all_raw.snapshot_id)}
+    if stats.sessions == 0:
+        if last != str(all_raw.snapshot_id):
+            with trajectories.transaction() as tx:
+                tx.set_properties(properties)
+        stats.seconds = time.monotonic() - started
+        return stats
+    con.execute(_DEDUP_SQL.format(source=parquet_source(all_raw.paths)))
+    params = {"as_of": as_of, "idle_us": int(settings.session_idle_timeout_s * 1_000_000), "now": datetime.now(UTC)}
+    trajectory_rows = con.sql(_TRAJECTORIES_SQL, params=params).to_arrow_table()
+    step_rows = con.sql(_STEPS_SQL).to_arrow_table()
+    trajectory_rows = trajectory_rows.cast(TRAJECTORIES.arrow_schema())
+    step_rows = step_rows.cast(STEPS.arrow_schema())
+    # Steps first: if we die between the commits, the trajectories watermark has not moved and
+    # the next run recomputes (and replaces) the same sessions in both tables.
+    _replace_sessions(steps, step_rows, {})
+    _replace_sessions(trajectories, trajectory_rows, properties)
+    stats.trajectories_written = trajectory_rows.num_rows
+    stats.steps_written = step_rows.num_rows
+    stats.seconds = time.monotonic() - started
+    log.info("assembled %d sessions (%d steps) from %d new files", stats.sessions, stats.steps_written, len(new_files))
+    return stats

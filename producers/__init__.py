@@ -1,0 +1,1 @@
+"""What emits events: the producer SDK, the sandbox fleet and importers."""

@@ -1,0 +1,1 @@
+"""The Iceberg catalog, table definitions, tiering, maintenance and the DuckDB SQL layer."""

@@ -1,0 +1,28 @@
+"""The Iceberg catalog: SQLite ``SqlCatalog`` under ``TRAJLAKE_HOME`` by default.
+
+``TRAJLAKE_CATALOG_URI`` points the SQL catalog at PostgreSQL (or any SQLAlchemy
+URL); ``TRAJLAKE_CATALOG_PROPERTIES`` with a ``type`` (``rest``, ``glue``, …)
+loads any other pyiceberg catalog instead.
+"""
+
+from __future__ import annotations
+
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.catalog.sql import SqlCatalog
+
+from pipelines.settings import Settings
+
+
+def open_catalog(settings: Settings) -> Catalog:
+    """The configured Iceberg catalog, with trajlake's namespace created."""
+    props = dict(settings.catalog_properties)
+    if "type" in props:
+        props.setdefault("warehouse", settings.hot_location)
+        catalog = load_catalog(settings.catalog_name, **props)
+    else:
+        uri = settings.catalog_uri or f"sqlite:///{settings.home_dir / 'catalog.db'}"
+        if uri.startswith("sqlite"):
+            props.setdefault("init_catalog_tables", "true")
+        catalog = SqlCatalog(settings.catalog_name, uri=uri, warehouse=settings.hot_location, **props)
+    catalog.create_namespace_if_not_exists(settings.namespace)
+    return catalog

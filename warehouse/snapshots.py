@@ -1,0 +1,77 @@
+"""Which data files make up a table, and which files arrived since a snapshot.
+
+Readers (the SQL views, incremental assembly) work on Parquet file lists planned
+by pyiceberg: the planner applies Iceberg's metadata (manifests, deletes), then
+DuckDB reads the files. Tables written by trajlake have no delete files
+(pyiceberg writes copy-on-write); a table that has them is read through
+pyiceberg's own scan instead, so the result is still correct.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyiceberg.manifest import DataFileContent, ManifestContent
+from pyiceberg.table import Table
+
+
+@dataclass(frozen=True)
+class FileSet:
+    """Data files of a table at one snapshot."""
+
+    snapshot_id: int | None
+    paths: list[str]
+    has_deletes: bool
+
+
+def current_files(table: Table) -> FileSet:
+    """The live data files of the table's current snapshot."""
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return FileSet(None, [], False)
+    paths: list[str] = []
+    has_deletes = False
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content == ManifestContent.DELETES:
+            has_deletes = has_deletes or manifest.added_files_count != 0 or manifest.existing_files_count != 0
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.data_file.content == DataFileContent.DATA:
+                paths.append(entry.data_file.file_path)
+    return FileSet(snapshot.snapshot_id, paths, has_deletes)
+
+
+def snapshots_since(table: Table, snapshot_id: int | None) -> set[int] | None:
+    """Ids of the snapshots after ``snapshot_id`` in the current ancestry.
+
+    Returns ``None`` when ``snapshot_id`` is not an ancestor any more (expired,
+    or history rewritten), meaning the caller must fall back to a full read.
+    """
+    found: set[int] = set()
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        if snapshot.snapshot_id == snapshot_id:
+            return found
+        found.add(snapshot.snapshot_id)
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.snapshot_by_id(parent) if parent is not None else None
+    return found if snapshot_id is None else None
+
+
+def files_added_since(table: Table, snapshot_id: int | None) -> list[str] | None:
+    """Data files added after ``snapshot_id`` and still live; ``None`` if unknown (see above)."""
+    newer = snapshots_since(table, snapshot_id)
+    if newer is None:
+        return None
+    snapshot = table.current_snapshot()
+    if snapshot is None or not newer:
+        return []
+    paths: list[str] = []
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content != ManifestContent.DATA:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            # Merged manifests keep the adding snapshot id on EXISTING entries, so test the id only.
+            if entry.snapshot_id in newer:
+                paths.append(entry.data_file.file_path)
+    return paths

@@ -1,0 +1,131 @@
+"""DuckDB over the lakehouse: one view per table under its stable name, read-only.
+
+Views: ``events``, ``dead_letters``, ``trajectories``, ``steps`` and every other
+registered table (``scores``, ``flags``, ``duplicates``, ``exports``, …). Each
+view reads the Parquet files of the table's current Iceberg snapshot, planned
+by pyiceberg; a view over a table with no rows still has the full schema.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+
+from pipelines.settings import Settings
+from warehouse.catalog import open_catalog
+from warehouse.errors import QueryError
+from warehouse.snapshots import current_files
+from warehouse.tables import TABLES, TableSpec, ensure_table
+
+#: Statement types a ``trajlake sql`` query may contain.
+_READ_ONLY = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+
+
+def connect(threads: int | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with UTC session time."""
+    con = duckdb.connect(":memory:")
+    con.execute("SET TimeZone = 'UTC'")
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
+    return con
+
+
+def local_path(uri: str) -> str:
+    """DuckDB-readable path for a file URI (``file:///x`` → ``/x``); other schemes unchanged."""
+    return uri[len("file://") :] if uri.startswith("file://") else uri
+
+
+def parquet_source(paths: Iterable[str]) -> str:
+    """SQL table expression reading ``paths`` (which must be non-empty)."""
+    listed = ", ".join("'" + local_path(p).replace("'", "''") + "'" for p in paths)
+    return f"read_parquet([{listed}], union_by_name = true)"
+
+
+def register_table(con: duckdb.DuckDBPyConnection, name: str, table: Table, spec: TableSpec) -> None:
+    """Create view ``name`` over ``table``'s current snapshot."""
+    empty_name = f"__empty_{name}"
+    con.register(empty_name, pa.Table.from_pylist([], schema=spec.arrow_schema()))
+    files = current_files(table)
+    if files.has_deletes:  # not written by trajlake: let pyiceberg apply the deletes
+        con.register(f"__scan_{name}", table.scan().to_arrow())
+        con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM "__scan_{name}"')
+    elif files.paths:
+        con.execute(
+            f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM "{empty_name}" '
+            f"UNION ALL BY NAME SELECT * FROM {parquet_source(files.paths)}"
+        )
+    else:
+        con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM "{empty_name}"')
+
+
+def open_views(settings: Settings, catalog: Catalog | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with a view per trajlake table under its stable name."""
+    catalog = catalog or open_catalog(settings)
+    con = connect()
+    for spec in TABLES.values():
+        register_table(con, spec.view, ensure_table(catalog, settings, spec.name), spec)
+    return con
+
+
+def check_read_only(con: duckdb.DuckDBPyConnection, query: str) -> None:
+    """Reject anything but SELECT/EXPLAIN statements.
+
+    Raises:
+        QueryError: a statement would write, attach, install or change settings.
+    """
+    try:
+        statements = con.extract_statements(query)
+    except duckdb.Error as exc:
+        raise QueryError(f"cannot parse query: {exc}") from exc
+    if not statements:
+        raise QueryError("empty query")
+    for statement in statements:
+        if statement.type not in _READ_ONLY:
+            raise QueryError(f"only read-only queries are allowed, got a {statement.type.name} statement")
+
+
+def run_query(settings: Settings, query: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run a read-only query over the views; returns column names and rows.
+
+    Raises:
+        QueryError: not read-only, or DuckDB failed (message names the cause).
+    """
+    con = open_views(settings)
+    check_read_only(con, query)
+    try:
+        relation = con.sql(query)
+        if relation is None:
+            return [], []
+        return list(relation.columns), relation.fetchall()
+    except duckdb.Error as exc:
+        raise QueryError(str(exc).splitlines()[0]) from exc
+
+
+def format_rows(columns: list[str], rows: list[tuple[Any, ...]], fmt: str) -> str:
+    """Render rows as ``table`` (aligned text), ``csv`` or ``json`` (one array of objects)."""
+    if fmt == "json":
+        return json.dumps([dict(zip(columns, row, strict=True)) for row in rows], default=str, indent=None)
+    if fmt == "csv":
+        import csv
+        import io
+
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(rows)
+        return buffer.getvalue().rstrip("\n")
+    if fmt != "table":
+        raise QueryError(f"unknown format {fmt!r}; use table, csv or json")
+    cells = [[str(c) for c in columns]] + [["NULL" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))] if columns else []
+    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    if lines:
+        lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(lines)

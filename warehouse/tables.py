@@ -1,0 +1,249 @@
+"""Every Iceberg table trajlake writes: schema, partitioning, sort order, view name.
+
+Tables are created on first use and evolved (new optional columns only) when a
+definition gains columns, so an upgraded trajlake opens an older warehouse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.transforms import DayTransform, IdentityTransform, Transform
+
+from pipelines.settings import Settings
+from schemas.iceberg import raw_events_schema
+from warehouse.errors import UnknownTable
+
+_TS = pa.timestamp("us", tz="UTC")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """Definition of one table.
+
+    Attributes:
+        name: table name inside the trajlake namespace.
+        view: the stable SQL view name over it.
+        schema: an Iceberg schema, or an Arrow schema (ids assigned on creation).
+        partition_by: (source column, transform) pairs.
+        sort_by: columns of the sort order, ascending.
+        properties: extra table properties.
+    """
+
+    name: str
+    view: str
+    schema: Schema | pa.Schema
+    partition_by: list[tuple[str, Transform[Any, Any]]] = field(default_factory=list)
+    sort_by: list[str] = field(default_factory=list)
+    properties: dict[str, str] = field(default_factory=dict)
+
+    def arrow_schema(self) -> pa.Schema:
+        """The Arrow schema of the table's rows."""
+        if isinstance(self.schema, pa.Schema):
+            return self.schema
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        return schema_to_pyarrow(self.schema, include_field_ids=False)
+
+
+_PARQUET = {
+    "write.parquet.compression-codec": "zstd",
+    "write.target-file-size-bytes": str(128 << 20),
+    "format-version": "2",
+}
+
+RAW_EVENTS = TableSpec(
+    name="raw_events",
+    view="events",
+    schema=raw_events_schema(),
+    partition_by=[("ts", DayTransform())],
+    sort_by=["session_id", "seq"],
+    properties=_PARQUET,
+)
+
+DEAD_LETTERS = TableSpec(
+    name="dead_letters",
+    view="dead_letters",
+    schema=pa.schema(
+        [
+            ("kafka_topic", pa.string()),
+            ("kafka_partition", pa.int32()),
+            ("kafka_offset", pa.int64()),
+            ("kafka_timestamp", _TS),
+            ("raw_key", pa.binary()),
+            ("raw_value", pa.binary()),
+            ("value_bytes", pa.int64()),
+            ("reason", pa.string()),
+            ("error", pa.string()),
+            ("schema_fingerprint", pa.string()),
+            ("ingested_at", _TS),
+        ]
+    ),
+    partition_by=[("ingested_at", DayTransform())],
+    sort_by=["kafka_topic", "kafka_partition", "kafka_offset"],
+    properties=_PARQUET,
+)
+
+TRAJECTORIES = TableSpec(
+    name="trajectories",
+    view="trajectories",
+    schema=pa.schema(
+        [
+            ("session_id", pa.string()),
+            ("task_id", pa.string()),
+            ("task_type", pa.string()),
+            ("sandbox_id", pa.string()),
+            ("host_id", pa.string()),
+            ("image_name", pa.string()),
+            ("image_version", pa.string()),
+            ("agent_name", pa.string()),
+            ("agent_version", pa.string()),
+            ("agent_model", pa.string()),
+            ("policy_version", pa.string()),
+            ("status", pa.string()),
+            ("exit_reason", pa.string()),
+            ("started_at", _TS),
+            ("ended_at", _TS),
+            ("last_event_at", _TS),
+            ("duration_s", pa.float64()),
+            ("n_events", pa.int64()),
+            ("max_seq", pa.int64()),
+            ("n_missing_seq", pa.int64()),
+            ("n_steps", pa.int64()),
+            ("n_tool_errors", pa.int64()),
+            ("n_distinct_tools", pa.int64()),
+            ("tool_counts", pa.map_(pa.string(), pa.int64())),
+            ("n_file_writes", pa.int64()),
+            ("n_file_deletes", pa.int64()),
+            ("n_files_outside_workspace", pa.int64()),
+            ("n_network_requests", pa.int64()),
+            ("n_network_denied", pa.int64()),
+            ("input_tokens", pa.int64()),
+            ("cached_tokens", pa.int64()),
+            ("output_tokens", pa.int64()),
+            ("cost_usd", pa.float64()),
+            ("cpu_seconds", pa.float64()),
+            ("peak_memory_bytes", pa.int64()),
+            ("peak_processes", pa.int64()),
+            ("disk_write_bytes", pa.int64()),
+            ("timeout_s", pa.float64()),
+            ("instruction", pa.string()),
+            ("eval_passed", pa.bool_()),
+            ("tests_total", pa.int64()),
+            ("tests_passed", pa.int64()),
+            ("reward", pa.float64()),
+            ("completed", pa.bool_()),
+            ("assembled_at", _TS),
+        ]
+    ),
+    partition_by=[("started_at", DayTransform())],
+    sort_by=["session_id"],
+    properties=_PARQUET,
+)
+
+STEPS = TableSpec(
+    name="steps",
+    view="steps",
+    schema=pa.schema(
+        [
+            ("session_id", pa.string()),
+            ("step_index", pa.int64()),
+            ("task_id", pa.string()),
+            ("task_type", pa.string()),
+            ("action_event_id", pa.string()),
+            ("seq", pa.int64()),
+            ("ts", _TS),
+            ("tool_name", pa.string()),
+            ("tool_call_id", pa.string()),
+            ("arguments", pa.string()),
+            ("command", pa.string()),
+            ("thought", pa.string()),
+            ("output_tokens", pa.int64()),
+            ("reasoning_tokens", pa.int64()),
+            ("cost_usd", pa.float64()),
+            ("model_latency_ms", pa.float64()),
+            ("feedback_event_id", pa.string()),
+            ("feedback_ts", _TS),
+            ("output", pa.string()),
+            ("exit_code", pa.int32()),
+            ("duration_ms", pa.float64()),
+            ("truncated", pa.bool_()),
+            ("output_bytes", pa.int64()),
+            ("failure_reason", pa.string()),
+        ]
+    ),
+    partition_by=[("ts", DayTransform())],
+    sort_by=["session_id", "step_index"],
+    properties=_PARQUET,
+)
+
+#: Every table by name; other modules register theirs with :func:`register`.
+TABLES: dict[str, TableSpec] = {}
+
+
+def register(spec: TableSpec) -> TableSpec:
+    """Add a table definition to :data:`TABLES`."""
+    TABLES[spec.name] = spec
+    return spec
+
+
+for _spec in (RAW_EVENTS, DEAD_LETTERS, TRAJECTORIES, STEPS):
+    register(_spec)
+
+
+def table_identifier(settings: Settings, name: str) -> tuple[str, str]:
+    """``(namespace, name)`` of a trajlake table."""
+    return (settings.namespace, name)
+
+
+def _partition_name(column: str, transform: Transform[Any, Any]) -> str:
+    if isinstance(transform, IdentityTransform):
+        return column
+    return f"{column}_{'day' if isinstance(transform, DayTransform) else str(transform).lower()}"
+
+
+def ensure_table(catalog: Catalog, settings: Settings, name: str) -> Table:
+    """Load a trajlake table, creating it or adding new columns as its definition requires.
+
+    Raises:
+        UnknownTable: ``name`` is not a trajlake table.
+    """
+    spec = TABLES.get(name)
+    if spec is None:
+        raise UnknownTable(f"unknown table {name!r}; trajlake defines {sorted(TABLES)}")
+    identifier = table_identifier(settings, name)
+    try:
+        table = catalog.load_table(identifier)
+    except NoSuchTableError:
+        try:
+            table = catalog.create_table(identifier, schema=spec.schema, properties=spec.properties)
+        except TableAlreadyExistsError:  # lost a creation race with another process
+            return catalog.load_table(identifier)
+        # Partition spec and sort order need the assigned field ids.
+        with table.transaction() as tx:
+            if spec.partition_by:
+                with tx.update_spec() as update:
+                    for column, transform in spec.partition_by:
+                        update.add_field(column, transform, _partition_name(column, transform))
+            if spec.sort_by:
+                with tx.update_sort_order() as update:
+                    for column in spec.sort_by:
+                        update.asc(column, IdentityTransform())
+        return catalog.load_table(identifier)
+    new_columns = set(spec.arrow_schema().names) - {f.name for f in table.schema().fields}
+    if new_columns:
+        with table.update_schema() as update:
+            update.union_by_name(spec.schema)
+        table = catalog.load_table(identifier)
+    return table
+
+
+def load_table(catalog: Catalog, settings: Settings, name: str) -> Table:
+    """Alias of :func:`ensure_table` for readers."""
+    return ensure_table(catalog, settings, name)
