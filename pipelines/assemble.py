@@ -82,7 +82,8 @@ agg AS (
         coalesce(sum(agent_input.input_tokens), 0) AS input_tokens,
         coalesce(sum(agent_input.cached_tokens), 0) AS cached_tokens,
         coalesce(sum(agent_action.output_tokens), 0) AS output_tokens,
-        coalesce(sum(agent_action.cost_usd), 0.0) AS cost_usd,
+        -- exact decimal sum: float addition depends on arrival order
+        coalesce(sum(agent_action.cost_usd::DECIMAL(38, 12)), 0)::DOUBLE AS cost_usd,
         greatest(max(session_end.cpu_seconds), max(resource_sample.cpu_seconds)) AS cpu_seconds,
         greatest(max(session_end.peak_memory_bytes), max(resource_sample.memory_bytes)) AS peak_memory_bytes,
         greatest(max(session_end.peak_processes), max(resource_sample.processes)) AS peak_processes,

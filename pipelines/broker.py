@@ -10,6 +10,7 @@ and ingest detects the reset (see ``pipelines.ingest``). Setting
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -23,6 +24,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipelines.errors import BrokerError, BrokerNotRunning, KafkaUnavailable
 from pipelines.settings import Settings
+
+log = logging.getLogger("trajlake.broker")
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ def resolve_bootstrap(settings: Settings) -> str:
 
 def admin_client(bootstrap: str, extra: dict[str, str] | None = None) -> AdminClient:
     """An AdminClient for ``bootstrap``."""
-    return AdminClient({"bootstrap.servers": bootstrap, **(extra or {})})
+    return AdminClient({"bootstrap.servers": bootstrap, **(extra or {})}, logger=log)
 
 
 def wait_for_kafka(bootstrap: str, timeout: float = 30.0, extra: dict[str, str] | None = None) -> None:

@@ -87,6 +87,14 @@ def recorded_offsets(table: Table, topic: str) -> dict[int, int]:
     return merged
 
 
+def event_row(event: dict[str, Any], topic: str, partition: int, offset: int, ingested_at: datetime) -> dict:
+    """The raw-events row of a decoded event: envelope, its payload struct, Kafka coordinates."""
+    row = {name: event[name] for name in _ENVELOPE}
+    row[event["event_type"]] = event["payload"]
+    row.update(kafka_topic=topic, kafka_partition=partition, kafka_offset=offset, ingested_at=ingested_at)
+    return row
+
+
 def _fault(point: str) -> None:
     """Die abruptly at a named point when ``TRAJLAKE_FAULT`` says so (fault-injection tests)."""
     if os.environ.get("TRAJLAKE_FAULT") == point:
@@ -205,7 +213,9 @@ class IngestWorker:
         self.raw_table = self.raw_table.refresh()
         self.dead_table = self.dead_table.refresh()
 
-    def decode_batch(self, messages: Iterable[Message]) -> tuple[list[tuple[int, int, dict]], list[tuple[int, int, dict]]]:
+    def decode_batch(
+        self, messages: Iterable[Message]
+    ) -> tuple[list[tuple[int, int, dict]], list[tuple[int, int, dict]]]:
         """Split messages into (partition, offset, row) lists of raw events and dead letters."""
         now = datetime.now(UTC)
         good: list[tuple[int, int, dict]] = []
@@ -219,10 +229,7 @@ class IngestWorker:
             except DecodeError as exc:
                 dead.append((partition, offset, self._dead_row(message, value, exc.reason, str(exc), now)))
                 continue
-            row = {name: event[name] for name in _ENVELOPE}
-            row[event["event_type"]] = event["payload"]
-            row.update(kafka_topic=message.topic(), kafka_partition=partition, kafka_offset=offset, ingested_at=now)
-            good.append((partition, offset, row))
+            good.append((partition, offset, event_row(event, message.topic(), partition, offset, now)))
         return good, dead
 
     def _dead_row(self, message: Message, value: bytes, reason: str, error: str, now: datetime) -> dict:

@@ -42,7 +42,7 @@ class Settings(BaseSettings):
     catalog_properties: dict[str, str] = Field(
         default_factory=dict,
         description="TRAJLAKE_CATALOG_PROPERTIES: JSON object passed to pyiceberg load_catalog "
-        "(e.g. {\"type\": \"rest\", \"uri\": ...}).",
+        '(e.g. {"type": "rest", "uri": ...}).',
     )
     namespace: str = Field("trajlake", description="TRAJLAKE_NAMESPACE: Iceberg namespace.")
     hot_warehouse: str | None = Field(None, description="TRAJLAKE_HOT_WAREHOUSE: URI; default home/hot.")

@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -34,6 +35,8 @@ from producers.redact import redact_value
 from schemas.registry import encode_event
 
 Event = dict[str, Any]
+
+log = logging.getLogger("trajlake.producer")
 
 
 def now_micros() -> int:
@@ -89,7 +92,7 @@ class EventProducer:
         self.host_id = host_id
         self.schema_version = schema_version
         self.redact = redact
-        self._producer = Producer(producer_config(bootstrap, extra_config))
+        self._producer = Producer(producer_config(bootstrap, extra_config), logger=log)
         self._lock = threading.Lock()
         self.produced = 0
         self.delivered = 0
@@ -102,9 +105,7 @@ class EventProducer:
         from pipelines.settings import load_settings
 
         settings = load_settings()
-        return cls(
-            resolve_bootstrap(settings), settings.topic, host_id, extra_config=settings.kafka_extra, **kwargs
-        )
+        return cls(resolve_bootstrap(settings), settings.topic, host_id, extra_config=settings.kafka_extra, **kwargs)
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         with self._lock:

@@ -23,7 +23,12 @@ TASK_TYPES = {
     "data_cli": ("trajlake/data-cli", "2.0.1"),
 }
 _COMMANDS = {
-    "bugfix": ["cat src/{m}.py", "python -m pytest -q tests", "grep -n 'def ' src/{m}.py", "sed -i 's/<=/</' src/{m}.py"],
+    "bugfix": [
+        "cat src/{m}.py",
+        "python -m pytest -q tests",
+        "grep -n 'def ' src/{m}.py",
+        "sed -i 's/<=/</' src/{m}.py",
+    ],
     "implement": ["cat SPEC.md", "cat src/{m}.py", "python -m pytest -q tests", "python -c 'import {m}'"],
     "data_cli": ["head -n 5 data/{m}.csv", "wc -l data/{m}.csv", "python tool.py data/{m}.csv", "cat README.md"],
 }
@@ -114,7 +119,8 @@ def synthetic_session(rng: random.Random, start_us: int, host_id: str = "synthet
     clock.advance(rng.uniform(1, 8))
     tests_total = rng.randrange(4, 12)
     emitter.evaluation(
-        passed=succeeded, tests_total=tests_total, tests_passed=tests_total if succeeded else rng.randrange(tests_total),
+        passed=succeeded, tests_total=tests_total,
+        tests_passed=tests_total if succeeded else rng.randrange(tests_total),
         reward=1.0 if succeeded else 0.0, fresh_sandbox=True, evaluator="hidden-pytest", duration_ms=1500.0,
         details=json.dumps({"hidden": True}),
     )  # fmt: skip

@@ -168,7 +168,11 @@ def decode_event(data: bytes, max_bytes: int | None = None) -> dict[str, Any]:
     buffer.seek(HEADER_LEN)
     try:
         record = fastavro.schemaless_reader(
-            buffer, writer.parsed, reader.parsed if reader is not writer else None, return_record_name=True
+            buffer,
+            writer.parsed,
+            reader.parsed if reader is not writer else None,
+            return_record_name=True,
+            return_record_name_override=True,
         )
     except Exception as exc:  # fastavro raises many types for corrupt input
         raise CorruptPayload(f"schema v{writer.version}: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,1 @@
+"""Dagster definitions: thin wrappers over the trajlake packages."""

@@ -1,0 +1,1 @@
+"""One module per domain; ``definitions.py`` merges them."""

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The test suite on a fresh machine: a virtual environment with the project and its
+# dev extras, OS packages the integration tests use (when run as root), then pytest.
+# Extra arguments go to pytest (e.g. `bash scripts/test.sh -m slow`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev]'
+# Real sandboxes need bubblewrap; install it where we can (CI runs as root).
+if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
+    || echo "warning: could not install bubblewrap; local-sandbox tests will be skipped" >&2
+fi
+.venv/bin/ruff check .
+exec .venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,89 @@
+"""Assembly: order independence, deduplication, idle timeouts, incrementality."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+
+from pipelines.assemble import assemble
+from pipelines.settings import Settings
+from tests.helpers import BASE_US, sample_events, write_raw
+from warehouse.sql import run_query
+
+AS_OF = datetime.fromtimestamp(BASE_US / 1e6 + 30 * 86400, UTC)  # long after the traffic: idle sessions closed
+
+
+def snapshot(settings: Settings) -> tuple[list, list]:
+    _, trajectories = run_query(
+        settings,
+        "SELECT * EXCLUDE (assembled_at, tool_counts), map_entries(tool_counts) FROM trajectories ORDER BY session_id",
+    )
+    _, steps = run_query(settings, "SELECT * FROM steps ORDER BY session_id, step_index")
+    return trajectories, steps
+
+
+def test_shuffled_and_duplicated_input_gives_identical_output(settings: Settings, tmp_path) -> None:
+    events = sample_events(25)
+    write_raw(settings, events, batch_size=10_000)
+    assemble(settings, as_of=AS_OF)
+    expected = snapshot(settings)
+    assert len(expected[0]) == 25 and expected[1]
+
+    rng = random.Random(3)
+    messy = events + rng.sample(events, len(events) // 3)  # a third duplicated
+    rng.shuffle(messy)
+    other = Settings(home=tmp_path / "other")
+    for i in range(0, len(messy), 97):  # many small batches, each assembled as it lands
+        write_raw(other, messy[i : i + 97])
+        assemble(other, as_of=AS_OF)
+    assert snapshot(other) == expected
+
+
+def test_session_without_end_times_out_and_late_events_amend(settings: Settings) -> None:
+    events = sample_events(3)
+    session = events[0]["session_id"]
+    own = [e for e in events if e["session_id"] == session]
+    tail = [e for e in own if e["event_type"] in ("evaluation", "session_end")]
+    head = [e for e in events if e not in tail]
+    last_ts = max(e["ts"] for e in head if e["session_id"] == session)
+    write_raw(settings, head)
+
+    assemble(settings, as_of=datetime.fromtimestamp(last_ts / 1e6 + 60, UTC))
+    status = dict(run_query(settings, "SELECT session_id, status FROM trajectories")[1])
+    assert status[session] == "running"
+
+    stats = assemble(settings, as_of=datetime.fromtimestamp(last_ts / 1e6 + settings.session_idle_timeout_s + 1, UTC))
+    assert stats.sessions >= 1  # the open session was revisited without new files
+    rows = dict(run_query(settings, "SELECT session_id, status || '/' || exit_reason FROM trajectories")[1])
+    assert rows[session] == "timeout/idle_timeout"
+
+    write_raw(settings, tail)  # late evaluation and end reopen and amend the session
+    assemble(settings, as_of=AS_OF)
+    final = dict(run_query(settings, "SELECT session_id, status FROM trajectories")[1])
+    assert final[session] == tail[-1]["payload"]["status"]
+    assert run_query(settings, "SELECT count(*) FROM trajectories")[1][0][0] == 3
+
+
+def test_assembly_is_incremental(settings: Settings) -> None:
+    events = sample_events(10)
+    first = [e for e in events if e["session_id"] != events[-1]["session_id"]]
+    write_raw(settings, first)
+    assert assemble(settings, as_of=AS_OF).sessions == 9
+    assert assemble(settings, as_of=AS_OF).sessions == 0  # nothing new: nothing recomputed
+    write_raw(settings, [e for e in events if e not in first])
+    stats = assemble(settings, as_of=AS_OF)
+    assert (stats.sessions, stats.new_files, stats.full_rebuild) == (1, 1, False)
+    assert run_query(settings, "SELECT count(*) FROM trajectories")[1][0][0] == 10
+
+
+def test_steps_join_actions_with_their_feedback(settings: Settings) -> None:
+    events = sample_events(4)
+    write_raw(settings, events)
+    assemble(settings, as_of=AS_OF)
+    actions = sum(e["event_type"] == "agent_action" for e in events)
+    columns, rows = run_query(
+        settings, "SELECT count(*), count(feedback_event_id), count(exit_code), min(step_index) FROM steps"
+    )
+    assert rows[0] == (actions, actions, actions, 0)
+    n_steps = run_query(settings, "SELECT sum(n_steps) FROM trajectories")[1][0][0]
+    assert n_steps == actions

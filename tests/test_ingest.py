@@ -1,0 +1,74 @@
+"""Ingest against the embedded broker: exactly once, dead letters, crash recovery."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pipelines.ingest import IngestWorker, recorded_offsets
+from pipelines.settings import Settings
+from schemas.registry import encode_event
+from tests.helpers import produce, sample_events
+from warehouse.catalog import open_catalog
+from warehouse.sql import run_query
+from warehouse.tables import RAW_EVENTS, ensure_table
+
+pytestmark = pytest.mark.integration
+
+
+def counts(settings: Settings) -> tuple[int, int, int]:
+    rows = run_query(
+        settings,
+        "SELECT (SELECT count(*) FROM events), (SELECT count(DISTINCT event_id) FROM events), "
+        "(SELECT count(*) FROM dead_letters)",
+    )[1]
+    return rows[0]
+
+
+def test_ingest_lands_every_event_once_and_rerun_adds_nothing(kafka_settings: Settings) -> None:
+    events = sample_events(30)
+    produce(kafka_settings, events)
+    stats = IngestWorker(kafka_settings).run(until_idle=2)
+    assert stats.events == len(events)
+    assert counts(kafka_settings) == (len(events), len(events), 0)
+    again = IngestWorker(kafka_settings).run(until_idle=2)
+    assert (again.events, again.dead_letters) == (0, 0)
+    assert counts(kafka_settings) == (len(events), len(events), 0)
+    table = ensure_table(open_catalog(kafka_settings), kafka_settings, RAW_EVENTS.name)
+    offsets = recorded_offsets(table, kafka_settings.topic)
+    assert sum(offsets.values()) == len(events)  # next offset per partition = records per partition
+
+
+def test_corrupt_records_go_to_dead_letters_and_the_rest_of_the_batch_lands(kafka_settings: Settings) -> None:
+    events = sample_events(5)
+    good = encode_event(events[1])
+    poison = [b"\x00garbage", good[:-5], b"\xc3\x01" + b"\xff" * 8 + good[10:], good + b"\x01"]
+    produce(kafka_settings, events, extra_values=poison)
+    stats = IngestWorker(kafka_settings).run(until_idle=2)
+    assert (stats.events, stats.dead_letters) == (len(events), len(poison))
+    assert counts(kafka_settings) == (len(events), len(events), len(poison))
+    columns, rows = run_query(
+        kafka_settings,
+        "SELECT reason, count(*), bool_and(raw_value IS NOT NULL AND kafka_offset >= 0 AND error <> '') "
+        "FROM dead_letters GROUP BY reason ORDER BY reason",
+    )
+    assert rows == [("bad_magic", 1, True), ("corrupt_payload", 2, True), ("unknown_schema", 1, True)]
+
+
+@pytest.mark.parametrize("point", ["after_iceberg_commit", "between_table_commits", "before_commit"])
+def test_crash_at_commit_points_neither_duplicates_nor_skips(kafka_settings: Settings, point: str) -> None:
+    events = sample_events(20)
+    produce(kafka_settings, events, extra_values=[b"poison"])
+    env = {**os.environ, "TRAJLAKE_FAULT": point}
+    crashed = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "ingest", "--until-idle", "2"], env=env, capture_output=True
+    )
+    assert crashed.returncode == -9, crashed.stderr.decode()[-2000:]
+    before = counts(kafka_settings)
+    assert before[0] == (len(events) if point == "after_iceberg_commit" else 0)
+    stats = IngestWorker(kafka_settings).run(until_idle=2)
+    assert counts(kafka_settings) == (len(events), len(events), 1)
+    assert stats.events == len(events) - before[0]

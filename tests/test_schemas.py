@@ -1,0 +1,114 @@
+"""Event schema: round trip, single-object header, failures, Iceberg mapping."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas.errors import BadMagic, CorruptPayload, EncodeError, InvalidEvent, OversizedEvent, UnknownFingerprint
+from schemas.iceberg import raw_events_schema
+from schemas.registry import HEADER_LEN, MAGIC, decode_event, encode_event, latest
+from tests.helpers import sample_events
+
+text = st.text(st.characters(codec="utf-8"), max_size=200)
+optional_text = st.none() | text
+
+
+@st.composite
+def events(draw: st.DrawFn) -> dict:
+    kind = draw(st.sampled_from(["agent_action", "env_feedback", "network_request", "session_end"]))
+    payloads = {
+        "agent_action": st.fixed_dictionaries(
+            {"tool_name": text, "tool_call_id": text, "arguments": text, "command": optional_text,
+             "thought": optional_text, "output_tokens": st.integers(0, 2**40),
+             "reasoning_tokens": st.integers(0, 10**6),
+             "cost_usd": st.floats(0, 100), "model_latency_ms": st.floats(0, 1e6)}
+        ),
+        "env_feedback": st.fixed_dictionaries(
+            {"tool_call_id": text, "output": text, "exit_code": st.none() | st.integers(-(2**31), 2**31 - 1),
+             "duration_ms": st.floats(0, 1e7), "truncated": st.booleans(), "output_bytes": st.integers(0, 2**40),
+             "failure_reason": optional_text,
+             "output_ref": st.none() | st.fixed_dictionaries(
+                 {"uri": text, "size_bytes": st.integers(0, 2**40), "sha256": text})}
+        ),
+        "network_request": st.fixed_dictionaries(
+            {"host": text, "port": st.integers(0, 65535), "protocol": text, "allowed": st.booleans(),
+             "bytes_sent": st.integers(0, 2**40), "error": optional_text}
+        ),
+        "session_end": st.fixed_dictionaries(
+            {"status": text, "reward": st.none() | st.floats(-1e6, 1e6), "runtime_s": st.floats(0, 1e6),
+             "exit_reason": optional_text, "cpu_seconds": st.floats(0, 1e6),
+             "peak_memory_bytes": st.integers(0, 2**50), "peak_processes": st.integers(0, 2**20),
+             "disk_write_bytes": st.integers(0, 2**50)}
+        ),
+    }  # fmt: skip
+    return {
+        "event_id": draw(st.text(min_size=1, max_size=40)),
+        "session_id": draw(st.text(min_size=1, max_size=40)),
+        "seq": draw(st.integers(0, 2**62)),
+        "ts": draw(st.integers(0, 4_000_000_000_000_000)),
+        "event_type": kind,
+        "source": draw(st.sampled_from(["agent", "environment", "system", "evaluator"])),
+        "sandbox_id": draw(text), "task_id": draw(text), "task_type": draw(text), "host_id": draw(text),
+        "image_name": draw(text), "image_version": draw(text),
+        "agent_name": draw(optional_text), "agent_version": draw(optional_text), "agent_model": draw(optional_text),
+        "policy_version": draw(optional_text), "agent_message_id": draw(optional_text),
+        "parent_event_id": draw(optional_text),
+        "extra": draw(st.dictionaries(text, text, max_size=4)),
+        "payload": draw(payloads[kind]),
+    }  # fmt: skip
+
+
+@given(events())
+@settings(max_examples=300, deadline=None)
+def test_round_trip_preserves_every_field(event: dict) -> None:
+    data = encode_event(event)
+    assert data[:2] == MAGIC and data[2:HEADER_LEN] == latest().fingerprint
+    decoded = decode_event(data)
+    ts = decoded.pop("ts")
+    assert int(ts.timestamp() * 1_000_000) == pytest.approx(event["ts"], abs=1)
+    assert decoded.pop("schema_version") == latest().version
+    expected = {k: v for k, v in event.items() if k != "ts"}
+    assert decoded == expected
+
+
+def test_synthetic_events_round_trip() -> None:
+    for event in sample_events(5):
+        decoded = decode_event(encode_event(event))
+        assert decoded["payload"] == {**decoded["payload"], **event["payload"]}
+        assert decoded["event_id"] == event["event_id"]
+
+
+def test_bad_input_raises_specific_errors() -> None:
+    good = encode_event(sample_events(1)[0])
+    with pytest.raises(BadMagic):
+        decode_event(b"not avro at all")
+    with pytest.raises(UnknownFingerprint):
+        decode_event(MAGIC + b"\x00" * 8 + good[HEADER_LEN:])
+    with pytest.raises(CorruptPayload):
+        decode_event(good[: len(good) // 2])
+    with pytest.raises(CorruptPayload):
+        decode_event(good + b"\x00")
+    with pytest.raises(OversizedEvent):
+        decode_event(good, max_bytes=len(good) - 1)
+    with pytest.raises(EncodeError):
+        encode_event({**sample_events(1)[0], "event_type": "no_such_kind"})
+
+
+def test_payload_kind_must_match_event_type() -> None:
+    event = sample_events(1)[0]  # a session_start
+    forged = encode_event({**event, "event_type": "session_start"}).replace(b"session_start", b"session_end__", 1)
+    with pytest.raises((InvalidEvent, CorruptPayload)):
+        decode_event(forged)
+
+
+def test_iceberg_schema_has_typed_payload_columns() -> None:
+    schema = raw_events_schema()
+    names = {field.name for field in schema.fields}
+    assert {"event_id", "session_id", "seq", "ts", "agent_action", "env_feedback", "kafka_offset"} <= names
+    action = schema.find_field("agent_action").field_type
+    assert str({f.name: f for f in action.fields}["output_tokens"].field_type) == "long"
+    assert str(schema.find_field("ts").field_type) == "timestamptz"
+    ids = [f.field_id for f in schema.fields]
+    assert len(ids) == len(set(ids))
