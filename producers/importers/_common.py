@@ -1,0 +1,265 @@
+"""Shared machinery of the importers: reading a source file, deterministic ids and clocks, clipping.
+
+Every importer turns one recorded run into the events a live sandbox host would
+emit, through ``SessionEmitter`` with a list sink. What makes re-imports
+idempotent downstream: the session id and every event id are uuid5 values
+derived from the source file's sha256 and the event's position, so the same
+bytes always give the same ids (ingest and assembly deduplicate by event id).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from producers.errors import ProducerError
+from producers.sdk import Event, SessionEmitter
+
+# Namespace of every imported id (uuid5 of a fixed name, so it never changes between releases).
+IMPORT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://trajlake/importers")
+# Formats without timestamps get a synthetic clock from this fixed instant (2024-01-01T00:00:00Z).
+SYNTHETIC_EPOCH_US = 1_704_067_200_000_000
+# One synthetic clock tick between consecutive events of a run without timestamps.
+SYNTHETIC_TICK_US = 1_000
+# Outputs above this are cut; the event keeps size and sha256 of the full text (ingest caps records at 1 MiB).
+MAX_OUTPUT_BYTES = 256 * 1024
+# Other long texts (instruction, thought, arguments) are clipped to this many bytes, for the same reason.
+MAX_TEXT_BYTES = 128 * 1024
+
+
+class ImportFormatError(ProducerError):
+    """A recorded run cannot be imported: unknown, corrupt or truncated input (names the file and the reason)."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = str(path)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One recorded run as read from disk: its bytes' sha256 and the parsed JSON."""
+
+    path: Path
+    sha256: str
+    data: Any
+
+
+def read_source(path: Path | str) -> SourceFile:
+    """Read and parse a JSON trajectory file.
+
+    Raises:
+        ImportFormatError: the file is missing, unreadable, not UTF-8 or not valid JSON.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ImportFormatError(path, f"cannot read file ({exc.strerror or exc})") from exc
+    if not raw.strip():
+        raise ImportFormatError(path, "file is empty")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ImportFormatError(path, f"not UTF-8 text (byte {exc.start})") from exc
+    except json.JSONDecodeError as exc:
+        reason = f"not valid JSON (truncated or corrupt?): {exc.msg} at line {exc.lineno}"
+        raise ImportFormatError(path, reason) from exc
+    return SourceFile(path, hashlib.sha256(raw).hexdigest(), data)
+
+
+def text_of(content: Any) -> str:
+    """Message content as text: a string, or the text parts of an OpenAI-style content list."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(part.get("text", "") if isinstance(part, dict) else str(part) for part in content)
+    return str(content)
+
+
+def digest(value: Any) -> str:
+    """sha256 of a value's canonical JSON (sorted keys), e.g. of the messages a model saw."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def clip(text: str | None, limit: int = MAX_TEXT_BYTES) -> str | None:
+    """``text`` cut to ``limit`` UTF-8 bytes with a marker saying how much was dropped."""
+    if text is None:
+        return None
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    return data[:limit].decode(errors="ignore") + f"\n[... {len(data) - limit} bytes clipped on import]"
+
+
+def clip_arguments(arguments: str) -> str:
+    """Tool arguments JSON, replaced by a JSON stub with size and sha256 when too large to keep."""
+    data = arguments.encode()
+    if len(data) <= MAX_TEXT_BYTES:
+        return arguments
+    return json.dumps({"_clipped": True, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+
+
+def iso_micros(value: str) -> int:
+    """ISO-8601 time as epoch micros; times without a zone are taken as UTC."""
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return int(parsed.timestamp() * 1_000_000)
+
+
+def unix_micros(value: Any) -> int | None:
+    """Unix seconds (int/float/numeric string) as epoch micros, or None."""
+    try:
+        return int(float(value) * 1_000_000) if value is not None and value != "" else None
+    except (TypeError, ValueError):
+        return None
+
+
+_ERROR_WORDS = re.compile(r"error|exception|format|crash", re.IGNORECASE)
+_TIMEOUT_WORDS = re.compile(r"timeout|time_limit|timelimit", re.IGNORECASE)
+
+
+def end_status(exit_status: str | None, resolved: bool | None) -> str:
+    """Map a framework's exit status and a known evaluation result to a trajlake session status.
+
+    ``completed`` only when an evaluation says the task was solved: a run that
+    merely submitted is not known to be right. Exit statuses naming an error,
+    exception or format failure map to ``error``, timeouts to ``timeout``, all
+    others (submitted, finished, cost/context limits, unresolved) to ``failed``.
+    The framework's own status is kept in ``exit_reason``.
+    """
+    if resolved is True:
+        return "completed"
+    text = exit_status or ""
+    if _ERROR_WORDS.search(text):
+        return "error"
+    if _TIMEOUT_WORDS.search(text):
+        return "timeout"
+    return "failed"
+
+
+def apportion(total: int, parts: int) -> list[int]:
+    """Split an integer total into ``parts`` near-equal integers that sum to it exactly."""
+    if parts <= 0:
+        return []
+    base, remainder = divmod(max(int(total), 0), parts)
+    return [base + (1 if i < remainder else 0) for i in range(parts)]
+
+
+@dataclass
+class RunBuilder:
+    """Emits one imported session through ``SessionEmitter`` into a list, with deterministic ids and time.
+
+    Args:
+        source: the file being imported.
+        framework: ``swe-agent`` / ``mini-swe-agent`` / ``openhands``.
+        source_format: the format as the file names it (e.g. ``mini-swe-agent-1.1``).
+        envelope: ``task_id``, ``task_type``, ``image_version``, ``agent_*`` fields.
+    """
+
+    source: SourceFile
+    framework: str
+    source_format: str
+    envelope: dict[str, Any]
+    events: list[Event] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        namespace = uuid.uuid5(IMPORT_NAMESPACE, self.source.sha256)
+        counter = itertools.count()
+        self._now = SYNTHETIC_EPOCH_US
+        self.emitter = SessionEmitter(
+            self.events.append,
+            session_id=uuid.uuid5(namespace, "session").hex,
+            clock=lambda: self._now,
+            id_factory=lambda: uuid.uuid5(namespace, f"event/{next(counter)}").hex,
+            host_id="importer",
+            image_name=f"imported/{self.framework}",
+            extra={"source_format": self.source_format, "source_sha256": self.source.sha256},
+            **self.envelope,
+        )
+
+    @property
+    def now(self) -> int:
+        """The time the next event gets (micros)."""
+        return self._now
+
+    def at(self, ts_us: int | None) -> None:
+        """Set the time of the next events; never moves backwards, so ``seq`` order and time agree."""
+        if ts_us is not None:
+            self._now = max(self._now, ts_us) if self.events else ts_us
+
+    def advance(self, ts_us: int | None) -> None:
+        """Move to a recorded time, or one synthetic tick on when the format has none here."""
+        if ts_us is None:
+            self.tick()
+        else:
+            self.at(ts_us)
+
+    def tick(self, seconds: float = 0.0) -> None:
+        """Advance the synthetic clock by ``seconds`` plus one tick."""
+        self._now += int(max(seconds, 0.0) * 1_000_000) + SYNTHETIC_TICK_US
+
+    def start(self, instruction: str, config: Any = None) -> str:
+        """``session_start``; limits are unknown for recorded runs and left at zero."""
+        return self.emitter.start(
+            cpu_limit=0.0, memory_limit_bytes=0, pids_limit=0, timeout_s=0.0, network_enabled=False,
+            egress_allowlist=[], config_digest=digest(config) if config is not None else self.source.sha256,
+            instruction=clip(instruction),
+        )  # fmt: skip
+
+    def action(self, tool_name: str, arguments: str, command: str | None, thought: str | None, **payload: Any) -> str:
+        """``agent_action`` with clipped arguments and thought."""
+        return self.emitter.action(
+            tool_name or "unknown", arguments=clip_arguments(arguments), command=clip(command),
+            thought=clip(thought) or None, **payload,
+        )  # fmt: skip
+
+    def feedback(
+        self,
+        action_event_id: str,
+        output: str,
+        *,
+        tool_call_id: str = "",
+        exit_code: int | None = None,
+        duration_ms: float = 0.0,
+        elided: bool = False,
+        full_bytes: int | None = None,
+        failure_reason: str | None = None,
+    ) -> str:
+        """``env_feedback`` answering an action; outputs over 256 KiB are cut and referenced.
+
+        Args:
+            elided: the format itself already elided part of the output.
+            full_bytes: size of the complete output when the format records it (else the text's size).
+        """
+        data = output.encode()
+        size = max(full_bytes or 0, len(data))
+        payload: dict[str, Any] = {
+            "tool_call_id": tool_call_id or "",
+            "exit_code": exit_code,
+            "duration_ms": max(float(duration_ms), 0.0),
+            "failure_reason": clip(failure_reason, 4096),
+            "output_bytes": size,
+            "truncated": elided,
+        }
+        if len(data) > MAX_OUTPUT_BYTES:
+            payload["output"] = data[:MAX_OUTPUT_BYTES].decode(errors="ignore")
+            payload["truncated"] = True
+            payload["output_ref"] = {
+                "uri": f"import://{self.source.sha256}/{self.emitter.seq}",
+                "size_bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        else:
+            payload["output"] = output
+        return self.emitter.feedback(action_event_id, **payload)

@@ -1,0 +1,202 @@
+"""Import mini-swe-agent runs (``trajectory_format: mini-swe-agent-1.x``).
+
+A step is one assistant message (one agent_input, one agent_action per tool
+call) plus the tool messages answering its calls (env_feedback with the exit
+code from ``extra.returncode`` or ``<returncode>``). The final ``exit`` message
+answers the submit command, whose output the agent turned into the submission.
+Per-turn tokens come from ``extra.response.usage``; success from a companion
+SWE-bench ``*.report.json`` when one sits next to the file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from producers.importers._common import (
+    ImportFormatError,
+    RunBuilder,
+    SourceFile,
+    digest,
+    end_status,
+    text_of,
+    unix_micros,
+)
+from producers.sdk import Event
+
+FRAMEWORK = "mini-swe-agent"
+_RETURNCODE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
+_OUTPUT = re.compile(r"<output>\n?(.*?)</output>", re.DOTALL)
+# How mini-swe-agent marks an output it cut into head and tail for the model.
+_ELIDED = ("<output_head>", "<elided_chars>", "<output_tail>")
+
+
+def looks_like(data: Any) -> bool:
+    """Whether parsed JSON is a mini-swe-agent trajectory."""
+    return isinstance(data, dict) and str(data.get("trajectory_format", "")).startswith("mini-swe-agent")
+
+
+def companion_report(path: Path, instance_id: str) -> dict[str, Any] | None:
+    """The SWE-bench report for ``instance_id`` next to ``path`` (``X.traj.json`` → ``X.report.json``), if any.
+
+    Raises:
+        ImportFormatError: a report exists but is not valid JSON.
+    """
+    name = path.name.removesuffix(".json").removesuffix(".traj")
+    candidates = [path.with_name(f"{name}.report.json"), path.with_name("report.json")]
+    for candidate in candidates:
+        if candidate.is_file():
+            try:
+                report = json.loads(candidate.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise ImportFormatError(candidate, f"companion report is not valid JSON: {exc}") from exc
+            entry = report.get(instance_id) if isinstance(report, dict) else None
+            return entry if isinstance(entry, dict) else None
+    return None
+
+
+def _test_counts(report: dict[str, Any]) -> tuple[int, int]:
+    passed = total = 0
+    for buckets in (report.get("tests_status") or {}).values():
+        if isinstance(buckets, dict):
+            passed += len(buckets.get("success") or [])
+            total += len(buckets.get("success") or []) + len(buckets.get("failure") or [])
+    return total, passed
+
+
+def _tool_output(content: str) -> tuple[str, int | None, bool]:
+    """(output text, return code, elided?) from a tool message's ``<returncode>…<output>…`` content."""
+    code_match = _RETURNCODE.search(content)
+    output_match = _OUTPUT.search(content)
+    if output_match:
+        output = output_match.group(1)
+    else:  # warning + head/tail form: keep what the model saw, minus the return-code tag
+        output = _RETURNCODE.sub("", content, count=1).strip("\n")
+    return output, int(code_match.group(1)) if code_match else None, any(tag in content for tag in _ELIDED)
+
+
+def convert(source: SourceFile) -> list[Event]:
+    """All events of one mini-swe-agent run.
+
+    Raises:
+        ImportFormatError: required fields are missing or a tool message answers no known call.
+    """
+    data = source.data
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise ImportFormatError(source.path, "mini-swe-agent trajectory without a 'messages' list of objects")
+    messages = [m for m in messages if not m.get("is_demo")]
+    info = data.get("info") if isinstance(data.get("info"), dict) else {}
+    config = info.get("config") if isinstance(info.get("config"), dict) else {}
+    instance_id = str(data.get("instance_id") or source.path.name.split(".")[0])
+    instruction = next((text_of(m.get("content")) for m in messages if m.get("role") == "user"), None)
+    if instruction is None:
+        raise ImportFormatError(source.path, "no user message with the task statement")
+    report = companion_report(source.path, instance_id)
+    resolved = bool(report.get("resolved")) if report is not None else None
+
+    builder = RunBuilder(source, FRAMEWORK, str(data["trajectory_format"]), {
+        "task_id": instance_id, "task_type": "swe", "image_version": str(data["trajectory_format"]),
+        "agent_name": FRAMEWORK, "agent_version": str(info["mini_version"]) if info.get("mini_version") else None,
+        "agent_model": (config.get("model") or {}).get("model_name"),
+    })  # fmt: skip
+    stamps = [unix_micros((m.get("extra") or {}).get("timestamp")) for m in messages]
+    known = [s for s in stamps if s is not None]
+    first_ts = min(known) if known else None
+    builder.at(first_ts)
+    builder.start(instruction, config or None)
+
+    pending: dict[str, tuple[str, int]] = {}  # tool_call_id -> (action event id, action time)
+    previous_ts = first_ts
+    turn = 0
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        extra = message.get("extra") if isinstance(message.get("extra"), dict) else {}
+        ts = stamps[index]
+        if role == "assistant":
+            response = extra.get("response") if isinstance(extra.get("response"), dict) else {}
+            usage = response.get("usage") or {}
+            builder.advance(previous_ts)
+            message_id = str(response.get("id") or f"turn-{turn}")
+            builder.emitter.agent_input(
+                prompt_digest=digest(messages[:index]), input_tokens=int(usage.get("prompt_tokens") or 0),
+                cached_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
+                n_messages=index, content=instruction if turn == 0 else None, message_id=message_id,
+            )  # fmt: skip
+            builder.advance(ts)
+            calls = message.get("tool_calls") or [
+                {"id": a.get("tool_call_id") or f"action-{turn}-{i}", "function": {
+                    "name": "bash", "arguments": json.dumps({"command": a.get("command", "")})}}
+                for i, a in enumerate(extra.get("actions") or [])
+            ]  # fmt: skip
+            details = usage.get("completion_tokens_details") or {}
+            for position, call in enumerate(calls):
+                function = call.get("function") or {}
+                arguments = function.get("arguments") or "{}"
+                try:
+                    parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+                except json.JSONDecodeError:
+                    parsed = {}
+                first = position == 0  # a turn's tokens and cost belong to its first call only
+                call_id = str(call.get("id") or f"action-{turn}-{position}")
+                action_id = builder.action(
+                    str(function.get("name") or "bash"),
+                    arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True),
+                    parsed.get("command") if isinstance(parsed, dict) else None,
+                    text_of(message.get("content")),
+                    tool_call_id=call_id, message_id=message_id,
+                    output_tokens=int(usage.get("completion_tokens") or 0) if first else 0,
+                    reasoning_tokens=int(details.get("reasoning_tokens") or 0) if first else 0,
+                    cost_usd=float(extra.get("cost") or 0.0) if first else 0.0,
+                    model_latency_ms=(ts - previous_ts) / 1000 if first and ts and previous_ts else 0.0,
+                )  # fmt: skip
+                pending[call_id] = (action_id, builder.now)
+            turn += 1
+        elif role == "tool":
+            call_id = str(message.get("tool_call_id") or "")
+            if call_id not in pending:
+                raise ImportFormatError(source.path, f"message {index}: tool output answers unknown call {call_id!r}")
+            action_id, action_ts = pending.pop(call_id)
+            builder.advance(ts)
+            content = text_of(message.get("content"))
+            output, code, elided = _tool_output(content)
+            if isinstance(extra.get("returncode"), int):
+                code = extra["returncode"]
+            raw_output = extra.get("raw_output")
+            builder.feedback(
+                action_id, output, tool_call_id=call_id, exit_code=code,
+                duration_ms=(ts - action_ts) / 1000 if ts is not None else 0.0, elided=elided,
+                full_bytes=len(raw_output.encode()) if isinstance(raw_output, str) else None,
+                failure_reason=text_of(extra.get("exception_info")) or None,
+            )  # fmt: skip
+        elif role == "exit":
+            # The submit command's output became the submission: the exit message answers it.
+            builder.advance(ts)
+            for call_id, (action_id, action_ts) in list(pending.items()):
+                builder.feedback(
+                    action_id, text_of(message.get("content")), tool_call_id=call_id,
+                    duration_ms=(ts - action_ts) / 1000 if ts is not None else 0.0,
+                )  # fmt: skip
+            pending.clear()
+        if ts is not None:
+            previous_ts = ts
+
+    if not known:
+        builder.tick()
+    if report is not None:
+        total, passed = _test_counts(report)
+        builder.emitter.evaluation(
+            passed=bool(resolved), tests_total=total, tests_passed=passed, reward=1.0 if resolved else 0.0,
+            fresh_sandbox=False, evaluator=f"imported:{FRAMEWORK}", duration_ms=0.0,
+            details=json.dumps({k: v for k, v in report.items() if k != "tests_status"}, sort_keys=True),
+        )  # fmt: skip
+    exit_status = str(info.get("exit_status") or "")
+    exception = text_of(info.get("exception_str")).strip()
+    builder.emitter.end(
+        end_status(exit_status, resolved), (max(known) - min(known)) / 1e6 if known else 0.0,
+        reward=(1.0 if resolved else 0.0) if resolved is not None else None,
+        exit_reason=(f"{exit_status}: {exception.splitlines()[-1]}" if exception else exit_status)[:1000] or None,
+    )  # fmt: skip
+    return builder.events

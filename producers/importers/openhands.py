@@ -1,0 +1,158 @@
+"""Import OpenHands event lists (a JSON array of actions and observations).
+
+Agent actions (run, edit, read, message, finish, …) become agent_action
+events; an observation whose ``cause`` names an imported action becomes the
+env_feedback answering it (exit code from ``extras.metadata.exit_code``,
+duration from the timestamp delta). One agent_input precedes each model
+response (``tool_call_metadata.model_response``, which also gives the token
+counts; several actions may share one response). Edit observations add a
+file_op. User messages after the first are carried into the next agent_input.
+OpenHands records no reward, so the session never ends ``completed``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from producers.importers._common import (
+    ImportFormatError,
+    RunBuilder,
+    SourceFile,
+    digest,
+    end_status,
+    iso_micros,
+    text_of,
+)
+from producers.sdk import Event
+
+FRAMEWORK = "openhands"
+# Control events of the OpenHands runtime, not steps of the agent.
+_NOT_STEPS = frozenset({"change_agent_state", "recall", "system"})
+
+
+def looks_like(data: Any) -> bool:
+    """Whether parsed JSON is an OpenHands event list."""
+    return (
+        isinstance(data, list)
+        and bool(data)
+        and all(isinstance(e, dict) and "id" in e and ("action" in e or "observation" in e) for e in data)
+    )
+
+
+def _response_call(metadata: dict[str, Any]) -> dict[str, Any] | None:
+    """The tool call with this action's id inside the recorded model response."""
+    response = metadata.get("model_response") or {}
+    for choice in response.get("choices") or []:
+        for call in ((choice or {}).get("message") or {}).get("tool_calls") or []:
+            if isinstance(call, dict) and call.get("id") == metadata.get("tool_call_id"):
+                return call
+    return None
+
+
+def convert(source: SourceFile) -> list[Event]:
+    """All events of one OpenHands session.
+
+    Raises:
+        ImportFormatError: not a list of events, bad timestamps, or no user message with the task.
+    """
+    records = source.data
+    if not looks_like(records):
+        reason = "not an OpenHands event list (objects with 'id' and 'action'/'observation')"
+        raise ImportFormatError(source.path, reason)
+    try:
+        stamps = [iso_micros(str(r["timestamp"])) if r.get("timestamp") else None for r in records]
+    except ValueError as exc:
+        raise ImportFormatError(source.path, f"bad event timestamp: {exc}") from exc
+    first_user = next(
+        (i for i, r in enumerate(records) if r.get("source") == "user" and r.get("action") == "message"), None
+    )
+    if first_user is None:
+        raise ImportFormatError(source.path, "no user message with the task")
+    instruction = text_of((records[first_user].get("args") or {}).get("content"))
+    model = next(
+        (str(r["tool_call_metadata"]["model_response"]["model"]) for r in records
+         if ((r.get("tool_call_metadata") or {}).get("model_response") or {}).get("model")), None,
+    )  # fmt: skip
+
+    builder = RunBuilder(source, FRAMEWORK, "openhands-event-stream", {
+        "task_id": source.path.stem, "task_type": "openhands", "image_version": "event-stream",
+        "agent_name": FRAMEWORK, "agent_model": model,
+    })  # fmt: skip
+    known = [s for s in stamps if s is not None]
+    builder.at(min(known) if known else None)
+    builder.start(instruction)
+
+    actions: dict[Any, tuple[str, int, str]] = {}  # OpenHands id -> (event id, time, tool call id)
+    seen_responses: set[str] = set()
+    new_context: list[str] = [instruction]
+    previous_ts = stamps[0]
+    finished, last_state = False, ""
+    for index, record in enumerate(records):
+        ts = stamps[index]
+        kind, observation = record.get("action"), record.get("observation")
+        args = record.get("args") if isinstance(record.get("args"), dict) else {}
+        if record.get("source") == "user" and kind == "message" and index != first_user:
+            new_context.append(text_of(args.get("content")))
+        elif record.get("source") == "agent" and kind and kind not in _NOT_STEPS:
+            metadata = record.get("tool_call_metadata") if isinstance(record.get("tool_call_metadata"), dict) else {}
+            response = metadata.get("model_response") or {}
+            usage = response.get("usage") or {}
+            response_id = str(response.get("id") or f"event-{record['id']}")
+            first_of_response = response_id not in seen_responses
+            if first_of_response:
+                seen_responses.add(response_id)
+                builder.advance(previous_ts)
+                builder.emitter.agent_input(
+                    prompt_digest=digest(records[:index]), input_tokens=int(usage.get("prompt_tokens") or 0),
+                    cached_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
+                    n_messages=index, content="\n\n".join(new_context) or None, message_id=response_id,
+                )  # fmt: skip
+                new_context = []
+            builder.advance(ts)
+            call = _response_call(metadata)
+            thought = args.get("thought")
+            arguments = ((call or {}).get("function") or {}).get("arguments")
+            if not isinstance(arguments, str):
+                arguments = json.dumps({k: v for k, v in args.items() if k != "thought"}, sort_keys=True, default=str)
+            call_id = str(metadata.get("tool_call_id") or f"event-{record['id']}")
+            event_id = builder.action(
+                str(metadata.get("function_name") or kind), arguments,
+                args.get("command") if kind == "run" else args.get("code") if kind == "run_ipython" else None,
+                text_of(thought) or None, tool_call_id=call_id, message_id=response_id,
+                output_tokens=int(usage.get("completion_tokens") or 0) if first_of_response else 0,
+                model_latency_ms=(ts - previous_ts) / 1000 if first_of_response and ts and previous_ts else 0.0,
+            )  # fmt: skip
+            actions[record["id"]] = (event_id, builder.now, call_id)
+            finished = finished or kind == "finish"
+        elif observation == "agent_state_changed":
+            last_state = str((record.get("extras") or {}).get("agent_state") or "")
+        elif observation and observation != "null" and record.get("cause") in actions:
+            event_id, action_ts, call_id = actions[record["cause"]]
+            extras = record.get("extras") if isinstance(record.get("extras"), dict) else {}
+            exit_code = (extras.get("metadata") or {}).get("exit_code")
+            builder.advance(ts)
+            content = text_of(record.get("content"))
+            builder.feedback(
+                event_id, content, tool_call_id=call_id,
+                exit_code=int(exit_code) if isinstance(exit_code, int) else None,
+                duration_ms=(ts - action_ts) / 1000 if ts is not None else 0.0,
+                failure_reason=content[:1000] if observation == "error" else None,
+            )  # fmt: skip
+            if observation == "edit" and extras.get("path"):
+                new_content = extras.get("new_content")
+                data = new_content.encode() if isinstance(new_content, str) else None
+                builder.emitter.file_op(
+                    "write" if extras.get("prev_exist") else "create", str(extras["path"]),
+                    size_bytes=len(data) if data is not None else 0,
+                    sha256=hashlib.sha256(data).hexdigest() if data is not None else None,
+                )  # fmt: skip
+        if ts is not None:
+            previous_ts = ts
+
+    builder.advance(max(known) if known else None)
+    exit_status = "error" if last_state == "error" else "finish" if finished else last_state or "stopped"
+    runtime_s = (max(known) - min(known)) / 1e6 if known else 0.0
+    builder.emitter.end(end_status(exit_status, None), runtime_s, exit_reason=exit_status)
+    return builder.events
