@@ -1,0 +1,93 @@
+"""The sandbox fleet as Dagster's upstream asset: ``sandbox_runs`` launches a batch of sessions.
+
+Importing this module has no side effects; ``definitions.py`` adds ``sandbox_runs`` to the
+assets and ``FleetResource()`` under the key ``fleet``.
+"""
+
+from pathlib import Path
+
+from dagster import AssetExecutionContext, Config, ConfigurableResource, MaterializeResult, MetadataValue, asset
+
+from dagster_project.resources import KafkaResource, TrajlakeResource
+from producers.fleet import FleetReport, run_fleet
+
+
+class FleetResource(ConfigurableResource):
+    """A sandbox fleet backend and its defaults.
+
+    Attributes:
+        backend: ``local`` (bubblewrap sandboxes) or ``synthetic``.
+        concurrency: sandboxes at once (local).
+        seed: task instances, policies and the synthetic stream derive from it.
+        cheat_rate: share of cheating sessions.
+        perturb: environment perturbation spec, e.g. ``latency=50,jitter=20,fail=0.05,formats``.
+        timeout_s: per-session deadline override (local).
+        fallback: run the synthetic fleet when bubblewrap is unavailable (instead of failing).
+        rate_per_s: synthetic arrival rate.
+        time_compression: synthetic pacing (simulated seconds per wall second); ``None`` = flat out.
+    """
+
+    backend: str = "local"
+    concurrency: int = 4
+    seed: int = 0
+    cheat_rate: float = 0.1
+    perturb: str | None = None
+    timeout_s: float | None = None
+    fallback: bool = True
+    rate_per_s: float = 35.0
+    time_compression: float | None = None
+
+    def launch(self, settings: object, sessions: int, labels_path: Path | None, seed: int | None = None) -> FleetReport:
+        """Run one batch of ``sessions`` sessions; events go to Kafka, labels to ``labels_path``."""
+        return run_fleet(
+            settings,  # type: ignore[arg-type]
+            backend=self.backend,
+            sessions=sessions,
+            concurrency=self.concurrency,
+            seed=self.seed if seed is None else seed,
+            cheat_rate=self.cheat_rate,
+            labels_path=labels_path,
+            perturb=self.perturb,
+            fallback=self.fallback,
+            timeout_s=self.timeout_s,
+            rate_per_s=self.rate_per_s,
+            time_compression=self.time_compression,
+        )
+
+
+class SandboxRunsConfig(Config):
+    """Per-run settings of ``sandbox_runs``."""
+
+    sessions: int = 20
+    seed: int | None = None
+    write_labels: bool = True
+
+
+@asset(
+    group_name="fleet",
+    description="A batch of agent sessions in sandboxes; their events go to Kafka (upstream of raw_events).",
+    kinds={"kafka"},
+)
+def sandbox_runs(
+    context: AssetExecutionContext,
+    config: SandboxRunsConfig,
+    fleet: FleetResource,
+    trajlake: TrajlakeResource,
+    kafka: KafkaResource,
+) -> MaterializeResult:
+    """Launch a batch through ``FleetResource`` and record its outcome as metadata."""
+    settings = trajlake.settings(**kafka.overrides())
+    labels = None
+    if config.write_labels:
+        labels = settings.home_dir / "fleet" / "labels" / f"{context.run_id}.jsonl"
+    report = fleet.launch(settings, config.sessions, labels, config.seed)
+    context.log.info(report.summary())
+    metadata: dict[str, object] = dict(report.metadata())
+    metadata["sessions_by_status"] = MetadataValue.json(report.by_status)
+    metadata["latency_ms"] = MetadataValue.json(report.latency_ms)
+    if report.labels_path:
+        metadata["labels_path"] = MetadataValue.path(report.labels_path)
+    return MaterializeResult(metadata=metadata)  # type: ignore[arg-type]
+
+
+__all__ = ["FleetResource", "SandboxRunsConfig", "sandbox_runs"]

@@ -1,0 +1,128 @@
+"""Fleet benchmarks: sandbox start latency, local throughput, synthetic encoding rate.
+
+``python -m producers.fleet.bench`` (or ``fleet_benchmarks(settings)``) prints and returns:
+
+- ``local_first_command_ms_p50/p95``: sandbox creation → first command answered, one at a time;
+- ``local_sessions_per_min_c4``: complete local sessions (agent + evaluation) per minute at
+  concurrency 4, with their first-command latency under that load;
+- ``synthetic_events_per_s`` (re-run templates, the default at scale), ``..._fresh`` (every
+  session generated in full) and ``baseline_events_per_s`` (``producers/synthetic.py`` + the
+  per-event ``encode_event``), measured in the same process, with the ratios; and
+  ``synthetic_events_per_s_parallel`` with one generator process per core.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from producers.fleet import ListSink, percentiles, run_fleet
+from producers.fleet.sandbox import ImageStore, Limits, Sandbox, bwrap_available
+
+START_US = 1_750_000_000_000_000
+
+
+def sandbox_start_latency(root: Path, n: int = 30) -> dict[str, float]:
+    """Creation → first command (``true``) answered, sequentially, in milliseconds."""
+    image = ImageStore(root / "images").ensure("trajlake/bench", "1.0.0")
+    samples = []
+    for i in range(n):
+        started = time.monotonic()
+        sandbox = Sandbox(f"bench-{i}", root / "sandboxes", image, {"a.txt": "x\n"}, Limits())
+        sandbox.run("true")
+        samples.append((time.monotonic() - started) * 1000)
+        sandbox.stop()
+        sandbox.cleanup()
+    return percentiles(samples, "local_first_command_ms")
+
+
+def _synthetic_rate(sessions: int, reuse: float, seed: int = 1) -> tuple[int, float]:
+    from producers.fleet.synthetic import SyntheticFleet
+
+    fleet = SyntheticFleet(start_us=START_US, template_reuse=reuse)
+    started = time.perf_counter()
+    count = 0
+    for _ in fleet.stream(sessions, seed, 0.1):
+        count += 1
+    return count, time.perf_counter() - started
+
+
+def _baseline_rate(sessions: int) -> tuple[int, float]:
+    from producers.synthetic import synthetic_sessions
+    from schemas.registry import encode_event
+
+    started = time.perf_counter()
+    count = 0
+    for session in synthetic_sessions(sessions, seed=1, start_us=START_US):
+        for event in session:
+            encode_event(event)
+            count += 1
+    return count, time.perf_counter() - started
+
+
+def _worker(args: tuple[int, float, int]) -> tuple[int, float]:
+    sessions, reuse, seed = args
+    return _synthetic_rate(sessions, reuse, seed)
+
+
+def run_benchmarks(
+    settings: Any, local_sessions: int = 16, synthetic_events: int = 300_000, seed: int = 0
+) -> dict[str, float]:
+    """Measure and print the fleet's figures; returns them."""
+    figures: dict[str, float] = {}
+    sessions = max(300, synthetic_events // 62)  # ~62 events per session on average
+    base_n, base_s = _baseline_rate(max(200, sessions // 8))
+    figures["baseline_events_per_s"] = round(base_n / base_s)
+    fresh_n, fresh_s = _synthetic_rate(max(300, sessions // 3), 1.0)
+    figures["synthetic_events_per_s_fresh"] = round(fresh_n / fresh_s)
+    fast_n, fast_s = _synthetic_rate(sessions, 16.0)
+    figures["synthetic_events_per_s"] = round(fast_n / fast_s)
+    figures["synthetic_vs_baseline"] = round(figures["synthetic_events_per_s"] / figures["baseline_events_per_s"], 1)
+    figures["synthetic_fresh_vs_baseline"] = round(
+        figures["synthetic_events_per_s_fresh"] / figures["baseline_events_per_s"], 1
+    )
+    workers = os.cpu_count() or 1
+    if workers > 1:
+        started = time.perf_counter()
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            results = pool.map(_worker, [(sessions, 16.0, s) for s in range(workers)])
+        figures["synthetic_events_per_s_parallel"] = round(sum(n for n, _ in results) / (time.perf_counter() - started))
+        figures["synthetic_workers"] = workers
+    if bwrap_available():
+        with tempfile.TemporaryDirectory(prefix="tl-bench-") as tmp:
+            figures.update(sandbox_start_latency(Path(tmp)))
+        sink = ListSink()
+        report = run_fleet(settings, "local", local_sessions, concurrency=4, seed=seed, cheat_rate=0.2, sink=sink,
+                           timeout_s=10)  # fmt: skip
+        figures["local_sessions_per_min_c4"] = round(report.sessions_per_min, 1)
+        figures["local_sessions_c4"] = report.sessions
+        for key in ("first_command_p50", "first_command_p95"):
+            if key in report.latency_ms:
+                figures[f"local_c4_{key}_ms"] = report.latency_ms[key]
+    try:
+        figures["load_average_1m"] = round(os.getloadavg()[0], 2)
+    except OSError:
+        pass
+    width = max(len(k) for k in figures)
+    for key, value in figures.items():
+        print(f"{key:<{width}}  {value:g}")
+    return figures
+
+
+def main() -> None:
+    """Entry point: ``python -m producers.fleet.bench [local_sessions] [synthetic_events]``."""
+    from pipelines.settings import load_settings
+
+    local = int(sys.argv[1]) if len(sys.argv) > 1 else 16
+    events = int(sys.argv[2]) if len(sys.argv) > 2 else 300_000
+    with tempfile.TemporaryDirectory(prefix="tl-bench-home-") as home:
+        run_benchmarks(load_settings(home=home), local_sessions=local, synthetic_events=events)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""The local fleet backend: real bubblewrap sandboxes, scripted agents, two-phase evaluation.
+
+Per session: draw a task instance and a policy from the seed; build (once) the task type's
+pinned read-only image; create a sandbox with a private writable layer holding the task files
+and a copy of the runner; emit ``session_start``; hand the sandbox to the reaper; let the policy
+act; then stop the sandbox (or find it reaped), take only the deliverable to a fresh evaluator
+sandbox with the hidden tests, emit ``evaluation`` and ``session_end``, remove the writable
+layer, and write the ground-truth label.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+import socket
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from producers.fleet import EventSink, FleetReport, LabelWriter, percentiles
+from producers.fleet.agents import MODEL, POLICIES, AgentContext, AgentOutcome, cheat_type, choose_policy
+from producers.fleet.evaluate import collect_deliverable, evaluate
+from producers.fleet.perturb import Perturbation
+from producers.fleet.sandbox import ImageStore, Limits, Reaper, Sandbox, SandboxKilled, image_tools
+from producers.fleet.tasks import TaskInstance, task_for
+from producers.sdk import SessionEmitter
+
+AGENT_NAME = "scripted-agent"  # the same for every policy: the policy is ground truth, not an event field
+AGENT_VERSION = "1.0"
+
+
+@dataclass
+class SessionRecord:
+    """The outcome of one local session (for the report)."""
+
+    session_id: str
+    policy: str
+    status: str
+    reaped: bool
+    survivors: int
+    eval_passed: bool
+    ready_ms: float
+    first_command_ms: float | None
+    runtime_s: float
+
+
+class LocalFleet:
+    """Bubblewrap sandboxes on this machine.
+
+    Args:
+        root: state directory (``TRAJLAKE_HOME/fleet``): images and sandbox layers.
+        perturb: environment perturbation.
+        timeout_s: deadline override for every session (default: the task's).
+        policy_mix: explicit policy weights (default: ``choose_policy``'s mix).
+        host_id: recorded in every event.
+        limits: resource limits (the deadline comes from ``timeout_s`` or the task).
+
+    Raises:
+        BubblewrapMissing: ``bwrap`` is not installed.
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        root: Path,
+        perturb: Perturbation | None = None,
+        timeout_s: float | None = None,
+        policy_mix: dict[str, float] | None = None,
+        host_id: str | None = None,
+        limits: Limits | None = None,
+    ) -> None:
+        from producers.fleet.sandbox import find_bwrap
+
+        find_bwrap()
+        self.root = root
+        self.images = ImageStore(root / "images")
+        self.sandbox_root = root / "sandboxes"
+        self.sandbox_root.mkdir(parents=True, exist_ok=True)
+        self.perturb = perturb or Perturbation()
+        self.timeout_s = timeout_s
+        self.policy_mix = policy_mix
+        self.host_id = host_id or f"local-{socket.gethostname()}"
+        self.limits = limits or Limits()
+        self._runner = image_tools()["bin/tl_test.py"].decode()
+
+    def image_for(self, task: TaskInstance) -> Path:
+        """The pinned read-only image of a task's type."""
+        name, version = task.image
+        return self.images.ensure(name, version)
+
+    def run(
+        self,
+        sessions: int,
+        *,
+        seed: int,
+        cheat_rate: float,
+        sink: EventSink,
+        labels: LabelWriter,
+        concurrency: int = 4,
+    ) -> FleetReport:
+        """Run ``sessions`` sessions, ``concurrency`` at a time."""
+        from producers.fleet import CountingSink
+
+        counting = CountingSink(sink)
+        reaper = Reaper()
+        started = time.monotonic()
+        try:
+            with ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="sandbox") as pool:
+                records = list(
+                    pool.map(
+                        lambda i: self.run_session(i, seed, cheat_rate, counting, labels, reaper),
+                        range(sessions),
+                    )
+                )
+        finally:
+            reaper.stop()
+        wall = time.monotonic() - started
+        first = [r.first_command_ms for r in records if r.first_command_ms is not None]
+        report = FleetReport(
+            backend=self.name,
+            sessions=len(records),
+            events=counting.count,
+            wall_s=wall,
+            by_status=dict(Counter(r.status for r in records)),
+            by_policy=dict(Counter(r.policy for r in records)),
+            cheaters=sum(1 for r in records if cheat_type(r.policy)),
+            timeouts_reaped=sum(1 for r in records if r.reaped),
+            reaper_survivors=sum(r.survivors for r in records),
+            eval_passed=sum(1 for r in records if r.eval_passed),
+            latency_ms={
+                **percentiles(first, "first_command"),
+                **percentiles([r.ready_ms for r in records], "sandbox_ready"),
+                **percentiles([r.runtime_s * 1000 for r in records], "session"),
+            },
+        )
+        hangs = report.by_policy.get("hang", 0)
+        report.figures["hang_sessions"] = hangs
+        return report
+
+    def run_session(
+        self, index: int, seed: int, cheat_rate: float, sink: Any, labels: LabelWriter, reaper: Reaper
+    ) -> SessionRecord:
+        """One complete session: sandbox, agent, evaluation, events, label."""
+        rng = random.Random(f"fleet:{seed}:{index}")
+        task = task_for(seed, index)
+        policy = choose_policy(rng, cheat_rate, self.policy_mix)
+        image_name, image_version = task.image
+        image = self.image_for(task)
+        session_id = uuid.uuid4().hex
+        sandbox_id = f"sb-{session_id[:16]}"
+        emitter = SessionEmitter(
+            sink,
+            session_id=session_id,
+            sandbox_id=sandbox_id,
+            task_id=task.task_id,
+            task_type=task.task_type,
+            host_id=self.host_id,
+            image_name=image_name,
+            image_version=image_version,
+            agent_name=AGENT_NAME,
+            agent_version=AGENT_VERSION,
+            agent_model=MODEL,
+            policy_version="scripted-v1",
+            extra={"backend": "local", "task_family": task.family},
+        )
+        timeout_s = self.timeout_s or task.timeout_s
+        limits = Limits(
+            cpu_cores=self.limits.cpu_cores,
+            memory_bytes=self.limits.memory_bytes,
+            pids=self.limits.pids,
+            cpu_seconds=self.limits.cpu_seconds,
+            file_size_bytes=self.limits.file_size_bytes,
+            timeout_s=timeout_s,
+        )
+        env = {**task.config, **self.perturb.session_env(rng)}
+        files = {**task.files, "run_tests.py": self._runner}
+        started = time.monotonic()
+        sandbox = Sandbox(
+            sandbox_id,
+            self.sandbox_root,
+            image,
+            files,
+            limits,
+            env=env,
+            secrets={"TL_TASK_TOKEN": secrets.token_hex(16)},
+            allowlist=task.egress_allowlist,
+            services=task.services,
+        )
+        reaper.watch(sandbox, timeout_s)
+        emitter.emit(
+            "session_start",
+            {
+                "cpu_limit": limits.cpu_cores,
+                "memory_limit_bytes": limits.memory_bytes,
+                "pids_limit": limits.pids,
+                "timeout_s": timeout_s,
+                "network_enabled": bool(task.egress_allowlist),
+                "egress_allowlist": list(task.egress_allowlist),
+                "config_digest": task.config_digest,
+                "instruction": task.instruction,
+            },
+            "system",
+            extra={
+                "sandbox_ready_ms": f"{sandbox.ready_ms:.3f}",
+                "cgroup": str(sandbox.cgroup.active).lower(),
+            },
+        )
+        ctx = AgentContext(emitter, sandbox, task, random.Random(rng.getrandbits(64)), self.perturb)
+        outcome: AgentOutcome | None = None
+        crashed: str | None = None
+        try:
+            outcome = POLICIES[policy](ctx)
+        except SandboxKilled as exc:
+            crashed = None if sandbox.reaped else str(exc)
+        ctx._network(None)  # attempts made by a command that never answered
+        stats = sandbox.stats()
+        if not sandbox.killed:
+            sandbox.stop()
+        survivors = sandbox.survivors()
+        deliverable, ignored = collect_deliverable(task, sandbox.workspace, {"run_tests.py": self._runner})
+        sandbox.cleanup()
+        result = evaluate(task, deliverable, image, self.sandbox_root, reaper, ignored_changes=ignored)
+        emitter.evaluation(**result.payload())
+        if sandbox.reaped:
+            status, exit_reason = "timeout", "reaper"
+        elif crashed is not None or outcome is None:
+            status, exit_reason = "error", f"sandbox died: {crashed}"[:200]
+        else:
+            status, exit_reason = (
+                outcome.status,
+                "agent_finished" if outcome.status == "completed" else outcome.status,
+            )
+        runtime = time.monotonic() - started
+        emitter.emit(
+            "session_end",
+            {
+                "status": status,
+                "reward": result.reward,
+                "runtime_s": round(runtime, 4),
+                "exit_reason": exit_reason,
+                "cpu_seconds": round(stats["cpu_seconds"], 6),
+                "peak_memory_bytes": int(stats["peak_memory_bytes"]),
+                "peak_processes": int(stats.get("processes", 0) or stats["processes_started"]),
+                "disk_write_bytes": ctx.bytes_written,
+            },
+            "system",
+            extra={
+                "processes_started": str(int(stats["processes_started"])),
+                "network_attempts": str(ctx.network_attempts),
+                "network_denied": str(ctx.network_denied),
+                "exit_codes": json.dumps(dict(Counter(str(c) for c in ctx.exit_codes)), sort_keys=True),
+                "cost_usd": f"{ctx.cost_usd:.6f}",
+                "reaper_survivors": str(survivors),
+                "first_command_ms": f"{sandbox.first_command_ms or 0:.3f}",
+            },
+        )
+        expected = "timeout" if policy == "hang" else (outcome.expected if outcome else "fail")
+        labels.write(
+            session_id=session_id,
+            policy=policy,
+            cheat_type=cheat_type(policy),
+            expected_outcome=expected,
+            task_id=task.task_id,
+            task_type=task.task_type,
+            family=task.family,
+            seed=task.seed,
+            backend="local",
+        )
+        return SessionRecord(
+            session_id,
+            policy,
+            status,
+            sandbox.reaped,
+            survivors,
+            result.passed,
+            sandbox.ready_ms,
+            sandbox.first_command_ms,
+            runtime,
+        )

@@ -1,0 +1,873 @@
+"""Bubblewrap sandboxes: read-only image layers, private writable layers, limits, egress, reaper.
+
+Layout of one sandbox (host side, under ``<root>/<sandbox_id>/``)::
+
+    workspace/   private writable layer  → /workspace (rw)
+    run/         egress gateway socket   → /run/tl (ro)
+    secrets/     per-task secret file    → /run/secrets (ro)
+
+plus the task type's image (``ImageStore``, one read-only directory per pinned version, shared by
+every sandbox) at ``/opt/tl`` and the host's ``/usr`` (with ``/bin``, ``/lib``… as on the host)
+read-only. Nothing else of the host is visible; ``/tmp`` is a private tmpfs. Namespaces: user,
+pid, net, ipc, uts, cgroup (``--unshare-all``); the sandbox has no network interface but loopback.
+Limits: cgroup (v1 or v2, when writable) pids/memory/CPU quota, plus rlimits through ``prlimit``
+(CPU seconds, address space, processes, file size, open files). The ``Reaper`` kills a sandbox
+at its wall-clock deadline, independent of the agent: SIGKILL to the process group and every
+cgroup member; ``--die-with-parent`` and the PID namespace take the rest down, and the kill is
+verified (no process left in the sandbox's PID namespace).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import heapq
+import itertools
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+BWRAP_PACKAGE = "bubblewrap"
+EXEC_FIELDS = (
+    "exit_code",
+    "duration_ms",
+    "output_bytes",
+    "truncated",
+    "cpu_s",
+    "maxrss_kb",
+    "oublock",
+    "procs",
+    "sha256",
+    "reason_len",
+    "output_len",
+)
+SANDBOX_UID = 1000
+
+
+class BubblewrapMissing(RuntimeError):
+    """``bwrap`` is not installed (Debian/Ubuntu package ``bubblewrap``)."""
+
+
+class SandboxError(RuntimeError):
+    """A sandbox could not be created or answered nonsense."""
+
+
+class SandboxKilled(RuntimeError):
+    """The sandbox is gone (reaped at its deadline, or crashed) while a command was running."""
+
+
+class ImageConflict(RuntimeError):
+    """An image version already exists with different content (versions are immutable)."""
+
+
+def find_bwrap() -> str:
+    """Path of ``bwrap``.
+
+    Raises:
+        BubblewrapMissing: not installed, with the package to install.
+    """
+    path = shutil.which("bwrap")
+    if path is None:
+        raise BubblewrapMissing(
+            f"bubblewrap is not installed: the local sandbox fleet needs `bwrap` "
+            f"(install the Debian/Ubuntu package `{BWRAP_PACKAGE}`: apt-get install {BWRAP_PACKAGE}); "
+            "or run the synthetic fleet (--backend synthetic)"
+        )
+    return path
+
+
+def bwrap_available() -> bool:
+    """Whether ``bwrap`` is installed and can create a sandbox here."""
+    try:
+        bwrap = find_bwrap()
+    except BubblewrapMissing:
+        return False
+    done = subprocess.run(
+        [bwrap, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "/bin/true"],
+        capture_output=True,
+        timeout=20,
+    )
+    return done.returncode == 0
+
+
+# --------------------------------------------------------------------------------------------- images
+
+
+def image_tools() -> dict[str, bytes]:
+    """The files every task image ships: executor, test runner, egress hook."""
+    base = resources.files("producers.fleet").joinpath("image")
+    return {
+        "bin/tl_exec.py": base.joinpath("tl_exec.py").read_bytes(),
+        "bin/tl_test.py": base.joinpath("tl_test.py").read_bytes(),
+        "py/sitecustomize.py": base.joinpath("sitecustomize.py").read_bytes(),
+    }
+
+
+def _digest(files: dict[str, bytes]) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
+    return digest.hexdigest()
+
+
+class ImageStore:
+    """Read-only image layers, one immutable directory per (image name, version).
+
+    A new version is built beside the old ones, so sandboxes of a task type pinned to the old
+    version keep exactly their environment; rebuilding a version with other content is refused.
+
+    Args:
+        root: where image directories live.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._lock = threading.Lock()
+
+    def path(self, name: str, version: str) -> Path:
+        """Directory of one image version."""
+        return self.root / name.replace("/", "__") / version
+
+    def ensure(self, name: str, version: str, files: dict[str, bytes] | None = None) -> Path:
+        """The image directory, built on first use.
+
+        Raises:
+            ImageConflict: the version exists with different content.
+        """
+        files = dict(image_tools() if files is None else files)
+        files["share/IMAGE"] = f"{name}:{version}\n".encode()
+        digest = _digest(files)
+        target = self.path(name, version)
+        with self._lock:
+            manifest = target / "MANIFEST.json"
+            if manifest.exists():
+                found = json.loads(manifest.read_text())["digest"]
+                if found != digest:
+                    raise ImageConflict(f"image {name}:{version} exists with digest {found[:12]}, not {digest[:12]}")
+                return target
+            staging = target.with_name(f".{version}.{os.getpid()}.tmp")
+            shutil.rmtree(staging, ignore_errors=True)
+            for rel, data in files.items():
+                (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+                (staging / rel).write_bytes(data)
+            (staging / "MANIFEST.json").write_text(json.dumps({"name": name, "version": version, "digest": digest}))
+            for path in sorted(staging.rglob("*"), reverse=True):
+                path.chmod(0o555 if path.is_dir() else 0o444)
+            staging.chmod(0o555)
+            staging.rename(target)
+            return target
+
+
+# --------------------------------------------------------------------------------------------- cgroups
+
+
+class Cgroup:
+    """A per-sandbox cgroup (v1 or v2) when the cgroup filesystem is writable; inert otherwise."""
+
+    V1 = ("pids", "memory", "cpu", "cpuacct")
+
+    def __init__(self, name: str, pids: int, memory_bytes: int, cpu_cores: float) -> None:
+        self.dirs: dict[str, Path] = {}
+        self.v2 = False
+        base = Path("/sys/fs/cgroup")
+        try:
+            if (base / "cgroup.controllers").exists():
+                self.v2 = True
+                parent = base / "trajlake"
+                parent.mkdir(exist_ok=True)
+                for node in (base, parent):
+                    try:
+                        (node / "cgroup.subtree_control").write_text("+pids +memory +cpu")
+                    except OSError:
+                        pass
+                path = parent / name
+                path.mkdir()
+                self.dirs["v2"] = path
+                self._try(path / "pids.max", str(pids))
+                self._try(path / "memory.max", str(memory_bytes))
+                self._try(path / "cpu.max", f"{int(cpu_cores * 100_000)} 100000")
+            else:
+                for controller in self.V1:
+                    root = base / controller
+                    if not root.is_dir() or not os.access(root, os.W_OK):
+                        continue
+                    path = root / "trajlake" / name
+                    path.mkdir(parents=True)
+                    self.dirs[controller] = path
+                if "pids" in self.dirs:
+                    self._try(self.dirs["pids"] / "pids.max", str(pids))
+                if "memory" in self.dirs:
+                    self._try(self.dirs["memory"] / "memory.limit_in_bytes", str(memory_bytes))
+                if "cpu" in self.dirs:
+                    self._try(self.dirs["cpu"] / "cpu.cfs_period_us", "100000")
+                    self._try(self.dirs["cpu"] / "cpu.cfs_quota_us", str(int(cpu_cores * 100_000)))
+        except OSError:
+            self.remove()
+            self.dirs = {}
+
+    @staticmethod
+    def _try(path: Path, value: str) -> None:
+        try:
+            path.write_text(value)
+        except OSError:
+            pass
+
+    @property
+    def active(self) -> bool:
+        """Whether any controller is in use."""
+        return bool(self.dirs)
+
+    def procs_files(self) -> list[Path]:
+        """``cgroup.procs`` of every directory (a process joins by writing its pid to each)."""
+        return [d / "cgroup.procs" for d in self.dirs.values()]
+
+    def pids(self) -> set[int]:
+        """Processes currently in the cgroup."""
+        found: set[int] = set()
+        for path in self.procs_files():
+            try:
+                found.update(int(x) for x in path.read_text().split())
+            except OSError:
+                pass
+        return found
+
+    def _read(self, controller: str, name: str) -> int | None:
+        path = self.dirs.get(controller)
+        if path is None:
+            return None
+        try:
+            text = (path / name).read_text()
+        except OSError:
+            return None
+        if name == "cpu.stat":
+            for line in text.splitlines():
+                if line.startswith("usage_usec"):
+                    return int(line.split()[1]) * 1000
+            return None
+        return int(text.split()[0]) if text.strip().isdigit() else None
+
+    def stats(self) -> dict[str, int]:
+        """CPU time (ns), memory now and peak (bytes), processes now (what the kernel exposes)."""
+        if self.v2:
+            keys = {
+                "cpu_ns": ("v2", "cpu.stat"),
+                "memory": ("v2", "memory.current"),
+                "memory_peak": ("v2", "memory.peak"),
+                "pids": ("v2", "pids.current"),
+            }
+        else:
+            keys = {
+                "cpu_ns": ("cpuacct", "cpuacct.usage"),
+                "memory": ("memory", "memory.usage_in_bytes"),
+                "memory_peak": ("memory", "memory.max_usage_in_bytes"),
+                "pids": ("pids", "pids.current"),
+            }
+        out = {}
+        for key, (controller, name) in keys.items():
+            value = self._read(controller, name)
+            if value is not None:
+                out[key] = value
+        return out
+
+    def kill(self) -> None:
+        """SIGKILL every member."""
+        if self.v2 and "v2" in self.dirs:
+            self._try(self.dirs["v2"] / "cgroup.kill", "1")
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def remove(self) -> None:
+        """Remove the cgroup directories (once empty)."""
+        for path in self.dirs.values():
+            for _ in range(50):
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
+
+
+# --------------------------------------------------------------------------------------------- egress
+
+
+@dataclass
+class NetworkAttempt:
+    """One egress attempt seen by the gateway."""
+
+    ts_us: int
+    host: str
+    port: int
+    allowed: bool
+    bytes_sent: int = 0
+    error: str | None = None
+
+
+class EgressGateway:
+    """Per-sandbox egress gateway on a private Unix socket.
+
+    Every connection attempt the sandbox's Python makes is reported here first (see the image's
+    ``sitecustomize.py``); the gateway records it, answers ALLOW for ``host:port`` on the
+    allowlist and then serves the internal service behind it (HTTP/1.0, canned bodies), or DENY.
+
+    Args:
+        path: socket path (inside the sandbox's ``run/`` directory).
+        allowlist: ``host:port`` entries.
+        services: ``host:port`` → {HTTP path → body}.
+    """
+
+    def __init__(self, path: Path, allowlist: tuple[str, ...], services: dict[str, dict[str, str]]) -> None:
+        self.path = path
+        self.allowlist = set(allowlist)
+        self.services = services
+        self.attempts: list[NetworkAttempt] = []
+        self._drained = 0
+        self._lock = threading.Lock()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if len(str(path).encode()) < 100:
+            self._sock.bind(str(path))
+        else:  # AF_UNIX paths are limited to 108 bytes: bind through a directory descriptor
+            dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                self._sock.bind(f"/proc/self/fd/{dir_fd}/{path.name}")
+            finally:
+                os.close(dir_fd)
+        os.chmod(path, 0o666)
+        self._sock.listen(16)
+        self._sock.settimeout(0.2)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name=f"egress-{path.parent.parent.name}", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn:
+                try:
+                    self._handle(conn)
+                except (OSError, ValueError, KeyError):
+                    pass
+
+    def _handle(self, conn: socket.socket) -> None:
+        conn.settimeout(5)
+        raw = b""
+        while not raw.endswith(b"\n") and len(raw) < 4096:
+            chunk = conn.recv(1024)
+            if not chunk:
+                return
+            raw += chunk
+        request = json.loads(raw)
+        host, port = str(request["host"]), int(request["port"])
+        attempt = NetworkAttempt(time.time_ns() // 1000, host[:255], port, f"{host}:{port}" in self.allowlist)
+        with self._lock:
+            self.attempts.append(attempt)
+        if not attempt.allowed:
+            attempt.error = "denied: not on the egress allowlist"
+            conn.sendall(b"DENY\n")
+            return
+        conn.sendall(b"ALLOW\n")
+        head = b""
+        while b"\r\n\r\n" not in head and len(head) < 65536:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            head += chunk
+        attempt.bytes_sent = len(head)
+        parts = head.split(b" ", 2)
+        path = parts[1].decode(errors="replace") if len(parts) > 1 else "/"
+        body = self.services.get(f"{host}:{port}", {}).get(path)
+        status = "200 OK" if body is not None else "404 Not Found"
+        data = (body if body is not None else "not found\n").encode()
+        conn.sendall(
+            f"HTTP/1.0 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+
+    def drain(self) -> list[NetworkAttempt]:
+        """Attempts not returned by a previous ``drain``."""
+        with self._lock:
+            new = self.attempts[self._drained :]
+            self._drained = len(self.attempts)
+        return new
+
+    def close(self) -> None:
+        """Stop serving."""
+        self._closed.set()
+        self._sock.close()
+        self._thread.join(2)
+
+
+# --------------------------------------------------------------------------------------------- sandbox
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one sandbox."""
+
+    cpu_cores: float = 1.0
+    memory_bytes: int = 1 << 30
+    pids: int = 64
+    cpu_seconds: int = 120
+    file_size_bytes: int = 64 << 20
+    open_files: int = 256
+    timeout_s: float = 20.0
+
+
+@dataclass
+class CommandResult:
+    """What one command in a sandbox produced."""
+
+    output: str
+    exit_code: int | None
+    duration_ms: float
+    output_bytes: int
+    truncated: bool = False
+    sha256: str = ""
+    failure_reason: str | None = None
+    telemetry: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class FileChange:
+    """One change in the writable layer between two snapshots."""
+
+    op: str
+    path: str
+    size_bytes: int
+    sha256: str | None
+
+
+def _host_root_binds() -> list[str]:
+    args: list[str] = ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib64", "lib32"):
+        path = Path("/") / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), f"/{name}"]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), f"/{name}"]
+    for name in (
+        "ld.so.cache",
+        "ld.so.conf",
+        "localtime",
+        "alternatives",
+        "passwd",
+        "group",
+        "nsswitch.conf",
+    ):
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    return args
+
+
+class Sandbox:
+    """One live sandbox: a ``bwrap`` process running the image's command executor.
+
+    Args:
+        sandbox_id: unique id (also the directory name).
+        root: parent directory of sandbox directories.
+        image: the read-only image directory (``ImageStore.ensure``).
+        files: initial workspace files (relative path → text).
+        limits: resource limits.
+        env: per-task configuration (``TL_*``) set in the sandbox's environment.
+        secrets: per-task secrets, written to a private read-only file ``/run/secrets/task.env``.
+        allowlist: egress ``host:port`` entries; empty means no egress at all.
+        services: internal services behind the allowlist.
+        ro_binds: extra (host path, sandbox path) read-only mounts (the evaluator's hidden tests).
+    """
+
+    def __init__(
+        self,
+        sandbox_id: str,
+        root: Path,
+        image: Path,
+        files: dict[str, str],
+        limits: Limits,
+        env: dict[str, str] | None = None,
+        secrets: dict[str, str] | None = None,
+        allowlist: tuple[str, ...] = (),
+        services: dict[str, dict[str, str]] | None = None,
+        ro_binds: tuple[tuple[Path, str], ...] = (),
+    ) -> None:
+        self.sandbox_id = sandbox_id
+        self.dir = root / sandbox_id
+        self.workspace = self.dir / "workspace"
+        self.image = image
+        self.limits = limits
+        self.created_at = time.monotonic()
+        self.reaped = False
+        self.killed = False
+        self.last_telemetry: dict[str, float] = {}
+        self.ready_ms = 0.0
+        self.first_command_ms: float | None = None
+        self._pidns: str | None = None
+        self._io_lock = threading.Lock()
+        bwrap = find_bwrap()
+        for rel, text in files.items():
+            path = self.workspace / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        (self.dir / "run").mkdir()
+        (self.dir / "secrets").mkdir(mode=0o700)
+        secret_file = self.dir / "secrets" / "task.env"
+        secret_file.write_text("".join(f"{k}={v}\n" for k, v in (secrets or {}).items()))
+        secret_file.chmod(0o400)
+        self.gateway = EgressGateway(self.dir / "run" / "egress.sock", allowlist, services or {})
+        self.cgroup = Cgroup(f"{os.getpid()}-{sandbox_id}", limits.pids, limits.memory_bytes, limits.cpu_cores)
+        args = [
+            bwrap,
+            "--die-with-parent",
+            "--new-session",
+            "--unshare-all",
+            "--hostname",
+            "sandbox",
+            "--uid",
+            str(SANDBOX_UID),
+            "--gid",
+            str(SANDBOX_UID),
+            *_host_root_binds(),
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+            "--ro-bind",
+            str(image),
+            "/opt/tl",
+            "--bind",
+            str(self.workspace),
+            "/workspace",
+            "--ro-bind",
+            str(self.dir / "run"),
+            "/run/tl",
+            "--ro-bind",
+            str(self.dir / "secrets"),
+            "/run/secrets",
+        ]
+        for host_path, target in ro_binds:
+            args += ["--ro-bind", str(host_path), target]
+        args += ["--chdir", "/workspace", "/usr/bin/python3", "-I", "-S", "/opt/tl/bin/tl_exec.py"]
+        self.bwrap_args = args
+        prlimit = shutil.which("prlimit")
+        rlimits = [
+            f"--cpu={limits.cpu_seconds}",
+            f"--as={limits.memory_bytes}",
+            f"--nproc={limits.pids}",
+            f"--fsize={limits.file_size_bytes}",
+            f"--nofile={limits.open_files}",
+        ]
+        command = ([prlimit, *rlimits, "--"] if prlimit else []) + args
+        script = "".join(f"echo $$ > {shlex.quote(str(p))} && " for p in self.cgroup.procs_files())
+        sandbox_env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/workspace",
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": "/opt/tl/py",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "TL_SECRETS_FILE": "/run/secrets/task.env",
+            "TL_EGRESS_SOCKET": "/run/tl/egress.sock",
+            **(env or {}),
+        }
+        try:
+            self.proc = subprocess.Popen(
+                ["/bin/sh", "-c", script + 'exec "$@"', "sandbox", *command],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=sandbox_env,
+                start_new_session=True,
+                preexec_fn=None if prlimit else _rlimit_preexec(limits),
+            )
+        except OSError as exc:
+            self._teardown()
+            raise SandboxError(f"cannot start bwrap: {exc}") from exc
+        hello = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not hello:
+            err = self.proc.stderr.read().decode(errors="replace")[-500:]  # type: ignore[union-attr]
+            self.kill()
+            self.cleanup()
+            raise SandboxError(f"sandbox {sandbox_id} failed to start: {err.strip()}")
+        if not hello.startswith(b"READY"):
+            self.kill()
+            self.cleanup()
+            raise SandboxError(f"sandbox {sandbox_id}: unexpected executor greeting {hello[:80]!r}")
+        self.last_telemetry = dict(
+            zip(("cpu_s", "maxrss_kb", "oublock", "procs"), map(float, hello.split()[1:]), strict=False)
+        )
+        self.ready_ms = (time.monotonic() - self.created_at) * 1000
+        self._pidns = _pid_namespace_of_child(self.proc.pid)
+
+    # ------------------------------------------------------------------ commands
+
+    def run(self, command: str, stdin: str = "", timeout: float | None = None) -> CommandResult:
+        """Run ``command`` with ``/bin/sh -c`` in ``/workspace``.
+
+        Raises:
+            SandboxKilled: the sandbox died (reaped at its deadline) before answering.
+        """
+        cmd, data = command.encode(), stdin.encode()
+        request = f"{len(cmd)} {len(data)} {timeout if timeout is not None else -1}\n".encode() + cmd + data
+        with self._io_lock:
+            try:
+                self.proc.stdin.write(request)  # type: ignore[union-attr]
+                self.proc.stdin.flush()  # type: ignore[union-attr]
+                header = self.proc.stdout.readline()  # type: ignore[union-attr]
+                fields = dict(zip(EXEC_FIELDS, header.split(), strict=True)) if header else None
+                if fields is not None:
+                    reason = self.proc.stdout.read(int(fields["reason_len"]))  # type: ignore[union-attr]
+                    output = self.proc.stdout.read(int(fields["output_len"]))  # type: ignore[union-attr]
+            except (BrokenPipeError, ValueError, OSError) as exc:
+                raise SandboxKilled(f"sandbox {self.sandbox_id} is gone: {exc}") from exc
+        if fields is None:
+            raise SandboxKilled(f"sandbox {self.sandbox_id} is gone" + (" (reaped)" if self.reaped else ""))
+        if self.first_command_ms is None:
+            self.first_command_ms = (time.monotonic() - self.created_at) * 1000
+        telemetry = {k: float(fields[k]) for k in ("cpu_s", "maxrss_kb", "oublock", "procs")}
+        self.last_telemetry = telemetry
+        return CommandResult(
+            output=output.decode("utf-8", "replace"),
+            exit_code=int(fields["exit_code"]),
+            duration_ms=float(fields["duration_ms"]),
+            output_bytes=int(fields["output_bytes"]),
+            truncated=fields["truncated"] == b"1",
+            sha256=fields["sha256"].decode(),
+            failure_reason=reason.decode("utf-8", "replace") or None,
+            telemetry=telemetry,
+        )
+
+    @property
+    def alive(self) -> bool:
+        """Whether the bwrap process is still running."""
+        return self.proc.poll() is None
+
+    # ------------------------------------------------------------------ workspace
+
+    def snapshot(self) -> dict[str, tuple[int, int]]:
+        """(size, mtime_ns) of every file in the writable layer."""
+        found: dict[str, tuple[int, int]] = {}
+        for dirpath, _, names in os.walk(self.workspace):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                found[os.path.relpath(path, self.workspace)] = (st.st_size, st.st_mtime_ns)
+        return found
+
+    def diff(self, before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> list[FileChange]:
+        """Changes between two snapshots, with the new content's sha256."""
+        changes: list[FileChange] = []
+        for rel, meta in sorted(after.items()):
+            if before.get(rel) != meta:
+                changes.append(FileChange("create" if rel not in before else "write", rel, meta[0], self._sha(rel)))
+        for rel in sorted(set(before) - set(after)):
+            changes.append(FileChange("delete", rel, 0, None))
+        return changes
+
+    def _sha(self, rel: str) -> str | None:
+        try:
+            return hashlib.sha256((self.workspace / rel).read_bytes()).hexdigest()
+        except OSError:
+            return None
+
+    # ------------------------------------------------------------------ teardown
+
+    def stats(self) -> dict[str, float]:
+        """Resource telemetry: cgroup figures where available, else the executor's."""
+        out = {
+            "cpu_seconds": float(self.last_telemetry.get("cpu_s", 0.0)),
+            "peak_memory_bytes": float(self.last_telemetry.get("maxrss_kb", 0)) * 1024,
+            "processes_started": float(self.last_telemetry.get("procs", 0)),
+        }
+        cg = self.cgroup.stats()
+        if "cpu_ns" in cg:
+            out["cpu_seconds"] = cg["cpu_ns"] / 1e9
+        if "memory_peak" in cg:
+            out["peak_memory_bytes"] = float(cg["memory_peak"])
+        if "memory" in cg:
+            out["memory_bytes"] = float(cg["memory"])
+        if "pids" in cg:
+            out["processes"] = float(cg["pids"])
+        return out
+
+    def kill(self, reaped: bool = False) -> None:
+        """SIGKILL everything in the sandbox: process group, cgroup members, PID namespace."""
+        self.reaped = self.reaped or reaped
+        self.killed = True
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, AttributeError):
+            pass
+        self.cgroup.kill()
+        for pid in _pids_in_namespace(self._pidns):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(5)
+        except (subprocess.TimeoutExpired, AttributeError):
+            pass
+
+    def survivors(self) -> int:
+        """Processes of this sandbox still alive (0 after a successful kill)."""
+        deadline = time.monotonic() + 2.0
+        while True:
+            alive = set(_pids_in_namespace(self._pidns)) | {p for p in self.cgroup.pids() if not _is_zombie(str(p))}
+            if hasattr(self, "proc") and self.proc.poll() is None:
+                alive.add(self.proc.pid)
+            if not alive or time.monotonic() > deadline:
+                return len(alive)
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """End the sandbox normally (close the executor's stdin, then make sure)."""
+        try:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+            self.proc.wait(2)
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            pass
+        self.kill()
+
+    def cleanup(self) -> None:
+        """Remove the writable layer, the gateway and the cgroup."""
+        self._teardown()
+
+    def _teardown(self) -> None:
+        if hasattr(self, "gateway"):
+            self.gateway.close()
+        if hasattr(self, "cgroup"):
+            self.cgroup.remove()
+        for stream in ("stdin", "stdout", "stderr"):
+            handle = getattr(getattr(self, "proc", None), stream, None)
+            if handle is not None:
+                try:
+                    handle.close()
+                except OSError:
+                    pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _rlimit_preexec(limits: Limits) -> Callable[[], None]:
+    import resource
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds))
+        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        resource.setrlimit(resource.RLIMIT_NPROC, (limits.pids, limits.pids))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_bytes, limits.file_size_bytes))
+
+    return apply
+
+
+def _pid_namespace_of_child(pid: int) -> str | None:
+    """The PID namespace of bwrap's first child (the sandbox's init)."""
+    for _ in range(50):
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            if children:
+                return os.readlink(f"/proc/{children[0]}/ns/pid")
+        except OSError:
+            return None
+        time.sleep(0.002)
+    return None
+
+
+def _is_zombie(pid: str) -> bool:
+    """Dead but not yet waited for (an orphan waits for the host's init): not a survivor."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(") ", 1)[1][:1] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def _pids_in_namespace(namespace: str | None) -> list[int]:
+    if namespace is None:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/ns/pid") == namespace and not _is_zombie(entry):
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+# --------------------------------------------------------------------------------------------- reaper
+
+
+class Reaper:
+    """Kills sandboxes at their wall-clock deadline, independent of the agents.
+
+    One thread holds a deadline heap; at a deadline it SIGKILLs the whole sandbox, verifies that
+    nothing survived, and counts it. The session runner sees the executor's pipe close and
+    reports the session as timed out (``exit_reason='reaper'``).
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Sandbox]] = []
+        self._cond = threading.Condition()
+        self._counter = itertools.count()
+        self._stopped = False
+        self.reaped: list[str] = []
+        self.survivors = 0
+        self._thread = threading.Thread(target=self._loop, name="sandbox-reaper", daemon=True)
+        self._thread.start()
+
+    def watch(self, sandbox: Sandbox, deadline_s: float) -> None:
+        """Kill ``sandbox`` ``deadline_s`` seconds after it was created unless it ends first."""
+        with self._cond:
+            heapq.heappush(self._heap, (sandbox.created_at + deadline_s, next(self._counter), sandbox))
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped and (not self._heap or self._heap[0][0] > time.monotonic()):
+                    timeout = self._heap[0][0] - time.monotonic() if self._heap else None
+                    self._cond.wait(timeout)
+                if self._stopped:
+                    return
+                _, _, sandbox = heapq.heappop(self._heap)
+            if sandbox.killed or not sandbox.alive:
+                continue
+            sandbox.kill(reaped=True)
+            left = sandbox.survivors()
+            with self._cond:
+                self.reaped.append(sandbox.sandbox_id)
+                self.survivors += left
+
+    def stop(self) -> None:
+        """Stop the reaper thread (pending deadlines are dropped)."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join(5)
+
+
+def network_error(attempt: NetworkAttempt) -> str | None:
+    """The error text recorded with a denied attempt."""
+    return attempt.error or (None if attempt.allowed else os.strerror(errno.ENETUNREACH))

@@ -1,0 +1,40 @@
+"""Fleet → Kafka → ingest → assemble: 40 local sessions become 40 evaluated trajectories."""
+
+import json
+
+import pytest
+
+from producers.fleet import run_fleet
+from producers.fleet.sandbox import bwrap_available
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable"),
+]
+
+
+def test_local_fleet_40_sessions_end_to_end(kafka_settings, tmp_path):
+    from pipelines.assemble import assemble
+    from pipelines.ingest import run_ingest
+    from warehouse.sql import run_query
+
+    labels = tmp_path / "labels.jsonl"
+    report = run_fleet(kafka_settings, "local", 40, concurrency=4, seed=0, cheat_rate=0.2, labels_path=labels,
+                       timeout_s=10)  # fmt: skip
+    assert report.sessions == 40 and report.reaper_survivors == 0
+    assert len(labels.read_text().splitlines()) == 40
+    run_ingest(kafka_settings, until_idle=5.0)
+    assemble(kafka_settings)
+    _, rows = run_query(
+        kafka_settings,
+        "SELECT session_id, status, eval_passed, tests_total FROM trajectories",
+    )
+    assert len(rows) == 40
+    assert all(row[2] is not None and row[3] for row in rows)
+    truth = {json.loads(line)["session_id"]: json.loads(line) for line in labels.read_text().splitlines()}
+    assert {row[0] for row in rows} == set(truth)
+    for session_id, status, passed, _ in rows:
+        expected = truth[session_id]["expected_outcome"]
+        assert (status == "timeout") == (expected == "timeout")
+        if expected != "timeout":
+            assert passed == (expected == "pass")
