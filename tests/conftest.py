@@ -1,19 +1,27 @@
-"""Shared fixtures: isolated settings per test, one embedded broker per test session."""
+"""Shared fixtures: isolated settings per test; one embedded broker and one real Kafka per test session."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pipelines.settings import Settings, load_settings
 
+# tests/kafka is a script directory (no __init__.py): import its module as top-level ``kafka_server``.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "kafka"))
+if TYPE_CHECKING:
+    from kafka_server import KafkaServer
+
 
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def tansu_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Bootstrap address of an embedded tansu broker shared by the test session."""
     from pipelines.broker import start_broker, stop_broker
 
@@ -21,6 +29,63 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     state = start_broker(settings)
     yield state.bootstrap
     stop_broker(settings)
+
+
+def kafka_unavailable_reason() -> str | None:
+    """Why real Apache Kafka cannot run here (no java or mvn), or None when it can."""
+    from kafka_server import cache_dir
+
+    if shutil.which("java") is None and not os.environ.get("TRAJLAKE_KAFKA_JAVA"):
+        return "real Apache Kafka needs java on PATH (apt-get install default-jre-headless)"
+    has_mvn = shutil.which("mvn") is not None or bool(os.environ.get("TRAJLAKE_KAFKA_MVN"))
+    if not has_mvn and not (cache_dir() / "lib").is_dir():
+        return "real Apache Kafka needs mvn to assemble its classpath once (apt-get install maven)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def kafka_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
+    """A real single-node Apache Kafka (KRaft) broker shared by the test session.
+
+    Tests that stop or restart a broker must start their own ``KafkaServer`` instead.
+    """
+    reason = kafka_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    from kafka_server import KafkaServer, ensure_classpath
+
+    ensure_classpath()
+    server = KafkaServer(tmp_path_factory.mktemp("kafka"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def private_kafka(tmp_path: Path) -> Iterator[KafkaServer]:
+    """A real Kafka broker of this test alone, which it may stop, restart or kill."""
+    reason = kafka_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    from kafka_server import KafkaServer, ensure_classpath
+
+    ensure_classpath()
+    server = KafkaServer(tmp_path / "kafka")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session", params=["tansu", pytest.param("kafka", marks=pytest.mark.kafka)])
+def broker(request: pytest.FixtureRequest) -> str:
+    """Bootstrap address of the session broker: the embedded tansu one, then real Apache Kafka.
+
+    Every test using it (directly or via ``kafka_settings``) runs once per broker; the
+    servers are session-scoped, so each starts once.
+    """
+    if request.param == "tansu":
+        return request.getfixturevalue("tansu_broker")
+    return request.getfixturevalue("kafka_server").bootstrap
 
 
 @pytest.fixture
