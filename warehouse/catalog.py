@@ -1,8 +1,15 @@
 """The Iceberg catalog: SQLite ``SqlCatalog`` under ``TRAJLAKE_HOME`` by default.
 
 ``TRAJLAKE_CATALOG_URI`` points the SQL catalog at PostgreSQL (or any SQLAlchemy
-URL); ``TRAJLAKE_CATALOG_PROPERTIES`` with a ``type`` (``rest``, ``glue``, …)
-loads any other pyiceberg catalog instead.
+URL), e.g. ``postgresql+psycopg://trajlake@db:5432/lake``; several processes may
+commit at once (pyiceberg's SQL catalog swaps metadata pointers optimistically, a
+loser gets ``CommitFailedException`` and retries). ``TRAJLAKE_CATALOG_PROPERTIES``
+without a ``type`` adds FileIO properties to the SQL catalog (``s3.endpoint``,
+``s3.region``; credentials from the AWS environment); with a ``type`` (``rest``,
+``glue``, …) it loads that pyiceberg catalog instead, e.g. a REST catalog::
+
+    TRAJLAKE_CATALOG_PROPERTIES='{"type": "rest", "uri": "https://catalog:8181",
+                                  "warehouse": "s3://lake/hot", "credential": "id:secret"}'
 """
 
 from __future__ import annotations

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyiceberg.manifest import DataFileContent, ManifestContent
+import pyarrow as pa
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table import Table
+
+#: Snapshot-summary key marking a commit that only rewrote existing rows (compaction).
+REWRITE_MARKER = "trajlake.rewrite"
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,11 @@ def files_added_since(table: Table, snapshot_id: int | None) -> list[str] | None
     newer = snapshots_since(table, snapshot_id)
     if newer is None:
         return None
+    # Compaction commits re-add rows that were already there (and, for raw events, already
+    # assembled: see warehouse.maintenance), so their files are not new data.
+    # (From no snapshot at all, everything is new, rewrites included.)
+    if snapshot_id is not None:
+        newer = {sid for sid in newer if not is_rewrite(table, sid)}
     snapshot = table.current_snapshot()
     if snapshot is None or not newer:
         return []
@@ -75,3 +84,53 @@ def files_added_since(table: Table, snapshot_id: int | None) -> list[str] | None
             if entry.snapshot_id in newer:
                 paths.append(entry.data_file.file_path)
     return paths
+
+
+def is_rewrite(table: Table, snapshot_id: int) -> bool:
+    """Whether the snapshot only rewrote existing rows (a trajlake compaction commit)."""
+    snapshot = table.snapshot_by_id(snapshot_id)
+    summary = snapshot.summary.additional_properties if snapshot and snapshot.summary else {}
+    return summary.get(REWRITE_MARKER) == "true"
+
+
+@dataclass(frozen=True)
+class LiveFile:
+    """One live data file of the current snapshot and the snapshot that added it."""
+
+    data_file: DataFile
+    added_by: int | None
+    sequence_number: int | None = None
+
+    @property
+    def path(self) -> str:
+        """The file's URI."""
+        return self.data_file.file_path
+
+
+def live_files(table: Table) -> list[LiveFile]:
+    """Live data files of the current snapshot, with the snapshot that added each."""
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return []
+    found: list[LiveFile] = []
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content != ManifestContent.DATA:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.data_file.content == DataFileContent.DATA:
+                found.append(LiveFile(entry.data_file, entry.snapshot_id, entry.sequence_number))
+    return found
+
+
+def read_data_files(table: Table, files: list[DataFile]) -> pa.Table:
+    """Rows of the given data files as Arrow, in the table's current schema.
+
+    Goes through pyiceberg's reader, so it works on any FileIO (``file://``, ``s3://``)
+    and fills columns added after a file was written with nulls.
+    """
+    from pyiceberg.expressions import AlwaysTrue
+    from pyiceberg.io.pyarrow import ArrowScan
+    from pyiceberg.table import FileScanTask
+
+    scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
+    return scan.to_table([FileScanTask(f) for f in files])

@@ -4,6 +4,8 @@ Views: ``events``, ``dead_letters``, ``trajectories``, ``steps`` and every other
 registered table (``scores``, ``flags``, ``duplicates``, ``exports``, …). Each
 view reads the Parquet files of the table's current Iceberg snapshot, planned
 by pyiceberg; a view over a table with no rows still has the full schema.
+``events``, ``trajectories`` and ``steps`` span the hot and cold tiers; ``hot_*``
+and ``cold_*`` views query one tier.
 """
 
 from __future__ import annotations
@@ -47,29 +49,80 @@ def parquet_source(paths: Iterable[str]) -> str:
     return f"read_parquet([{listed}], union_by_name = true)"
 
 
-def register_table(con: duckdb.DuckDBPyConnection, name: str, table: Table, spec: TableSpec) -> None:
-    """Create view ``name`` over ``table``'s current snapshot."""
+def _source(con: duckdb.DuckDBPyConnection, name: str, table: Table, spec: TableSpec,
+            exclude: frozenset[str] | set[str] = frozenset()) -> str:  # fmt: skip
+    """SQL table expression over ``table``'s current rows, skipping the data files in ``exclude``.
+
+    Local Parquet files without deletes are read by DuckDB directly; anything else
+    (delete files, ``s3://`` files DuckDB has no credentials for) through pyiceberg.
+    """
     empty_name = f"__empty_{name}"
     con.register(empty_name, pa.Table.from_pylist([], schema=spec.arrow_schema()))
     files = current_files(table)
-    if files.has_deletes:  # not written by trajlake: let pyiceberg apply the deletes
-        con.register(f"__scan_{name}", table.scan().to_arrow())
-        con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM "__scan_{name}"')
-    elif files.paths:
-        con.execute(
-            f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM "{empty_name}" '
-            f"UNION ALL BY NAME SELECT * FROM {parquet_source(files.paths)}"
+    paths = [p for p in files.paths if p not in exclude]
+    if not paths:
+        return f'(SELECT * FROM "{empty_name}")'
+    if files.has_deletes or not all(p.startswith(("file://", "/")) for p in paths):
+        from pyiceberg.expressions import AlwaysTrue
+        from pyiceberg.io.pyarrow import ArrowScan
+
+        tasks = [t for t in table.scan().plan_files() if t.file.file_path not in exclude]
+        con.register(
+            f"__scan_{name}", ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table(tasks)
         )
+        return f'(SELECT * FROM "{empty_name}" UNION ALL BY NAME SELECT * FROM "__scan_{name}")'
+    return f'(SELECT * FROM "{empty_name}" UNION ALL BY NAME SELECT * FROM {parquet_source(paths)})'
+
+
+def register_table(con: duckdb.DuckDBPyConnection, name: str, table: Table, spec: TableSpec) -> None:
+    """Create view ``name`` over ``table``'s current snapshot."""
+    con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM {_source(con, name, table, spec)}')
+
+
+def register_tiered(con: duckdb.DuckDBPyConnection, settings: Settings, catalog: Catalog, spec: TableSpec) -> None:
+    """Views ``hot_<view>``, ``cold_<view>`` and their union ``<view>``, which counts every row once.
+
+    A crash mid-tiering can leave rows in both tiers (see :mod:`warehouse.tiering`):
+    raw events are excluded from hot by the cold table's list of copied hot files,
+    trajectories and steps by session (the cold copy wins). So ``hot_<view>`` is the
+    hot rows not already in cold, and ``hot_<view>`` ∪ ``cold_<view>`` = ``<view>``.
+    """
+    from warehouse.tiering import ensure_cold_table, tiered_files
+
+    hot = ensure_table(catalog, settings, spec.name)
+    cold = ensure_cold_table(catalog, settings, spec.name)
+    view = spec.view
+    cold_src = _source(con, f"cold_{view}", cold, spec)
+    con.execute(f'CREATE OR REPLACE VIEW "cold_{view}" AS SELECT * FROM {cold_src}')
+    if spec.name == "raw_events":
+        hot_src = _source(con, f"hot_{view}", hot, spec, exclude=tiered_files(cold))
+        con.execute(f'CREATE OR REPLACE VIEW "hot_{view}" AS SELECT * FROM {hot_src}')
     else:
-        con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM "{empty_name}"')
+        hot_src = _source(con, f"hot_{view}", hot, spec)
+        con.execute(
+            f'CREATE OR REPLACE VIEW "hot_{view}" AS SELECT * FROM {hot_src} AS h '
+            f'ANTI JOIN (SELECT DISTINCT session_id FROM "cold_{view}") AS c USING (session_id)'
+        )
+    con.execute(
+        f'CREATE OR REPLACE VIEW "{view}" AS SELECT * FROM "cold_{view}" UNION ALL BY NAME SELECT * FROM "hot_{view}"'
+    )
 
 
 def open_views(settings: Settings, catalog: Catalog | None = None) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with a view per trajlake table under its stable name."""
+    """A DuckDB connection with a view per trajlake table under its stable name.
+
+    Tables with a cold tier (events, trajectories, steps) also get ``hot_*`` and
+    ``cold_*`` views; their plain view spans both tiers.
+    """
+    from warehouse.tiering import TIERED_TABLES
+
     catalog = catalog or open_catalog(settings)
     con = connect()
     for spec in TABLES.values():
-        register_table(con, spec.view, ensure_table(catalog, settings, spec.name), spec)
+        if spec.name in TIERED_TABLES:
+            register_tiered(con, settings, catalog, spec)
+        else:
+            register_table(con, spec.view, ensure_table(catalog, settings, spec.name), spec)
     return con
 
 

@@ -1,0 +1,348 @@
+"""Hot → cold tiering: move data older than the hot retention to compacted cold tables.
+
+Cold tables live in the same catalog under the namespace ``<namespace>_cold``,
+whose ``location`` is ``<cold_location>/<namespace>_cold`` (``file://`` or
+``s3://``), with the same schemas, partitioning and sort order as the hot tables.
+
+Every move is two idempotent phases, each one atomic Iceberg commit:
+
+1. **copy** the rows to the cold table, sorted by session, in zstd Parquet at the
+   cold target file size; the same commit records what was copied;
+2. **delete** them from hot.
+
+A crash between the phases leaves rows in both tiers; readers (``warehouse.sql``)
+count them once:
+
+* ``raw_events`` moves whole day partitions older than the retention. The cold
+  table's property :data:`TIERED_FILES` lists the hot *files* copied (files are
+  immutable, so a path is an exact identity); the union view skips those hot files.
+  A late event written to an old day lands in a new file, which is not listed,
+  so it stays visible and is tiered by the next run. A day moves only when every
+  session with events in it is assembled and closed, so assembly never needs the
+  events it no longer sees in hot.
+* ``trajectories``/``steps`` move closed sessions (status not ``running``) that
+  started before the retention boundary's day. Their key is ``session_id``; the
+  union view prefers the cold row, so a session present in both tiers counts once.
+  Known limit: an event arriving after its session was tiered is kept in ``events``
+  (and tiered later) but does not amend the cold trajectory.
+
+Tiering and maintenance take :func:`lifecycle_lock` so they never interleave on
+one machine (compaction rewriting a copied-but-not-deleted hot file would give its
+rows a new identity); deployments with several machines serialise them in Dagster.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import And, In, LessThan, NotEqualTo
+from pyiceberg.table import Table
+
+from pipelines.settings import Settings
+from warehouse.catalog import open_catalog
+from warehouse.errors import WarehouseError
+from warehouse.snapshots import LiveFile, live_files, read_data_files
+from warehouse.tables import RAW_EVENTS, STEPS, TABLES, TRAJECTORIES, ensure_table
+
+log = logging.getLogger("trajlake.tiering")
+
+#: Property of the cold ``raw_events`` table: JSON list of hot file paths already copied to cold.
+TIERED_FILES = "trajlake.tiered-hot-files"
+#: Tables that have a cold tier.
+TIERED_TABLES = (RAW_EVENTS.name, TRAJECTORIES.name, STEPS.name)
+_COMMIT_ATTEMPTS = 5
+_DAY_US = 86_400_000_000
+
+
+class TieringError(WarehouseError):
+    """Tiering could not complete (lock held, or commits kept conflicting)."""
+
+
+@dataclass
+class TierStats:
+    """What one tiering run moved."""
+
+    boundary: str = ""
+    days_tiered: list[str] = field(default_factory=list)
+    days_deferred: list[str] = field(default_factory=list)
+    events_copied: int = 0
+    event_files_removed: int = 0
+    sessions_copied: int = 0
+    steps_copied: int = 0
+    sessions_removed: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain dict for printing and asset metadata."""
+        return dict(self.__dict__)
+
+
+def cold_namespace(settings: Settings) -> str:
+    """Namespace of the cold tables."""
+    return f"{settings.namespace}_cold"
+
+
+def cold_settings(settings: Settings) -> Settings:
+    """Settings whose namespace is the cold one (for :func:`warehouse.tables.ensure_table`)."""
+    return settings.model_copy(update={"namespace": cold_namespace(settings)})
+
+
+def ensure_cold_table(catalog: Catalog, settings: Settings, name: str) -> Table:
+    """Load (creating if needed) the cold table of ``name`` under the cold location."""
+    namespace = cold_namespace(settings)
+    location = f"{settings.cold_location.rstrip('/')}/{namespace}"
+    # The namespace location decides where new tables go, in SQL and REST catalogs alike.
+    catalog.create_namespace_if_not_exists(namespace, {"location": location})
+    table = ensure_table(catalog, cold_settings(settings), name)
+    wanted = {"write.target-file-size-bytes": str(settings.cold_target_file_bytes)}
+    if any(table.properties.get(k) != v for k, v in wanted.items()):
+        with table.transaction() as tx:
+            tx.set_properties(wanted)
+        table = catalog.load_table(table.name())
+    return table
+
+
+def tiered_files(cold_raw: Table) -> set[str]:
+    """Hot ``raw_events`` files whose rows are in the cold table (copied, maybe not yet deleted)."""
+    text = cold_raw.properties.get(TIERED_FILES)
+    return set(json.loads(text)) if text else set()
+
+
+@contextmanager
+def lifecycle_lock(settings: Settings, wait_s: float = 600.0) -> Iterator[None]:
+    """Exclusive lock shared by tiering and maintenance on this ``TRAJLAKE_HOME``.
+
+    Raises:
+        TieringError: another lifecycle job held the lock for ``wait_s`` seconds.
+    """
+    path = settings.home_dir / "lifecycle.lock"
+    with open(path, "a+") as handle:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TieringError(f"{path}: another tier/maintain run holds the lock") from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _fault(point: str) -> None:
+    """Die abruptly at a named point when ``TRAJLAKE_FAULT`` says so (crash tests)."""
+    if os.environ.get("TRAJLAKE_FAULT") == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _retry(what: str, attempt_fn) -> None:  # noqa: ANN001 - a zero-argument callable
+    """Run a commit, re-planning on optimistic-concurrency conflicts (ingest/assembly commit concurrently)."""
+    for attempt in range(_COMMIT_ATTEMPTS):
+        try:
+            attempt_fn()
+            return
+        except CommitFailedException as exc:
+            log.info("%s: commit conflict (%s), retrying", what, exc)
+            time.sleep(0.1 * (attempt + 1))
+    raise TieringError(f"{what}: gave up after {_COMMIT_ATTEMPTS} conflicting commits")
+
+
+def _day(ts: datetime) -> int:
+    return int(ts.timestamp() * 1_000_000) // _DAY_US
+
+
+def _day_name(day: int) -> str:
+    return datetime.fromtimestamp(day * 86_400, UTC).date().isoformat()
+
+
+def _sorted(rows: pa.Table, name: str) -> pa.Table:
+    keys = TABLES[name].sort_by
+    return rows.sort_by([(k, "ascending") for k in keys]) if rows.num_rows and keys else rows
+
+
+def _ids(table: Table, column: str, row_filter) -> set[str]:  # noqa: ANN001 - a pyiceberg expression
+    if table.current_snapshot() is None:
+        return set()
+    rows = table.scan(row_filter=row_filter, selected_fields=(column,)).to_arrow()
+    return set(rows.column(column).to_pylist())
+
+
+def _chunks(ids: list[str], size: int = 5000) -> Iterator[list[str]]:
+    for start in range(0, len(ids), size):
+        yield ids[start : start + size]
+
+
+def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stats: TierStats) -> None:
+    """Move closed sessions that started before ``boundary_day`` (trajectories and their steps)."""
+    boundary = datetime.fromtimestamp(boundary_day * 86_400, UTC)
+    hot_traj = ensure_table(catalog, settings, TRAJECTORIES.name)
+    hot_steps = ensure_table(catalog, settings, STEPS.name)
+    cold_traj = ensure_cold_table(catalog, settings, TRAJECTORIES.name)
+    cold_steps = ensure_cold_table(catalog, settings, STEPS.name)
+    if hot_traj.current_snapshot() is None:
+        return
+    closed = hot_traj.scan(
+        row_filter=And(LessThan("started_at", boundary.isoformat()), NotEqualTo("status", "running"))
+    ).to_arrow()
+    candidates = closed.column("session_id").to_pylist()
+    # Phase 1a: steps of candidate sessions not yet in cold (one commit, so a session is all-or-nothing).
+    if candidates and hot_steps.current_snapshot() is not None:
+        done = set().union(*(_ids(cold_steps, "session_id", In("session_id", c)) for c in _chunks(candidates)))
+        todo = [s for s in candidates if s not in done]
+        if todo:
+            parts = [hot_steps.scan(row_filter=In("session_id", c)).to_arrow() for c in _chunks(todo)]
+            steps = _sorted(pa.concat_tables(parts), STEPS.name)
+            if steps.num_rows:
+                cold_steps.append(steps.cast(cold_steps.schema().as_arrow()))
+                stats.steps_copied += steps.num_rows
+    _fault("tier_after_copy_steps")
+    # Phase 1b: the trajectories.
+    if candidates:
+        cold_traj = catalog.load_table(cold_traj.name())
+        done = set().union(*(_ids(cold_traj, "session_id", In("session_id", c)) for c in _chunks(candidates)))
+        mask = pc.invert(pc.is_in(closed.column("session_id"), value_set=pa.array(sorted(done), pa.string())))
+        rows = _sorted(closed.filter(mask), TRAJECTORIES.name)
+        if rows.num_rows:
+            cold_traj.append(rows.cast(cold_traj.schema().as_arrow()))
+            stats.sessions_copied += rows.num_rows
+    _fault("tier_after_copy_trajectories")
+    # Phase 2: delete from hot every old session the cold tier holds (also finishes a crashed run).
+    # A session's steps can run past midnight into the boundary day, hence the day of slack for steps.
+    slack = boundary + timedelta(days=1)
+    for hot, cold, column, until in (
+        (hot_steps, cold_steps, "ts", slack),
+        (hot_traj, cold_traj, "started_at", boundary),
+    ):
+        hot = catalog.load_table(hot.name())
+        cold = catalog.load_table(cold.name())
+        old = sorted(_ids(hot, "session_id", LessThan(column, until.isoformat())))
+        moved = sorted(set().union(*(_ids(cold, "session_id", In("session_id", c)) for c in _chunks(old))))
+        if not moved:
+            continue
+
+        def delete(hot: Table = hot, moved: list[str] = moved) -> None:
+            table = catalog.load_table(hot.name())
+            with table.transaction() as tx:
+                for chunk in _chunks(moved):
+                    tx.delete(In("session_id", chunk))
+
+        _retry(f"delete tiered sessions from {hot.name()}", delete)
+        if hot.name()[-1] == TRAJECTORIES.name:
+            stats.sessions_removed += len(moved)
+        _fault(f"tier_after_delete_{hot.name()[-1]}")
+
+
+def _day_of(entry: LiveFile, table: Table) -> int | None:
+    """Day partition value of a ``raw_events`` file (None if the file is not day-partitioned on ts)."""
+    spec = table.specs().get(entry.data_file.spec_id)
+    if spec is None:
+        return None
+    for i, pf in enumerate(spec.fields):
+        if table.schema().find_column_name(pf.source_id) == "ts" and "day" in str(pf.transform).lower():
+            return entry.data_file.partition[i]
+    return None
+
+
+def _settled_sessions(catalog: Catalog, settings: Settings, ids: list[str]) -> set[str]:
+    """Sessions among ``ids`` that are assembled and closed (in hot or cold trajectories)."""
+    hot = ensure_table(catalog, settings, TRAJECTORIES.name)
+    cold = ensure_cold_table(catalog, settings, TRAJECTORIES.name)
+    settled: set[str] = set()
+    for chunk in _chunks(ids):
+        settled |= _ids(cold, "session_id", In("session_id", chunk))
+        settled |= _ids(hot, "session_id", And(In("session_id", chunk), NotEqualTo("status", "running")))
+    return settled
+
+
+def _tier_raw(catalog: Catalog, settings: Settings, boundary_day: int, stats: TierStats) -> None:
+    """Move whole ``raw_events`` day partitions before ``boundary_day``."""
+    hot = ensure_table(catalog, settings, RAW_EVENTS.name)
+    cold = ensure_cold_table(catalog, settings, RAW_EVENTS.name)
+    copied = tiered_files(cold)
+    by_day: dict[int, list[LiveFile]] = {}
+    for entry in live_files(hot):
+        day = _day_of(entry, hot)
+        if day is not None and day < boundary_day:
+            by_day.setdefault(day, []).append(entry)
+    to_copy: list[LiveFile] = []
+    for day, entries in sorted(by_day.items()):
+        fresh = [e for e in entries if e.path not in copied]
+        if not fresh:
+            continue
+        sessions = read_data_files(hot, [e.data_file for e in fresh]).column("session_id")
+        ids = pc.unique(sessions).to_pylist()
+        if len(_settled_sessions(catalog, settings, ids)) < len(ids):
+            stats.days_deferred.append(_day_name(day))  # unassembled or running sessions: next run
+            continue
+        stats.days_tiered.append(_day_name(day))
+        to_copy.extend(fresh)
+    live = {e.path for entries in by_day.values() for e in entries}
+    if to_copy:
+        rows = _sorted(read_data_files(hot, [e.data_file for e in to_copy]), RAW_EVENTS.name)
+        # Keep only markers of hot files still present: the rest were deleted, nothing to exclude.
+        marker = sorted((copied & live) | {e.path for e in to_copy})
+        with cold.transaction() as tx:
+            tx.append(
+                rows.cast(cold.schema().as_arrow()),
+                snapshot_properties={"trajlake.tiered-from-snapshot": str(hot.current_snapshot().snapshot_id)},
+            )
+            tx.set_properties({TIERED_FILES: json.dumps(marker)})
+        stats.events_copied += rows.num_rows
+        copied = set(marker)
+    _fault("tier_after_copy_raw_events")
+
+    def delete() -> None:
+        table = catalog.load_table(hot.name())
+        pending = [e.data_file for e in live_files(table) if e.path in copied]
+        if not pending:
+            return
+        with table.transaction() as tx:
+            with tx.update_snapshot(snapshot_properties={"trajlake.tiered": str(len(pending))}).overwrite() as ow:
+                for data_file in pending:
+                    ow.delete_data_file(data_file)
+        stats.event_files_removed += len(pending)
+
+    _retry(f"delete tiered files from {hot.name()}", delete)
+    _fault("tier_after_delete_raw_events")
+
+
+def tier(settings: Settings, catalog: Catalog | None = None, as_of: datetime | None = None) -> TierStats:
+    """Move everything older than ``settings.hot_retention_days`` from hot to cold.
+
+    Safe to kill at any point and to re-run: see the module docstring.
+
+    Args:
+        settings: trajlake settings (retention, cold location, target file size).
+        catalog: Iceberg catalog; opened from settings by default.
+        as_of: the "now" the retention is measured from; wall clock by default.
+
+    Raises:
+        TieringError: the lifecycle lock stayed busy, or hot commits kept conflicting.
+    """
+    started = time.monotonic()
+    as_of = as_of or datetime.now(UTC)
+    boundary_day = _day(as_of - timedelta(days=settings.hot_retention_days))
+    stats = TierStats(boundary=_day_name(boundary_day))
+    with lifecycle_lock(settings):
+        catalog = catalog or open_catalog(settings)
+        _tier_sessions(catalog, settings, boundary_day, stats)
+        _tier_raw(catalog, settings, boundary_day, stats)
+    stats.seconds = time.monotonic() - started
+    log.info("tiered before %s: %s", stats.boundary, stats.as_dict())
+    return stats
