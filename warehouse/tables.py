@@ -196,6 +196,99 @@ def register(spec: TableSpec) -> TableSpec:
 for _spec in (RAW_EVENTS, DEAD_LETTERS, TRAJECTORIES, STEPS):
     register(_spec)
 
+# Quality layer (quality/, pipelines/score.py, pipelines/export.py): rewritten per scoring run.
+SCORES = register(
+    TableSpec(
+        name="scores",
+        view="scores",
+        schema=pa.schema(
+            [
+                ("session_id", pa.string()),
+                ("task_id", pa.string()),
+                ("task_type", pa.string()),
+                ("completion", pa.float64()),
+                ("validity", pa.float64()),
+                ("novelty", pa.float64()),
+                ("quality", pa.float64()),
+                ("has_loop", pa.bool_()),
+                ("steps_z", pa.float64()),
+                ("n_cheat_flags", pa.int64()),
+                ("security_flagged", pa.bool_()),
+                ("failure_cause", pa.string()),
+                ("retry_advice", pa.string()),
+                ("exportable", pa.bool_()),
+                ("scorer_version", pa.string()),
+                ("scored_at", _TS),
+            ]
+        ),
+        sort_by=["session_id"],
+        properties=_PARQUET,
+    )
+)
+FLAGS = register(
+    TableSpec(
+        name="flags",
+        view="flags",
+        schema=pa.schema(
+            [
+                ("session_id", pa.string()),
+                ("flag", pa.string()),
+                ("flag_class", pa.string()),
+                ("severity", pa.string()),
+                ("evidence", pa.string()),
+                ("score", pa.float64()),
+                ("scorer_version", pa.string()),
+                ("scored_at", _TS),
+            ]
+        ),
+        sort_by=["session_id", "flag"],
+        properties=_PARQUET,
+    )
+)
+DUPLICATES = register(
+    TableSpec(
+        name="duplicates",
+        view="duplicates",
+        schema=pa.schema(
+            [
+                ("session_id", pa.string()),
+                ("cluster_id", pa.string()),
+                ("is_representative", pa.bool_()),
+                ("similarity", pa.float64()),
+                ("method", pa.string()),
+                ("scorer_version", pa.string()),
+                ("scored_at", _TS),
+            ]
+        ),
+        sort_by=["cluster_id", "session_id"],
+        properties=_PARQUET,
+    )
+)
+EXPORTS = register(
+    TableSpec(
+        name="exports",
+        view="exports",
+        schema=pa.schema(
+            [
+                ("export_id", pa.string()),
+                ("created_at", _TS),
+                ("format", pa.string()),
+                ("out_dir", pa.string()),
+                ("partition", pa.string()),
+                ("min_quality", pa.float64()),
+                ("sessions", pa.int64()),
+                ("records", pa.int64()),
+                ("scorer_version", pa.string()),
+                ("files", pa.string()),
+                ("manifest_sha256", pa.string()),
+                ("source_snapshots", pa.string()),
+            ]
+        ),
+        sort_by=["created_at"],
+        properties=_PARQUET,
+    )
+)
+
 
 def table_identifier(settings: Settings, name: str) -> tuple[str, str]:
     """``(namespace, name)`` of a trajlake table."""

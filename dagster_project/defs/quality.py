@@ -1,0 +1,207 @@
+"""Quality assets: scores, flags and duplicates, their checks, and the nightly training-set export."""
+
+import json
+from collections.abc import Iterator
+from datetime import date
+
+import polars as pl
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    AssetSpec,
+    DailyPartitionsDefinition,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+    asset_check,
+    build_schedule_from_partitioned_job,
+    define_asset_job,
+    multi_asset,
+)
+
+from dagster_project.resources import IcebergResource, KafkaResource, TrajlakeResource, run_settings
+from pipelines.export import export_training_set
+from pipelines.score import score_all
+from warehouse.sql import open_views
+
+QUALITY_GROUP = "quality"
+daily_partitions = DailyPartitionsDefinition(start_date="2026-01-01", timezone="UTC")
+
+
+def _frame(settings: object, query: str) -> pl.DataFrame:
+    con = open_views(settings)  # type: ignore[arg-type]
+    try:
+        return pl.from_arrow(con.sql(query).to_arrow_table())  # type: ignore[return-value]
+    finally:
+        con.close()
+
+
+def _distribution(scores: pl.DataFrame, column: str) -> dict[str, float]:
+    if scores.is_empty():
+        return {}
+    values = scores[column]
+    return {
+        "min": round(float(values.min()), 4),  # type: ignore[arg-type]
+        "p10": round(float(values.quantile(0.1)), 4),  # type: ignore[arg-type]
+        "p50": round(float(values.median()), 4),  # type: ignore[arg-type]
+        "p90": round(float(values.quantile(0.9)), 4),  # type: ignore[arg-type]
+        "max": round(float(values.max()), 4),  # type: ignore[arg-type]
+        "mean": round(float(values.mean()), 4),  # type: ignore[arg-type]
+    }
+
+
+@multi_asset(
+    specs=[
+        AssetSpec(
+            "scores",
+            deps=["trajectories", "steps"],
+            group_name=QUALITY_GROUP,
+            kinds={"iceberg", "polars"},
+            description="Completion, validity, novelty and quality per session; failure cause, retry advice.",
+        ),
+        AssetSpec(
+            "flags",
+            deps=["trajectories", "steps", "raw_events"],
+            group_name=QUALITY_GROUP,
+            kinds={"iceberg"},
+            description="Graded cheat flags (security, behavioural) and behaviour anomalies, with evidence.",
+        ),
+        AssetSpec(
+            "duplicates",
+            deps=["trajectories", "steps"],
+            group_name=QUALITY_GROUP,
+            kinds={"iceberg"},
+            description="Exact and MinHash-LSH near-duplicate clusters with their representative.",
+        ),
+    ]  # fmt: skip
+)
+def quality_tables(
+    context: AssetExecutionContext, trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: IcebergResource
+) -> Iterator[MaterializeResult]:
+    """Score every trajectory (skipped when nothing changed since the last run)."""
+    settings = run_settings(trajlake, kafka, iceberg)
+    stats = score_all(settings)
+    context.log.info("score: %s", stats.as_dict())
+    scores = _frame(settings, "SELECT completion, validity, novelty, quality, exportable, failure_cause FROM scores")
+    causes = dict(scores.group_by("failure_cause").len().sort("failure_cause").iter_rows()) if scores.height else {}
+    yield MaterializeResult(
+        asset_key="scores",
+        metadata={
+            "row_count": scores.height,
+            "skipped": stats.skipped,
+            "exportable": int(scores["exportable"].sum()) if scores.height else 0,
+            "scorer_version": stats.scorer_version,
+            "quality_distribution": MetadataValue.json(_distribution(scores, "quality")),
+            "completion_distribution": MetadataValue.json(_distribution(scores, "completion")),
+            "validity_distribution": MetadataValue.json(_distribution(scores, "validity")),
+            "novelty_distribution": MetadataValue.json(_distribution(scores, "novelty")),
+            "failure_causes": MetadataValue.json(causes),
+        },
+    )
+    flags = _frame(settings, "SELECT flag, flag_class, count(*) AS n FROM flags GROUP BY ALL ORDER BY ALL")
+    yield MaterializeResult(
+        asset_key="flags",
+        metadata={
+            "row_count": int(flags["n"].sum()) if flags.height else 0,
+            "flags_by_type": MetadataValue.json({f: int(n) for f, _, n in flags.iter_rows()}),
+        },
+    )
+    dups = _frame(settings, "SELECT count(*) AS n, count(DISTINCT cluster_id) AS clusters FROM duplicates")
+    yield MaterializeResult(
+        asset_key="duplicates", metadata={"row_count": int(dups["n"][0]), "clusters": int(dups["clusters"][0])}
+    )
+
+
+@asset_check(asset="scores", description="Every score lies in [0, 1] and every session has one row.", blocking=True)
+def scores_in_range(trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: IcebergResource) -> AssetCheckResult:
+    """Scores are probabilities-like values in [0, 1]; no session scored twice."""
+    settings = run_settings(trajlake, kafka, iceberg)
+    row = _frame(
+        settings,
+        "SELECT count(*) AS n, count(DISTINCT session_id) AS sessions, "
+        "count(*) FILTER (WHERE NOT (completion BETWEEN 0 AND 1 AND validity BETWEEN 0 AND 1 "
+        "AND novelty BETWEEN 0 AND 1 AND quality BETWEEN 0 AND 1)) AS out_of_range FROM scores",
+    ).row(0, named=True)
+    passed = row["out_of_range"] == 0 and row["n"] == row["sessions"]
+    return AssetCheckResult(passed=passed, severity=AssetCheckSeverity.ERROR, metadata=row)
+
+
+def _rate_check(settings: object, query: str, limit: float, what: str) -> AssetCheckResult:
+    row = _frame(settings, query).row(0, named=True)
+    rate = row["hits"] / row["total"] if row["total"] else 0.0
+    return AssetCheckResult(
+        passed=rate <= limit,
+        severity=AssetCheckSeverity.WARN,
+        metadata={f"{what}_rate": round(rate, 4), "limit": limit, **row},
+    )
+
+
+@asset_check(
+    asset="flags", description="Share of sessions with a cheat flag stays under TRAJLAKE_QUALITY_MAX_FLAG_RATE."
+)
+def flag_rate(trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: IcebergResource) -> AssetCheckResult:
+    """A sudden jump in cheat flags means a broken task pack or a detector regression."""
+    settings = run_settings(trajlake, kafka, iceberg)
+    return _rate_check(
+        settings,
+        "SELECT (SELECT count(DISTINCT session_id) FROM flags WHERE flag_class <> 'anomaly') AS hits, "
+        "(SELECT count(*) FROM scores) AS total",
+        settings.quality_max_flag_rate,
+        "flag",
+    )
+
+
+@asset_check(
+    asset="duplicates", description="Share of shadowed duplicates stays under TRAJLAKE_QUALITY_MAX_DUPLICATE_RATE."
+)
+def duplicate_rate(trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: IcebergResource) -> AssetCheckResult:
+    """Many duplicates mean wasted sandbox time (a policy collapsed, or a task is trivial)."""
+    settings = run_settings(trajlake, kafka, iceberg)
+    return _rate_check(
+        settings,
+        "SELECT (SELECT count(*) FROM duplicates WHERE NOT is_representative) AS hits, "
+        "(SELECT count(*) FROM scores) AS total",
+        settings.quality_max_duplicate_rate,
+        "duplicate",
+    )
+
+
+@asset(
+    deps=["scores", "flags", "duplicates"],
+    partitions_def=daily_partitions,
+    group_name=QUALITY_GROUP,
+    kinds={"json"},
+    description="The day's exportable trajectories as an hf chat training set plus manifest "
+    "(under $TRAJLAKE_HOME/exports/hf/<day>).",
+)
+def training_set(
+    context: AssetExecutionContext, trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: IcebergResource
+) -> MaterializeResult:
+    """Export the partition's day."""
+    settings = run_settings(trajlake, kafka, iceberg)
+    day = date.fromisoformat(context.partition_key)
+    out_dir = settings.home_dir / "exports" / "hf" / day.isoformat()
+    stats = export_training_set(settings, "hf", out_dir, day=day)
+    return MaterializeResult(
+        metadata={
+            "records": stats.records,
+            "out_dir": MetadataValue.path(stats.out_dir),
+            "manifest": MetadataValue.path(stats.manifest),
+            "files": MetadataValue.json(json.loads(json.dumps(stats.files))),
+            "export_id": stats.export_id,
+        }
+    )
+
+
+# partitioned by the selected asset's daily partitions
+nightly_training_set_job = define_asset_job("nightly_training_set", selection=["training_set"])
+# 02:30 UTC: the previous day's partition, after late sessions have closed (idle deadline 15 min).
+nightly_training_set_schedule = build_schedule_from_partitioned_job(
+    nightly_training_set_job, hour_of_day=2, minute_of_hour=30
+)
+
+quality_assets = [quality_tables, training_set]
+quality_checks = [scores_in_range, flag_rate, duplicate_rate]
+quality_jobs = [nightly_training_set_job]
+quality_schedules = [nightly_training_set_schedule]

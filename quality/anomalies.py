@@ -1,0 +1,141 @@
+"""Behaviour profiles per task type and robust outlier scores per session.
+
+Features are compared on a ``log1p`` scale against the median of their task type, scaled by
+the median absolute deviation (MAD × 1.4826, a robust σ). A session whose largest |z| passes
+the configured threshold gets an ``anomaly`` flag with that score — e.g. a one-step success
+where the task type's median is twenty steps. Groups smaller than ``MIN_GROUP`` are not scored:
+a median of three sessions says little.
+"""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+
+from quality.cheats import FLAGS_SCHEMA
+
+#: Features per session (log1p scale for scoring).
+FEATURES = [
+    "n_steps",
+    "duration_s",
+    "n_file_writes",
+    "cpu_seconds",
+    "peak_memory_bytes",
+    "peak_processes",
+    "n_network_requests",
+    "error_rate",
+    "run_tests_share",
+]
+MIN_GROUP = 20
+# Floor of the robust σ on the log scale: integer-valued features (often all equal) would
+# otherwise have MAD = 0 and make any difference infinitely anomalous.
+_MIN_SCALE = 0.25
+
+
+def session_features(trajectories: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """One row per session: ``session_id``, ``task_type`` and :data:`FEATURES`.
+
+    Args:
+        trajectories: the ``trajectories`` columns session_id, task_type, n_steps, duration_s,
+            n_file_writes, cpu_seconds, peak_memory_bytes, peak_processes, n_network_requests.
+        steps: session_id, tool_name, exit_code.
+    """
+    per_session = steps.group_by("session_id").agg(
+        (pl.col("exit_code").fill_null(0) != 0).mean().alias("error_rate"),
+        (pl.col("tool_name") == "run_tests").mean().alias("run_tests_share"),
+    )
+    return (
+        trajectories.select(
+            "session_id",
+            pl.col("task_type").fill_null("unknown"),
+            *[pl.col(c).cast(pl.Float64).fill_null(0.0) for c in FEATURES[:7]],
+        )
+        .join(per_session, on="session_id", how="left")
+        .with_columns(pl.col("error_rate").fill_null(0.0), pl.col("run_tests_share").fill_null(0.0))
+    )
+
+
+def robust_z(features: pl.DataFrame) -> pl.DataFrame:
+    """``z_<feature>`` columns: robust z-scores within each task type (0 in small groups)."""
+    exprs = []
+    for name in FEATURES:
+        x = pl.col(name).log1p()
+        median = x.median().over("task_type")
+        mad = (x - median).abs().median().over("task_type") * 1.4826
+        scale = pl.max_horizontal(mad, pl.lit(_MIN_SCALE))
+        exprs.append(
+            pl.when(pl.len().over("task_type") >= MIN_GROUP)
+            .then((x - median) / scale)
+            .otherwise(0.0)
+            .alias(f"z_{name}")
+        )
+    return features.with_columns(exprs)
+
+
+def behaviour_profiles(features: pl.DataFrame, steps: pl.DataFrame, trajectories: pl.DataFrame) -> pl.DataFrame:
+    """Per task type: sessions, medians and p90 of each feature, tool mix and exit-code distribution.
+
+    Returns:
+        One row per ``task_type``; ``tool_mix`` and ``exit_codes`` are JSON objects (share of steps).
+    """
+    stats = features.group_by("task_type").agg(
+        pl.len().alias("sessions"),
+        *[pl.col(c).median().alias(f"{c}_p50") for c in FEATURES],
+        *[pl.col(c).quantile(0.9).alias(f"{c}_p90") for c in FEATURES],
+    )
+    typed = steps.join(trajectories.select("session_id", "task_type"), on="session_id", how="inner")
+    tools = _shares(typed, "tool_name", "tool_mix")
+    codes = _shares(typed.with_columns(pl.col("exit_code").cast(pl.Utf8).fill_null("none")), "exit_code", "exit_codes")
+    return stats.join(tools, on="task_type", how="left").join(codes, on="task_type", how="left").sort("task_type")
+
+
+def _shares(frame: pl.DataFrame, column: str, alias: str) -> pl.DataFrame:
+    counts = (
+        frame.group_by("task_type", column)
+        .len()
+        .with_columns((pl.col("len") / pl.col("len").sum().over("task_type")).round(4).alias("share"))
+    )
+    rows: dict[str, dict[str, float]] = {}
+    for task_type, key, share in counts.select("task_type", column, "share").iter_rows():
+        rows.setdefault(task_type, {})[str(key)] = share
+    return pl.DataFrame(
+        {"task_type": list(rows), alias: [json.dumps(dict(sorted(v.items()))) for v in rows.values()]},
+        schema={"task_type": pl.Utf8, alias: pl.Utf8},
+    )
+
+
+def anomaly_flags(scored: pl.DataFrame, threshold: float) -> pl.DataFrame:
+    """Flags for sessions whose largest |z| exceeds ``threshold``.
+
+    Args:
+        scored: output of :func:`robust_z`.
+        threshold: robust z above which a session is anomalous.
+
+    Returns:
+        Rows in the flags schema: flag ``behaviour_anomaly``, class ``anomaly``, severity ``low``
+        (``medium`` above twice the threshold), score = the largest |z|, evidence = the
+        features beyond the threshold with value and z.
+    """
+    zcols = [f"z_{c}" for c in FEATURES]
+    top = scored.with_columns(pl.max_horizontal([pl.col(c).abs() for c in zcols]).alias("score")).filter(
+        pl.col("score") > threshold
+    )
+    if top.is_empty():
+        return pl.DataFrame(schema=FLAGS_SCHEMA)
+    evidence = []
+    for row in top.select("session_id", *FEATURES, *zcols).iter_rows(named=True):
+        beyond = {
+            name: {"value": round(row[name], 4), "z": round(row[f"z_{name}"], 2)}
+            for name in FEATURES
+            if abs(row[f"z_{name}"]) > threshold
+        }
+        evidence.append(json.dumps({"features": beyond}, sort_keys=True))
+    return top.select(
+        "session_id",
+        pl.lit("behaviour_anomaly").alias("flag"),
+        pl.lit("anomaly").alias("flag_class"),
+        pl.when(pl.col("score") > 2 * threshold).then(pl.lit("medium")).otherwise(pl.lit("low")).alias("severity"),
+        pl.Series("evidence", evidence, dtype=pl.Utf8),
+        pl.col("score").round(3),
+    ).cast(FLAGS_SCHEMA)  # type: ignore[arg-type]

@@ -1,0 +1,298 @@
+"""Exact and near-duplicate trajectories: normalized action sequences, MinHash signatures, LSH.
+
+A trajectory's document is its normalized instruction followed by its actions, each action
+being ``tool_name`` + the command with whitespace collapsed, lower-cased, and long hex ids
+(session ids, digests) replaced by a placeholder. Shingles are ``k`` consecutive actions.
+
+- exact: equal hash of the whole normalized sequence;
+- near: MinHash with datasketch's ``affine32`` scheme (its permutations and MurMur3
+  finalizer; applied here to all documents at once with numpy, which gives the same hash values
+  as ``datasketch.MinHash.update_batch`` — tested), LSH banding (``bands × rows``, defaults
+  14×8 as in datatrove) to find candidates, then the estimated Jaccard ≥ threshold confirms.
+
+Clusters are connected components of exact groups and confirmed pairs; the best trajectory
+(highest quality, then earliest) represents its cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+from datasketch import MinHash
+from datasketch.minhash import _fmix
+
+from quality.config import QualityConfig
+
+DUPLICATES_SCHEMA = {
+    "session_id": pl.Utf8,
+    "cluster_id": pl.Utf8,
+    "is_representative": pl.Boolean,
+    "similarity": pl.Float64,
+    "method": pl.Utf8,
+}
+_HEX = r"[0-9a-f]{8,}"
+
+
+@dataclass
+class Documents:
+    """Normalized documents of a set of sessions.
+
+    Attributes:
+        sessions: session ids, sorted; row ``i`` of every array belongs to ``sessions[i]``.
+        exact_group: index of the exact-duplicate group of each session.
+        signatures: MinHash signature per exact group (``groups × num_perm``, uint32).
+    """
+
+    sessions: pl.DataFrame  # session_id, exact_key, exact_group
+    signatures: np.ndarray
+
+    @property
+    def exact_group(self) -> np.ndarray:
+        """Exact group index per session."""
+        return self.sessions["exact_group"].to_numpy()
+
+    def session_signatures(self) -> np.ndarray:
+        """Signature per session (rows of equal documents share one)."""
+        return self.signatures[self.exact_group]
+
+
+def normalize_command(expr: pl.Expr) -> pl.Expr:
+    """Lower-case, hex ids replaced, whitespace collapsed."""
+    return (
+        expr.fill_null("")
+        .str.to_lowercase()
+        .str.replace_all(_HEX, "<id>")
+        .str.replace_all(r"\s+", " ")
+        .str.strip_chars()
+    )
+
+
+def permutations(config: QualityConfig) -> tuple[np.ndarray, np.ndarray]:
+    """datasketch's ``affine32`` permutation parameters for ``config`` (num_perm, seed)."""
+    a, b = MinHash(num_perm=config.num_perm, seed=config.seed, scheme="affine32").permutations
+    return np.asarray(a, dtype=np.uint32), np.asarray(b, dtype=np.uint32)
+
+
+def minhash_signatures(doc_index: np.ndarray, hashes: np.ndarray, n_docs: int, config: QualityConfig) -> np.ndarray:
+    """MinHash signatures of many documents at once.
+
+    Args:
+        doc_index: document of each shingle, ascending; every document has at least one shingle.
+        hashes: 32-bit shingle hashes (what ``hashfunc`` returns in datasketch).
+        n_docs: number of documents.
+        config: permutations and seed.
+
+    Returns:
+        ``n_docs × num_perm`` uint32, equal to ``MinHash(num_perm, seed, scheme="affine32",
+        hashfunc=identity).update_batch(hashes_of_doc).hashvalues`` per document.
+    """
+    a, b = permutations(config)
+    starts = np.flatnonzero(np.r_[True, doc_index[1:] != doc_index[:-1]])
+    if len(starts) != n_docs:
+        raise ValueError(f"{n_docs} documents but {len(starts)} have shingles; each needs at least one")
+    mixed = _fmix(hashes.astype(np.uint32), 32)
+    out = np.empty((n_docs, len(a)), dtype=np.uint32)
+    buffer = np.empty_like(mixed)  # reused: fresh temporaries per permutation cost page faults
+    with np.errstate(over="ignore"):
+        for j in range(len(a)):
+            np.multiply(mixed, a[j], out=buffer)
+            np.add(buffer, b[j], out=buffer)
+            out[:, j] = np.minimum.reduceat(buffer, starts)
+    return out
+
+
+def action_tokens(steps: pl.DataFrame) -> pl.DataFrame:
+    """``session_id``, ``step_index``, ``token`` (hash of the normalized action), ``failure_reason``, sorted.
+
+    Normalization runs once per distinct (tool, command) — commands repeat heavily across
+    sessions — found through a cheap raw hash so that the join back is on integers.
+    """
+    raw = (pl.col("tool_name").fill_null("").hash(seed=5) ^ pl.col("command").fill_null("").hash(seed=6)).alias("raw")
+    with_raw = steps.select("session_id", pl.col("step_index").cast(pl.Int64), "tool_name", "command", "failure_reason",
+                            raw)  # fmt: skip
+    distinct = (
+        with_raw.select("raw", "tool_name", "command")
+        .unique(subset="raw")
+        .select(
+            "raw",
+            (pl.col("tool_name").fill_null("") + "\x1f" + normalize_command(pl.col("command")))
+            .hash(seed=7)
+            .alias("token"),
+        )
+    )
+    return (
+        with_raw.select("session_id", "step_index", "raw", "failure_reason")
+        .join(distinct, on="raw", how="left")
+        .select("session_id", "step_index", "token", "failure_reason")
+        .sort("session_id", "step_index")
+    )
+
+
+def build_documents(
+    trajectories: pl.DataFrame, steps: pl.DataFrame, config: QualityConfig, tokens: pl.DataFrame | None = None
+) -> Documents:
+    """Normalized action documents, exact groups and MinHash signatures.
+
+    Args:
+        trajectories: session_id, instruction (every session gets a document, even without steps).
+        steps: session_id, step_index, tool_name, command (ignored when ``tokens`` is given).
+        config: shingle size and MinHash parameters.
+        tokens: precomputed :func:`action_tokens` of ``steps``.
+    """
+    tokens = action_tokens(steps) if tokens is None else tokens  # sorted by session, step
+    instructions = trajectories.select(
+        "session_id",
+        ("instruction\x1f" + normalize_command(pl.col("instruction").cast(pl.Utf8))).hash(seed=7).alias("head"),
+    ).sort("session_id")
+    per_session = tokens.group_by("session_id", maintain_order=True).agg(pl.col("token"))
+    sessions = (
+        instructions.join(per_session, on="session_id", how="left", maintain_order="left")
+        .select("session_id", (pl.col("head") ^ pl.col("token").hash(seed=11)).alias("exact_key"))
+    )  # fmt: skip
+    # One document (and signature) per exact group, numbered in session order so that the shingle
+    # rows below stay sorted by document without another sort.
+    firsts = sessions.unique("exact_key", keep="first", maintain_order=True).select(
+        "session_id", "exact_key", pl.int_range(pl.len(), dtype=pl.Int64).alias("exact_group")
+    )
+    sessions = sessions.join(firsts.select("exact_key", "exact_group"), on="exact_key", how="left",
+                             maintain_order="left")  # fmt: skip
+    doc_tokens = tokens.join(firsts.select("session_id", "exact_group"), on="session_id", how="inner",
+                             maintain_order="left")  # fmt: skip
+    shingle = pl.col("token")
+    for k in range(1, config.shingle_size):
+        shingle = shingle * 1_000_003 + pl.col("token").shift(-k).over("exact_group").fill_null(0)
+    shingled = doc_tokens.select("exact_group", (shingle.hash(seed=3) & 0xFFFFFFFF).alias("h"))
+    heads = firsts.join(instructions, on="session_id", how="left", maintain_order="left")
+    # the instruction is one more shingle of each document (and the only one of a step-less session)
+    doc_index = np.concatenate([heads["exact_group"].to_numpy(), shingled["exact_group"].to_numpy()])
+    hashes = np.concatenate(
+        [(heads["head"].to_numpy() & 0xFFFFFFFF).astype(np.uint32), shingled["h"].to_numpy().astype(np.uint32)]
+    )
+    order = np.argsort(doc_index, kind="stable")
+    signatures = minhash_signatures(doc_index[order], hashes[order], firsts.height, config)
+    return Documents(sessions.select("session_id", "exact_key", "exact_group"), signatures)
+
+
+def estimated_similarity(sig: np.ndarray, left: np.ndarray, right: np.ndarray, chunk: int = 1 << 18) -> np.ndarray:
+    """Estimated Jaccard similarity of signature rows ``left[i]`` and ``right[i]``."""
+    out = np.empty(len(left), dtype=np.float64)
+    for start in range(0, len(left), chunk):
+        sl = slice(start, start + chunk)
+        out[sl] = (sig[left[sl]] == sig[right[sl]]).mean(axis=1)
+    return out
+
+
+def lsh_pairs(signatures: np.ndarray, config: QualityConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Candidate pairs from LSH banding, confirmed by estimated Jaccard ≥ threshold.
+
+    Returns:
+        (left, right, similarity) arrays over signature rows, ``left < right``.
+    """
+    n = signatures.shape[0]
+    if n < 2:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty, np.empty(0)
+    rng = np.random.default_rng(config.seed)
+    mult = rng.integers(1, 1 << 62, size=config.dedup_rows, dtype=np.uint64) | np.uint64(1)
+    lefts, rights = [], []
+    with np.errstate(over="ignore"):
+        for band in range(config.dedup_bands):
+            cols = signatures[:, band * config.dedup_rows : (band + 1) * config.dedup_rows].astype(np.uint64)
+            key = (cols * mult).sum(axis=1, dtype=np.uint64) ^ (cols[:, 0] << np.uint64(32))
+            order = np.argsort(key, kind="stable")
+            sorted_key = key[order]
+            same = np.flatnonzero(sorted_key[1:] == sorted_key[:-1]) + 1
+            if not len(same):
+                continue
+            # link each member of a bucket to the bucket's first row
+            bucket_start = np.maximum.accumulate(np.where(np.r_[True, sorted_key[1:] != sorted_key[:-1]],
+                                                          np.arange(n), 0))  # fmt: skip
+            lefts.append(order[bucket_start[same]])
+            rights.append(order[same])
+    if not lefts:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty, np.empty(0)
+    left = np.concatenate(lefts)
+    right = np.concatenate(rights)
+    lo, hi = np.minimum(left, right), np.maximum(left, right)
+    pairs = np.unique(np.stack([lo, hi], axis=1), axis=0)
+    similarity = estimated_similarity(signatures, pairs[:, 0], pairs[:, 1])
+    keep = similarity >= config.dedup_threshold
+    return pairs[keep, 0], pairs[keep, 1], similarity[keep]
+
+
+def _components(n: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """Connected-component label of each of ``n`` nodes linked by the ``left``–``right`` pairs."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    graph = coo_matrix((np.ones(len(left), dtype=np.int8), (left, right)), shape=(n, n))
+    return connected_components(graph, directed=False)[1]
+
+
+def find_duplicates(docs: Documents, ranking: pl.DataFrame, config: QualityConfig) -> pl.DataFrame:
+    """Duplicate clusters (only sessions in clusters of two or more).
+
+    Args:
+        docs: from :func:`build_documents`.
+        ranking: session_id, quality, started_at — the representative is the best quality,
+            then the earliest, then the smallest session id.
+        config: LSH parameters and threshold.
+
+    Returns:
+        :data:`DUPLICATES_SCHEMA` rows; ``similarity`` is the estimated Jaccard similarity to
+        the representative; ``method`` is ``exact`` (same normalized sequence as the
+        representative) or ``minhash``.
+    """
+    left, right, _ = lsh_pairs(docs.signatures, config)
+    component = _components(docs.signatures.shape[0], left, right)
+    members = docs.sessions.with_columns(pl.Series("component", component[docs.exact_group]))
+    members = members.filter(pl.len().over("component") > 1)
+    if members.is_empty():
+        return pl.DataFrame(schema=DUPLICATES_SCHEMA)
+    ranked = members.join(ranking.select("session_id", "quality", "started_at"), on="session_id", how="left").sort(
+        ["component", "quality", "started_at", "session_id"], descending=[False, True, False, False], nulls_last=True
+    )
+    reps = ranked.group_by("component", maintain_order=True).agg(
+        pl.col("session_id").first().alias("rep_id"), pl.col("exact_group").first().alias("rep_group")
+    )
+    out = ranked.join(reps, on="component", how="left")
+    similarity = estimated_similarity(docs.signatures, out["exact_group"].to_numpy(), out["rep_group"].to_numpy())
+    return out.select(
+        "session_id",
+        pl.col("rep_id").alias("cluster_id"),
+        (pl.col("session_id") == pl.col("rep_id")).alias("is_representative"),
+        pl.Series("similarity", similarity).round(4),
+        pl.when(pl.col("exact_group") == pl.col("rep_group"))
+        .then(pl.lit("exact"))
+        .otherwise(pl.lit("minhash"))
+        .alias("method"),
+    ).sort("cluster_id", "session_id")
+
+
+def novelty(docs: Documents, trajectories: pl.DataFrame, config: QualityConfig) -> pl.DataFrame:
+    """``session_id``, ``novelty`` = 1 − the highest similarity to an earlier trajectory of the same task.
+
+    Compares with at most ``config.novelty_max_history`` earlier trajectories per task (the most
+    recent ones). The first trajectory of a task has novelty 1.
+    """
+    ordered = (
+        trajectories.select("session_id", "task_id", "started_at")
+        .join(docs.sessions.select("session_id", "exact_group"), on="session_id", how="left")
+        .sort("task_id", "started_at", "session_id", nulls_last=True)
+    )
+    group = ordered["exact_group"].to_numpy()
+    task_rank = ordered.select(pl.int_range(pl.len()).over("task_id").alias("rank"))["rank"].to_numpy()
+    best = np.zeros(ordered.height)
+    max_rank = int(task_rank.max()) if ordered.height else 0
+    for offset in range(1, min(max_rank, config.novelty_max_history) + 1):
+        later = np.flatnonzero(task_rank >= offset)
+        earlier = later - offset
+        same = group[later] == group[earlier]  # identical documents: similarity 1 without comparing
+        best[later[same]] = 1.0
+        later, earlier = later[~same], earlier[~same]
+        sim = estimated_similarity(docs.signatures, group[later], group[earlier])
+        best[later] = np.maximum(best[later], sim)
+    return ordered.select("session_id").with_columns(pl.Series("novelty", np.round(1.0 - best, 4)))
