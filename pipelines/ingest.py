@@ -14,9 +14,24 @@ Exactly once follows from three rules:
 * before committing, the worker re-reads the recorded offsets and drops rows
   below them (a zombie or a replay after a crash), inside the commit retry loop,
   so a concurrent commit that wins the race is seen;
-* the Iceberg commit is atomic: rows and offsets land together or not at all.
+* the Iceberg commit is atomic: rows and offsets land together or not at all
+  (and never replayed by pyiceberg's own retry, which would skip the re-read).
 
 Kafka offsets are still committed afterwards, for lag monitoring only.
+
+Topic resets. Offsets only mean something within one incarnation of a topic: a
+deleted and recreated topic, or a restarted memory-only broker, numbers its
+records from 0 again. Every commit therefore also records the topic's Kafka
+topic id and an epoch (``trajlake.topic.<topic>``). When the broker reports
+another topic id, the worker starts that table's partitions from the beginning
+of the new incarnation under epoch + 1, records ``trajlake.reset.<topic>``
+(previous topic id and offsets, kept for audit) and counts the reset. Records
+of the new incarnation below the previous offsets of their partition plus
+``TRAJLAKE_RESET_DEDUPE_RECORDS`` (a bounded window) are checked against the
+``event_id``s already ingested for their sessions, so a producer re-sending
+history after the reset adds no duplicates.
+An offset below the partition's low watermark (records deleted by retention
+before ingest read them) is logged and counted as a gap, never skipped silently.
 """
 
 from __future__ import annotations
@@ -33,22 +48,34 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicCollection,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import In
 from pyiceberg.table import Table
 
 from pipelines.broker import resolve_bootstrap
+from pipelines.decode import ROW_INDEX, BatchDecoder, row_refs, rows_to_arrow, with_coordinates
 from pipelines.errors import CommitConflict, KafkaUnavailable
 from pipelines.settings import Settings
-from schemas.errors import DecodeError
-from schemas.registry import HEADER_LEN, decode_event
+from schemas.registry import HEADER_LEN
 from warehouse.catalog import open_catalog
 from warehouse.tables import DEAD_LETTERS, RAW_EVENTS, ensure_table
 
 log = logging.getLogger("trajlake.ingest")
 
 OFFSETS_PREFIX = "trajlake.offsets."
+INCARNATION_PREFIX = "trajlake.topic."
+RESET_PREFIX = "trajlake.reset."
 _ENVELOPE = (
     "event_id", "session_id", "seq", "ts", "event_type", "source", "sandbox_id", "task_id", "task_type",
     "host_id", "image_name", "image_version", "agent_name", "agent_version", "agent_model", "policy_version",
@@ -61,30 +88,108 @@ def offsets_key(topic: str) -> str:
     return OFFSETS_PREFIX + topic
 
 
-def recorded_offsets(table: Table, topic: str) -> dict[int, int]:
-    """Next offset per partition that ``table`` has ingested from ``topic``.
+def incarnation_key(topic: str) -> str:
+    """Property key of the topic incarnation (``{"epoch", "topic_id"}``) the offsets belong to."""
+    return INCARNATION_PREFIX + topic
 
-    Max-merges the table property with the newest snapshot summary carrying the
-    key, so neither snapshot expiry nor a foreign commit (compaction) loses it.
-    """
-    key = offsets_key(topic)
-    merged: dict[int, int] = {}
 
-    def merge(text: str | None) -> None:
-        if text:
-            for partition, offset in json.loads(text).items():
-                merged[int(partition)] = max(merged.get(int(partition), 0), int(offset))
+def reset_key(topic: str) -> str:
+    """Property key describing the latest detected reset of ``topic``."""
+    return RESET_PREFIX + topic
 
-    merge(table.properties.get(key))
+
+@dataclass(frozen=True)
+class Incarnation:
+    """Which life of a topic recorded offsets refer to; epoch 0 and no id for tables older than this field."""
+
+    epoch: int = 0
+    topic_id: str | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> Incarnation:
+        """Read the JSON property value; missing means epoch 0 of an unknown topic id."""
+        if not text:
+            return cls()
+        value = json.loads(text)
+        return cls(int(value.get("epoch", 0)), value.get("topic_id"))
+
+    def dumps(self) -> str:
+        """JSON property value."""
+        return json.dumps({"epoch": self.epoch, "topic_id": self.topic_id})
+
+
+def _newest_summary_with(table: Table, key: str) -> dict[str, str] | None:
     snapshot = table.current_snapshot()
     while snapshot is not None:
         summary = snapshot.summary.additional_properties if snapshot.summary else {}
         if key in summary:
-            merge(summary[key])
-            break
+            return summary
         parent = snapshot.parent_snapshot_id
         snapshot = table.snapshot_by_id(parent) if parent is not None else None
+    return None
+
+
+def recorded_incarnation(table: Table, topic: str) -> Incarnation:
+    """The topic incarnation of the offsets ``table`` records for ``topic`` (highest epoch wins)."""
+    summary = _newest_summary_with(table, offsets_key(topic)) or {}
+    candidates = [
+        Incarnation.parse(table.properties.get(incarnation_key(topic))),
+        Incarnation.parse(summary.get(incarnation_key(topic))),
+    ]
+    return max(candidates, key=lambda inc: (inc.epoch, inc.topic_id is not None))
+
+
+def recorded_offsets(table: Table, topic: str) -> dict[int, int]:
+    """Next offset per partition that ``table`` has ingested from the current incarnation of ``topic``.
+
+    Max-merges the table property with the newest snapshot summary carrying the
+    key, so neither snapshot expiry nor a foreign commit (compaction) loses it;
+    a source recorded under an older epoch (before a topic reset) is ignored.
+    """
+    key, inc_key = offsets_key(topic), incarnation_key(topic)
+    epoch = recorded_incarnation(table, topic).epoch
+    merged: dict[int, int] = {}
+
+    def merge(source: dict[str, str]) -> None:
+        text = source.get(key)
+        if text and Incarnation.parse(source.get(inc_key)).epoch == epoch:
+            for partition, offset in json.loads(text).items():
+                merged[int(partition)] = max(merged.get(int(partition), 0), int(offset))
+
+    merge(dict(table.properties))
+    merge(_newest_summary_with(table, key) or {})
     return merged
+
+
+def recorded_reset(table: Table, topic: str) -> dict[str, Any] | None:
+    """The latest reset of ``topic`` that ``table`` recorded, or None."""
+    text = table.properties.get(reset_key(topic))
+    return json.loads(text) if text else None
+
+
+# pyiceberg >= 0.12 retries a conflicting append itself by re-applying it to the new
+# table state; for ingest that replay would bypass the offset filter (a zombie's
+# stale rows would land after all), so ingest's tables turn it off and the
+# worker's own loop re-reads the offsets on every attempt.
+_NO_LIBRARY_RETRY = {"commit.retry.num-retries": "0"}
+
+
+def disable_library_retries(table: Table) -> Table:
+    """Make ``table`` surface commit conflicts to the caller instead of re-applying the append.
+
+    Raises:
+        CommitConflict: the property could not be set (the table keeps changing under us).
+    """
+    for _ in range(10):
+        if all(table.properties.get(k) == v for k, v in _NO_LIBRARY_RETRY.items()):
+            return table
+        try:
+            with table.transaction() as tx:
+                tx.set_properties(_NO_LIBRARY_RETRY)
+        except CommitFailedException:
+            time.sleep(0.05 * (1 + random.random()))
+        table = table.refresh()
+    raise CommitConflict(f"could not set {_NO_LIBRARY_RETRY} on {table.name()}")
 
 
 def event_row(event: dict[str, Any], topic: str, partition: int, offset: int, ingested_at: datetime) -> dict:
@@ -110,6 +215,11 @@ class IngestStats:
     skipped: int = 0  # records below the recorded offsets (replays, zombies)
     batches: int = 0
     commit_retries: int = 0
+    resets: int = 0  # table commits that started a new topic incarnation
+    reset_duplicates: int = 0  # re-sent events dropped after a reset (already ingested before it)
+    gaps: int = 0  # partitions whose recorded offset fell below the low watermark (records lost to retention)
+    truncations: int = 0  # recorded offset past the high watermark on a broker without topic ids
+    reset_details: list[dict[str, Any]] = field(default_factory=list)
     bytes: int = 0
     seconds: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
@@ -117,6 +227,29 @@ class IngestStats:
     def as_dict(self) -> dict[str, Any]:
         """Plain dict for printing and asset metadata."""
         return dict(self.__dict__)
+
+    def describe_resets(self) -> list[str]:
+        """One human line per detected reset or gap."""
+        lines = []
+        for detail in self.reset_details:
+            if detail.get("kind") == "truncated":
+                lines.append(
+                    f"suspected truncation: {detail['topic']} partition {detail['partition']} recorded offset "
+                    f"{detail['recorded']} > high watermark {detail['high']}, and the broker gives no topic id "
+                    "to confirm a reset; records below the recorded offset will be skipped"
+                )
+            elif detail.get("kind") == "gap":
+                lines.append(
+                    f"gap: {detail['topic']} partition {detail['partition']} recorded offset {detail['recorded']} "
+                    f"< low watermark {detail['low']} ({detail['low'] - detail['recorded']} records never ingested)"
+                )
+            else:
+                lines.append(
+                    f"topic reset: {detail['table']} {detail['topic']} epoch {detail['epoch']} "
+                    f"(topic id {detail['previous_topic_id']} -> {detail['topic_id']}; previous offsets "
+                    f"{detail['previous_offsets']}); restarted from the beginning of the new topic"
+                )
+        return lines
 
 
 @dataclass
@@ -158,12 +291,15 @@ class IngestWorker:
         self.settings = settings
         self.topic = settings.topic
         self.catalog = catalog or open_catalog(settings)
-        self.raw_table = ensure_table(self.catalog, settings, RAW_EVENTS.name)
-        self.dead_table = ensure_table(self.catalog, settings, DEAD_LETTERS.name)
+        self.raw_table = disable_library_retries(ensure_table(self.catalog, settings, RAW_EVENTS.name))
+        self.dead_table = disable_library_retries(ensure_table(self.catalog, settings, DEAD_LETTERS.name))
         self.raw_schema = RAW_EVENTS.arrow_schema()
+        self.decoder = BatchDecoder(self.raw_schema, settings.max_event_bytes)
         self.dead_schema = DEAD_LETTERS.arrow_schema()
         self.bootstrap = bootstrap or resolve_bootstrap(settings)
         self.consumer = Consumer(consumer_config(settings, self.bootstrap), logger=log)
+        self.admin = AdminClient({"bootstrap.servers": self.bootstrap, **settings.kafka_extra})
+        self.topic_id: str | None = None  # Kafka topic id of the incarnation being read; None if unknown
         self.stats = IngestStats()
         self.assigned: set[int] = set()
         self.positions: dict[int, int] = {}  # next offset to read, per assigned partition
@@ -172,19 +308,72 @@ class IngestWorker:
 
     # -- offsets -----------------------------------------------------------------
 
+    def fetch_topic_id(self) -> str | None:
+        """The broker's topic id of the current incarnation of the topic; None when it has none."""
+        try:
+            description = self.admin.describe_topics(TopicCollection([self.topic]))[self.topic].result(timeout=10)
+        except KafkaException as exc:
+            log.warning("cannot describe topic %s (reset detection by topic id is off): %s", self.topic, exc)
+            return None
+        topic_id = str(description.topic_id) if description.topic_id is not None else ""
+        # An all-zero id (AAAAAAAAAAAAAAAAAAAAAA) is what brokers without topic ids return.
+        return topic_id if topic_id.strip("A=") else None
+
+    def _current_offsets(self, table: Table) -> dict[int, int]:
+        """The table's offsets if they belong to the incarnation being read; {} (from the start) if not."""
+        incarnation = recorded_incarnation(table, self.topic)
+        if self.topic_id and incarnation.topic_id and incarnation.topic_id != self.topic_id:
+            return {}
+        return recorded_offsets(table, self.topic)
+
     def _start_offsets(self) -> dict[int, int]:
-        raw = recorded_offsets(self.raw_table, self.topic)
-        dead = recorded_offsets(self.dead_table, self.topic)
+        raw = self._current_offsets(self.raw_table)
+        dead = self._current_offsets(self.dead_table)
         return {p: min(raw.get(p, 0), dead.get(p, 0)) for p in set(raw) | set(dead)}
+
+    def _check_gaps(self, consumer: Consumer, start: dict[int, int], partitions: list[TopicPartition]) -> None:
+        """Report recorded offsets outside the partition's log: below the low watermark (records lost
+        before ingest), or, on a broker without topic ids, past the high watermark (log truncated)."""
+        for tp in partitions:
+            recorded = start.get(tp.partition)
+            if not recorded:
+                continue
+            try:
+                low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, tp.partition), timeout=5)
+            except KafkaException as exc:
+                log.warning("watermarks of %s/%d unavailable: %s", self.topic, tp.partition, exc)
+                continue
+            if self.topic_id is None and recorded > high:
+                # Without a topic id a reset cannot be told apart from tansu's lagging high
+                # watermark with certainty, so it is reported, not acted on.
+                detail = {"kind": "truncated", "topic": self.topic, "partition": tp.partition, "recorded": recorded}
+                detail["high"] = high
+                log.warning("%s", IngestStats(reset_details=[detail]).describe_resets()[0])
+                self.stats.truncations += 1
+                self.stats.reset_details.append(detail)
+            if recorded < low:
+                detail = {
+                    "kind": "gap",
+                    "topic": self.topic,
+                    "partition": tp.partition,
+                    "recorded": recorded,
+                    "low": low,
+                }
+                log.warning("%s", IngestStats(reset_details=[detail]).describe_resets()[0])
+                self.stats.gaps += 1
+                self.stats.reset_details.append(detail)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._refresh_tables()
+        # Re-read on every assignment: the topic may have been recreated since the last one.
+        self.topic_id = self.fetch_topic_id()
         start = self._start_offsets()
+        self._check_gaps(consumer, start, partitions)
         for tp in partitions:
             tp.offset = start.get(tp.partition, OFFSET_BEGINNING)
             self.assigned.add(tp.partition)
             self.positions[tp.partition] = max(tp.offset, 0)
-        log.info("assigned %s", {tp.partition: tp.offset for tp in partitions})
+        log.info("assigned %s (topic id %s)", {tp.partition: tp.offset for tp in partitions}, self.topic_id)
         consumer.assign(partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -216,20 +405,25 @@ class IngestWorker:
     def decode_batch(
         self, messages: Iterable[Message]
     ) -> tuple[list[tuple[int, int, dict]], list[tuple[int, int, dict]]]:
-        """Split messages into (partition, offset, row) lists of raw events and dead letters."""
+        """Split messages into (partition, offset, row) lists of raw events and dead letters.
+
+        Decodes the whole batch at once (pipelines.decode); raw-event rows are
+        ``RowRef``s into one Arrow table, dead-letter rows are dicts.
+        """
         now = datetime.now(UTC)
-        good: list[tuple[int, int, dict]] = []
-        dead: list[tuple[int, int, dict]] = []
-        max_bytes = self.settings.max_event_bytes
-        for message in messages:
-            value = message.value() or b""
-            partition, offset = message.partition(), message.offset()
-            try:
-                event = decode_event(value, max_bytes=max_bytes)
-            except DecodeError as exc:
-                dead.append((partition, offset, self._dead_row(message, value, exc.reason, str(exc), now)))
-                continue
-            good.append((partition, offset, event_row(event, message.topic(), partition, offset, now)))
+        messages = list(messages)
+        partitions = [message.partition() for message in messages]
+        offsets = [message.offset() for message in messages]
+        decoded = self.decoder.decode([message.value() for message in messages])
+        coordinates = pa.array(partitions, pa.int32()), pa.array(offsets, pa.int64())
+        events = with_coordinates(decoded.events, self.raw_schema, self.topic, *coordinates, now)
+        rows = decoded.events.column(ROW_INDEX).to_pylist()
+        good = row_refs(events, [partitions[i] for i in rows], [offsets[i] for i in rows])
+        dead = []
+        for index, exc in decoded.dead:
+            message = messages[index]
+            row = self._dead_row(message, message.value() or b"", exc.reason, str(exc), now)
+            dead.append((partitions[index], offsets[index], row))
         return good, dead
 
     def _dead_row(self, message: Message, value: bytes, reason: str, error: str, now: datetime) -> dict:
@@ -258,32 +452,92 @@ class IngestWorker:
         schema: pa.Schema,
         sort_keys: list[tuple[str, str]],
     ) -> tuple[Table, int, int]:
-        """Append rows not yet recorded, with offsets, retrying commit conflicts."""
+        """Append rows not yet recorded, with offsets, retrying commit conflicts.
+
+        Everything that decides what is new (offsets, incarnation, reset window) is
+        re-read from the table inside the retry loop, so a peer's commit that wins
+        the race is honoured.
+        """
         delay = 0.05
+        key, inc_key = offsets_key(self.topic), incarnation_key(self.topic)
         for attempt in range(12):
             table = load()
-            recorded = recorded_offsets(table, self.topic)
-            fresh = [row for partition, offset, row in rows if offset >= recorded.get(partition, 0)]
+            incarnation = recorded_incarnation(table, self.topic)
+            reset: dict[str, Any] | None = None
+            if self.topic_id and incarnation.topic_id and incarnation.topic_id != self.topic_id:
+                # The table's offsets belong to another life of the topic: they mean nothing here.
+                reset = {
+                    "kind": "reset",
+                    "table": ".".join(table.name()),
+                    "topic": self.topic,
+                    "epoch": incarnation.epoch + 1,
+                    "previous_topic_id": incarnation.topic_id,
+                    "topic_id": self.topic_id,
+                    "previous_offsets": {str(p): o for p, o in sorted(recorded_offsets(table, self.topic).items())},
+                    "detected_at": datetime.now(UTC).isoformat(),
+                }
+                recorded: dict[int, int] = {}
+                incarnation = Incarnation(reset["epoch"], self.topic_id)
+                window = reset
+            else:
+                recorded = recorded_offsets(table, self.topic)
+                incarnation = Incarnation(incarnation.epoch, self.topic_id or incarnation.topic_id)
+                window = recorded_reset(table, self.topic)
+                if window is not None and window.get("epoch") != incarnation.epoch:
+                    window = None
+            fresh = [(p, o, row) for p, o, row in rows if o >= recorded.get(p, 0)]
+            skipped = len(rows) - len(fresh)
+            duplicates = self._resent_before_reset(table, fresh, window) if window else set()
+            kept = [row for _, _, row in fresh if not duplicates or row.get("event_id") not in duplicates]
             advanced = {p: o for p, o in next_offsets.items() if o > recorded.get(p, 0)}
             if not advanced:  # everything here was committed already (by us before a crash, or a peer)
                 return table, 0, len(rows)
             merged = {**recorded, **advanced}
-            value = json.dumps({str(p): o for p, o in sorted(merged.items())})
-            key = offsets_key(self.topic)
-            arrow = pa.Table.from_pylist(fresh, schema=schema)
+            properties = {
+                key: json.dumps({str(p): o for p, o in sorted(merged.items())}),
+                inc_key: incarnation.dumps(),
+            }
+            if reset is not None:
+                properties[reset_key(self.topic)] = json.dumps(reset)
+            arrow = rows_to_arrow(kept, schema)
             if sort_keys and arrow.num_rows:
                 arrow = arrow.sort_by(sort_keys)
             try:
                 with table.transaction() as tx:
-                    tx.append(arrow, snapshot_properties={key: value})
-                    tx.set_properties({key: value})
-                return table, len(fresh), len(rows) - len(fresh)
+                    tx.append(arrow, snapshot_properties=properties)
+                    tx.set_properties(properties)
             except CommitFailedException as exc:
                 self.stats.commit_retries += 1
                 log.info("commit conflict on %s (attempt %d): %s", table.name(), attempt + 1, exc)
                 time.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, 2.0)
+                continue
+            if reset is not None:
+                self.stats.resets += 1
+                self.stats.reset_details.append(reset)
+                log.warning("%s", IngestStats(reset_details=[reset]).describe_resets()[0])
+            self.stats.reset_duplicates += len(fresh) - len(kept)
+            return table, len(kept), skipped + len(fresh) - len(kept)
         raise CommitConflict(f"could not commit to {table.name()} after 12 attempts")
+
+    def _resent_before_reset(self, table: Table, rows: list[tuple[int, int, dict]], window: dict[str, Any]) -> set[str]:
+        """Event ids of ``rows`` inside the post-reset window that ``table`` already holds.
+
+        The window is bounded: only the first records of each partition of the new
+        incarnation (the previous incarnation's offset plus ``reset_dedupe_records``:
+        room for a full re-send of the old history interleaved with new events) are
+        checked, and only against the rows of their own sessions.
+        """
+        previous = {int(p): int(o) for p, o in window.get("previous_offsets", {}).items()}
+        extra = self.settings.reset_dedupe_records
+        # Rows are dicts or decode.RowRef; both answer .get (dead letters have no event_id).
+        candidates = [row for p, o, row in rows if o < previous.get(p, 0) + extra and row.get("event_id") is not None]
+        if not candidates or table.current_snapshot() is None:
+            return set()
+        sessions = sorted({row["session_id"] for row in candidates})
+        present = table.scan(row_filter=In("session_id", sessions), selected_fields=("event_id",)).to_arrow()
+        known = set(present.column("event_id").to_pylist())
+        return {row["event_id"] for row in candidates if row["event_id"] in known}
 
     def flush(self) -> None:
         """Decode and commit the current batch; no-op when empty."""
@@ -372,6 +626,7 @@ class IngestWorker:
             self.flush()
         finally:
             self.consumer.close()
+            self.decoder.close()
             self.stats.seconds = time.monotonic() - started
         return self.stats
 

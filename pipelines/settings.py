@@ -48,6 +48,18 @@ class Settings(BaseSettings):
     hot_warehouse: str | None = Field(None, description="TRAJLAKE_HOT_WAREHOUSE: URI; default home/hot.")
     cold_warehouse: str | None = Field(None, description="TRAJLAKE_COLD_WAREHOUSE: URI; default home/cold.")
     hot_retention_days: float = Field(7.0, gt=0, description="TRAJLAKE_HOT_RETENTION_DAYS")
+    cold_target_file_bytes: int = Field(
+        128 << 20, ge=1 << 10, description="TRAJLAKE_COLD_TARGET_FILE_BYTES: Parquet file size in the cold tier."
+    )
+    compact_min_files: int = Field(
+        4, ge=2, description="TRAJLAKE_COMPACT_MIN_FILES: compact a partition once it has this many small files."
+    )
+    snapshot_retention_hours: float = Field(
+        24.0, ge=0, description="TRAJLAKE_SNAPSHOT_RETENTION_HOURS: expire older snapshots (time travel window)."
+    )
+    orphan_min_age_hours: float = Field(
+        24.0, ge=0, description="TRAJLAKE_ORPHAN_MIN_AGE_HOURS: only delete unreferenced files older than this."
+    )
 
     # Ingest
     ingest_max_rows: int = Field(50_000, ge=1, description="TRAJLAKE_INGEST_MAX_ROWS per batch")
@@ -56,10 +68,43 @@ class Settings(BaseSettings):
     max_event_bytes: int = Field(
         1 << 20, ge=1024, description="TRAJLAKE_MAX_EVENT_BYTES: larger records are dead-lettered."
     )
+    reset_dedupe_records: int = Field(
+        100_000,
+        ge=0,
+        description="TRAJLAKE_RESET_DEDUPE_RECORDS: after a topic reset, records per partition beyond the old "
+        "offsets whose event ids are checked against events ingested before the reset.",
+    )
+
+    # Producer outage spool
+    spool_dir: Path | None = Field(
+        None, description="TRAJLAKE_SPOOL_DIR: on-disk spool of EventProducer.from_settings; default home/spool."
+    )
+    spool_max_bytes: int = Field(
+        256 << 20, ge=1 << 10, description="TRAJLAKE_SPOOL_MAX_BYTES: past it emit raises SpoolFullError."
+    )
 
     # Assembly
     session_idle_timeout_s: float = Field(
         900.0, gt=0, description="TRAJLAKE_SESSION_IDLE_TIMEOUT_S: close sessions idle this long."
+    )
+
+    # Quality (quality/config.py documents each knob)
+    quality_weights: tuple[float, float, float] = Field(
+        (0.5, 0.3, 0.2), description="TRAJLAKE_QUALITY_WEIGHTS: JSON [completion, validity, novelty], sum 1."
+    )
+    quality_min: float = Field(0.5, ge=0, le=1, description="TRAJLAKE_QUALITY_MIN: export threshold.")
+    quality_behavioural_weight: float = Field(
+        0.5, ge=0, le=1, description="TRAJLAKE_QUALITY_BEHAVIOURAL_WEIGHT: quality factor for behavioural flags."
+    )
+    quality_outlier_z: float = Field(3.5, gt=0, description="TRAJLAKE_QUALITY_OUTLIER_Z: robust z of anomalies.")
+    dedup_threshold: float = Field(0.8, gt=0, le=1, description="TRAJLAKE_DEDUP_THRESHOLD: near-dup Jaccard.")
+    dedup_bands: int = Field(14, ge=1, description="TRAJLAKE_DEDUP_BANDS: LSH bands.")
+    dedup_rows: int = Field(8, ge=1, description="TRAJLAKE_DEDUP_ROWS: LSH rows per band.")
+    quality_max_flag_rate: float = Field(
+        0.3, ge=0, le=1, description="TRAJLAKE_QUALITY_MAX_FLAG_RATE: asset-check limit on cheat-flagged sessions."
+    )
+    quality_max_duplicate_rate: float = Field(
+        0.5, ge=0, le=1, description="TRAJLAKE_QUALITY_MAX_DUPLICATE_RATE: asset-check limit on shadowed sessions."
     )
 
     @field_validator("kafka_extra", "catalog_properties", mode="before")
@@ -88,6 +133,11 @@ class Settings(BaseSettings):
     def cold_location(self) -> str:
         """Warehouse URI of the cold tier."""
         return self.cold_warehouse or (self.home_dir / "cold").as_uri()
+
+    @property
+    def spool_path(self) -> Path:
+        """Directory of the producer outage spool."""
+        return self.spool_dir.expanduser() if self.spool_dir else self.home_dir / "spool"
 
     @property
     def broker_dir(self) -> Path:

@@ -6,6 +6,7 @@ The run itself lives in ``scripts/chaos.py`` (also a command line for bigger tri
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
 _spec = importlib.util.spec_from_file_location("chaos", Path(__file__).resolve().parents[1] / "scripts" / "chaos.py")
 chaos = importlib.util.module_from_spec(_spec)
+sys.modules["chaos"] = chaos  # dataclasses resolve their module through sys.modules
 _spec.loader.exec_module(chaos)
 
 

@@ -1,0 +1,544 @@
+"""Batch decoding of Kafka record values into raw-events Arrow columns.
+
+Per-record decoding (``schemas.registry.decode_event`` → dict → ``pa.Table.from_pylist``)
+costs tens of microseconds per event in Python. Here a whole message batch is decoded
+at once: records are grouped by writer-schema fingerprint, each group's Avro bodies
+are concatenated into one block of an in-memory Avro object container (header = the
+writer schema), and a Rust Avro reader (``polars-avro``) turns that block into Arrow
+arrays. The payload union arrives as a dense union and becomes the per-kind struct
+columns of ``raw_events``; older writer versions are resolved to the latest reader
+schema column by column (missing fields take the reader's default, types are cast).
+
+Results are the same as ``decode_event`` record by record, dead-letter reasons
+included, because anything the batch path cannot vouch for goes through
+``decode_event``:
+
+* header checks (size limit, magic, fingerprint) run per record before batching;
+* a block that fails to decode is bisected until the failing records are alone, and
+  those are decoded one by one (giving ``decode_event``'s exact error);
+* the Rust reader runs in a child process with a deadline, because a block whose
+  records consume fewer bytes than the block holds (a record with trailing bytes)
+  makes it spin instead of failing; on a timeout the child is killed and the group
+  is decoded record by record;
+* envelope validations (kind matches ``event_type``, non-empty ids, ``seq`` ≥ 0)
+  run vectorized on the decoded columns with ``decode_event``'s messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import multiprocessing
+import multiprocessing.pool
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from schemas.errors import DecodeError, InvalidEvent, OversizedEvent
+from schemas.registry import (
+    HEADER_LEN,
+    MAGIC,
+    SchemaVersion,
+    decode_event,
+    latest,
+    snake_case,
+    versions,
+    writer_version,
+)
+
+log = logging.getLogger("trajlake.decode")
+
+#: Index of each record within the batch, carried through decoding to re-attach Kafka coordinates.
+ROW_INDEX = "__row_index"
+
+
+@dataclass
+class DecodeResult:
+    """Decoded events of a batch, and the records that could not be decoded.
+
+    Attributes:
+        events: one row per good record, the raw-events columns that come from the record
+            (envelope, per-kind payload structs, ``schema_version``) plus ``ROW_INDEX``.
+        dead: ``(index, error)`` of each record that goes to dead letters.
+        fallback_records: records decoded one by one (poison isolation, timeouts).
+    """
+
+    events: pa.Table
+    dead: list[tuple[int, DecodeError]] = field(default_factory=list)
+    fallback_records: int = 0
+
+
+# -- Avro container framing ----------------------------------------------------------
+
+
+def _zigzag_varint(value: int) -> bytes:
+    encoded = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while encoded & ~0x7F:
+        out.append((encoded & 0x7F) | 0x80)
+        encoded >>= 7
+    out.append(encoded)
+    return bytes(out)
+
+
+def _avro_bytes(data: bytes) -> bytes:
+    return _zigzag_varint(len(data)) + data
+
+
+def object_container(schema_json: str, bodies: Sequence[bytes]) -> bytes:
+    """An Avro object container file (null codec) holding ``bodies`` as one data block.
+
+    Args:
+        schema_json: the writer schema, as JSON text.
+        bodies: Avro binary bodies (single-object header already stripped).
+    """
+    sync = os.urandom(16)
+    header = b"Obj\x01" + _zigzag_varint(2)
+    header += _avro_bytes(b"avro.schema") + _avro_bytes(schema_json.encode())
+    header += _avro_bytes(b"avro.codec") + _avro_bytes(b"null") + _zigzag_varint(0) + sync
+    block = b"".join(bodies)
+    return header + _zigzag_varint(len(bodies)) + _zigzag_varint(len(block)) + block + sync
+
+
+def _read_container(container: bytes, expected_rows: int) -> bytes:
+    """Decode an object container in Rust; returns Arrow IPC stream bytes (cheap to pickle)."""
+    from polars_avro._avro_rs import AvroSource  # imported lazily: only the decoding process needs it
+    from polars_avro._source import seekable_factory
+
+    source = AvroSource([seekable_factory(io.BytesIO(container))], False, False)
+    batches = [pa.record_batch(batch) for batch in source.batch_iter(max(expected_rows, 1), None)]
+    rows = sum(batch.num_rows for batch in batches)
+    if rows != expected_rows:
+        raise ValueError(f"block of {expected_rows} records decoded to {rows} rows")
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, batches[0].schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return sink.getvalue()
+
+
+def _warm_up() -> None:
+    import polars_avro._avro_rs  # noqa: F401
+
+
+def _read_container_safely(container: bytes, expected_rows: int) -> tuple[bool, bytes | str]:
+    """Decoder entry point: (True, IPC bytes) or (False, error text); never raises."""
+    try:
+        return True, _read_container(container, expected_rows)
+    except BaseException as exc:  # noqa: BLE001 - Rust panics surface as BaseException subclasses
+        return False, f"{type(exc).__name__}: {exc}"
+
+
+# -- writer → reader resolution on Arrow arrays --------------------------------------------
+
+
+def _named_types(node: Any, named: dict[str, Any], namespace: str = "") -> None:
+    if isinstance(node, list):
+        for branch in node:
+            _named_types(branch, named, namespace)
+    elif isinstance(node, dict):
+        if node.get("type") in ("record", "enum", "fixed"):
+            space = node.get("namespace", namespace)
+            full = node["name"] if "." in node["name"] else f"{space}.{node['name']}".strip(".")
+            named[full] = node
+            named[node["name"]] = node
+            namespace = space
+        for child in node.get("fields", []):
+            _named_types(child["type"], named, namespace)
+        for key in ("items", "values"):
+            if key in node:
+                _named_types(node[key], named, namespace)
+
+
+def _resolve(node: Any, named: dict[str, Any]) -> Any:
+    """Strip ``["null", T]`` and named references down to the type definition."""
+    while True:
+        if isinstance(node, list):
+            branches = [b for b in node if b != "null"]
+            node = branches[0] if len(branches) == 1 else node
+            if len(branches) != 1:
+                return node
+        elif isinstance(node, str) and node in named:
+            node = named[node]
+        elif isinstance(node, dict) and isinstance(node.get("type"), (dict, list)):
+            node = node["type"]
+        else:
+            return node
+
+
+def _fill(default: Any, length: int, target: pa.DataType) -> pa.Array:
+    return pa.array([default] * length, type=target)
+
+
+def conform(array: pa.Array, reader: Any, target: pa.DataType, named: dict[str, Any]) -> pa.Array:
+    """Resolve a writer-decoded Arrow array to the reader's Arrow type.
+
+    Record fields are matched by name; fields the writer lacks take the reader's
+    default; everything else is cast (Avro promotions int→long, float→double, enum→string).
+
+    Raises:
+        ValueError: a reader field without a default is missing from the writer.
+        pyarrow.ArrowInvalid: a value that does not cast.
+    """
+    reader = _resolve(reader, named)
+    if pa.types.is_struct(target) and isinstance(reader, dict) and reader.get("type") == "record":
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        fields_by_name = {f["name"]: f for f in reader["fields"]}
+        children: list[pa.Array] = []
+        for index in range(target.num_fields):
+            target_field = target.field(index)
+            spec = fields_by_name[target_field.name]
+            if array.type.get_field_index(target_field.name) >= 0:
+                child = array.field(target_field.name)
+                children.append(conform(child, spec["type"], target_field.type, named))
+            elif "default" in spec:
+                children.append(_fill(spec["default"], len(array), target_field.type))
+            else:
+                raise ValueError(f"reader field {target_field.name!r} has no default and the writer lacks it")
+        mask = array.is_null() if array.null_count else None
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
+    return pc.cast(array, target)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How to turn one writer version's decoded batch into raw-events columns."""
+
+    writer: SchemaVersion
+    schema_json: str
+    reader_fields: dict[str, Any]  # envelope field name -> reader Avro field
+    reader_kinds: dict[str, Any]  # event_type -> reader Avro record of the payload
+    reader_names: dict[str, str]  # event_type -> full reader record name (decode_event's message)
+    named: dict[str, Any]
+
+
+def _plan(writer: SchemaVersion) -> _Plan:
+    reader = latest()
+    named: dict[str, Any] = {}
+    _named_types(reader.raw, named)
+    fields = {f["name"]: f for f in reader.raw["fields"] if f["name"] != "payload"}
+    payload = next(f for f in reader.raw["fields"] if f["name"] == "payload")
+    kinds = {snake_case(branch["name"]): branch for branch in payload["type"]}
+    return _Plan(writer, json.dumps(writer.raw), fields, kinds, dict(reader.payload_kinds), named)
+
+
+class BatchDecoder:
+    """Decodes batches of single-object Avro records into raw-events Arrow columns.
+
+    Args:
+        target: Arrow schema of ``raw_events`` (``RAW_EVENTS.arrow_schema()``).
+        max_event_bytes: larger records are dead-lettered as oversized.
+        isolate: run the Rust reader in a child process with a deadline (see module doc);
+            ``False`` runs it in-process, for trusted input and tests.
+        timeout_s: deadline per block, plus ``timeout_per_mb_s`` per MB of block.
+    """
+
+    def __init__(
+        self,
+        target: pa.Schema,
+        max_event_bytes: int | None = None,
+        isolate: bool = True,
+        timeout_s: float = 10.0,
+        timeout_per_mb_s: float = 2.0,
+    ) -> None:
+        self.target = target
+        self.max_event_bytes = max_event_bytes
+        self.isolate = isolate
+        self.timeout_s = timeout_s
+        self.timeout_per_mb_s = timeout_per_mb_s
+        self._pool: multiprocessing.pool.Pool | None = None
+        self._plans: dict[int, _Plan] = {}
+        self.record_columns = [f.name for f in target if f.name not in _INGEST_ONLY]
+        if isolate:
+            self._start_pool()
+
+    def _start_pool(self) -> None:
+        # spawn, not fork: the parent runs librdkafka threads. The warm-up imports the
+        # reader in the child now (≈1-2 s), overlapping the consumer-group join.
+        self._pool = multiprocessing.get_context("spawn").Pool(1)
+        self._pool.apply_async(_warm_up)
+
+    def close(self) -> None:
+        """Stop the decoder process, if any."""
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+    def __del__(self) -> None:
+        # A worker that is dropped without close() must not leave its decoder process behind.
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def __enter__(self) -> BatchDecoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- block decoding -----------------------------------------------------------
+
+    def _decode_block(self, plan: _Plan, bodies: list[bytes]) -> pa.Table | None:
+        """Arrow table of the block, or None when it failed (corrupt record) or timed out."""
+        container = object_container(plan.schema_json, bodies)
+        if not self.isolate:
+            ok, result = _read_container_safely(container, len(bodies))
+        else:
+            if self._pool is None:
+                self._start_pool()
+            assert self._pool is not None
+            deadline = self.timeout_s + self.timeout_per_mb_s * len(container) / 1e6
+            pending = self._pool.apply_async(_read_container_safely, (container, len(bodies)))
+            try:
+                ok, result = pending.get(timeout=deadline)
+            except multiprocessing.TimeoutError:
+                log.warning("Avro block of %d records timed out after %.1f s; decoding record by record",
+                            len(bodies), deadline)  # fmt: skip
+                self.close()
+                raise _BlockTimeout from None
+        if not ok:
+            return None
+        with pa.ipc.open_stream(result) as reader:  # type: ignore[arg-type]
+            return reader.read_all()
+
+    def _to_columns(self, plan: _Plan, decoded: pa.Table) -> tuple[pa.Table, list[tuple[int, DecodeError]]]:
+        """Raw-events columns of a decoded block, and envelope-validation failures (block positions)."""
+        n = decoded.num_rows
+        columns: dict[str, pa.Array] = {}
+        for name in self.record_columns:
+            if name in plan.reader_fields:
+                target = self.target.field(name).type
+                if name in decoded.column_names:
+                    columns[name] = conform(decoded.column(name), plan.reader_fields[name]["type"], target, plan.named)
+                elif "default" in plan.reader_fields[name]:
+                    columns[name] = _fill(plan.reader_fields[name]["default"], n, target)
+                else:
+                    raise ValueError(f"reader field {name!r} has no default and writer v{plan.writer.version} lacks it")
+        payload = decoded.column("payload").combine_chunks()
+        type_codes = payload.type_codes
+        offsets = payload.offsets
+        branch_kinds = [
+            snake_case(payload.type.field(i).name.rsplit(".", 1)[-1]) for i in range(payload.type.num_fields)
+        ]
+        codes = list(payload.type.type_codes)
+        for kind, reader_record in plan.reader_kinds.items():
+            target = self.target.field(kind).type
+            if kind not in branch_kinds:
+                columns[kind] = pa.nulls(n, type=target)
+                continue
+            branch = branch_kinds.index(kind)
+            take = pc.if_else(pc.equal(type_codes, codes[branch]), offsets, pa.scalar(None, pa.int32()))
+            child = payload.field(branch).take(take)
+            columns[kind] = conform(child, reader_record, target, plan.named)
+        columns["schema_version"] = pa.array([plan.writer.version] * n, type=self.target.field("schema_version").type)
+        table = pa.table(columns)
+        return table, self._validate(plan, table, type_codes, codes, branch_kinds)
+
+    def _validate(
+        self, plan: _Plan, table: pa.Table, type_codes: pa.Array, codes: list[int], branch_kinds: list[str]
+    ) -> list[tuple[int, DecodeError]]:
+        kind_of_code = {code: kind for code, kind in zip(codes, branch_kinds, strict=True)}
+        row_kind = pc.take(pa.array(branch_kinds), pc.index_in(type_codes, pa.array(codes, pa.int8())))
+        event_type = table.column("event_type")
+        bad_kind = pc.not_equal(row_kind, event_type)
+        bad_ids = pc.or_(pc.equal(pc.utf8_length(table.column("event_id")), 0),
+                         pc.equal(pc.utf8_length(table.column("session_id")), 0))  # fmt: skip
+        bad_seq = pc.less(table.column("seq"), 0)
+        any_bad = pc.or_(pc.or_(bad_kind, bad_ids), bad_seq)
+        if not pc.any(any_bad).as_py():
+            return []
+        failures: list[tuple[int, DecodeError]] = []
+        for position in pc.indices_nonzero(any_bad).to_pylist():
+            kind = kind_of_code[type_codes[position].as_py()]
+            if bad_kind[position].as_py():
+                name = plan.reader_names.get(kind) or plan.writer.payload_kinds.get(kind, kind)
+                error: DecodeError = InvalidEvent(
+                    f"event_type {event_type[position].as_py()!r} does not match payload {name}"
+                )
+            elif bad_ids[position].as_py():
+                error = InvalidEvent("empty event_id or session_id")
+            else:
+                error = InvalidEvent(f"negative seq {table.column('seq')[position].as_py()}")
+            failures.append((position, error))
+        return failures
+
+    # -- per-record fallback -----------------------------------------------------------
+
+    def _decode_one_by_one(self, values: Sequence[bytes], indices: list[int]) -> tuple[list[pa.Table], list]:
+        rows: list[dict[str, Any]] = []
+        kept: list[int] = []
+        dead: list[tuple[int, DecodeError]] = []
+        for index in indices:
+            try:
+                event = decode_event(values[index], max_bytes=self.max_event_bytes)
+            except DecodeError as exc:
+                dead.append((index, exc))
+                continue
+            row = {name: event[name] for name in self.record_columns if name in event}
+            row[event["event_type"]] = event["payload"]
+            rows.append(row)
+            kept.append(index)
+        if not rows:
+            return [], dead
+        schema = pa.schema([self.target.field(name) for name in self.record_columns])
+        table = pa.Table.from_pylist(rows, schema=schema).append_column(ROW_INDEX, pa.array(kept, pa.int64()))
+        return [table], dead
+
+    def _decode_group(
+        self, plan: _Plan, values: Sequence[bytes], indices: list[int], result: DecodeResult, tables: list[pa.Table]
+    ) -> None:
+        """Decode records of one writer version, bisecting around blocks that fail."""
+        bodies = [values[i][HEADER_LEN:] for i in indices]
+        try:
+            decoded = self._decode_block(plan, bodies)
+        except _BlockTimeout:
+            decoded_tables, dead = self._decode_one_by_one(values, indices)
+            tables.extend(decoded_tables)
+            result.dead.extend(dead)
+            result.fallback_records += len(indices)
+            return
+        if decoded is None:
+            if len(indices) <= 8:  # small enough: decode_event says exactly what is wrong
+                decoded_tables, dead = self._decode_one_by_one(values, indices)
+                tables.extend(decoded_tables)
+                result.dead.extend(dead)
+                result.fallback_records += len(indices)
+                return
+            middle = len(indices) // 2
+            self._decode_group(plan, values, indices[:middle], result, tables)
+            self._decode_group(plan, values, indices[middle:], result, tables)
+            return
+        table, failures = self._to_columns(plan, decoded)
+        table = table.append_column(ROW_INDEX, pa.array(indices, pa.int64()))
+        if failures:
+            bad = {position for position, _ in failures}
+            result.dead.extend((indices[position], error) for position, error in failures)
+            keep = pa.array([i not in bad for i in range(table.num_rows)])
+            table = table.filter(keep)
+        tables.append(table)
+
+    # -- public --------------------------------------------------------------------------
+
+    def decode(self, values: Sequence[bytes]) -> DecodeResult:
+        """Decode a batch of record values (``None`` counts as empty bytes).
+
+        Returns:
+            The good events (with ``ROW_INDEX`` pointing into ``values``), sorted by
+            ``ROW_INDEX``, and the dead records with their ``decode_event`` errors.
+        """
+        result = DecodeResult(events=pa.table({}))
+        values = [value or b"" for value in values]
+        by_fingerprint = {v.fingerprint: v.version for v in versions().values()}
+        limit = self.max_event_bytes if self.max_event_bytes is not None else float("inf")
+        groups: dict[int, list[int]] = {}
+        for index, value in enumerate(values):
+            # The common case inline (this loop runs per record); anything odd takes the checked path.
+            version_number = by_fingerprint.get(value[2:HEADER_LEN]) if value[:2] == MAGIC else None
+            if version_number is None or len(value) > limit:
+                try:
+                    if len(value) > limit:
+                        raise OversizedEvent(f"{len(value)} bytes exceeds the {self.max_event_bytes}-byte event limit")
+                    version_number = writer_version(value).version
+                except DecodeError as exc:
+                    result.dead.append((index, exc))
+                    continue
+            group = groups.get(version_number)
+            if group is None:
+                group = groups[version_number] = []
+            group.append(index)
+        tables: list[pa.Table] = []
+        for version_number, indices in groups.items():
+            plan = self._plans.get(version_number)
+            if plan is None:
+                plan = self._plans[version_number] = _plan(writer_version(values[indices[0]]))
+            self._decode_group(plan, values, indices, result, tables)
+        schema = pa.schema(
+            [self.target.field(name) for name in self.record_columns] + [pa.field(ROW_INDEX, pa.int64())]
+        )
+        if tables:
+            events = pa.concat_tables([t.select(schema.names).cast(schema) for t in tables])
+            result.events = events.sort_by(ROW_INDEX) if len(tables) > 1 else events
+        else:
+            result.events = schema.empty_table()
+        result.dead.sort(key=lambda item: item[0])
+        return result
+
+
+class _BlockTimeout(Exception):
+    """The Rust reader missed its deadline on a block."""
+
+
+_INGEST_ONLY = ("kafka_topic", "kafka_partition", "kafka_offset", "ingested_at")
+
+
+def with_coordinates(
+    events: pa.Table, target: pa.Schema, topic: str, partitions: pa.Array, offsets: pa.Array, ingested_at: datetime
+) -> pa.Table:
+    """Complete decoded events with Kafka coordinates into a ``target``-shaped table.
+
+    Args:
+        events: ``DecodeResult.events``.
+        target: the raw-events Arrow schema.
+        topic: Kafka topic of the batch.
+        partitions: partition of every record of the batch (indexed by ``ROW_INDEX``).
+        offsets: offset of every record of the batch (indexed by ``ROW_INDEX``).
+        ingested_at: ingest time stamped on every row.
+    """
+    index = events.column(ROW_INDEX)
+    n = events.num_rows
+    extra = {
+        "kafka_topic": pa.array([topic] * n, type=target.field("kafka_topic").type),
+        "kafka_partition": pc.take(partitions, index).cast(target.field("kafka_partition").type),
+        "kafka_offset": pc.take(offsets, index).cast(target.field("kafka_offset").type),
+        "ingested_at": pa.array([ingested_at] * n, type=target.field("ingested_at").type),
+    }
+    arrays = [extra[f.name] if f.name in extra else events.column(f.name) for f in target]
+    return pa.Table.from_arrays(arrays, schema=target)
+
+
+class RowRef:
+    """A row of a decoded Arrow table, standing in for a row dict in per-row bookkeeping.
+
+    Ingest's commit path filters rows by Kafka offset (and, after a topic reset, by
+    ``event_id``) one row at a time; a reference keeps that logic unchanged without
+    materialising a dict per event. :func:`rows_to_arrow` turns kept references
+    back into a table with one ``take``.
+    """
+
+    __slots__ = ("index", "table")
+
+    def __init__(self, table: pa.Table, index: int) -> None:
+        self.table = table
+        self.index = index
+
+    def __getitem__(self, name: str) -> Any:
+        return self.table.column(name)[self.index].as_py()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The column value of this row, or ``default`` when the table has no such column."""
+        return self[name] if name in self.table.column_names else default
+
+
+def row_refs(table: pa.Table, partitions: Sequence[int], offsets: Sequence[int]) -> list[tuple[int, int, RowRef]]:
+    """``(partition, offset, row)`` triples over ``table``, in its row order."""
+    return [(partitions[i], offsets[i], RowRef(table, i)) for i in range(table.num_rows)]
+
+
+def rows_to_arrow(rows: Sequence[Any], schema: pa.Schema) -> pa.Table:
+    """An Arrow table of ``rows``: row dicts, or :class:`RowRef` of one table (taken, not copied row by row)."""
+    if rows and all(isinstance(row, RowRef) for row in rows):
+        source = rows[0].table
+        if all(row.table is source for row in rows):
+            taken = source.take(pa.array([row.index for row in rows], pa.int64()))
+            return taken.select(schema.names).cast(schema)
+    if any(isinstance(row, RowRef) for row in rows):
+        rows = [{name: row[name] for name in schema.names} if isinstance(row, RowRef) else row for row in rows]
+    return pa.Table.from_pylist(list(rows), schema=schema)
