@@ -91,6 +91,8 @@ def ingest(
         f"ingested {stats.events} events, {stats.dead_letters} dead letters, {stats.skipped} already present, "
         f"{stats.batches} batches in {stats.seconds:.1f} s"
     )
+    for line in stats.describe_resets():  # topic resets and retention gaps must never pass silently
+        out.print(f"[yellow]{line}[/yellow]")
 
 
 @app.command()
@@ -128,11 +130,15 @@ def sql(
 def demo(
     sessions: Annotated[int, typer.Option(min=1)] = 500,
     seed: Annotated[int | None, typer.Option(help="Fleet seed; random by default.")] = None,
+    local_sessions: Annotated[int, typer.Option(min=0, help="Sessions in real local sandboxes first.")] = 8,
 ) -> None:
     """Everything end to end on embedded defaults, with a summary."""
     from pipelines.demo import run_demo
 
-    run_demo(_settings(), sessions=sessions, seed=seed, echo=lambda line: out.print(line, markup=False))
+    run_demo(
+        _settings(), sessions=sessions, seed=seed, local_sessions=local_sessions,
+        echo=lambda line: out.print(line, markup=False),
+    )  # fmt: skip
 
 
 @app.command()
@@ -146,6 +152,243 @@ def ui(port: Annotated[int, typer.Option()] = 3000) -> None:
     command = [str(dagster) if dagster.exists() else "dagster", "dev", "-m", "dagster_project.definitions",
                "-h", "127.0.0.1", "-p", str(port)]  # fmt: skip
     raise typer.Exit(subprocess.call(command, env=env))
+
+
+class ImportFormat(StrEnum):
+    """Recorded-run formats of ``trajlake import``."""
+
+    auto = "auto"
+    swe_agent = "swe-agent"
+    mini_swe_agent = "mini-swe-agent"
+    openhands = "openhands"
+
+
+@app.command("import")
+def import_runs(
+    paths: Annotated[list[Path], typer.Argument(help="Recorded runs (.traj, .traj.json, OpenHands event lists).")],
+    format: Annotated[ImportFormat, typer.Option("--format", "-f")] = ImportFormat.auto,
+) -> None:
+    """Import runs recorded by other agent frameworks into the event stream (Kafka); re-imports are idempotent."""
+    from producers.importers import import_paths
+    from producers.sdk import EventProducer
+
+    with EventProducer.from_settings(host_id="importer") as producer:
+        summaries = import_paths(paths, producer.emit, format.value)
+    for summary in summaries:
+        out.print(
+            f"{summary.path}: {summary.framework} session {summary.session_id}, "
+            f"{summary.events} events, {summary.steps} steps",
+            markup=False,
+        )
+    out.print(f"imported {len(summaries)} sessions, {sum(s.events for s in summaries)} events")
+
+
+quality_app = typer.Typer(no_args_is_help=True, help="Quality layer: evaluation against ground truth.")
+app.add_typer(quality_app, name="quality")
+
+
+class ExportFormat(StrEnum):
+    """Training-set formats of ``trajlake export``."""
+
+    hf = "hf"
+    openai = "openai"
+    sharegpt = "sharegpt"
+    rl = "rl"
+
+
+@app.command()
+def score(force: Annotated[bool, typer.Option(help="Rescore even if nothing changed.")] = False) -> None:
+    """Quality scores, cheat flags, anomalies and duplicates for every trajectory."""
+    from pipelines.score import score_all
+
+    stats = score_all(_settings(), force=force)
+    if stats.skipped:
+        out.print(f"scores up to date (trajectories snapshot {stats.trajectories_snapshot_id}, {stats.scorer_version})")
+        return
+    out.print(
+        f"scored {stats.sessions} sessions ({stats.scorer_version}): {stats.flagged_sessions} flagged for cheating, "
+        f"{stats.duplicate_sessions} duplicates in {stats.clusters} clusters, {stats.exportable} exportable, "
+        f"mean quality {stats.mean_quality} in {stats.seconds:.1f} s"
+    )
+    if stats.flags_by_type:
+        out.print("  flags: " + ", ".join(f"{k}={v}" for k, v in stats.flags_by_type.items()))
+
+
+@app.command()
+def export(
+    format: Annotated[ExportFormat, typer.Option("--format", "-f", help="Training-set format.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write (nothing is written outside it).")],
+    min_quality: Annotated[float | None, typer.Option(help="Quality threshold (TRAJLAKE_QUALITY_MIN).")] = None,
+    day: Annotated[datetime | None, typer.Option(help="Only sessions started on this UTC day.")] = None,
+) -> None:
+    """Export exportable trajectories as a training set plus manifest.json."""
+    from pipelines.export import export_training_set
+
+    stats = export_training_set(
+        _settings(), format.value, out_dir, min_quality=min_quality, day=day.date() if day else None
+    )
+    for name, sha in stats.files.items():
+        out.print(f"{out_dir / name}  sha256 {sha}", markup=False)
+    out.print(f"exported {stats.records} trajectories ({stats.format}) to {stats.out_dir}; manifest {stats.manifest}")
+
+
+@quality_app.command("evaluate")
+def quality_evaluate(
+    labels: Annotated[Path, typer.Option("--labels", help="Ground-truth labels JSONL from `trajlake fleet run`.")],
+    inject: Annotated[int, typer.Option(help="Near-duplicates to inject for the dedup evaluation.")] = 500,
+    seed: Annotated[int, typer.Option(help="Seed of the injection.")] = 0,
+) -> None:
+    """Precision, recall and false-positive rate of the cheat flags and the deduplication."""
+    from pipelines.evaluate import evaluate_quality
+
+    report = evaluate_quality(_settings(), labels, inject=inject, seed=seed)
+    out.print(report.table(), markup=False)
+
+
+schema_app = typer.Typer(no_args_is_help=True, help="Event schema versions and compatibility.")
+app.add_typer(schema_app, name="schema")
+
+
+@schema_app.command("check")
+def schema_check(
+    old: Annotated[Path | None, typer.Option(help="Old .avsc; with --new checks just this pair.")] = None,
+    new: Annotated[Path | None, typer.Option(help="New .avsc; default: every shipped version pairwise.")] = None,
+    mode: Annotated[str, typer.Option(help="backward | forward | full (Avro resolution rules).")] = "backward",
+) -> None:
+    """Reject a schema change that breaks Avro compatibility (e.g. a new required field without default)."""
+    from schemas.compat import Compatibility, assert_compatible, check_shipped, load_schema
+
+    try:
+        level = Compatibility(mode.lower())
+    except ValueError as exc:
+        raise typer.BadParameter(f"mode must be backward, forward or full, not {mode!r}") from exc
+    if (old is None) != (new is None):
+        raise typer.BadParameter("give both --old and --new, or neither to check the shipped versions")
+    if old is not None and new is not None:
+        assert_compatible(load_schema(old), load_schema(new), level, f"{new} (from {old})")
+        out.print(f"{new} is {level.value.upper()} compatible with {old}")
+        return
+    failures = {pair: problems for pair, problems in check_shipped(level).items() if problems}
+    if failures:
+        (first_old, first_new), problems = next(iter(failures.items()))
+        from schemas.compat import IncompatibleSchema
+
+        raise IncompatibleSchema(
+            f"event schema v{first_new} is not {level.value.upper()} compatible with v{first_old}: "
+            + "; ".join(problems)
+        )
+    out.print(f"all shipped event schema versions are pairwise {level.value.upper()} compatible")
+
+
+@app.command()
+def tier(
+    as_of: Annotated[
+        datetime | None, typer.Option(help="'Now' the hot retention counts back from (ISO time, UTC).")
+    ] = None,
+) -> None:
+    """Move data older than the hot retention (TRAJLAKE_HOT_RETENTION_DAYS) to the cold tier."""
+    from datetime import UTC
+
+    from warehouse.tiering import tier as run_tier
+
+    stats = run_tier(_settings(), as_of=as_of.replace(tzinfo=UTC) if as_of else None)
+    out.print(
+        f"tiered before {stats.boundary}: days {', '.join(stats.days_tiered) or 'none'}; "
+        f"{stats.events_copied} events, {stats.sessions_copied} sessions, {stats.steps_copied} steps copied; "
+        f"{stats.event_files_removed} hot event files and {stats.sessions_removed} hot sessions removed"
+        + (f"; deferred (open sessions): {', '.join(stats.days_deferred)}" if stats.days_deferred else "")
+        + f" in {stats.seconds:.1f} s"
+    )
+
+
+@app.command()
+def maintain() -> None:
+    """Compact small files, expire old snapshots, remove orphans; files and bytes per table before/after."""
+    from warehouse.maintenance import maintain as run_maintain
+
+    out.print(f"{'table':<28} {'files':>13} {'MiB':>17} {'max/partition':>13} {'expired':>7} {'orphans':>7}")
+    for r in run_maintain(_settings()):
+        b, a = r.before, r.after
+        out.print(
+            f"{r.table:<28} {b.files:>6} → {a.files:<4} {b.bytes / 2**20:>7.2f} → {a.bytes / 2**20:<7.2f} "
+            f"{b.max_files_per_partition:>5} → {a.max_files_per_partition:<5} {r.snapshots_expired:>7} "
+            f"{r.orphans_removed:>7}"
+        )
+
+fleet_app = typer.Typer(no_args_is_help=True, help="The sandbox fleet: real local sandboxes or synthetic traffic.")
+app.add_typer(fleet_app, name="fleet")
+
+
+class FleetBackend(StrEnum):
+    """Fleet backends."""
+
+    local = "local"
+    synthetic = "synthetic"
+
+
+@fleet_app.command("run")
+def fleet_run(
+    backend: Annotated[FleetBackend, typer.Option(help="local: bubblewrap sandboxes; synthetic: reference traffic.")],
+    sessions: Annotated[int, typer.Option(min=1)],
+    concurrency: Annotated[int, typer.Option(min=1, help="Sandboxes at once (local).")] = 4,
+    seed: Annotated[int, typer.Option()] = 0,
+    cheat_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of cheating sessions.")] = 0.1,
+    labels: Annotated[Path | None, typer.Option(help="Write ground-truth labels (JSONL) here.")] = None,
+    perturb: Annotated[
+        str | None, typer.Option(help="Environment perturbation, e.g. 'latency=50,jitter=20,fail=0.05,formats'.")
+    ] = None,
+    rate: Annotated[float, typer.Option(help="Synthetic arrivals per second (35/s = 3M/day).")] = 35.0,
+    time_compression: Annotated[
+        float | None, typer.Option(help="Synthetic pacing: simulated seconds per wall second (default flat out).")
+    ] = None,
+) -> None:
+    """Run a fleet batch; events go to Kafka, labels (if asked) to a JSONL file."""
+    from producers.fleet import run_fleet
+
+    report = run_fleet(
+        _settings(), backend=backend.value, sessions=sessions, concurrency=concurrency, seed=seed,
+        cheat_rate=cheat_rate, labels_path=labels, perturb=perturb, rate_per_s=rate, time_compression=time_compression,
+    )  # fmt: skip
+    out.print(report.summary(), markup=False)
+
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: a figure, its same-run baseline, the ratio.")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("ingest")
+def bench_ingest_cmd(
+    events: Annotated[int, typer.Option(help="Records in the Kafka backlog.")] = 200_000,
+    naive: Annotated[bool, typer.Option(help="Also run the naive pyiceberg baseline.")] = True,
+) -> None:
+    """Kafka → Iceberg raw events vs the consume+decode floor and a naive baseline."""
+    from pipelines.bench import bench_ingest
+
+    bench_ingest(events=events, naive=naive)
+
+
+@bench_app.command("decode")
+def bench_decode_cmd(events: Annotated[int, typer.Option(help="Records to decode.")] = 50_000) -> None:
+    """Batch decoding vs per-record decode_event on the same bytes."""
+    from pipelines.bench import bench_decode
+
+    bench_decode(events=events)
+
+
+@bench_app.command("memory")
+def bench_memory_cmd(events: Annotated[int, typer.Option(help="Records of backlog.")] = 1_000_000) -> None:
+    """Ingest peak RSS with a backlog vs a backlog ten times smaller."""
+    from pipelines.bench import bench_memory
+
+    bench_memory(events=events)
+
+
+@bench_app.command("query")
+def bench_query_cmd(events: Annotated[int, typer.Option(help="Events loaded into raw_events.")] = 1_000_000) -> None:
+    """DuckDB aggregates and one session's events vs a full scan."""
+    from pipelines.bench import bench_query
+
+    bench_query(events=events)
 
 
 def main() -> None:

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.assemble import assemble
-from pipelines.broker import resolve_bootstrap, start_broker
+from pipelines.broker import start_broker
 from pipelines.ingest import run_ingest
+from pipelines.score import score_all
 from pipelines.settings import Settings
-from producers.sdk import EventProducer
-from producers.synthetic import synthetic_sessions
+from producers.fleet import run_fleet
 from warehouse.sql import format_rows, run_query
 
 EXAMPLE_QUERIES = [
@@ -45,22 +45,14 @@ class DemoReport:
     steps: dict[str, Any] = field(default_factory=dict)
 
 
-def emit_synthetic(settings: Settings, sessions: int, seed: int, back_s: float) -> tuple[int, int]:
-    """Emit ``sessions`` synthetic sessions whose traffic started ``back_s`` seconds ago."""
-    start_us = int((time.time() - back_s) * 1_000_000)
-    events = 0
-    with EventProducer(resolve_bootstrap(settings), settings.topic, "demo-host", settings.kafka_extra) as producer:
-        for session in synthetic_sessions(sessions, seed=seed, start_us=start_us):
-            for event in session:
-                producer.emit(event)
-            events += len(session)
-    return sessions, events
-
-
 def run_demo(
-    settings: Settings, sessions: int = 500, seed: int | None = None, echo: Callable[[str], None] = print
+    settings: Settings,
+    sessions: int = 500,
+    seed: int | None = None,
+    echo: Callable[[str], None] = print,
+    local_sessions: int = 8,
 ) -> DemoReport:
-    """Broker → synthetic fleet → ingest → assemble → summary and example queries.
+    """Broker → fleet (local sandboxes + synthetic traffic) → ingest → assemble → score → summary.
 
     Safe to run repeatedly: each run emits new sessions (a fresh seed unless given)
     and every stage is idempotent.
@@ -70,13 +62,22 @@ def run_demo(
         state = start_broker(settings)
         echo(f"broker: embedded tansu at {state.bootstrap}")
     seed = seed if seed is not None else random.SystemRandom().randrange(1 << 31)
-    # Place the traffic far enough in the past that sessions which never ended are already
-    # past the idle deadline, so the demo shows them closed as timed out.
-    back_s = settings.session_idle_timeout_s + 3600
-    t0 = time.monotonic()
-    report.sessions_emitted, report.events_emitted = emit_synthetic(settings, sessions, seed, back_s)
-    echo(f"fleet: {report.sessions_emitted} synthetic sessions, {report.events_emitted} events (seed {seed}) "
-         f"in {time.monotonic() - t0:.1f} s")  # fmt: skip
+    # Real sandboxes first (bubblewrap; the synthetic fleet stands in when it is unavailable).
+    if local_sessions:
+        local = run_fleet(settings, "local", local_sessions, concurrency=4, seed=seed, cheat_rate=0.25, fallback=True)
+        for note in local.notes:
+            echo(f"fleet: {note}")
+        echo(f"fleet[{local.backend}]: {local.sessions} sessions, {local.events} events in {local.wall_s:.1f} s")
+        report.sessions_emitted, report.events_emitted = local.sessions, local.events
+    # Then the reference traffic, placed far enough in the past that sessions which never ended are
+    # already past the idle deadline, so the demo shows them closed as timed out.
+    start_us = int((time.time() - settings.session_idle_timeout_s - 3600) * 1_000_000)
+    synthetic = run_fleet(settings, "synthetic", sessions, seed=seed, cheat_rate=0.05, start_us=start_us)
+    echo(f"fleet[synthetic]: {synthetic.sessions} sessions, {synthetic.events} events (seed {seed}) "
+         f"in {synthetic.wall_s:.1f} s")  # fmt: skip
+    report.sessions_emitted += synthetic.sessions
+    report.events_emitted += synthetic.events
+    echo(f"emitted this run: {report.sessions_emitted} sessions, {report.events_emitted} events")
     ingest_stats = run_ingest(settings, until_idle=3.0)
     report.steps["ingest"] = ingest_stats.as_dict()
     echo(f"ingest: {ingest_stats.events} events, {ingest_stats.dead_letters} dead letters, "
@@ -85,6 +86,11 @@ def run_demo(
     report.steps["assemble"] = assemble_stats.as_dict()
     echo(f"assemble: {assemble_stats.sessions} sessions, {assemble_stats.steps_written} steps "
          f"in {assemble_stats.seconds:.1f} s")  # fmt: skip
+    score_stats = score_all(settings)
+    report.steps["score"] = score_stats.as_dict()
+    echo(f"score: {score_stats.sessions} sessions, {score_stats.flagged_sessions} flagged for cheating, "
+         f"{score_stats.duplicate_sessions} duplicates, {score_stats.exportable} exportable "
+         f"(mean quality {score_stats.mean_quality}) in {score_stats.seconds:.1f} s")  # fmt: skip
     columns, rows = run_query(
         settings,
         "SELECT (SELECT count(*) FROM trajectories) AS trajectories, (SELECT count(*) FROM events) AS events, "

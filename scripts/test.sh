@@ -10,10 +10,17 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
-# Real sandboxes need bubblewrap; install it where we can (CI runs as root).
-if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
-    || echo "warning: could not install bubblewrap; local-sandbox tests will be skipped" >&2
+# OS packages the integration tests use: bubblewrap (real sandboxes), Java + Maven (real
+# Apache Kafka built from Maven Central). Installed where we can (CI runs as root).
+missing=()
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
+command -v mvn >/dev/null 2>&1 || missing+=(maven)
+# PostgreSQL: the SQL-catalog tests start their own cluster with initdb/pg_ctl.
+{ command -v initdb || ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null 2>&1 || missing+=(postgresql)
+if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null) \
+    || echo "warning: could not install ${missing[*]}; the tests that need them will be skipped" >&2
 fi
 .venv/bin/ruff check .
 exec .venv/bin/python -m pytest -q "$@"

@@ -41,16 +41,17 @@ def sql_value(query: str, env: dict[str, str]) -> object:
 
 
 def test_demo_end_to_end_then_sql_and_idempotent_ingest(cli_env: dict[str, str]) -> None:
-    demo = trajlake("demo", "--sessions", "60", "--seed", "11", env=cli_env)
+    demo = trajlake("demo", "--sessions", "60", "--local-sessions", "2", "--seed", "11", env=cli_env)
     assert "Sessions by status" in demo.stdout
-    assert sql_value("select count(*) from trajectories", cli_env) == 60
+    assert "emitted this run: 62 sessions" in demo.stdout
+    assert sql_value("select count(*) from trajectories", cli_env) == 62
     assert sql_value("select count(*) - count(distinct event_id) from events", cli_env) == 0
     events = sql_value("select count(*) from events", cli_env)
     trajlake("ingest", "--until-idle", "2", env=cli_env)
     assert sql_value("select count(*) from events", cli_env) == events
     # A second demo adds new sessions and stays consistent.
-    trajlake("demo", "--sessions", "40", env=cli_env)
-    assert sql_value("select count(*) from trajectories", cli_env) == 100
+    trajlake("demo", "--sessions", "40", "--local-sessions", "0", env=cli_env)
+    assert sql_value("select count(*) from trajectories", cli_env) == 102
     assert sql_value("select count(*) - count(distinct event_id) from events", cli_env) == 0
     csv = trajlake("sql", "select status, count(*) n from trajectories group by 1 order by 1", "--format", "csv",
                    env=cli_env).stdout  # fmt: skip

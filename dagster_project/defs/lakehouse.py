@@ -18,6 +18,7 @@ def _count(settings: object, view: str) -> int:
     group_name="lakehouse",
     description="Every event from Kafka exactly once (Iceberg raw_events; undecodable ones in dead_letters).",
     kinds={"iceberg", "kafka"},
+    deps=["sandbox_runs"],
 )
 def raw_events(
     context: AssetExecutionContext, trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: IcebergResource
