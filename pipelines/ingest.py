@@ -36,6 +36,7 @@ before ingest read them) is logged and counted as a gap, never skipped silently.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -69,6 +70,8 @@ from pipelines.errors import CommitConflict, KafkaUnavailable
 from pipelines.settings import Settings
 from schemas.registry import HEADER_LEN
 from warehouse.catalog import open_catalog
+from warehouse.snapshots import current_files
+from warehouse.sql import connect, parquet_source
 from warehouse.tables import DEAD_LETTERS, RAW_EVENTS, ensure_table
 
 log = logging.getLogger("trajlake.ingest")
@@ -206,6 +209,72 @@ def _fault(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class RecentIds:
+    """The most recent ``capacity`` event ids written to raw_events, oldest evicted first.
+
+    Kafka-level exactly-once cannot see an event that a producer sends twice (a spool
+    replay of an event whose acknowledgement was lost, a re-import of a recorded run):
+    each copy is a new record. Events of one session share a partition and a re-send
+    follows its original closely, so a bounded window of recent ids, warmed from the
+    newest raw events at start, catches them without an index over the whole table.
+    Assembly deduplicates by ``event_id`` regardless, so the window bounds cost, not
+    correctness of trajectories.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._ids: dict[str, None] = {}  # insertion-ordered: the first key is the oldest
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __contains__(self, event_id: object) -> bool:
+        return event_id in self._ids
+
+    def warm(self, table: Table) -> None:
+        """Load the newest ``capacity`` event ids of ``table`` (by ``ingested_at``)."""
+        files = current_files(table).paths
+        if not self.capacity or not files:
+            return
+        rows = (
+            connect()
+            .sql(
+                f"SELECT event_id FROM {parquet_source(files)} ORDER BY ingested_at DESC, kafka_offset DESC "
+                f"LIMIT {int(self.capacity)}"
+            )
+            .fetchall()
+        )
+        self._remember_ids(event_id for (event_id,) in reversed(rows))
+
+    def unseen(self, rows: list[Any]) -> list[Any]:
+        """``rows`` whose event id is neither in the window nor earlier in ``rows``."""
+        if not self.capacity:
+            return rows
+        seen: set[str] = set()
+        kept = []
+        for row in rows:
+            event_id = row.get("event_id")
+            if event_id in self._ids or event_id in seen:
+                continue
+            seen.add(event_id)
+            kept.append(row)
+        return kept
+
+    def remember(self, rows: list[Any]) -> None:
+        """Add the event ids of committed ``rows``."""
+        if self.capacity:
+            self._remember_ids(row.get("event_id") for row in rows)
+
+    def _remember_ids(self, event_ids: Iterable[str]) -> None:
+        ids = self._ids
+        for event_id in event_ids:
+            ids[event_id] = None
+        excess = len(ids) - self.capacity
+        if excess > 0:
+            for event_id in list(itertools.islice(ids, excess)):
+                del ids[event_id]
+
+
 @dataclass
 class IngestStats:
     """What one ingest run did."""
@@ -217,6 +286,7 @@ class IngestStats:
     commit_retries: int = 0
     resets: int = 0  # table commits that started a new topic incarnation
     reset_duplicates: int = 0  # re-sent events dropped after a reset (already ingested before it)
+    resent_duplicates: int = 0  # records whose event_id was already ingested (recent-id window)
     gaps: int = 0  # partitions whose recorded offset fell below the low watermark (records lost to retention)
     truncations: int = 0  # recorded offset past the high watermark on a broker without topic ids
     reset_details: list[dict[str, Any]] = field(default_factory=list)
@@ -273,7 +343,8 @@ def consumer_config(settings: Settings, bootstrap: str) -> dict[str, Any]:
         "max.poll.interval.ms": 300_000,
         "fetch.max.bytes": 64 << 20,
         "max.partition.fetch.bytes": 8 << 20,
-        "queued.max.messages.kbytes": 256 << 10,
+        # Prefetch bounded well below a batch: a deep backlog must not grow resident memory.
+        "queued.max.messages.kbytes": 64 << 10,
         **settings.kafka_extra,
     }
 
@@ -305,6 +376,8 @@ class IngestWorker:
         self.positions: dict[int, int] = {}  # next offset to read, per assigned partition
         self._batch = _Batch()
         self._stop = False
+        self.recent_ids = RecentIds(settings.ingest_dedupe_window)
+        self.recent_ids.warm(self.raw_table)
 
     # -- offsets -----------------------------------------------------------------
 
@@ -451,6 +524,7 @@ class IngestWorker:
         next_offsets: dict[int, int],
         schema: pa.Schema,
         sort_keys: list[tuple[str, str]],
+        recent: RecentIds | None = None,
     ) -> tuple[Table, int, int]:
         """Append rows not yet recorded, with offsets, retrying commit conflicts.
 
@@ -489,6 +563,11 @@ class IngestWorker:
             skipped = len(rows) - len(fresh)
             duplicates = self._resent_before_reset(table, fresh, window) if window else set()
             kept = [row for _, _, row in fresh if not duplicates or row.get("event_id") not in duplicates]
+            resent = 0
+            if recent is not None:
+                before = len(kept)
+                kept = recent.unseen(kept)
+                resent = before - len(kept)
             advanced = {p: o for p, o in next_offsets.items() if o > recorded.get(p, 0)}
             if not advanced:  # everything here was committed already (by us before a crash, or a peer)
                 return table, 0, len(rows)
@@ -516,7 +595,10 @@ class IngestWorker:
                 self.stats.resets += 1
                 self.stats.reset_details.append(reset)
                 log.warning("%s", IngestStats(reset_details=[reset]).describe_resets()[0])
-            self.stats.reset_duplicates += len(fresh) - len(kept)
+            if recent is not None:
+                recent.remember(kept)
+            self.stats.resent_duplicates += resent
+            self.stats.reset_duplicates += len(fresh) - len(kept) - resent
             return table, len(kept), skipped + len(fresh) - len(kept)
         raise CommitConflict(f"could not commit to {table.name()} after 12 attempts")
 
@@ -559,7 +641,7 @@ class IngestWorker:
         _fault("between_table_commits")
         self.raw_table, n_good, skipped = self._commit_table(
             self.raw_table.refresh, good, next_offsets, self.raw_schema,
-            [("session_id", "ascending"), ("seq", "ascending")],
+            [("session_id", "ascending"), ("seq", "ascending")], self.recent_ids,
         )  # fmt: skip
         _fault("after_iceberg_commit")
         self.consumer.commit(

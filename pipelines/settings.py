@@ -68,6 +68,12 @@ class Settings(BaseSettings):
     max_event_bytes: int = Field(
         1 << 20, ge=1024, description="TRAJLAKE_MAX_EVENT_BYTES: larger records are dead-lettered."
     )
+    ingest_dedupe_window: int = Field(
+        500_000,
+        ge=0,
+        description="TRAJLAKE_INGEST_DEDUPE_WINDOW: most recent event ids an ingest worker remembers (warmed "
+        "from raw_events at start) to drop re-sent events (producer spool replays, re-imports); 0 disables.",
+    )
     reset_dedupe_records: int = Field(
         100_000,
         ge=0,

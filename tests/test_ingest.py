@@ -72,3 +72,28 @@ def test_crash_at_commit_points_neither_duplicates_nor_skips(kafka_settings: Set
     stats = IngestWorker(kafka_settings).run(until_idle=2)
     assert counts(kafka_settings) == (len(events), len(events), 1)
     assert stats.events == len(events) - before[0]
+
+
+def test_resent_events_are_dropped_within_and_across_workers(kafka_settings: Settings) -> None:
+    events = sample_events(12)
+    half = len(events) // 2
+    produce(kafka_settings, events[:half] + events[:10])  # a producer re-sends ten events at once
+    first = IngestWorker(kafka_settings).run(until_idle=2)
+    assert (first.events, first.resent_duplicates) == (half, 10)
+    # A new worker (a new process in production) warms its window from raw_events.
+    produce(kafka_settings, events[half - 5 :])  # five already ingested, the rest new
+    second = IngestWorker(kafka_settings).run(until_idle=2)
+    assert (second.events, second.resent_duplicates) == (len(events) - half, 5)
+    assert counts(kafka_settings) == (len(events), len(events), 0)
+
+
+def test_recent_id_window_is_bounded_and_forgets_the_oldest() -> None:
+    from pipelines.ingest import RecentIds
+
+    window = RecentIds(3)
+    rows = [{"event_id": e} for e in "abcd"]
+    assert window.unseen(rows + [{"event_id": "a"}]) == rows  # in-batch repeat dropped
+    window.remember(rows)
+    assert len(window) == 3 and "a" not in window and "d" in window
+    assert window.unseen([{"event_id": "a"}, {"event_id": "b"}]) == [{"event_id": "a"}]
+    assert RecentIds(0).unseen(rows + rows) == rows + rows  # disabled
