@@ -18,6 +18,7 @@ command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
 # PostgreSQL: the SQL-catalog tests start their own cluster with initdb/pg_ctl.
 { command -v initdb || ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null 2>&1 || missing+=(postgresql)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # the UI test renders Dagster in headless Chromium
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null) \
     || echo "warning: could not install ${missing[*]}; the tests that need them will be skipped" >&2
