@@ -391,6 +391,27 @@ def bench_query_cmd(events: Annotated[int, typer.Option(help="Events loaded into
     bench_query(events=events)
 
 
+@bench_app.command("quality")
+def bench_quality_cmd(
+    sessions: Annotated[int, typer.Option(help="Synthetic trajectories to score and deduplicate.")] = 1_000_000,
+) -> None:
+    """Scoring + deduplication vs datasketch's per-document MinHash LSH on a sample."""
+    from quality.bench import run_quality_benchmark
+
+    out.print(run_quality_benchmark(sessions).summary(), markup=False)
+
+
+@bench_app.command("fleet")
+def bench_fleet_cmd(
+    local_sessions: Annotated[int, typer.Option(help="Local sandbox sessions at concurrency 4.")] = 16,
+    synthetic_events: Annotated[int, typer.Option(help="Synthetic events to generate and encode.")] = 300_000,
+) -> None:
+    """Sandbox start latency, local sessions/min, synthetic generation vs the per-event baseline."""
+    from producers.fleet.bench import run_benchmarks
+
+    run_benchmarks(_settings(), local_sessions, synthetic_events)
+
+
 def main() -> None:
     """Console entry point: run the app, turning domain errors into one red line and exit 1."""
     logging.basicConfig(
