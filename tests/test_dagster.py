@@ -12,16 +12,37 @@ from pipelines.settings import Settings
 from tests.helpers import produce, sample_events
 from warehouse.sql import run_query
 
+#: The whole definitions graph: renaming, dropping or rewiring an asset, check, job or schedule
+#: must be a deliberate change to this snapshot.
+GRAPH_SNAPSHOT = {
+    "sandbox_runs": [],
+    "raw_events": ["sandbox_runs"],
+    "trajectories": ["raw_events"],
+    "steps": ["raw_events"],
+    "scores": ["steps", "trajectories"],
+    "flags": ["raw_events", "steps", "trajectories"],
+    "duplicates": ["steps", "trajectories"],
+    "training_set": ["duplicates", "flags", "scores"],
+    "cold_tier": ["steps", "trajectories"],
+    "table_maintenance": ["cold_tier"],
+}
+
 
 def test_definitions_graph_snapshot() -> None:
     graph = defs.resolve_asset_graph()
-    keys = sorted(key.to_user_string() for key in graph.get_all_asset_keys())
-    assert {"raw_events", "trajectories", "steps"} <= set(keys)
     deps = {
-        key.to_user_string(): sorted(p.to_user_string() for p in graph.get(key).parent_keys)
+        key.to_user_string(): sorted(parent.to_user_string() for parent in graph.get(key).parent_keys)
         for key in graph.get_all_asset_keys()
     }
-    assert deps["trajectories"] == ["raw_events"] and deps["steps"] == ["raw_events"]
+    assert deps == GRAPH_SNAPSHOT
+    checks = sorted(f"{key.asset_key.to_user_string()}:{key.name}" for c in defs.asset_checks for key in c.check_keys)
+    assert checks == ["duplicates:duplicate_rate", "flags:flag_rate", "scores:scores_in_range"]
+    assert sorted(job.name for job in defs.jobs) == ["lakehouse_lifecycle", "nightly_training_set"]
+    assert sorted(schedule.name for schedule in defs.schedules) == [
+        "lakehouse_lifecycle_schedule",
+        "nightly_training_set_schedule",
+    ]
+    assert set(defs.resources) >= {"trajlake", "kafka", "iceberg", "fleet"}
 
 
 @pytest.mark.integration
