@@ -403,3 +403,67 @@ def bench_memory(events: int = 1_000_000, home: Path | None = None) -> dict[str,
 
 
 BENCHMARKS["memory"] = bench_memory
+
+
+def _ingest_children(settings: Settings, topic: str, group: str, namespace: str, workers: int) -> float:
+    """Run ``workers`` ``trajlake ingest --until-idle`` processes in one group; returns wall seconds."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRAJLAKE_HOME": str(settings.home_dir), "TRAJLAKE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+           "TRAJLAKE_TOPIC": topic, "TRAJLAKE_CONSUMER_GROUP": group, "TRAJLAKE_NAMESPACE": namespace}  # fmt: skip
+    started = time.perf_counter()
+    children = [
+        subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", "--until-idle", "3"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+        for _ in range(workers)
+    ]
+    for child in children:
+        _, stderr = child.communicate()
+        if child.returncode != 0:
+            raise RuntimeError(f"ingest worker exited {child.returncode}: {stderr.decode()[-2000:]}")
+    return time.perf_counter() - started
+
+
+def bench_scaleout(events: int = 300_000, home: Path | None = None) -> dict[str, Any]:
+    """Two ingest processes in one consumer group vs one, on the same backlog, with a duplicate check.
+
+    Each side drains the same topic into its own namespace; wall time includes process start,
+    the group join and the idle window for both, so the ratio compares like with like. On a
+    2-core machine the two workers share the cores: the figure is evidence that partitions
+    split cleanly and exactly-once holds across workers, not a cluster throughput.
+    """
+    from warehouse.sql import run_query
+
+    with bench_home(home) as settings:
+        produce_encoded(settings, encoded_events(events))
+        one_s = _ingest_children(settings, settings.topic, f"one-{uuid.uuid4().hex[:6]}", "scale_one", 1)
+        two_s = _ingest_children(settings, settings.topic, f"two-{uuid.uuid4().hex[:6]}", "scale_two", 2)
+        counts = {}
+        for namespace in ("scale_one", "scale_two"):
+            rows = run_query(
+                settings.model_copy(update={"namespace": namespace}),
+                "SELECT count(*), count(DISTINCT event_id), count(DISTINCT kafka_partition) FROM events",
+            )[1]
+            counts[namespace] = rows[0]
+    figures = [Figure("2 ingest processes vs 1 (same backlog, wall incl. join)", events / two_s, events / one_s,
+                      "events/s")]  # fmt: skip
+    total, distinct, partitions = counts["scale_two"]
+    result = {
+        "events": events,
+        "one_worker_s": one_s,
+        "two_workers_s": two_s,
+        "two_workers_rows": total,
+        "two_workers_distinct_event_ids": distinct,
+        "two_workers_duplicates": total - distinct,
+        "two_workers_lost": events - distinct,
+        "partitions_covered": partitions,
+        "one_worker_rows": counts["scale_one"][0],
+        "figures": [f.as_dict() for f in figures],
+    }
+    _print("scaleout", figures, result)
+    return result
+
+
+BENCHMARKS["scaleout"] = bench_scaleout

@@ -391,6 +391,14 @@ def bench_query_cmd(events: Annotated[int, typer.Option(help="Events loaded into
     bench_query(events=events)
 
 
+@bench_app.command("scaleout")
+def bench_scaleout_cmd(events: Annotated[int, typer.Option(help="Records of backlog.")] = 300_000) -> None:
+    """Two ingest processes in one group vs one: throughput, duplicates and loss."""
+    from pipelines.bench import bench_scaleout
+
+    bench_scaleout(events=events)
+
+
 @bench_app.command("quality")
 def bench_quality_cmd(
     sessions: Annotated[int, typer.Option(help="Synthetic trajectories to score and deduplicate.")] = 1_000_000,

@@ -13,6 +13,7 @@ from pipelines.bench import (
     bench_ingest,
     bench_memory,
     bench_query,
+    bench_scaleout,
     encoded_events,
 )
 from schemas.registry import decode_event
@@ -61,5 +62,14 @@ def test_bench_memory_smoke_measures_both_backlogs(tmp_path: Path) -> None:
     assert result["peak_rss_mib"] > 0 and result["baseline_peak_rss_mib"] > 0
 
 
+@pytest.mark.integration
+@pytest.mark.slow
+def test_bench_scaleout_two_workers_split_partitions_without_duplicates(tmp_path: Path) -> None:
+    result = bench_scaleout(events=2_000, home=tmp_path)
+    assert result["two_workers_rows"] == result["one_worker_rows"] == 2_000
+    assert (result["two_workers_duplicates"], result["two_workers_lost"]) == (0, 0)
+    assert result["partitions_covered"] == 8
+
+
 def test_every_benchmark_is_registered() -> None:
-    assert set(BENCHMARKS) >= {"ingest", "decode", "query", "memory"}
+    assert set(BENCHMARKS) >= {"ingest", "decode", "query", "memory", "scaleout"}

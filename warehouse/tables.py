@@ -11,14 +11,16 @@ from typing import Any
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
-from pyiceberg.schema import Schema
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table
+from pyiceberg.table.sorting import SortField, SortOrder
 from pyiceberg.transforms import DayTransform, IdentityTransform, Transform
 
 from pipelines.settings import Settings
 from schemas.iceberg import raw_events_schema
-from warehouse.errors import UnknownTable
+from warehouse.errors import UnknownTable, WarehouseError
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -314,27 +316,42 @@ def ensure_table(catalog: Catalog, settings: Settings, name: str) -> Table:
     try:
         table = catalog.load_table(identifier)
     except NoSuchTableError:
+        schema, partition_spec, sort_order = _creation_layout(spec)
         try:
-            table = catalog.create_table(identifier, schema=spec.schema, properties=spec.properties)
+            # One commit: schema, partitioning and sort order appear together, so a concurrent
+            # creator or writer never sees (or races with) a half-defined table.
+            return catalog.create_table(
+                identifier, schema=schema, partition_spec=partition_spec, sort_order=sort_order,
+                properties=spec.properties,
+            )  # fmt: skip
         except TableAlreadyExistsError:  # lost a creation race with another process
-            return catalog.load_table(identifier)
-        # Partition spec and sort order need the assigned field ids.
-        with table.transaction() as tx:
-            if spec.partition_by:
-                with tx.update_spec() as update:
-                    for column, transform in spec.partition_by:
-                        update.add_field(column, transform, _partition_name(column, transform))
-            if spec.sort_by:
-                with tx.update_sort_order() as update:
-                    for column in spec.sort_by:
-                        update.asc(column, IdentityTransform())
-        return catalog.load_table(identifier)
-    new_columns = set(spec.arrow_schema().names) - {f.name for f in table.schema().fields}
-    if new_columns:
-        with table.update_schema() as update:
-            update.union_by_name(spec.schema)
+            table = catalog.load_table(identifier)
+    for _ in range(10):
+        new_columns = set(spec.arrow_schema().names) - {f.name for f in table.schema().fields}
+        if not new_columns:
+            return table
+        try:
+            with table.update_schema() as update:
+                update.union_by_name(spec.schema)
+        except CommitFailedException:  # another process evolved it first: look again
+            pass
         table = catalog.load_table(identifier)
-    return table
+    raise WarehouseError(f"could not add columns {sorted(new_columns)} to {'.'.join(identifier)}")
+
+
+def _creation_layout(spec: TableSpec) -> tuple[Schema, PartitionSpec, SortOrder]:
+    """Schema with field ids, and the partition spec and sort order bound to those ids."""
+    schema = spec.schema
+    if not isinstance(schema, Schema):
+        schema = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(schema))
+    partition_spec = PartitionSpec(
+        *[
+            PartitionField(schema.find_field(column).field_id, 1000 + i, transform, _partition_name(column, transform))
+            for i, (column, transform) in enumerate(spec.partition_by)
+        ]
+    )
+    sort_order = SortOrder(*[SortField(schema.find_field(c).field_id, IdentityTransform()) for c in spec.sort_by])
+    return schema, partition_spec, sort_order
 
 
 def load_table(catalog: Catalog, settings: Settings, name: str) -> Table:
