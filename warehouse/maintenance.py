@@ -34,6 +34,7 @@ from pyiceberg.table import Table
 
 from pipelines.settings import Settings
 from warehouse.catalog import open_catalog
+from warehouse.errors import WarehouseError
 from warehouse.snapshots import REWRITE_MARKER, LiveFile, live_files, read_data_files, snapshots_since
 from warehouse.tables import RAW_EVENTS, TABLES, TRAJECTORIES, ensure_table
 from warehouse.tiering import TIERED_TABLES, _retry, ensure_cold_table, lifecycle_lock, tiered_files
@@ -186,7 +187,11 @@ def _referenced(table: Table) -> set[str]:
 def _filesystem(table: Table, location: str) -> tuple[pafs.FileSystem, str]:
     io = table.io
     if not isinstance(io, PyArrowFileIO):
-        raise NotImplementedError(f"orphan removal needs PyArrowFileIO, {table.name()} uses {type(io).__name__}")
+        # Listing a warehouse needs a filesystem; other FileIOs (e.g. fsspec) expose none here.
+        raise WarehouseError(
+            f"orphan removal lists files through PyArrowFileIO; {'.'.join(table.name())} uses {type(io).__name__} "
+            "(set py-io-impl=pyiceberg.io.pyarrow.PyArrowFileIO in TRAJLAKE_CATALOG_PROPERTIES)"
+        )
     scheme, netloc, path = io.parse_location(location)
     return io.fs_by_scheme(scheme, netloc), path
 
