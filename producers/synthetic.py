@@ -13,7 +13,6 @@ import json
 import random
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 from producers.sdk import Event, SessionEmitter
 
@@ -139,11 +138,3 @@ def synthetic_sessions(n: int, seed: int = 0, start_us: int = 0, rate_per_s: flo
     for _ in range(n):
         arrival += int(rng.expovariate(rate_per_s) * 1_000_000)
         yield synthetic_session(random.Random(rng.getrandbits(64)), arrival)
-
-
-def event_summary(events: list[Event]) -> dict[str, Any]:
-    """Counts by event type, for tests and the demo."""
-    counts: dict[str, int] = {}
-    for event in events:
-        counts[event["event_type"]] = counts.get(event["event_type"], 0) + 1
-    return counts

@@ -352,8 +352,3 @@ def _creation_layout(spec: TableSpec) -> tuple[Schema, PartitionSpec, SortOrder]
     )
     sort_order = SortOrder(*[SortField(schema.find_field(c).field_id, IdentityTransform()) for c in spec.sort_by])
     return schema, partition_spec, sort_order
-
-
-def load_table(catalog: Catalog, settings: Settings, name: str) -> Table:
-    """Alias of :func:`ensure_table` for readers."""
-    return ensure_table(catalog, settings, name)

@@ -7,11 +7,12 @@ from dagster import AssetExecutionContext, AssetSpec, MaterializeResult, Metadat
 from dagster_project.resources import IcebergResource, KafkaResource, TrajlakeResource, run_settings
 from pipelines.assemble import assemble
 from pipelines.ingest import run_ingest
+from pipelines.settings import Settings
 from warehouse.sql import run_query
 
 
-def _count(settings: object, view: str) -> int:
-    return int(run_query(settings, f"SELECT count(*) FROM {view}")[1][0][0])  # type: ignore[arg-type]
+def _count(settings: Settings, view: str) -> int:
+    return int(run_query(settings, f"SELECT count(*) FROM {view}")[1][0][0])
 
 
 @asset(
@@ -64,7 +65,7 @@ def assembled_trajectories(
     settings = run_settings(trajlake, kafka, iceberg)
     stats = assemble(settings)
     context.log.info("assemble: %s", stats.as_dict())
-    columns, rows = run_query(settings, "SELECT status, count(*) FROM trajectories GROUP BY status ORDER BY 1")
+    _, rows = run_query(settings, "SELECT status, count(*) FROM trajectories GROUP BY status ORDER BY 1")
     yield MaterializeResult(
         asset_key="trajectories",
         metadata={
