@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -92,19 +93,38 @@ def _avro_bytes(data: bytes) -> bytes:
     return _zigzag_varint(len(data)) + data
 
 
-def object_container(schema_json: str, bodies: Sequence[bytes]) -> bytes:
-    """An Avro object container file (null codec) holding ``bodies`` as one data block.
+def object_container(schema_json: str, block: bytes, count: int) -> bytes:
+    """An Avro object container file (null codec) holding one data block.
 
     Args:
         schema_json: the writer schema, as JSON text.
-        bodies: Avro binary bodies (single-object header already stripped).
+        block: ``count`` concatenated Avro binary records of ``schema_json``.
+        count: records in ``block``.
     """
     sync = os.urandom(16)
     header = b"Obj\x01" + _zigzag_varint(2)
     header += _avro_bytes(b"avro.schema") + _avro_bytes(schema_json.encode())
     header += _avro_bytes(b"avro.codec") + _avro_bytes(b"null") + _zigzag_varint(0) + sync
-    block = b"".join(bodies)
-    return header + _zigzag_varint(len(bodies)) + _zigzag_varint(len(block)) + block + sync
+    return header + _zigzag_varint(count) + _zigzag_varint(len(block)) + block + sync
+
+
+def binary_array(values: Sequence[bytes]) -> pa.BinaryArray:
+    """An Arrow binary array over ``values`` built from one join (cheaper than ``pa.array`` per value)."""
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)), out=offsets[1:])
+    data = pa.py_buffer(b"".join(values))
+    if offsets[-1] >= 2**31:
+        return pa.Array.from_buffers(pa.large_binary(), len(values), [None, pa.py_buffer(offsets), data])
+    return pa.Array.from_buffers(pa.binary(), len(values), [None, pa.py_buffer(offsets.astype(np.int32)), data])
+
+
+def concatenated(array: pa.Array, indices: Sequence[int] | np.ndarray) -> bytes:
+    """The values of ``array`` at ``indices``, concatenated (one copy)."""
+    if len(indices) != len(array):
+        array = array.take(pa.array(indices, pa.int64()))
+    offset_type = np.int64 if pa.types.is_large_binary(array.type) else np.int32
+    offsets = np.frombuffer(array.buffers()[1], dtype=offset_type)[array.offset : array.offset + len(array) + 1]
+    return array.buffers()[2][int(offsets[0]) : int(offsets[-1])].to_pybytes()
 
 
 def _read_container(container: bytes, expected_rows: int) -> bytes:
@@ -205,7 +225,7 @@ def conform(array: pa.Array, reader: Any, target: pa.DataType, named: dict[str, 
                 raise ValueError(f"reader field {target_field.name!r} has no default and the writer lacks it")
         mask = array.is_null() if array.null_count else None
         return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
-    return pc.cast(array, target)
+    return array if array.type == target else pc.cast(array, target)
 
 
 @dataclass(frozen=True)
@@ -227,7 +247,23 @@ def _plan(writer: SchemaVersion) -> _Plan:
     fields = {f["name"]: f for f in reader.raw["fields"] if f["name"] != "payload"}
     payload = next(f for f in reader.raw["fields"] if f["name"] == "payload")
     kinds = {snake_case(branch["name"]): branch for branch in payload["type"]}
-    return _Plan(writer, json.dumps(writer.raw), fields, kinds, dict(reader.payload_kinds), named)
+    return _Plan(writer, json.dumps(framed_schema(writer.raw)), fields, kinds, dict(reader.payload_kinds), named)
+
+
+#: Leading field that swallows each record's single-object header (magic + fingerprint).
+HEADER_FIELD = "__single_object_header"
+
+
+def framed_schema(writer: dict[str, Any]) -> dict[str, Any]:
+    """The writer schema with a leading ``fixed`` field covering the single-object header.
+
+    A single-object record is ``header + body``; reading it with this schema decodes
+    the header as a field, so a batch's record values concatenated as they are form
+    a valid Avro data block (no per-record copy to strip the header).
+    """
+    header = {"name": HEADER_FIELD, "type": {"type": "fixed", "name": "TrajlakeSingleObjectHeader",
+                                             "size": HEADER_LEN}}  # fmt: skip
+    return {**writer, "fields": [header, *writer["fields"]]}
 
 
 class BatchDecoder:
@@ -286,22 +322,22 @@ class BatchDecoder:
 
     # -- block decoding -----------------------------------------------------------
 
-    def _decode_block(self, plan: _Plan, bodies: list[bytes]) -> pa.Table | None:
+    def _decode_block(self, plan: _Plan, block: bytes, count: int) -> pa.Table | None:
         """Arrow table of the block, or None when it failed (corrupt record) or timed out."""
-        container = object_container(plan.schema_json, bodies)
+        container = object_container(plan.schema_json, block, count)
         if not self.isolate:
-            ok, result = _read_container_safely(container, len(bodies))
+            ok, result = _read_container_safely(container, count)
         else:
             if self._pool is None:
                 self._start_pool()
             assert self._pool is not None
             deadline = self.timeout_s + self.timeout_per_mb_s * len(container) / 1e6
-            pending = self._pool.apply_async(_read_container_safely, (container, len(bodies)))
+            pending = self._pool.apply_async(_read_container_safely, (container, count))
             try:
                 ok, result = pending.get(timeout=deadline)
             except multiprocessing.TimeoutError:
                 log.warning("Avro block of %d records timed out after %.1f s; decoding record by record",
-                            len(bodies), deadline)  # fmt: skip
+                            count, deadline)  # fmt: skip
                 self.close()
                 raise _BlockTimeout from None
         if not ok:
@@ -393,12 +429,17 @@ class BatchDecoder:
         return [table], dead
 
     def _decode_group(
-        self, plan: _Plan, values: Sequence[bytes], indices: list[int], result: DecodeResult, tables: list[pa.Table]
+        self,
+        plan: _Plan,
+        values: Sequence[bytes],
+        array: pa.Array,
+        indices: list[int],
+        result: DecodeResult,
+        tables: list[pa.Table],
     ) -> None:
         """Decode records of one writer version, bisecting around blocks that fail."""
-        bodies = [values[i][HEADER_LEN:] for i in indices]
         try:
-            decoded = self._decode_block(plan, bodies)
+            decoded = self._decode_block(plan, concatenated(array, indices), len(indices))
         except _BlockTimeout:
             decoded_tables, dead = self._decode_one_by_one(values, indices)
             tables.extend(decoded_tables)
@@ -413,8 +454,8 @@ class BatchDecoder:
                 result.fallback_records += len(indices)
                 return
             middle = len(indices) // 2
-            self._decode_group(plan, values, indices[:middle], result, tables)
-            self._decode_group(plan, values, indices[middle:], result, tables)
+            self._decode_group(plan, values, array, indices[:middle], result, tables)
+            self._decode_group(plan, values, array, indices[middle:], result, tables)
             return
         table, failures = self._to_columns(plan, decoded)
         table = table.append_column(ROW_INDEX, pa.array(indices, pa.int64()))
@@ -436,30 +477,39 @@ class BatchDecoder:
         """
         result = DecodeResult(events=pa.table({}))
         values = [value or b"" for value in values]
-        by_fingerprint = {v.fingerprint: v.version for v in versions().values()}
         limit = self.max_event_bytes if self.max_event_bytes is not None else float("inf")
+        known = {MAGIC + v.fingerprint: v.version for v in versions().values()}
         groups: dict[int, list[int]] = {}
-        for index, value in enumerate(values):
-            # The common case inline (this loop runs per record); anything odd takes the checked path.
-            version_number = by_fingerprint.get(value[2:HEADER_LEN]) if value[:2] == MAGIC else None
-            if version_number is None or len(value) > limit:
-                try:
-                    if len(value) > limit:
-                        raise OversizedEvent(f"{len(value)} bytes exceeds the {self.max_event_bytes}-byte event limit")
-                    version_number = writer_version(value).version
-                except DecodeError as exc:
-                    result.dead.append((index, exc))
+        array = binary_array(values)
+        if values:
+            # The common case vectorized: header known and size within the limit.
+            headers = pc.binary_slice(array, 0, HEADER_LEN)
+            header_set = list(known)
+            which = pc.index_in(headers, value_set=pa.array(header_set, pa.binary())).fill_null(-1).to_numpy()
+            which = np.where(pc.binary_length(array).to_numpy() > limit, -1, which)
+            for slot in np.unique(which):
+                indices = np.flatnonzero(which == slot)
+                if slot >= 0:
+                    groups.setdefault(known[header_set[slot]], []).extend(indices.tolist())
                     continue
-            group = groups.get(version_number)
-            if group is None:
-                group = groups[version_number] = []
-            group.append(index)
+                for index in indices.tolist():  # anything odd takes the checked path
+                    value = values[index]
+                    try:
+                        if len(value) > limit:
+                            raise OversizedEvent(
+                                f"{len(value)} bytes exceeds the {self.max_event_bytes}-byte event limit"
+                            )
+                        version_number = writer_version(value).version
+                    except DecodeError as exc:
+                        result.dead.append((index, exc))
+                        continue
+                    groups.setdefault(version_number, []).append(index)
         tables: list[pa.Table] = []
         for version_number, indices in groups.items():
             plan = self._plans.get(version_number)
             if plan is None:
                 plan = self._plans[version_number] = _plan(writer_version(values[indices[0]]))
-            self._decode_group(plan, values, indices, result, tables)
+            self._decode_group(plan, values, array, indices, result, tables)
         schema = pa.schema(
             [self.target.field(name) for name in self.record_columns] + [pa.field(ROW_INDEX, pa.int64())]
         )
@@ -502,43 +552,3 @@ def with_coordinates(
     }
     arrays = [extra[f.name] if f.name in extra else events.column(f.name) for f in target]
     return pa.Table.from_arrays(arrays, schema=target)
-
-
-class RowRef:
-    """A row of a decoded Arrow table, standing in for a row dict in per-row bookkeeping.
-
-    Ingest's commit path filters rows by Kafka offset (and, after a topic reset, by
-    ``event_id``) one row at a time; a reference keeps that logic unchanged without
-    materialising a dict per event. :func:`rows_to_arrow` turns kept references
-    back into a table with one ``take``.
-    """
-
-    __slots__ = ("index", "table")
-
-    def __init__(self, table: pa.Table, index: int) -> None:
-        self.table = table
-        self.index = index
-
-    def __getitem__(self, name: str) -> Any:
-        return self.table.column(name)[self.index].as_py()
-
-    def get(self, name: str, default: Any = None) -> Any:
-        """The column value of this row, or ``default`` when the table has no such column."""
-        return self[name] if name in self.table.column_names else default
-
-
-def row_refs(table: pa.Table, partitions: Sequence[int], offsets: Sequence[int]) -> list[tuple[int, int, RowRef]]:
-    """``(partition, offset, row)`` triples over ``table``, in its row order."""
-    return [(partitions[i], offsets[i], RowRef(table, i)) for i in range(table.num_rows)]
-
-
-def rows_to_arrow(rows: Sequence[Any], schema: pa.Schema) -> pa.Table:
-    """An Arrow table of ``rows``: row dicts, or :class:`RowRef` of one table (taken, not copied row by row)."""
-    if rows and all(isinstance(row, RowRef) for row in rows):
-        source = rows[0].table
-        if all(row.table is source for row in rows):
-            taken = source.take(pa.array([row.index for row in rows], pa.int64()))
-            return taken.select(schema.names).cast(schema)
-    if any(isinstance(row, RowRef) for row in rows):
-        rows = [{name: row[name] for name in schema.names} if isinstance(row, RowRef) else row for row in rows]
-    return pa.Table.from_pylist(list(rows), schema=schema)

@@ -43,12 +43,15 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
@@ -65,7 +68,7 @@ from pyiceberg.expressions import In
 from pyiceberg.table import Table
 
 from pipelines.broker import resolve_bootstrap
-from pipelines.decode import ROW_INDEX, BatchDecoder, row_refs, rows_to_arrow, with_coordinates
+from pipelines.decode import BatchDecoder, with_coordinates
 from pipelines.errors import CommitConflict, KafkaUnavailable
 from pipelines.settings import Settings
 from schemas.registry import HEADER_LEN
@@ -246,24 +249,23 @@ class RecentIds:
         )
         self._remember_ids(event_id for (event_id,) in reversed(rows))
 
-    def unseen(self, rows: list[Any]) -> list[Any]:
-        """``rows`` whose event id is neither in the window nor earlier in ``rows``."""
+    def unseen(self, event_ids: Sequence[str]) -> list[bool]:
+        """Per id: True when it is neither in the window nor earlier in ``event_ids``."""
         if not self.capacity:
-            return rows
+            return [True] * len(event_ids)
+        ids = self._ids
         seen: set[str] = set()
-        kept = []
-        for row in rows:
-            event_id = row.get("event_id")
-            if event_id in self._ids or event_id in seen:
-                continue
+        keep = []
+        for event_id in event_ids:
+            new = event_id not in ids and event_id not in seen
             seen.add(event_id)
-            kept.append(row)
-        return kept
+            keep.append(new)
+        return keep
 
-    def remember(self, rows: list[Any]) -> None:
-        """Add the event ids of committed ``rows``."""
+    def remember(self, event_ids: Iterable[str]) -> None:
+        """Add the ids of committed events."""
         if self.capacity:
-            self._remember_ids(row.get("event_id") for row in rows)
+            self._remember_ids(event_ids)
 
     def _remember_ids(self, event_ids: Iterable[str]) -> None:
         ids = self._ids
@@ -342,11 +344,27 @@ def consumer_config(settings: Settings, bootstrap: str) -> dict[str, Any]:
         "heartbeat.interval.ms": 500,
         "max.poll.interval.ms": 300_000,
         "fetch.max.bytes": 64 << 20,
+        # Fewer, fuller fetches: ~1.6x the consume rate on a backlog, at most 100 ms added latency.
+        "fetch.min.bytes": 1 << 20,
+        "fetch.wait.max.ms": 100,
         "max.partition.fetch.bytes": 8 << 20,
         # Prefetch bounded well below a batch: a deep backlog must not grow resident memory.
         "queued.max.messages.kbytes": 64 << 10,
         **settings.kafka_extra,
     }
+
+
+_DEAD_SYNC_SECONDS = 30.0
+
+
+def _per_row(by_partition: dict[int, int], partitions: np.ndarray) -> np.ndarray:
+    """``by_partition[p]`` (0 when absent) for the partition of every row."""
+    if not len(partitions):
+        return np.zeros(0, dtype=np.int64)
+    lookup = np.zeros(max(int(partitions.max()), *by_partition, 0) + 1, dtype=np.int64)
+    for partition, value in by_partition.items():
+        lookup[partition] = value
+    return lookup[partitions]
 
 
 class IngestWorker:
@@ -378,6 +396,10 @@ class IngestWorker:
         self._stop = False
         self.recent_ids = RecentIds(settings.ingest_dedupe_window)
         self.recent_ids.warm(self.raw_table)
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="trajlake-commit")
+        self._inflight: Future[dict[int, int]] | None = None
+        self._dead_pending: dict[int, int] = {}  # offsets committed to raw_events but not yet to dead_letters
+        self._dead_synced = time.monotonic()
 
     # -- offsets -----------------------------------------------------------------
 
@@ -465,39 +487,46 @@ class IngestWorker:
         )
 
     def _add(self, message: Message) -> None:
-        if not self._batch.records:
-            self._batch.started = time.monotonic()
-        self._batch.records.append(message)
-        self.positions[message.partition()] = message.offset() + 1
-        self._batch.bytes += len(message.value() or b"")
+        self._add_many([message])
+
+    def _add_many(self, messages: list[Message]) -> None:
+        """Add the records among ``messages`` to the batch (errors are logged, partition EOFs ignored)."""
+        batch = self._batch
+        if not batch.records:
+            batch.started = time.monotonic()
+        records, positions = batch.records, self.positions
+        size = 0
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consumer error: %s", error)
+                continue
+            records.append(message)
+            positions[message.partition()] = message.offset() + 1
+            size += len(message.value() or b"")
+        batch.bytes += size
 
     def _refresh_tables(self) -> None:
         self.raw_table = self.raw_table.refresh()
         self.dead_table = self.dead_table.refresh()
 
-    def decode_batch(
-        self, messages: Iterable[Message]
-    ) -> tuple[list[tuple[int, int, dict]], list[tuple[int, int, dict]]]:
-        """Split messages into (partition, offset, row) lists of raw events and dead letters.
+    def decode_batch(self, messages: Sequence[Message]) -> tuple[pa.Table, pa.Table]:
+        """Decode a message batch into raw-events rows and dead-letter rows (Arrow, table-shaped).
 
-        Decodes the whole batch at once (pipelines.decode); raw-event rows are
-        ``RowRef``s into one Arrow table, dead-letter rows are dicts.
+        Decodes the whole batch at once (pipelines.decode); both tables carry the
+        Kafka coordinates of every row in ``kafka_partition`` / ``kafka_offset``.
         """
         now = datetime.now(UTC)
-        messages = list(messages)
-        partitions = [message.partition() for message in messages]
-        offsets = [message.offset() for message in messages]
+        partitions = pa.array([message.partition() for message in messages], pa.int32())
+        offsets = pa.array([message.offset() for message in messages], pa.int64())
         decoded = self.decoder.decode([message.value() for message in messages])
-        coordinates = pa.array(partitions, pa.int32()), pa.array(offsets, pa.int64())
-        events = with_coordinates(decoded.events, self.raw_schema, self.topic, *coordinates, now)
-        rows = decoded.events.column(ROW_INDEX).to_pylist()
-        good = row_refs(events, [partitions[i] for i in rows], [offsets[i] for i in rows])
-        dead = []
-        for index, exc in decoded.dead:
-            message = messages[index]
-            row = self._dead_row(message, message.value() or b"", exc.reason, str(exc), now)
-            dead.append((partitions[index], offsets[index], row))
-        return good, dead
+        events = with_coordinates(decoded.events, self.raw_schema, self.topic, partitions, offsets, now)
+        dead_rows = [
+            self._dead_row(messages[index], messages[index].value() or b"", exc.reason, str(exc), now)
+            for index, exc in decoded.dead
+        ]
+        return events, pa.Table.from_pylist(dead_rows, schema=self.dead_schema)
 
     def _dead_row(self, message: Message, value: bytes, reason: str, error: str, now: datetime) -> dict:
         ts_type, ts_ms = message.timestamp()
@@ -520,20 +549,25 @@ class IngestWorker:
     def _commit_table(
         self,
         load: Callable[[], Table],
-        rows: list[tuple[int, int, dict]],
+        rows: pa.Table,
         next_offsets: dict[int, int],
-        schema: pa.Schema,
         sort_keys: list[tuple[str, str]],
         recent: RecentIds | None = None,
     ) -> tuple[Table, int, int]:
-        """Append rows not yet recorded, with offsets, retrying commit conflicts.
+        """Append the rows not yet recorded, with offsets, retrying commit conflicts.
 
-        Everything that decides what is new (offsets, incarnation, reset window) is
-        re-read from the table inside the retry loop, so a peer's commit that wins
-        the race is honoured.
+        ``rows`` is shaped like the table and carries ``kafka_partition`` and
+        ``kafka_offset``. Everything that decides what is new (offsets, incarnation,
+        reset window) is re-read from the table inside the retry loop, so a peer's
+        commit that wins the race is honoured. Returns the table after the commit,
+        rows written and rows dropped (already recorded or re-sent).
         """
         delay = 0.05
         key, inc_key = offsets_key(self.topic), incarnation_key(self.topic)
+        if sort_keys and rows.num_rows:
+            rows = rows.sort_by(sort_keys)  # once: filtering below keeps the order
+        partitions = rows.column("kafka_partition").to_numpy()
+        offsets = rows.column("kafka_offset").to_numpy()
         for attempt in range(12):
             table = load()
             incarnation = recorded_incarnation(table, self.topic)
@@ -559,18 +593,20 @@ class IngestWorker:
                 window = recorded_reset(table, self.topic)
                 if window is not None and window.get("epoch") != incarnation.epoch:
                     window = None
-            fresh = [(p, o, row) for p, o, row in rows if o >= recorded.get(p, 0)]
-            skipped = len(rows) - len(fresh)
-            duplicates = self._resent_before_reset(table, fresh, window) if window else set()
-            kept = [row for _, _, row in fresh if not duplicates or row.get("event_id") not in duplicates]
-            resent = 0
-            if recent is not None:
-                before = len(kept)
-                kept = recent.unseen(kept)
-                resent = before - len(kept)
             advanced = {p: o for p, o in next_offsets.items() if o > recorded.get(p, 0)}
             if not advanced:  # everything here was committed already (by us before a crash, or a peer)
-                return table, 0, len(rows)
+                return table, 0, rows.num_rows
+            fresh_mask = offsets >= _per_row(recorded, partitions)
+            fresh = rows.filter(pa.array(fresh_mask)) if not fresh_mask.all() else rows
+            kept = fresh
+            if window and fresh.num_rows:
+                kept = kept.filter(pa.array(~self._resent_before_reset(table, fresh, window)))
+            resent = 0
+            if recent is not None and kept.num_rows:
+                keep = recent.unseen(kept.column("event_id").to_pylist())
+                resent = keep.count(False)
+                if resent:
+                    kept = kept.filter(pa.array(keep))
             merged = {**recorded, **advanced}
             properties = {
                 key: json.dumps({str(p): o for p, o in sorted(merged.items())}),
@@ -578,12 +614,9 @@ class IngestWorker:
             }
             if reset is not None:
                 properties[reset_key(self.topic)] = json.dumps(reset)
-            arrow = rows_to_arrow(kept, schema)
-            if sort_keys and arrow.num_rows:
-                arrow = arrow.sort_by(sort_keys)
             try:
                 with table.transaction() as tx:
-                    tx.append(arrow, snapshot_properties=properties)
+                    tx.append(kept, snapshot_properties=properties)
                     tx.set_properties(properties)
             except CommitFailedException as exc:
                 self.stats.commit_retries += 1
@@ -596,65 +629,109 @@ class IngestWorker:
                 self.stats.reset_details.append(reset)
                 log.warning("%s", IngestStats(reset_details=[reset]).describe_resets()[0])
             if recent is not None:
-                recent.remember(kept)
+                recent.remember(kept.column("event_id").to_pylist())
             self.stats.resent_duplicates += resent
-            self.stats.reset_duplicates += len(fresh) - len(kept) - resent
-            return table, len(kept), skipped + len(fresh) - len(kept)
+            self.stats.reset_duplicates += fresh.num_rows - kept.num_rows - resent
+            return table, kept.num_rows, rows.num_rows - kept.num_rows
         raise CommitConflict(f"could not commit to {table.name()} after 12 attempts")
 
-    def _resent_before_reset(self, table: Table, rows: list[tuple[int, int, dict]], window: dict[str, Any]) -> set[str]:
-        """Event ids of ``rows`` inside the post-reset window that ``table`` already holds.
+    def _resent_before_reset(self, table: Table, rows: pa.Table, window: dict[str, Any]) -> np.ndarray:
+        """Mask of ``rows`` inside the post-reset window whose event ids ``table`` already holds.
 
         The window is bounded: only the first records of each partition of the new
         incarnation (the previous incarnation's offset plus ``reset_dedupe_records``:
         room for a full re-send of the old history interleaved with new events) are
         checked, and only against the rows of their own sessions.
         """
-        previous = {int(p): int(o) for p, o in window.get("previous_offsets", {}).items()}
-        extra = self.settings.reset_dedupe_records
-        # Rows are dicts or decode.RowRef; both answer .get (dead letters have no event_id).
-        candidates = [row for p, o, row in rows if o < previous.get(p, 0) + extra and row.get("event_id") is not None]
-        if not candidates or table.current_snapshot() is None:
-            return set()
-        sessions = sorted({row["session_id"] for row in candidates})
+        duplicate = np.zeros(rows.num_rows, dtype=bool)
+        if "event_id" not in rows.column_names or table.current_snapshot() is None:
+            return duplicate  # dead letters carry no event id
+        previous = {int(p): int(o) + self.settings.reset_dedupe_records
+                    for p, o in window.get("previous_offsets", {}).items()}  # fmt: skip
+        partitions = rows.column("kafka_partition").to_numpy()
+        candidate = rows.column("kafka_offset").to_numpy() < _per_row(previous, partitions)
+        if not candidate.any():
+            return duplicate
+        candidates = rows.filter(pa.array(candidate))
+        sessions = sorted(set(candidates.column("session_id").to_pylist()))
         present = table.scan(row_filter=In("session_id", sessions), selected_fields=("event_id",)).to_arrow()
-        known = set(present.column("event_id").to_pylist())
-        return {row["event_id"] for row in candidates if row["event_id"] in known}
+        known = pc.is_in(rows.column("event_id"), value_set=present.column("event_id").combine_chunks())
+        return candidate & known.to_numpy(zero_copy_only=False)
 
-    def flush(self) -> None:
-        """Decode and commit the current batch; no-op when empty."""
-        messages = self._batch.records
-        if not messages:
-            return
-        self._batch = _Batch()
+    def _process(self, messages: list[Message], batch_bytes: int) -> dict[int, int]:
+        """Decode one batch and commit it to dead_letters and raw_events; returns its next offsets.
+
+        Runs on the commit thread while the main thread consumes the next batch.
+        ``dead_letters`` is committed when the batch has dead letters, every
+        ``_DEAD_SYNC_SECONDS`` and on a waiting flush (see :meth:`flush`): its offsets
+        only bound where a restart begins reading (the lower of the two tables), and
+        raw_events drops what it already holds, so a lagging dead-letter offset costs a
+        bounded re-read, never a duplicate.
+        """
         next_offsets: dict[int, int] = {}
         for message in messages:
-            next_offsets[message.partition()] = max(next_offsets.get(message.partition(), 0), message.offset() + 1)
+            partition = message.partition()
+            next_offsets[partition] = max(next_offsets.get(partition, 0), message.offset() + 1)
         good, dead = self.decode_batch(messages)
         _fault("before_commit")
-        # Dead letters first: if we die between the two commits, raw events' lower offsets
-        # make the replay start early, and the dead-letter offsets drop the repeats.
-        self.dead_table, n_dead, _ = self._commit_table(
-            self.dead_table.refresh, dead, next_offsets, self.dead_schema,
-            [("kafka_partition", "ascending"), ("kafka_offset", "ascending")],
-        )  # fmt: skip
+        for partition, offset in next_offsets.items():
+            self._dead_pending[partition] = max(self._dead_pending.get(partition, 0), offset)
+        if dead.num_rows or time.monotonic() - self._dead_synced >= _DEAD_SYNC_SECONDS:
+            # Dead letters first: if we die between the two commits, raw events' lower offsets
+            # make the replay start early, and the dead-letter offsets drop the repeats.
+            self._commit_dead(dead)
         _fault("between_table_commits")
         self.raw_table, n_good, skipped = self._commit_table(
-            self.raw_table.refresh, good, next_offsets, self.raw_schema,
-            [("session_id", "ascending"), ("seq", "ascending")], self.recent_ids,
+            self.raw_table.refresh, good, next_offsets, [("session_id", "ascending"), ("seq", "ascending")],
+            self.recent_ids,
         )  # fmt: skip
         _fault("after_iceberg_commit")
+        self.stats.events += n_good
+        self.stats.skipped += skipped
+        self.stats.batches += 1
+        self.stats.bytes += batch_bytes
+        for reason in dead.column("reason").to_pylist():
+            self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
+        log.info("batch %d: %d events, %d dead letters, %d skipped", self.stats.batches, n_good, dead.num_rows, skipped)
+        return next_offsets
+
+    def _commit_dead(self, dead: pa.Table) -> None:
+        """Commit dead letters with the offsets of every batch processed since the last such commit."""
+        self.dead_table, n_dead, _ = self._commit_table(
+            self.dead_table.refresh, dead, dict(self._dead_pending),
+            [("kafka_partition", "ascending"), ("kafka_offset", "ascending")],
+        )  # fmt: skip
+        self.stats.dead_letters += n_dead
+        self._dead_pending.clear()
+        self._dead_synced = time.monotonic()
+
+    def flush(self, wait: bool = True) -> None:
+        """Hand the current batch to the commit thread; with ``wait``, return once everything is committed.
+
+        At most one batch is being committed while the next one is read, so memory
+        stays bounded at about three batches (reading, decoding, committing). A waiting
+        flush (end of run, partitions revoked) also brings dead_letters' offsets up to date.
+        """
+        batch = self._batch
+        if batch.records:
+            self._batch = _Batch()
+            self._wait_inflight()
+            self._inflight = self._committer.submit(self._process, batch.records, batch.bytes)
+        if wait:
+            self._wait_inflight()
+            if self._dead_pending:
+                self._committer.submit(self._commit_dead, self.dead_schema.empty_table()).result()
+
+    def _wait_inflight(self) -> None:
+        """Wait for the batch being committed (re-raising its error), then commit its offsets to Kafka."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return
+        next_offsets = inflight.result()
+        # For lag monitoring only: Iceberg holds the offsets that count.
         self.consumer.commit(
             offsets=[TopicPartition(self.topic, p, o) for p, o in next_offsets.items()], asynchronous=True
         )
-        self.stats.events += n_good
-        self.stats.dead_letters += n_dead
-        self.stats.skipped += skipped
-        self.stats.batches += 1
-        self.stats.bytes += sum(len(m.value() or b"") for m in messages)
-        for _, _, row in dead:
-            self.stats.reasons[row["reason"]] = self.stats.reasons.get(row["reason"], 0) + 1
-        log.info("batch %d: %d events, %d dead letters, %d skipped", self.stats.batches, n_good, n_dead, skipped)
 
     # -- running -------------------------------------------------------------------
 
@@ -684,17 +761,11 @@ class IngestWorker:
         try:
             while not self._stop:
                 messages = self.consumer.consume(num_messages=10_000, timeout=0.2)
-                for message in messages:
-                    error = message.error()
-                    if error is not None:
-                        if error.code() != KafkaError._PARTITION_EOF:
-                            log.warning("consumer error: %s", error)
-                        continue
-                    self._add(message)
+                self._add_many(messages)
                 if messages:
                     last_message = time.monotonic()
                 if self._batch_full() or (not messages and self._batch.records):
-                    self.flush()
+                    self.flush(wait=False)
                 if until_idle is not None and not messages:
                     if not self.assigned:
                         if time.monotonic() - started > join_timeout:
@@ -707,6 +778,7 @@ class IngestWorker:
                         break
             self.flush()
         finally:
+            self._committer.shutdown(wait=True)  # an in-flight commit finishes (or fails) before we close
             self.consumer.close()
             self.decoder.close()
             self.stats.seconds = time.monotonic() - started

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.decode import BatchDecoder, RowRef, row_refs, rows_to_arrow, with_coordinates
+from pipelines.decode import BatchDecoder, binary_array, concatenated, with_coordinates
 from pipelines.ingest import event_row
 from schemas.errors import DecodeError
 from schemas.registry import HEADER_LEN, decode_event, encode_event, latest, versions
@@ -154,13 +154,10 @@ def test_isolated_decoder_survives_a_block_the_reader_cannot_finish() -> None:
         assert_same(good, isolated)  # the decoder process is replaced after a timeout
 
 
-def test_row_refs_round_trip_through_rows_to_arrow(decoder: BatchDecoder) -> None:
-    values = [encode_event(event) for event in sample_events(3)]
-    table, _ = batch(values, decoder)
-    refs = row_refs(table, [0] * table.num_rows, list(range(table.num_rows)))
-    kept = [row for _, offset, row in refs if offset % 2 == 0]
-    assert rows_to_arrow(kept, TARGET).equals(table.take(list(range(0, table.num_rows, 2))))
-    assert kept[0]["event_id"] == table.column("event_id")[0].as_py()
-    assert isinstance(kept[0], RowRef) and kept[0].get("no_such_column", 7) == 7
-    mixed = [kept[0], {name: table.column(name)[1].as_py() for name in TARGET.names}]
-    assert rows_to_arrow(mixed, TARGET).equals(table.take([0, 1]))
+def test_binary_array_and_concatenated_keep_every_byte() -> None:
+    values = [b"", b"a", b"\x00" * 300, bytes(range(256)), b"z"]
+    array = binary_array(values)
+    assert array.to_pylist() == values
+    assert concatenated(array, range(len(values))) == b"".join(values)
+    assert concatenated(array, [3, 1]) == values[3] + values[1]
+    assert concatenated(array.slice(2), [0, 2]) == values[2] + values[4]  # offsets of a sliced array

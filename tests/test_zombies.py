@@ -6,6 +6,7 @@ import threading
 import time
 from datetime import UTC, datetime
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import TopicPartition
 
@@ -77,9 +78,8 @@ def commit_concurrently(workers: list[IngestWorker], batches: list[list[tuple[in
             for partition, offset, _ in rows:
                 next_offsets[partition] = max(next_offsets.get(partition, 0), offset + 1)
             barrier.wait()
-            worker.raw_table, written, skipped = worker._commit_table(
-                worker.raw_table.refresh, rows, next_offsets, worker.raw_schema, []
-            )
+            table = pa.Table.from_pylist([row for _, _, row in rows], schema=worker.raw_schema)
+            worker.raw_table, written, skipped = worker._commit_table(worker.raw_table.refresh, table, next_offsets, [])
             worker.stats.events += written
             worker.stats.skipped += skipped
         except BaseException as exc:  # surfaced in the main thread
