@@ -12,6 +12,7 @@ deadline, then ``timeout``; a late event reopens it and the next run amends it.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,7 +37,7 @@ ASSEMBLED_SNAPSHOT = "trajlake.assembled-raw-snapshot"
 _DEDUP_SQL = """
 CREATE OR REPLACE TEMP TABLE ev AS
 SELECT * FROM {source}
-WHERE session_id IN (SELECT session_id FROM affected)
+WHERE session_id IN (SELECT session_id FROM affected WHERE chunk = {chunk})
 QUALIFY row_number() OVER (PARTITION BY event_id ORDER BY kafka_topic, kafka_partition, kafka_offset) = 1
 """
 
@@ -157,6 +158,7 @@ class AssembleStats:
     steps_written: int = 0
     full_rebuild: bool = False
     raw_snapshot_id: int | None = None
+    chunks: int = 0  # passes over the affected sessions (bounded events each)
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
@@ -164,27 +166,27 @@ class AssembleStats:
         return dict(self.__dict__)
 
 
-def _replace_sessions(table: Table, rows: pa.Table, properties: dict[str, str]) -> None:
-    """Replace the rows of the sessions in ``rows`` (delete + append, one commit)."""
-    ids = rows.column("session_id").to_pylist()
+def _replace_sessions(table: Table, rows: pa.Table, properties: dict[str, str], existing: list[str]) -> None:
+    """Replace the rows of the sessions in ``rows`` (delete ``existing`` + append, one commit)."""
     with table.transaction() as tx:
-        if table.current_snapshot() is not None and ids:
-            tx.delete(In("session_id", ids))
+        if table.current_snapshot() is not None and existing:
+            tx.delete(In("session_id", existing))
         tx.append(rows, snapshot_properties=properties)
         if properties:
             tx.set_properties(properties)
 
 
-def _existing_ids(con: duckdb.DuckDBPyConnection, table: Table, ids_table: str) -> None:
-    """Populate temp table ``known`` with ids of ``ids_table`` that ``table`` already holds."""
+def _existing_ids(con: duckdb.DuckDBPyConnection, table: Table, chunk: int) -> list[str]:
+    """Session ids of chunk ``chunk`` of ``affected`` that ``table`` already holds (rows to replace)."""
     files = current_files(table).paths
-    if files:
-        con.execute(
-            f"CREATE OR REPLACE TEMP TABLE known AS SELECT DISTINCT session_id FROM {parquet_source(files)} "
-            f"WHERE session_id IN (SELECT session_id FROM {ids_table})"
-        )
-    else:
-        con.execute("CREATE OR REPLACE TEMP TABLE known (session_id VARCHAR)")
+    if not files:
+        return []
+    rows = con.execute(
+        f"SELECT DISTINCT session_id FROM {parquet_source(files)} "
+        "WHERE session_id IN (SELECT session_id FROM affected WHERE chunk = $chunk)",
+        {"chunk": chunk},
+    ).fetchall()
+    return [session_id for (session_id,) in rows]
 
 
 def assemble(
@@ -219,6 +221,11 @@ def assemble(
     stats.new_files = len(new_files)
     as_of = as_of or datetime.now(UTC)
     con = connect()
+    spill = settings.home_dir / "tmp" / "assemble"
+    spill.mkdir(parents=True, exist_ok=True)
+    con.execute(f"SET memory_limit = '{settings.assemble_memory_limit}'")
+    con.execute(f"SET temp_directory = '{spill}'")
+    con.execute("SET preserve_insertion_order = false")
     # Sessions touched by new files, plus open sessions whose idle deadline may have passed.
     con.execute("CREATE TEMP TABLE affected (session_id VARCHAR)")
     if new_files:
@@ -239,18 +246,30 @@ def assemble(
                 tx.set_properties(properties)
         stats.seconds = time.monotonic() - started
         return stats
-    con.execute(_DEDUP_SQL.format(source=parquet_source(all_raw.paths)))
+    # Sessions are assembled in chunks (by hash) of about ``assemble_chunk_events`` events each,
+    # so memory is bounded by a chunk, not by the backlog. The watermark moves with the last
+    # chunk: after a crash the next run recomputes (and replaces) every affected session.
+    source = parquet_source(all_raw.paths)
+    events = con.execute(f"SELECT count(*) FROM {source} WHERE session_id IN (SELECT session_id FROM affected)")
+    stats.chunks = max(1, math.ceil(events.fetchone()[0] / settings.assemble_chunk_events))  # type: ignore[index]
+    con.execute(f"CREATE OR REPLACE TEMP TABLE affected AS SELECT session_id, hash(session_id) % {stats.chunks} "
+                "AS chunk FROM affected")  # fmt: skip
     params = {"as_of": as_of, "idle_us": int(settings.session_idle_timeout_s * 1_000_000), "now": datetime.now(UTC)}
-    trajectory_rows = con.sql(_TRAJECTORIES_SQL, params=params).to_arrow_table()
-    step_rows = con.sql(_STEPS_SQL).to_arrow_table()
-    trajectory_rows = trajectory_rows.cast(TRAJECTORIES.arrow_schema())
-    step_rows = step_rows.cast(STEPS.arrow_schema())
-    # Steps first: if we die between the commits, the trajectories watermark has not moved and
-    # the next run recomputes (and replaces) the same sessions in both tables.
-    _replace_sessions(steps, step_rows, {})
-    _replace_sessions(trajectories, trajectory_rows, properties)
-    stats.trajectories_written = trajectory_rows.num_rows
-    stats.steps_written = step_rows.num_rows
+    for chunk in range(stats.chunks):
+        con.execute(_DEDUP_SQL.format(source=source, chunk=chunk))
+        trajectory_rows = con.sql(_TRAJECTORIES_SQL, params=params).to_arrow_table()
+        trajectory_rows = trajectory_rows.cast(TRAJECTORIES.arrow_schema())
+        step_rows = con.sql(_STEPS_SQL).to_arrow_table().cast(STEPS.arrow_schema())
+        con.execute("DROP TABLE ev")
+        # Steps first: if we die between the commits, the trajectories watermark has not moved and
+        # the next run recomputes (and replaces) the same sessions in both tables.
+        _replace_sessions(steps, step_rows, {}, _existing_ids(con, steps, chunk))
+        last = chunk == stats.chunks - 1
+        _replace_sessions(trajectories, trajectory_rows, properties if last else {},
+                          _existing_ids(con, trajectories, chunk))  # fmt: skip
+        stats.trajectories_written += trajectory_rows.num_rows
+        stats.steps_written += step_rows.num_rows
+        del trajectory_rows, step_rows
     stats.seconds = time.monotonic() - started
     log.info("assembled %d sessions (%d steps) from %d new files", stats.sessions, stats.steps_written, len(new_files))
     return stats

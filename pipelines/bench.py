@@ -26,9 +26,8 @@ from pipelines.decode import BatchDecoder, with_coordinates
 from pipelines.ingest import IngestWorker, consumer_config, event_row
 from pipelines.settings import Settings, load_settings
 from producers.sdk import EventProducer
-from producers.synthetic import synthetic_sessions
 from schemas.errors import DecodeError
-from schemas.registry import decode_event, encode_event
+from schemas.registry import decode_event
 from warehouse.catalog import open_catalog
 from warehouse.tables import RAW_EVENTS, ensure_table
 
@@ -64,17 +63,20 @@ class Figure:
 
 
 def encoded_events(n_events: int, seed: int = 11) -> list[tuple[str, str, bytes]]:
-    """``(session_id, event_id, value)`` of at least ``n_events`` synthetic events, pre-encoded.
+    """``(session_id, event_id, value)`` of ``n_events`` events of synthetic fleet traffic, pre-encoded.
 
     Encoding happens before any timing: benchmarks measure what happens after a
-    sandbox host has produced bytes.
+    sandbox host has produced bytes. The traffic is the synthetic fleet's (Poisson
+    arrivals, the reference tool mix and output sizes), in event-time order.
     """
+    from producers.fleet.synthetic import SyntheticFleet
+
     out: list[tuple[str, str, bytes]] = []
-    sessions = max(1, n_events // 30)
+    fleet = SyntheticFleet(start_us=BASE_US)
     while len(out) < n_events:
-        for session in synthetic_sessions(sessions, seed=seed, start_us=BASE_US):
-            for event in session:
-                out.append((event["session_id"], event["event_id"], encode_event(event)))
+        sessions = max(10, (n_events - len(out)) // 40)
+        stream = fleet.stream(sessions, seed, 0.05)
+        out.extend((session_id, event_id, value) for _, session_id, event_id, value in stream)
         seed += 1
     return out[:n_events]
 
@@ -146,16 +148,15 @@ class _TimedWorker(IngestWorker):
     first: float | None = None
     last: float = 0.0
 
-    def _add(self, message: Any) -> None:
-        if self.first is None:
+    def _add_many(self, messages: list[Any]) -> None:
+        if self.first is None and messages:
             self.first = time.perf_counter()
-        super()._add(message)
+        super()._add_many(messages)
 
-    def flush(self) -> None:
-        had = bool(self._batch.records)
-        super().flush()
-        if had:
-            self.last = time.perf_counter()
+    def _process(self, messages: list[Any], batch_bytes: int) -> dict[int, int]:
+        next_offsets = super()._process(messages, batch_bytes)
+        self.last = time.perf_counter()
+        return next_offsets
 
 
 def bench_ingest(events: int = 200_000, home: Path | None = None, naive: bool = True) -> dict[str, Any]:
@@ -357,26 +358,60 @@ def _tree_rss_bytes(pid: int) -> int:
     return total
 
 
-def _ingest_peak_rss(settings: Settings, topic: str, group: str) -> tuple[int, float]:
-    """Run ``trajlake ingest --until-idle`` as a child on ``topic``; returns its peak tree RSS and seconds."""
+def _child_peak_rss(args: list[str], env: dict[str, str]) -> tuple[int, float]:
+    """Run ``python -m pipelines.cli *args`` as a child; returns its peak tree RSS (bytes) and seconds."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "TRAJLAKE_HOME": str(settings.home_dir), "TRAJLAKE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-           "TRAJLAKE_TOPIC": topic, "TRAJLAKE_CONSUMER_GROUP": group}  # fmt: skip
     started = time.perf_counter()
-    child = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", "ingest", "--until-idle", "2"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-m", "pipelines.cli", *args], env={**os.environ, **env},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     peak = 0
     while child.poll() is None:
         peak = max(peak, _tree_rss_bytes(child.pid))
         time.sleep(0.1)
     if child.returncode != 0:
-        raise RuntimeError(f"ingest on {topic} exited {child.returncode}: {child.stderr.read().decode()[-2000:]}")
+        raise RuntimeError(f"trajlake {' '.join(args)} exited {child.returncode}: "
+                           f"{child.stderr.read().decode()[-2000:]}")  # fmt: skip
     return peak, time.perf_counter() - started
+
+
+def _ingest_peak_rss(settings: Settings, topic: str, group: str) -> tuple[int, float]:
+    """Run ``trajlake ingest --until-idle`` as a child on ``topic``; returns its peak tree RSS and seconds."""
+    env = {"TRAJLAKE_HOME": str(settings.home_dir), "TRAJLAKE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+           "TRAJLAKE_TOPIC": topic, "TRAJLAKE_CONSUMER_GROUP": group}  # fmt: skip
+    return _child_peak_rss(["ingest", "--until-idle", "2"], env)
+
+
+def bench_assemble(events: int = 10_000_000, home: Path | None = None) -> dict[str, Any]:
+    """Assembly of ``events`` raw events from scratch: peak RSS (process tree) vs ten times fewer events.
+
+    Each size is loaded into its own namespace, then ``trajlake assemble`` runs as a
+    child process under the default ``TRAJLAKE_ASSEMBLE_MEMORY_LIMIT`` (DuckDB spills
+    beyond it). A ratio near 1 means assembly memory does not grow with the backlog.
+    """
+    from warehouse.sql import run_query
+
+    small = max(events // 10, 1)
+    measured: dict[int, tuple[int, float, int]] = {}
+    with bench_home(home, kafka=False) as settings:
+        for size in (small, events):
+            namespace = f"assemble_{size}"
+            load_raw_events(settings.model_copy(update={"namespace": namespace}), size)
+            env = {"TRAJLAKE_HOME": str(settings.home_dir), "TRAJLAKE_NAMESPACE": namespace}
+            peak, seconds = _child_peak_rss(["assemble"], env)
+            trajectories = run_query(settings.model_copy(update={"namespace": namespace}),
+                                     "SELECT count(*) FROM trajectories")[1][0][0]  # fmt: skip
+            measured[size] = (peak, seconds, trajectories)
+    (small_rss, small_s, _), (big_rss, big_s, sessions) = measured[small], measured[events]
+    figures = [Figure(f"assemble peak RSS, {events:,} events vs {small:,}", big_rss / 2**20, small_rss / 2**20,
+                      "MiB", higher_is_better=False)]  # fmt: skip
+    result = {"events": events, "sessions": sessions, "peak_rss_mib": big_rss / 2**20, "assemble_s": big_s,
+              "baseline_peak_rss_mib": small_rss / 2**20, "baseline_assemble_s": small_s,
+              "memory_limit": settings.assemble_memory_limit, "figures": [f.as_dict() for f in figures]}  # fmt: skip
+    _print("assemble", figures, result)
+    return result
 
 
 def bench_memory(events: int = 1_000_000, home: Path | None = None) -> dict[str, Any]:
@@ -403,6 +438,7 @@ def bench_memory(events: int = 1_000_000, home: Path | None = None) -> dict[str,
 
 
 BENCHMARKS["memory"] = bench_memory
+BENCHMARKS["assemble"] = bench_assemble
 
 
 def _ingest_children(settings: Settings, topic: str, group: str, namespace: str, workers: int) -> float:
@@ -467,3 +503,205 @@ def bench_scaleout(events: int = 300_000, home: Path | None = None) -> dict[str,
 
 
 BENCHMARKS["scaleout"] = bench_scaleout
+
+
+def _ingest_child(settings: Settings, *args: str) -> Any:
+    """A ``trajlake ingest`` process on ``settings`` (its stderr kept for errors)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRAJLAKE_HOME": str(settings.home_dir), "TRAJLAKE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+           "TRAJLAKE_TOPIC": settings.topic, "TRAJLAKE_NAMESPACE": settings.namespace}  # fmt: skip
+    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+
+
+def files_per_partition(table: Any) -> list[dict[str, Any]]:
+    """Live data files of ``table`` per partition: files, rows, mean file size (MB)."""
+    files = table.inspect.files().select(["partition", "record_count", "file_size_in_bytes"]).to_pylist()
+    by_partition: dict[str, list[dict[str, Any]]] = {}
+    for row in files:
+        by_partition.setdefault(str(row["partition"]), []).append(row)
+    return [
+        {"partition": key, "files": len(rows), "rows": sum(r["record_count"] for r in rows),
+         "mean_file_mb": round(sum(r["file_size_in_bytes"] for r in rows) / len(rows) / 1e6, 2)}  # fmt: skip
+        for key, rows in sorted(by_partition.items())
+    ]
+
+
+def bench_replay(
+    sessions: int = 125_000, seed: int = 3, home: Path | None = None, template_reuse: float | None = None
+) -> dict[str, Any]:
+    """One hour of 3M/day traffic through produce → ingest → assemble → score → export.
+
+    The synthetic fleet generates ``sessions`` arrivals at 35/s (125k ≈ one hour) and a
+    producer sends them flat out while one ``trajlake ingest`` process drains the topic
+    concurrently, as in production; then assembly, scoring and a training-set export run.
+    The figure is the wall time against the simulated span of the traffic (ratio = times
+    faster than real time; the target of 5 minutes for an hour is 12×). Also reports
+    each stage's time and the data files per partition of the tables written.
+    """
+    from pipelines.assemble import assemble
+    from pipelines.export import export_training_set
+    from pipelines.score import score_all
+    from producers.fleet.synthetic import SyntheticFleet
+    from warehouse.sql import run_query
+    from warehouse.tables import STEPS, TRAJECTORIES
+
+    with bench_home(home) as settings:
+        fleet = SyntheticFleet(start_us=BASE_US + 6 * 3600 * 10**6, template_reuse=template_reuse or 1.0)
+        started = time.perf_counter()
+        ingest = _ingest_child(settings, "--until-idle", "3")
+        producer = EventProducer(settings.kafka_bootstrap, settings.topic, "replay-host")
+        first_ts = last_ts = None
+        produced = 0
+        for ts, session_id, event_id, value in fleet.stream(sessions, seed, 0.05):
+            producer.send(session_id, event_id, value)
+            first_ts = ts if first_ts is None else first_ts
+            last_ts = ts
+            produced += 1
+        producer.flush(600)
+        produce_s = time.perf_counter() - started
+        _, stderr = ingest.communicate()
+        if ingest.returncode != 0:
+            raise RuntimeError(f"ingest exited {ingest.returncode}: {stderr.decode()[-2000:]}")
+        ingest_s = time.perf_counter() - started
+        # "Now" is just after the last event plus the idle timeout: sessions that lost their tail close too.
+        as_of = datetime.fromtimestamp((last_ts or 0) / 1e6 + settings.session_idle_timeout_s + 1, UTC)
+        mark = time.perf_counter()
+        assemble(settings, as_of=as_of)
+        assemble_s = time.perf_counter() - mark
+        mark = time.perf_counter()
+        scored = score_all(settings)
+        score_s = time.perf_counter() - mark
+        mark = time.perf_counter()
+        exported = export_training_set(settings, "rl", settings.home_dir / "exports" / "replay")
+        export_s = time.perf_counter() - mark
+        wall = time.perf_counter() - started
+        rows, distinct = run_query(settings, "SELECT count(*), count(DISTINCT event_id) FROM events")[1][0]
+        trajectories = run_query(settings, "SELECT count(*) FROM trajectories")[1][0][0]
+        catalog = open_catalog(settings)
+        layout = {spec.name: files_per_partition(ensure_table(catalog, settings, spec.name))
+                  for spec in (RAW_EVENTS, TRAJECTORIES, STEPS)}  # fmt: skip
+    span = ((last_ts or 0) - (first_ts or 0)) / 1e6
+    if (rows, distinct) != (produced, produced) or trajectories != sessions:
+        raise RuntimeError(f"replay lost or duplicated data: produced {produced} events of {sessions} sessions, "
+                           f"raw_events {rows} ({distinct} distinct), trajectories {trajectories}")  # fmt: skip
+    figures = [Figure("hour replay: wall vs simulated traffic span", wall, span, "s", higher_is_better=False)]
+    result = {
+        "sessions": sessions, "events": produced, "span_s": span, "wall_s": wall,
+        "produce_s": produce_s, "ingest_done_s": ingest_s, "assemble_s": assemble_s, "score_s": score_s,
+        "export_s": export_s, "events_per_s": produced / ingest_s, "trajectories": trajectories,
+        "scored": scored.sessions, "exported": exported.records,
+        "figures": [f.as_dict() for f in figures],
+    }  # fmt: skip
+    _print("replay", figures, result)
+    for name, partitions in layout.items():
+        for part in partitions:
+            print(f"  files per partition: {name} {part['partition']}: {part['files']} files, {part['rows']:,} rows, "
+                  f"{part['mean_file_mb']} MB mean")  # fmt: skip
+    result["files_per_partition"] = layout
+    return result
+
+
+BENCHMARKS["replay"] = bench_replay
+
+
+def bench_freshness(
+    rate: float = 2_000.0, seconds: float = 60.0, home: Path | None = None, poll_s: float = 0.2
+) -> dict[str, Any]:
+    """``trajlake ingest --follow``: time from an event's send to its visibility in ``raw_events``.
+
+    Events are sent at a steady ``rate`` (2,000/s ≈ the average of 3M sessions/day) for
+    ``seconds``; a poller refreshes the Iceberg table every ``poll_s`` and stamps the
+    events of each new snapshot. Baseline, in the same run: the broker's own delivery
+    latency, send → received by a plain consumer in another group. The ratio says how
+    much later than Kafka itself an event becomes queryable.
+    """
+    import signal
+    import threading
+
+    import numpy as np
+
+    from warehouse.snapshots import current_files, files_added_since
+    from warehouse.sql import connect, parquet_source
+
+    with bench_home(home) as settings:
+        records = encoded_events(int(rate * seconds))
+        sent: dict[str, float] = {}
+        delivered: dict[str, float] = {}
+        visible: dict[str, float] = {}
+        done = threading.Event()
+        ingest = _ingest_child(settings, "--follow")
+        table = ensure_table(open_catalog(settings), settings, RAW_EVENTS.name)
+
+        def consume_plain() -> None:
+            config = consumer_config(settings.model_copy(update={"consumer_group": f"fresh-{uuid.uuid4().hex[:6]}"}),
+                                     settings.kafka_bootstrap)  # fmt: skip
+            consumer = Consumer({**config, "fetch.min.bytes": 1, "fetch.wait.max.ms": 10})
+            consumer.subscribe([settings.topic])
+            while not done.is_set():
+                for message in consumer.consume(num_messages=1000, timeout=0.1):
+                    if message.error() is None:
+                        event_id = dict(message.headers() or []).get("event_id", b"").decode()
+                        delivered.setdefault(event_id, time.perf_counter())
+            consumer.close()
+
+        def poll_table() -> None:
+            nonlocal table
+            seen = None
+            while not done.is_set():
+                time.sleep(poll_s)
+                table = table.refresh()
+                snapshot = table.current_snapshot()
+                if snapshot is None or snapshot.snapshot_id == seen:
+                    continue
+                paths = files_added_since(table, seen) if seen is not None else current_files(table).paths
+                seen = snapshot.snapshot_id
+                if not paths:
+                    continue
+                now = time.perf_counter()
+                for (key,) in connect().sql(f"SELECT event_id FROM {parquet_source(paths)}").fetchall():
+                    visible.setdefault(key, now)
+
+        threads = [threading.Thread(target=consume_plain), threading.Thread(target=poll_table)]
+        for thread in threads:
+            thread.start()
+        try:
+            time.sleep(8)  # the ingest process starts and joins its group before traffic begins
+            producer = EventProducer(settings.kafka_bootstrap, settings.topic, "fresh-host",
+                                     extra_config={"linger.ms": "5"})  # fmt: skip
+            start = time.perf_counter()
+            for i, (session_id, event_id, value) in enumerate(records):
+                due = start + i / rate
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                sent[event_id] = time.perf_counter()
+                producer.send(session_id, event_id, value)
+            producer.flush(60)
+            deadline = time.monotonic() + 60
+            while len(visible) < len(records) and time.monotonic() < deadline:
+                time.sleep(0.5)
+        finally:
+            done.set()
+            for thread in threads:
+                thread.join(30)
+            ingest.send_signal(signal.SIGTERM)
+            ingest.wait(60)
+    lag = np.array([visible[k] - sent[k] for k in sent if k in visible])
+    kafka = np.array([delivered[k] - sent[k] for k in sent if k in delivered])
+    if len(lag) < len(sent):
+        raise RuntimeError(f"only {len(lag)} of {len(sent)} events became visible within 60 s after the last send")
+    p95, kafka_p95 = float(np.percentile(lag, 95)), float(np.percentile(kafka, 95))
+    figures = [Figure("freshness p95: send → visible in raw_events vs send → Kafka consumer", p95, kafka_p95, "s",
+                      higher_is_better=False)]  # fmt: skip
+    result = {"events": len(sent), "rate_per_s": rate, "visible_p50_s": float(np.percentile(lag, 50)),
+              "visible_p95_s": p95, "visible_max_s": float(lag.max()), "kafka_p50_s": float(np.percentile(kafka, 50)),
+              "kafka_p95_s": kafka_p95, "figures": [f.as_dict() for f in figures]}  # fmt: skip
+    _print("freshness", figures, result)
+    return result
+
+
+BENCHMARKS["freshness"] = bench_freshness

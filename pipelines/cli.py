@@ -399,6 +399,37 @@ def bench_scaleout_cmd(events: Annotated[int, typer.Option(help="Records of back
     bench_scaleout(events=events)
 
 
+@bench_app.command("replay")
+def bench_replay_cmd(
+    sessions: Annotated[int, typer.Option(help="Synthetic sessions (125,000 at 35/s ≈ one hour of 3M/day).")] = 125_000,
+    seed: Annotated[int, typer.Option(help="Traffic seed.")] = 3,
+    template_reuse: Annotated[float, typer.Option(help="Runs per generated session body (1 = all fresh).")] = 1.0,
+) -> None:
+    """One hour of traffic: produce → ingest → assemble → score → export, wall vs traffic span."""
+    from pipelines.bench import bench_replay
+
+    bench_replay(sessions=sessions, seed=seed, template_reuse=template_reuse)
+
+
+@bench_app.command("freshness")
+def bench_freshness_cmd(
+    rate: Annotated[float, typer.Option(help="Events per second sent.")] = 2_000.0,
+    seconds: Annotated[float, typer.Option(help="Seconds of traffic.")] = 60.0,
+) -> None:
+    """``ingest --follow``: send → visible in raw_events (p50/p95) vs send → Kafka consumer."""
+    from pipelines.bench import bench_freshness
+
+    bench_freshness(rate=rate, seconds=seconds)
+
+
+@bench_app.command("assemble")
+def bench_assemble_cmd(events: Annotated[int, typer.Option(help="Raw events to assemble.")] = 10_000_000) -> None:
+    """Assembly peak RSS over a large raw-events table vs one ten times smaller."""
+    from pipelines.bench import bench_assemble
+
+    bench_assemble(events=events)
+
+
 @bench_app.command("quality")
 def bench_quality_cmd(
     sessions: Annotated[int, typer.Option(help="Synthetic trajectories to score and deduplicate.")] = 1_000_000,

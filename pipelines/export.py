@@ -10,6 +10,7 @@ a row goes to the ``exports`` table.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -25,7 +26,7 @@ from pyiceberg.catalog import Catalog
 
 from pipelines.errors import TrajlakeError
 from pipelines.settings import Settings
-from producers.redact import redact_text
+from producers.redact import redact_array, redact_text
 from quality import SCORER_VERSION
 from warehouse.catalog import open_catalog
 from warehouse.sql import open_views
@@ -89,29 +90,36 @@ def _tool_spec(name: str) -> dict[str, Any]:
 
 
 def _arguments(step: dict[str, Any]) -> str:
-    raw = step.get("arguments")
+    return _normalized_arguments(step.get("arguments"), step.get("command"))
+
+
+@functools.lru_cache(maxsize=8192)  # agents repeat their commands: most arguments are seen before
+def _normalized_arguments(raw: str | None, command: str | None) -> str:
     try:
         parsed = json.loads(raw) if raw else None
     except json.JSONDecodeError:
         parsed = None
     if not isinstance(parsed, dict) or parsed == {"command": "..."}:
-        parsed = {"command": step.get("command") or ""}
+        parsed = {"command": command or ""}
     return redact_text(json.dumps(parsed, sort_keys=True))
 
 
 def chat_messages(session: dict[str, Any], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI-style chat: system, user instruction, then assistant tool call / tool result pairs."""
+    """OpenAI-style chat: system, user instruction, then assistant tool call / tool result pairs.
+
+    Text fields (instruction, thought, output) are expected redacted already (``_sessions``
+    does it column by column); tool-call arguments are normalized and redacted here.
+    """
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT, "tool_calls": None, "tool_call_id": None},
-        {"role": "user", "content": redact_text(session.get("instruction") or ""), "tool_calls": None,
-         "tool_call_id": None},
-    ]  # fmt: skip
+        {"role": "user", "content": session.get("instruction") or "", "tool_calls": None, "tool_call_id": None},
+    ]
     for i, step in enumerate(steps):
         call_id = f"call_{i}"
         messages.append(
             {
                 "role": "assistant",
-                "content": redact_text(step.get("thought") or ""),
+                "content": step.get("thought") or "",
                 "tool_calls": [
                     {
                         "id": call_id,
@@ -123,9 +131,8 @@ def chat_messages(session: dict[str, Any], steps: list[dict[str, Any]]) -> list[
             }
         )
         messages.append(
-            {"role": "tool", "content": redact_text(step.get("output") or ""), "tool_calls": None,
-             "tool_call_id": call_id}
-        )  # fmt: skip
+            {"role": "tool", "content": step.get("output") or "", "tool_calls": None, "tool_call_id": call_id}
+        )
     return messages
 
 
@@ -134,7 +141,7 @@ def _strip_nulls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def to_record(fmt: str, session: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """One JSON-lines record of ``session`` in format ``fmt``."""
+    """One JSON-lines record of ``session`` in format ``fmt`` (text fields redacted by the caller)."""
     meta = {
         "session_id": session["session_id"],
         "task_id": session["task_id"],
@@ -151,23 +158,23 @@ def to_record(fmt: str, session: dict[str, Any], steps: list[dict[str, Any]]) ->
     if fmt == "sharegpt":
         conversations = [
             {"from": "system", "value": SYSTEM_PROMPT},
-            {"from": "human", "value": redact_text(session.get("instruction") or "")},
+            {"from": "human", "value": session.get("instruction") or ""},
         ]
         for step in steps:
             call = {"name": step.get("tool_name") or "bash", "arguments": json.loads(_arguments(step))}
             conversations.append({"from": "function_call", "value": json.dumps(call, sort_keys=True)})
-            conversations.append({"from": "observation", "value": redact_text(step.get("output") or "")})
+            conversations.append({"from": "observation", "value": step.get("output") or ""})
         return {"conversations": conversations, **meta}
     if fmt == "rl":
         turns = []
         for step in steps:
-            action = json.dumps({"tool": step.get("tool_name"), "arguments": json.loads(_arguments(step))},
-                                sort_keys=True)  # fmt: skip
+            # json.dumps of {"arguments": ..., "tool": ...} with sorted keys, without re-parsing the arguments
+            action = f'{{"arguments": {_arguments(step)}, "tool": {json.dumps(step.get("tool_name"))}}}'
             turns.append({"role": "assistant", "content": action, "loss_mask": 1})
-            turns.append({"role": "environment", "content": redact_text(step.get("output") or ""), "loss_mask": 0,
+            turns.append({"role": "environment", "content": step.get("output") or "", "loss_mask": 0,
                           "exit_code": step.get("exit_code")})  # fmt: skip
         return {
-            "prompt": redact_text(session.get("instruction") or ""),
+            "prompt": session.get("instruction") or "",
             "turns": turns,
             "action_mask": [t["loss_mask"] for t in turns],
             "reward": session["completion"],
@@ -185,8 +192,13 @@ def _snapshot_ids(catalog: Catalog, settings: Settings) -> dict[str, int | None]
 
 
 def _sessions(
-    settings: Settings, catalog: Catalog, min_quality: float, day: date | None
+    settings: Settings, catalog: Catalog, min_quality: float, day: date | None, batch_rows: int = 20_000
 ) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Chosen sessions in ``session_id`` order with their steps, text fields redacted.
+
+    Steps stream from DuckDB in Arrow batches ordered like the sessions and are
+    merged on the fly, so memory is bounded by a batch, not by the export's size.
+    """
     con = open_views(settings, catalog)
     where = "s.exportable AND s.quality >= $q" + (" AND CAST(t.started_at AS DATE) = $day" if day else "")
     params: dict[str, Any] = {"q": min_quality}
@@ -194,22 +206,31 @@ def _sessions(
         params["day"] = day
     con.execute(
         "CREATE TEMP TABLE chosen AS SELECT t.session_id, t.task_id, t.task_type, t.instruction, s.quality, "
-        f"s.completion FROM trajectories t JOIN scores s USING (session_id) WHERE {where} ORDER BY t.session_id",
+        f"s.completion FROM trajectories t JOIN scores s USING (session_id) WHERE {where}",
         params,
     )
-    sessions = con.sql("SELECT * FROM chosen ORDER BY session_id").fetchall()
-    columns = ["session_id", "task_id", "task_type", "instruction", "quality", "completion"]
-    step_rel = con.sql(
+    chosen = con.sql("SELECT * FROM chosen ORDER BY session_id").to_arrow_table()
+    chosen = chosen.set_column(3, "instruction", redact_array(chosen.column("instruction")))
+    sessions = chosen.to_pylist()
+    reader = con.sql(
         "SELECT session_id, step_index, tool_name, arguments, command, thought, output, exit_code FROM steps "
         "WHERE session_id IN (SELECT session_id FROM chosen) ORDER BY session_id, step_index"
-    )
-    grouped: dict[str, list[dict[str, Any]]] = {}
-    step_columns = list(step_rel.columns)
-    for row in step_rel.fetchall():
-        grouped.setdefault(row[0], []).append(dict(zip(step_columns, row, strict=True)))
-    for row in sessions:
-        session = dict(zip(columns, row, strict=True))
-        yield session, grouped.get(session["session_id"], [])
+    ).to_arrow_reader(batch_rows)
+    grouped: dict[str, list[dict[str, Any]]] = {}  # steps of sessions not yet yielded
+    position = 0
+    for batch in reader:
+        batch = batch.set_column(5, "thought", redact_array(batch.column(5)))
+        batch = batch.set_column(6, "output", redact_array(batch.column(6)))
+        rows = batch.to_pylist()
+        for row in rows:
+            grouped.setdefault(row["session_id"], []).append(row)
+        # Both sides are ordered by session_id: sessions before the batch's last one are complete.
+        last = rows[-1]["session_id"] if rows else ""
+        while position < len(sessions) and sessions[position]["session_id"] < last:
+            yield sessions[position], grouped.pop(sessions[position]["session_id"], [])
+            position += 1
+    for session in sessions[position:]:
+        yield session, grouped.pop(session["session_id"], [])
 
 
 def export_training_set(

@@ -93,6 +93,17 @@ class Settings(BaseSettings):
     session_idle_timeout_s: float = Field(
         900.0, gt=0, description="TRAJLAKE_SESSION_IDLE_TIMEOUT_S: close sessions idle this long."
     )
+    assemble_chunk_events: int = Field(
+        250_000,
+        ge=1,
+        description="TRAJLAKE_ASSEMBLE_CHUNK_EVENTS: assembly handles the affected sessions in chunks of about "
+        "this many events (memory is bounded by a chunk).",
+    )
+    assemble_memory_limit: str = Field(
+        "2GB",
+        description="TRAJLAKE_ASSEMBLE_MEMORY_LIMIT: DuckDB memory limit for assembly; beyond it DuckDB "
+        "spills to TRAJLAKE_HOME/tmp (out-of-core), so a large backlog does not need a large machine.",
+    )
 
     # Quality (quality/config.py documents each knob)
     quality_weights: tuple[float, float, float] = Field(

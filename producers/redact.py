@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pyarrow as pa
+
 REDACTED = "[REDACTED]"
 
 _PATTERNS: list[tuple[re.Pattern[str], str]] = [
@@ -39,20 +41,48 @@ _PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/@]+:)([^\s@/]+)(@)"), r"\1" + REDACTED + r"\3"),  # URL creds
 ]
 
-# Cheap pre-check so the common case (no secret-looking text) costs one scan.
-_TRIGGER = re.compile(
-    r"(?i)PRIVATE KEY|SECRET|TOKEN|PASSW|PWD|API[_-]?KEY|ACCESS[_-]?KEY|CREDENTIAL|AUTH|bearer|basic\s"
-    r"|sk-|pk-|rk-|AKIA|ASIA|gh[pousr]_|github_pat_|xox|AIza|eyJ|://[^\s/]*@"
-)
+# Cheap pre-check so the common case (no secret-looking text) costs a few substring scans:
+# every pattern above needs one of these (lower-cased) literals to match.
+_TRIGGERS = (
+    "private key", "secret", "token", "passw", "pwd", "api_key", "api-key", "apikey", "access_key", "access-key",
+    "accesskey", "credential", "auth", "bearer", "basic", "sk-", "pk-", "rk-", "akia", "asia", "ghp_", "gho_",
+    "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "aiza", "eyj",
+)  # fmt: skip
+
+
+def _may_contain_secret(text: str) -> bool:
+    low = text.lower()
+    return any(trigger in low for trigger in _TRIGGERS) or ("://" in low and "@" in low)
 
 
 def redact_text(text: str) -> str:
     """Return ``text`` with every secret-looking span replaced by ``[REDACTED]``."""
-    if not text or not _TRIGGER.search(text):
+    if not text or not _may_contain_secret(text):
         return text
     for pattern, replacement in _PATTERNS:
         text = pattern.sub(replacement, text)
     return text
+
+
+def redact_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """:func:`redact_text` over an Arrow string column, vectorized.
+
+    One Aho-Corasick pass (polars ``contains_any``) over the whole column finds the
+    values that may hold a secret; only those go through the regular expressions.
+    """
+    import polars as pl
+
+    series = pl.Series(values)
+    low = series.str.contains_any(list(_TRIGGERS), ascii_case_insensitive=True)
+    url = series.str.contains("://", literal=True) & series.str.contains("@", literal=True)
+    suspects = (low | url).fill_null(False).arg_true().to_list()
+    arrow = series.to_arrow()
+    if not suspects:
+        return arrow
+    texts = series.to_list()
+    for index in suspects:
+        texts[index] = redact_text(texts[index])
+    return pa.array(texts, type=arrow.type)
 
 
 def redact_value(value: Any) -> Any:

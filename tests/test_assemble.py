@@ -87,3 +87,19 @@ def test_steps_join_actions_with_their_feedback(settings: Settings) -> None:
     assert rows[0] == (actions, actions, actions, 0)
     n_steps = run_query(settings, "SELECT sum(n_steps) FROM trajectories")[1][0][0]
     assert n_steps == actions
+
+
+def test_chunked_assembly_equals_one_pass_and_replaces_rows(settings: Settings, tmp_path) -> None:
+    events = sample_events(30)
+    write_raw(settings, events, batch_size=10_000)
+    one = assemble(settings, as_of=AS_OF)
+    assert one.chunks == 1
+    expected = snapshot(settings)
+
+    small = Settings(home=tmp_path / "chunked", assemble_chunk_events=len(events) // 7)
+    write_raw(small, events[: len(events) // 2])
+    assemble(small, as_of=AS_OF)
+    write_raw(small, events[len(events) // 2 :])  # sessions already assembled are replaced, chunk by chunk
+    stats = assemble(small, as_of=AS_OF)
+    assert stats.chunks >= 4
+    assert snapshot(small) == expected
