@@ -531,44 +531,55 @@ def files_per_partition(table: Any) -> list[dict[str, Any]]:
 
 
 def bench_replay(
-    sessions: int = 125_000, seed: int = 3, home: Path | None = None, template_reuse: float | None = None
+    sessions: int = 125_000,
+    seed: int = 3,
+    home: Path | None = None,
+    template_reuse: float | None = None,
+    workers: int = 2,
 ) -> dict[str, Any]:
     """One hour of 3M/day traffic through produce → ingest → assemble → score → export.
 
-    The synthetic fleet generates ``sessions`` arrivals at 35/s (125k ≈ one hour) and a
-    producer sends them flat out while one ``trajlake ingest`` process drains the topic
-    concurrently, as in production; then assembly, scoring and a training-set export run.
+    The synthetic fleet generates ``sessions`` arrivals at 35/s (125k ≈ one hour) on
+    ``workers`` generator processes (``trajlake fleet run --workers``), each sending its
+    shard flat out, while one ``trajlake ingest`` process drains the topic concurrently, as
+    in production; then assembly, scoring and a training-set export run.
     The figure is the wall time against the simulated span of the traffic (ratio = times
     faster than real time; the target of 5 minutes for an hour is 12×). Also reports
     each stage's time and the data files per partition of the tables written.
     """
+    import signal
+
     from pipelines.assemble import assemble
     from pipelines.export import export_training_set
     from pipelines.score import score_all
-    from producers.fleet.synthetic import SyntheticFleet
+    from producers.fleet import run_synthetic_workers
     from warehouse.sql import run_query
     from warehouse.tables import STEPS, TRAJECTORIES
 
     with bench_home(home) as settings:
-        fleet = SyntheticFleet(start_us=BASE_US + 6 * 3600 * 10**6, template_reuse=template_reuse or 1.0)
         started = time.perf_counter()
-        ingest = _ingest_child(settings, "--until-idle", "3")
-        producer = EventProducer(settings.kafka_bootstrap, settings.topic, "replay-host")
-        first_ts = last_ts = None
-        produced = 0
-        for ts, session_id, event_id, value in fleet.stream(sessions, seed, 0.05):
-            producer.send(session_id, event_id, value)
-            first_ts = ts if first_ts is None else first_ts
-            last_ts = ts
-            produced += 1
-        producer.flush(600)
+        ingest = _ingest_child(settings, "--follow")
+        fleet = run_synthetic_workers(
+            settings, sessions, seed, 0.05, None, workers,
+            {"start_us": BASE_US + 6 * 3600 * 10**6, "template_reuse": template_reuse or 1.0}, to_kafka=True,
+        )  # fmt: skip
+        produced = fleet.events
+        first_ts, last_ts = fleet.figures["first_event_us"], fleet.figures["last_event_us"]
         produce_s = time.perf_counter() - started
-        _, stderr = ingest.communicate()
+        raw = ensure_table(open_catalog(settings), settings, RAW_EVENTS.name)
+        deadline = time.monotonic() + 1800
+        while ingest.poll() is None and time.monotonic() < deadline:  # until every event is in raw_events
+            snapshot = raw.refresh().current_snapshot()
+            if snapshot is not None and int(snapshot.summary.get("total-records", 0)) >= produced:
+                break
+            time.sleep(0.5)
+        ingest_s = time.perf_counter() - started
+        ingest.send_signal(signal.SIGTERM)
+        _, stderr = ingest.communicate(timeout=120)
         if ingest.returncode != 0:
             raise RuntimeError(f"ingest exited {ingest.returncode}: {stderr.decode()[-2000:]}")
-        ingest_s = time.perf_counter() - started
         # "Now" is just after the last event plus the idle timeout: sessions that lost their tail close too.
-        as_of = datetime.fromtimestamp((last_ts or 0) / 1e6 + settings.session_idle_timeout_s + 1, UTC)
+        as_of = datetime.fromtimestamp(last_ts / 1e6 + settings.session_idle_timeout_s + 1, UTC)
         mark = time.perf_counter()
         assemble(settings, as_of=as_of)
         assemble_s = time.perf_counter() - mark
@@ -584,7 +595,7 @@ def bench_replay(
         catalog = open_catalog(settings)
         layout = {spec.name: files_per_partition(ensure_table(catalog, settings, spec.name))
                   for spec in (RAW_EVENTS, TRAJECTORIES, STEPS)}  # fmt: skip
-    span = ((last_ts or 0) - (first_ts or 0)) / 1e6
+    span = (last_ts - first_ts) / 1e6
     if (rows, distinct) != (produced, produced) or trajectories != sessions:
         raise RuntimeError(f"replay lost or duplicated data: produced {produced} events of {sessions} sessions, "
                            f"raw_events {rows} ({distinct} distinct), trajectories {trajectories}")  # fmt: skip

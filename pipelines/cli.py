@@ -341,6 +341,9 @@ def fleet_run(
     time_compression: Annotated[
         float | None, typer.Option(help="Synthetic pacing: simulated seconds per wall second (default flat out).")
     ] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Synthetic generator processes, each sending its shard of the stream.")
+    ] = 1,
 ) -> None:
     """Run a fleet batch; events go to Kafka, labels (if asked) to a JSONL file."""
     from producers.fleet import run_fleet
@@ -348,6 +351,7 @@ def fleet_run(
     report = run_fleet(
         _settings(), backend=backend.value, sessions=sessions, concurrency=concurrency, seed=seed,
         cheat_rate=cheat_rate, labels_path=labels, perturb=perturb, rate_per_s=rate, time_compression=time_compression,
+        workers=workers,
     )  # fmt: skip
     out.print(report.summary(), markup=False)
 
@@ -404,11 +408,12 @@ def bench_replay_cmd(
     sessions: Annotated[int, typer.Option(help="Synthetic sessions (125,000 at 35/s ≈ one hour of 3M/day).")] = 125_000,
     seed: Annotated[int, typer.Option(help="Traffic seed.")] = 3,
     template_reuse: Annotated[float, typer.Option(help="Runs per generated session body (1 = all fresh).")] = 1.0,
+    workers: Annotated[int, typer.Option(min=1, help="Synthetic generator processes.")] = 2,
 ) -> None:
     """One hour of traffic: produce → ingest → assemble → score → export, wall vs traffic span."""
     from pipelines.bench import bench_replay
 
-    bench_replay(sessions=sessions, seed=seed, template_reuse=template_reuse)
+    bench_replay(sessions=sessions, seed=seed, template_reuse=template_reuse, workers=workers)
 
 
 @bench_app.command("freshness")

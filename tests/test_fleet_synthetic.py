@@ -110,3 +110,25 @@ def test_time_compression_paces_delivery():
     report = fleet.run(70, seed=1, cheat_rate=0.1, sink=sink, labels=LabelWriter(None))
     assert report.figures["simulated_span_s"] > 30
     assert report.wall_s >= report.figures["simulated_span_s"] / 600 * 0.9
+
+
+def test_shards_together_are_the_whole_stream():
+    whole = _stream(n=200)
+    fleet = SyntheticFleet(start_us=START)
+    shards = [list(fleet.stream(200, 3, 0.3, shard=(i, 3))) for i in range(3)]
+    assert Counter(map(tuple, whole)) == Counter(map(tuple, (e for shard in shards for e in shard)))
+    sessions = [{sid for _, sid, _, _ in shard} for shard in shards]
+    assert not (sessions[0] & sessions[1]) and not (sessions[1] & sessions[2])  # a session lives in one shard
+
+
+def test_synthetic_workers_merge_reports_and_labels(tmp_path):
+    from producers.fleet import run_synthetic_workers
+
+    labels = tmp_path / "labels.jsonl"
+    report = run_synthetic_workers(None, 60, 5, 0.3, labels, 2, {"start_us": START}, to_kafka=False)
+    single = SyntheticFleet(start_us=START)
+    expected = sum(1 for _ in single.stream(60, 5, 0.3))
+    assert (report.sessions, report.events, report.labels_written) == (60, expected, 60)
+    assert sum(report.by_status.values()) == 60 and report.figures["workers"] == 2
+    lines = [json.loads(line) for line in labels.read_text().splitlines()]
+    assert len({line["session_id"] for line in lines}) == 60

@@ -25,6 +25,7 @@ class FleetResource(ConfigurableResource):
         fallback: run the synthetic fleet when bubblewrap is unavailable (instead of failing).
         rate_per_s: synthetic arrival rate.
         time_compression: synthetic pacing (simulated seconds per wall second); ``None`` = flat out.
+        workers: synthetic generator processes, each sending its shard of the stream.
     """
 
     backend: str = "local"
@@ -36,6 +37,7 @@ class FleetResource(ConfigurableResource):
     fallback: bool = True
     rate_per_s: float = 35.0
     time_compression: float | None = None
+    workers: int = 1
 
     def launch(self, settings: object, sessions: int, labels_path: Path | None, seed: int | None = None) -> FleetReport:
         """Run one batch of ``sessions`` sessions; events go to Kafka, labels to ``labels_path``."""
@@ -52,6 +54,7 @@ class FleetResource(ConfigurableResource):
             timeout_s=self.timeout_s,
             rate_per_s=self.rate_per_s,
             time_compression=self.time_compression,
+            workers=self.workers,
         )
 
 

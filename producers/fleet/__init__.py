@@ -309,6 +309,7 @@ def run_fleet(
     time_compression: float | None = None,
     start_us: int | None = None,
     host_id: str | None = None,
+    workers: int = 1,
 ) -> FleetReport:
     """Run a fleet; events go to Kafka (or ``sink``), labels to ``labels_path``.
 
@@ -330,6 +331,8 @@ def run_fleet(
         time_compression: synthetic pacing (simulated seconds per wall second); ``None`` = flat out.
         start_us: synthetic stream start (event time); default: now minus the simulated span.
         host_id: recorded in every event.
+        workers: synthetic generator processes, each producing its shard of the stream with its
+            own Kafka producer (``sink`` must be None); labels are merged in shard order.
 
     Raises:
         BubblewrapMissing: ``local`` requested, bubblewrap unusable, and not ``fallback``.
@@ -350,6 +353,16 @@ def run_fleet(
             raise BubblewrapMissing("bubblewrap is installed but cannot create sandboxes (user namespaces?)")
         notes.append("bubblewrap (Debian package `bubblewrap`) unavailable: ran the synthetic fleet instead")
         backend = "synthetic"
+    if backend == "synthetic" and workers > 1:
+        if sink is not None:
+            raise ValueError("workers > 1 sends to Kafka from each worker; it cannot take a sink")
+        if start_us is None:  # fixed here so that every shard walks the same arrivals
+            start_us = time.time_ns() // 1000 - int(sessions / rate_per_s * 1e6)
+        kwargs = {"rate_per_s": rate_per_s, "time_compression": time_compression, "host_id": host_id,
+                  "start_us": start_us, "perturb": perturb}  # fmt: skip
+        report = run_synthetic_workers(settings, sessions, seed, cheat_rate, labels_path, workers, kwargs)
+        report.notes = notes + report.notes
+        return report
     fleet = make_fleet(
         backend,
         settings,
@@ -391,6 +404,100 @@ def run_fleet(
     report.labels_path = str(labels.path) if labels.path else None
     report.labels_written = labels.count
     report.notes = notes + report.notes
+    return report
+
+
+def _synthetic_shard(args: tuple) -> tuple[dict[str, Any], float]:
+    """One generator process of ``run_synthetic_workers``: its shard of the stream, to Kafka or counted."""
+    settings, sessions, seed, cheat_rate, labels_path, shard, kwargs, to_kafka = args
+    from producers.fleet.synthetic import SyntheticFleet
+
+    fleet = SyntheticFleet(**kwargs)
+    producer = None
+    if to_kafka:
+        from pipelines.broker import resolve_bootstrap
+        from producers.sdk import EventProducer
+
+        producer = EventProducer(resolve_bootstrap(settings), settings.topic, kwargs.get("host_id") or
+                                 f"fleet-synthetic-{shard[0]}", extra_config=settings.kafka_extra)  # fmt: skip
+        sink: EventSink = producer
+    else:
+        sink = _DiscardSink()
+    labels = LabelWriter(labels_path)
+    try:
+        report = fleet.run(sessions, seed=seed, cheat_rate=cheat_rate, sink=sink, labels=labels, shard=shard)
+        if producer is not None:
+            producer.flush()
+    finally:
+        labels.close()
+    return {k: getattr(report, k) for k in ("sessions", "events", "by_status", "by_policy", "cheaters",
+                                            "timeouts_reaped", "figures")}, report.wall_s  # fmt: skip
+
+
+class _DiscardSink:
+    """Drops encoded events (generation benchmarks)."""
+
+    def emit(self, event: dict[str, Any]) -> str:
+        return event["event_id"]
+
+    def send(self, session_id: str, event_id: str, value: bytes) -> None:
+        pass
+
+
+def run_synthetic_workers(
+    settings: Settings,
+    sessions: int,
+    seed: int,
+    cheat_rate: float,
+    labels_path: Path | str | None,
+    workers: int,
+    fleet_kwargs: dict[str, Any],
+    to_kafka: bool = True,
+) -> FleetReport:
+    """The synthetic fleet on ``workers`` processes: each generates and sends one shard of the stream.
+
+    ``fleet_kwargs`` are ``SyntheticFleet`` arguments and must fix ``start_us`` so every
+    shard walks the same arrivals. Per-session event order holds (a session lives in one
+    shard); labels are concatenated in shard order.
+    """
+    import multiprocessing
+    import time
+
+    parts = [Path(f"{labels_path}.part{i}") if labels_path else None for i in range(workers)]
+    started = time.monotonic()
+    jobs = [(settings, sessions, seed, cheat_rate, parts[i], (i, workers), fleet_kwargs, to_kafka)
+            for i in range(workers)]  # fmt: skip
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        results = pool.map(_synthetic_shard, jobs)
+    wall = time.monotonic() - started
+    report = FleetReport(backend="synthetic", sessions=0, wall_s=wall)
+    for shard, _ in results:
+        report.sessions += shard["sessions"]
+        report.events += shard["events"]
+        report.cheaters += shard["cheaters"]
+        report.timeouts_reaped += shard["timeouts_reaped"]
+        for key in ("by_status", "by_policy"):
+            merged = getattr(report, key)
+            for name, count in shard[key].items():
+                merged[name] = merged.get(name, 0) + count
+    report.figures["events_per_s"] = round(report.events / wall, 1) if wall else 0.0
+    report.figures["workers"] = workers
+    firsts = [shard["figures"]["first_event_us"] for shard, _ in results if "first_event_us" in shard["figures"]]
+    lasts = [shard["figures"]["last_event_us"] for shard, _ in results if "last_event_us" in shard["figures"]]
+    if firsts:
+        report.figures["first_event_us"], report.figures["last_event_us"] = min(firsts), max(lasts)
+        report.figures["simulated_span_s"] = round((max(lasts) - min(firsts)) / 1e6, 1)
+    report.figures["generation_events_per_s"] = round(report.events / max(seconds for _, seconds in results), 1)
+    if labels_path:
+        with Path(labels_path).open("w") as out:
+            for part in parts:
+                assert part is not None
+                with part.open() as handle:
+                    for line in handle:
+                        out.write(line)
+                        report.labels_written += 1
+                part.unlink()
+        report.labels_path = str(labels_path)
     return report
 
 

@@ -8,12 +8,12 @@
 - ``synthetic_events_per_s`` (re-run templates, the default at scale), ``..._fresh`` (every
   session generated in full) and ``baseline_events_per_s`` (``producers/synthetic.py`` + the
   per-event ``encode_event``), measured in the same process, with the ratios; and
-  ``synthetic_events_per_s_parallel`` with one generator process per core.
+  ``synthetic_events_per_s_parallel[_fresh]``: the fleet's multi-process mode
+  (``trajlake fleet run --workers N``), one shard of the stream per core, events discarded.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sys
 import tempfile
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from producers.fleet import ListSink, percentiles, run_fleet
+from producers.fleet import ListSink, percentiles, run_fleet, run_synthetic_workers
 from producers.fleet.sandbox import ImageStore, Limits, Sandbox, bwrap_available
 
 START_US = 1_750_000_000_000_000
@@ -65,11 +65,6 @@ def _baseline_rate(sessions: int) -> tuple[int, float]:
     return count, time.perf_counter() - started
 
 
-def _worker(args: tuple[int, float, int]) -> tuple[int, float]:
-    sessions, reuse, seed = args
-    return _synthetic_rate(sessions, reuse, seed)
-
-
 def run_benchmarks(
     settings: Any, local_sessions: int = 16, synthetic_events: int = 300_000, seed: int = 0
 ) -> dict[str, float]:
@@ -88,10 +83,12 @@ def run_benchmarks(
     )
     workers = os.cpu_count() or 1
     if workers > 1:
-        started = time.perf_counter()
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            results = pool.map(_worker, [(sessions, 16.0, s) for s in range(workers)])
-        figures["synthetic_events_per_s_parallel"] = round(sum(n for n, _ in results) / (time.perf_counter() - started))
+        # The fleet's own multi-process mode (``trajlake fleet run --workers N``), events discarded
+        # instead of sent: generation rate with one shard of the stream per core.
+        for label, reuse, n in (("_fresh", 1.0, max(300, sessions // 3)), ("", 16.0, sessions)):
+            report = run_synthetic_workers(settings, n * workers, 1, 0.1, None, workers,
+                                           {"start_us": START_US, "template_reuse": reuse}, to_kafka=False)  # fmt: skip
+            figures[f"synthetic_events_per_s_parallel{label}"] = report.figures["generation_events_per_s"]
         figures["synthetic_workers"] = workers
     if bwrap_available():
         with tempfile.TemporaryDirectory(prefix="tl-bench-") as tmp:

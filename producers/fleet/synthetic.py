@@ -722,6 +722,7 @@ class SyntheticFleet:
         labels: LabelWriter | None = None,
         encode: bool = True,
         template_reuse: float | None = None,
+        shard: tuple[int, int] = (0, 1),
     ) -> Iterator[tuple[int, str, str, Any]]:
         """Every event of ``sessions`` sessions in time order: (ts, session_id, event_id, bytes or dict).
 
@@ -735,6 +736,9 @@ class SyntheticFleet:
                 sessions were generated in full, a session re-runs an earlier one (new session,
                 sandbox and host ids, event times, stretched lifetime) with probability
                 ``1 - 1/template_reuse``. ``1`` generates every session in full. Default: the fleet's.
+            shard: ``(i, n)`` generates only sessions ``i, i + n, i + 2n, …`` of the stream, so that
+                ``n`` processes together produce it (with ``template_reuse`` 1 exactly the same
+                sessions as one process; with reuse, each shard re-runs its own sessions).
 
         Statuses accumulate in ``self.statuses`` and policies in ``self.policies``.
         """
@@ -754,10 +758,17 @@ class SyntheticFleet:
         flushed = start_us // bucket_us
         templates: list[tuple] = []
         fresh_p = 1.0 / max(1.0, reuse)
-        for _ in range(sessions):
+        shard_index, shards = shard
+        for index in range(sessions):
             arrival += int(rng.expovariate(self.rate_per_s) * 1e6)
             session_rng = random.Random(rng.getrandbits(64))
-            if len(templates) < WARM_TEMPLATES or reuse <= 1 or rng.random() < fresh_p:
+            draw = rng.random() if reuse > 1 else 0.0  # always drawn: every shard walks the same arrivals
+            if index % shards != shard_index:  # another shard's session
+                while flushed < arrival // bucket_us:
+                    yield from buckets.pop(flushed, ())
+                    flushed += 1
+                continue
+            if len(templates) < WARM_TEMPLATES or reuse <= 1 or draw < fresh_p:
                 head, events, label, status = self.session(session_rng, arrival, cheat_rate)
                 sid = head.session_id
                 if reuse > 1:
@@ -765,7 +776,7 @@ class SyntheticFleet:
                     if len(templates) < MAX_TEMPLATES:
                         templates.append(template)
                     else:
-                        templates[rng.randrange(MAX_TEMPLATES)] = template
+                        templates[session_rng.randrange(MAX_TEMPLATES)] = template
                 for ev in events:
                     ts = ev[2]
                     value = encode_event(head, ev) if encode else to_dict(head, ev)
@@ -774,7 +785,7 @@ class SyntheticFleet:
                         bucket = buckets[ts // bucket_us] = []
                     bucket.append((ts, sid, ev[4], value))
             else:
-                values, parts, label, status = templates[rng.randrange(len(templates))]
+                values, parts, label, status = templates[session_rng.randrange(len(templates))]
                 sid = f"{session_rng.getrandbits(128):032x}"
                 prefix = sid[:24]
                 id_bytes = b"\x40" + prefix.encode()
@@ -841,14 +852,18 @@ class SyntheticFleet:
         sink: EventSink,
         labels: LabelWriter,
         concurrency: int = 4,
+        shard: tuple[int, int] = (0, 1),
     ) -> FleetReport:
-        """Generate and deliver ``sessions`` sessions as encoded bytes (``concurrency`` is unused)."""
+        """Generate and deliver ``sessions`` sessions as encoded bytes (``concurrency`` is unused).
+
+        With ``shard=(i, n)`` only this process's share of the stream (see ``stream``).
+        """
         started = time.monotonic()
         first_ts: int | None = None
         last_ts = 0
         events = 0
         send = sink.send
-        for ts, session_id, event_id, value in self.stream(sessions, seed, cheat_rate, labels):
+        for ts, session_id, event_id, value in self.stream(sessions, seed, cheat_rate, labels, shard=shard):
             if first_ts is None:
                 first_ts = ts
             last_ts = max(last_ts, ts)
@@ -861,7 +876,7 @@ class SyntheticFleet:
         wall = time.monotonic() - started
         report = FleetReport(
             backend=self.name,
-            sessions=sessions,
+            sessions=sum(self.statuses.values()),
             events=events,
             wall_s=wall,
             by_status=dict(self.statuses),
@@ -874,4 +889,5 @@ class SyntheticFleet:
             span = (last_ts - first_ts) / 1e6
             report.figures["simulated_span_s"] = round(span, 1)
             report.figures["time_compression_achieved"] = round(span / wall, 1) if wall else 0.0
+            report.figures["first_event_us"], report.figures["last_event_us"] = first_ts, last_ts
         return report
