@@ -153,8 +153,8 @@ class _TimedWorker(IngestWorker):
             self.first = time.perf_counter()
         super()._add_many(messages)
 
-    def _process(self, messages: list[Any], batch_bytes: int) -> dict[int, int]:
-        next_offsets = super()._process(messages, batch_bytes)
+    def _process(self, batch: Any) -> dict[int, int]:
+        next_offsets = super()._process(batch)
         self.last = time.perf_counter()
         return next_offsets
 
@@ -553,6 +553,7 @@ def bench_replay(
     from pipelines.export import export_training_set
     from pipelines.score import score_all
     from producers.fleet import run_synthetic_workers
+    from warehouse.maintenance import maintain
     from warehouse.sql import run_query
     from warehouse.tables import STEPS, TRAJECTORIES
 
@@ -595,6 +596,11 @@ def bench_replay(
         catalog = open_catalog(settings)
         layout = {spec.name: files_per_partition(ensure_table(catalog, settings, spec.name))
                   for spec in (RAW_EVENTS, TRAJECTORIES, STEPS)}  # fmt: skip
+        # Hot ingest writes one file per partition per batch; maintenance compacts them to the target size.
+        mark = time.perf_counter()
+        maintain(settings)
+        compact_s = time.perf_counter() - mark
+        compacted = files_per_partition(ensure_table(open_catalog(settings), settings, RAW_EVENTS.name))
     span = (last_ts - first_ts) / 1e6
     if (rows, distinct) != (produced, produced) or trajectories != sessions:
         raise RuntimeError(f"replay lost or duplicated data: produced {produced} events of {sessions} sessions, "
@@ -604,7 +610,7 @@ def bench_replay(
         "sessions": sessions, "events": produced, "span_s": span, "wall_s": wall,
         "produce_s": produce_s, "ingest_done_s": ingest_s, "assemble_s": assemble_s, "score_s": score_s,
         "export_s": export_s, "events_per_s": produced / ingest_s, "trajectories": trajectories,
-        "scored": scored.sessions, "exported": exported.records,
+        "scored": scored.sessions, "exported": exported.records, "compact_s": compact_s,
         "figures": [f.as_dict() for f in figures],
     }  # fmt: skip
     _print("replay", figures, result)
@@ -612,7 +618,11 @@ def bench_replay(
         for part in partitions:
             print(f"  files per partition: {name} {part['partition']}: {part['files']} files, {part['rows']:,} rows, "
                   f"{part['mean_file_mb']} MB mean")  # fmt: skip
+    for part in compacted:
+        print(f"  after `trajlake maintain` ({compact_s:.0f} s): raw_events {part['partition']}: "
+              f"{part['files']} files, {part['mean_file_mb']} MB mean")  # fmt: skip
     result["files_per_partition"] = layout
+    result["files_per_partition_compacted"] = compacted
     return result
 
 

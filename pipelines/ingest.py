@@ -36,6 +36,7 @@ before ingest read them) is logged and counted as a gap, never skipped silently.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -343,18 +344,49 @@ def consumer_config(settings: Settings, bootstrap: str) -> dict[str, Any]:
         "session.timeout.ms": 6000,
         "heartbeat.interval.ms": 500,
         "max.poll.interval.ms": 300_000,
-        "fetch.max.bytes": 64 << 20,
+        "fetch.max.bytes": 16 << 20,
         # Fewer, fuller fetches: ~1.6x the consume rate on a backlog, at most 100 ms added latency.
         "fetch.min.bytes": 1 << 20,
         "fetch.wait.max.ms": 100,
         "max.partition.fetch.bytes": 8 << 20,
         # Prefetch bounded well below a batch: a deep backlog must not grow resident memory.
-        "queued.max.messages.kbytes": 64 << 10,
+        "queued.max.messages.kbytes": 16 << 10,
         **settings.kafka_extra,
     }
 
 
 _DEAD_SYNC_SECONDS = 30.0
+_RAW_SORT = [("session_id", "ascending"), ("seq", "ascending")]
+
+
+@functools.cache
+def _libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def _bound_allocator() -> None:
+    """Keep ingest's resident memory close to what it holds.
+
+    Batches are large, short-lived Arrow buffers: on the system allocator, with few malloc
+    arenas (set before the consumer's and committer's threads exist) and a trim after each
+    batch, freed batches go back to the OS instead of staying in allocator caches.
+    """
+    pa.set_memory_pool(pa.system_memory_pool())
+    libc = _libc()
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(-8, 2)  # M_ARENA_MAX
+
+
+def _release_free_memory() -> None:
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 def _per_row(by_partition: dict[int, int], partitions: np.ndarray) -> np.ndarray:
@@ -386,6 +418,7 @@ class IngestWorker:
         self.decoder = BatchDecoder(self.raw_schema, settings.max_event_bytes)
         self.dead_schema = DEAD_LETTERS.arrow_schema()
         self.bootstrap = bootstrap or resolve_bootstrap(settings)
+        _bound_allocator()
         self.consumer = Consumer(consumer_config(settings, self.bootstrap), logger=log)
         self.admin = AdminClient({"bootstrap.servers": self.bootstrap, **settings.kafka_extra})
         self.topic_id: str | None = None  # Kafka topic id of the incarnation being read; None if unknown
@@ -658,7 +691,7 @@ class IngestWorker:
         known = pc.is_in(rows.column("event_id"), value_set=present.column("event_id").combine_chunks())
         return candidate & known.to_numpy(zero_copy_only=False)
 
-    def _process(self, messages: list[Message], batch_bytes: int) -> dict[int, int]:
+    def _process(self, batch: _Batch) -> dict[int, int]:
         """Decode one batch and commit it to dead_letters and raw_events; returns its next offsets.
 
         Runs on the commit thread while the main thread consumes the next batch.
@@ -668,11 +701,14 @@ class IngestWorker:
         raw_events drops what it already holds, so a lagging dead-letter offset costs a
         bounded re-read, never a duplicate.
         """
+        messages, batch.records = batch.records, []  # the batch's memory goes as soon as it is decoded
         next_offsets: dict[int, int] = {}
         for message in messages:
             partition = message.partition()
             next_offsets[partition] = max(next_offsets.get(partition, 0), message.offset() + 1)
         good, dead = self.decode_batch(messages)
+        del messages
+        good = good.sort_by(_RAW_SORT)  # here, so that the unsorted copy is released before the commit
         _fault("before_commit")
         for partition, offset in next_offsets.items():
             self._dead_pending[partition] = max(self._dead_pending.get(partition, 0), offset)
@@ -682,17 +718,18 @@ class IngestWorker:
             self._commit_dead(dead)
         _fault("between_table_commits")
         self.raw_table, n_good, skipped = self._commit_table(
-            self.raw_table.refresh, good, next_offsets, [("session_id", "ascending"), ("seq", "ascending")],
-            self.recent_ids,
-        )  # fmt: skip
+            self.raw_table.refresh, good, next_offsets, [], self.recent_ids
+        )
         _fault("after_iceberg_commit")
         self.stats.events += n_good
         self.stats.skipped += skipped
         self.stats.batches += 1
-        self.stats.bytes += batch_bytes
+        self.stats.bytes += batch.bytes
         for reason in dead.column("reason").to_pylist():
             self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
         log.info("batch %d: %d events, %d dead letters, %d skipped", self.stats.batches, n_good, dead.num_rows, skipped)
+        del good, dead
+        _release_free_memory()
         return next_offsets
 
     def _commit_dead(self, dead: pa.Table) -> None:
@@ -716,7 +753,7 @@ class IngestWorker:
         if batch.records:
             self._batch = _Batch()
             self._wait_inflight()
-            self._inflight = self._committer.submit(self._process, batch.records, batch.bytes)
+            self._inflight = self._committer.submit(self._process, batch)
         if wait:
             self._wait_inflight()
             if self._dead_pending:

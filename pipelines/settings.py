@@ -63,7 +63,9 @@ class Settings(BaseSettings):
 
     # Ingest
     ingest_max_rows: int = Field(50_000, ge=1, description="TRAJLAKE_INGEST_MAX_ROWS per batch")
-    ingest_max_bytes: int = Field(64 << 20, ge=1024, description="TRAJLAKE_INGEST_MAX_BYTES per batch")
+    ingest_max_bytes: int = Field(
+        16 << 20, ge=1024, description="TRAJLAKE_INGEST_MAX_BYTES per batch (bounds ingest memory: ~1 GB peak)"
+    )
     ingest_max_seconds: float = Field(5.0, gt=0, description="TRAJLAKE_INGEST_MAX_SECONDS per batch")
     max_event_bytes: int = Field(
         1 << 20, ge=1024, description="TRAJLAKE_MAX_EVENT_BYTES: larger records are dead-lettered."
@@ -94,7 +96,7 @@ class Settings(BaseSettings):
         900.0, gt=0, description="TRAJLAKE_SESSION_IDLE_TIMEOUT_S: close sessions idle this long."
     )
     assemble_chunk_events: int = Field(
-        250_000,
+        1_000_000,
         ge=1,
         description="TRAJLAKE_ASSEMBLE_CHUNK_EVENTS: assembly handles the affected sessions in chunks of about "
         "this many events (memory is bounded by a chunk).",
