@@ -30,12 +30,20 @@ from datetime import UTC, datetime, timedelta
 import pyarrow.fs as pafs
 from pyiceberg.catalog import Catalog
 from pyiceberg.io.pyarrow import PyArrowFileIO, _dataframe_to_data_files
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
 from pipelines.settings import Settings
 from warehouse.catalog import open_catalog
 from warehouse.errors import WarehouseError
-from warehouse.snapshots import REWRITE_MARKER, LiveFile, live_files, read_data_files, snapshots_since
+from warehouse.snapshots import (
+    REWRITE_MARKER,
+    LiveFile,
+    live_files,
+    read_data_files,
+    size_bundles,
+    snapshots_since,
+)
 from warehouse.tables import RAW_EVENTS, TABLES, TRAJECTORIES, ensure_table
 from warehouse.tiering import TIERED_TABLES, _retry, ensure_cold_table, lifecycle_lock, tiered_files
 
@@ -101,6 +109,20 @@ def usage(table: Table) -> Usage:
     return found
 
 
+def _bundles(groups: dict[tuple[object, ...], list[LiveFile]], min_files: int, target: int) -> list[list[LiveFile]]:
+    """Small files of partitions with ``min_files`` or more of them, in bundles of about ``target`` bytes.
+
+    A bundle never mixes partitions; a lone leftover file is not worth a rewrite and stays.
+    """
+    return [
+        bundle
+        for files in groups.values()
+        if len(files) >= min_files
+        for bundle in size_bundles(files, target)
+        if len(bundle) > 1
+    ]
+
+
 def compact_table(
     catalog: Catalog, table: Table, min_files: int, eligible: Callable[[LiveFile], bool] = lambda _: True
 ) -> tuple[int, int]:
@@ -122,15 +144,22 @@ def compact_table(
         for entry in live_files(current):
             if entry.data_file.file_size_in_bytes < target * _SMALL and eligible(entry):
                 groups.setdefault(_partition_key(entry), []).append(entry)
-        old = [entry.data_file for files in groups.values() if len(files) >= min_files for entry in files]
+        spec = TABLES.get(table.name()[-1])
+        old: list[DataFile] = []
+        new: list[DataFile] = []
+        # Each rewrite reads at most about one target file's worth of small files, so memory is
+        # bounded by the target size, not by the partition (a day of raw events does not fit).
+        for bundle in _bundles(groups, min_files, target):
+            files = [entry.data_file for entry in bundle]
+            rows = read_data_files(current, files)
+            if spec and spec.sort_by and rows.num_rows:
+                rows = rows.sort_by([(k, "ascending") for k in spec.sort_by])
+            new.extend(_dataframe_to_data_files(current.metadata, rows, current.io))
+            old.extend(files)
+            del rows
         if not old:
             result = (0, 0)
             return
-        spec = TABLES.get(table.name()[-1])
-        rows = read_data_files(current, old)
-        if spec and spec.sort_by and rows.num_rows:
-            rows = rows.sort_by([(k, "ascending") for k in spec.sort_by])
-        new = list(_dataframe_to_data_files(current.metadata, rows, current.io))
         with current.transaction() as tx:
             properties = {REWRITE_MARKER: "true", "trajlake.rewrite.files": str(len(old))}
             with tx.update_snapshot(snapshot_properties=properties).overwrite() as overwrite:

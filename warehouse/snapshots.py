@@ -122,8 +122,28 @@ def live_files(table: Table) -> list[LiveFile]:
     return found
 
 
-def read_data_files(table: Table, files: list[DataFile]) -> pa.Table:
-    """Rows of the given data files as Arrow, in the table's current schema.
+def size_bundles(entries: list[LiveFile], target_bytes: int) -> list[list[LiveFile]]:
+    """``entries`` (in path order) cut into consecutive bundles of at most about ``target_bytes``.
+
+    Rewrites and copies work bundle by bundle, so their memory is bounded by the bundle,
+    not by a partition (a day of raw events does not fit in memory at fleet scale).
+    """
+    bundles: list[list[LiveFile]] = []
+    bundle: list[LiveFile] = []
+    size = 0
+    for entry in sorted(entries, key=lambda e: e.data_file.file_path):
+        if bundle and size + entry.data_file.file_size_in_bytes > target_bytes:
+            bundles.append(bundle)
+            bundle, size = [], 0
+        bundle.append(entry)
+        size += entry.data_file.file_size_in_bytes
+    if bundle:
+        bundles.append(bundle)
+    return bundles
+
+
+def read_data_files(table: Table, files: list[DataFile], columns: tuple[str, ...] | None = None) -> pa.Table:
+    """Rows of the given data files as Arrow, in the table's current schema (or only ``columns``).
 
     Goes through pyiceberg's reader, so it works on any FileIO (``file://``, ``s3://``)
     and fills columns added after a file was written with nulls.
@@ -132,5 +152,6 @@ def read_data_files(table: Table, files: list[DataFile]) -> pa.Table:
     from pyiceberg.io.pyarrow import ArrowScan
     from pyiceberg.table import FileScanTask
 
-    scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
+    schema = table.schema() if columns is None else table.schema().select(*columns)
+    scan = ArrowScan(table.metadata, table.io, schema, AlwaysTrue())
     return scan.to_table([FileScanTask(f) for f in files])

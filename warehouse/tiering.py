@@ -54,7 +54,7 @@ from pyiceberg.table import Table
 from pipelines.settings import Settings
 from warehouse.catalog import open_catalog
 from warehouse.errors import WarehouseError
-from warehouse.snapshots import LiveFile, live_files, read_data_files
+from warehouse.snapshots import LiveFile, live_files, read_data_files, size_bundles
 from warehouse.tables import RAW_EVENTS, STEPS, TABLES, TRAJECTORIES, ensure_table
 
 log = logging.getLogger("trajlake.tiering")
@@ -285,7 +285,7 @@ def _tier_raw(catalog: Catalog, settings: Settings, boundary_day: int, stats: Ti
         fresh = [e for e in entries if e.path not in copied]
         if not fresh:
             continue
-        sessions = read_data_files(hot, [e.data_file for e in fresh]).column("session_id")
+        sessions = read_data_files(hot, [e.data_file for e in fresh], columns=("session_id",)).column("session_id")
         ids = pc.unique(sessions).to_pylist()
         if len(_settled_sessions(catalog, settings, ids)) < len(ids):
             stats.days_deferred.append(_day_name(day))  # unassembled or running sessions: next run
@@ -293,10 +293,13 @@ def _tier_raw(catalog: Catalog, settings: Settings, boundary_day: int, stats: Ti
         stats.days_tiered.append(_day_name(day))
         to_copy.extend(fresh)
     live = {e.path for entries in by_day.values() for e in entries}
-    if to_copy:
-        rows = _sorted(read_data_files(hot, [e.data_file for e in to_copy]), RAW_EVENTS.name)
+    target = int(cold.properties.get("write.target-file-size-bytes", str(128 << 20)))
+    # Bundle by bundle, each copy committed with its marker: memory is bounded by a bundle, and a
+    # crash between bundles leaves every copied file marked (hidden in the hot view), the rest hot.
+    for bundle in size_bundles(to_copy, target):
+        rows = _sorted(read_data_files(hot, [e.data_file for e in bundle]), RAW_EVENTS.name)
         # Keep only markers of hot files still present: the rest were deleted, nothing to exclude.
-        marker = sorted((copied & live) | {e.path for e in to_copy})
+        marker = sorted((copied & live) | {e.path for e in bundle})
         with cold.transaction() as tx:
             tx.append(
                 rows.cast(cold.schema().as_arrow()),
@@ -305,6 +308,7 @@ def _tier_raw(catalog: Catalog, settings: Settings, boundary_day: int, stats: Ti
             tx.set_properties({TIERED_FILES: json.dumps(marker)})
         stats.events_copied += rows.num_rows
         copied = set(marker)
+        del rows
     _fault("tier_after_copy_raw_events")
 
     def delete() -> None:
