@@ -358,15 +358,29 @@ def _tree_rss_bytes(pid: int) -> int:
     return total
 
 
-def _child_peak_rss(args: list[str], env: dict[str, str]) -> tuple[int, float]:
-    """Run ``python -m pipelines.cli *args`` as a child; returns its peak tree RSS (bytes) and seconds."""
+def _cli_env(settings: Settings, **overrides: str) -> dict[str, str]:
+    """``TRAJLAKE_*`` variables that point a child ``trajlake`` at ``settings``' home, broker, topic, namespace."""
+    env = {"TRAJLAKE_HOME": str(settings.home_dir), "TRAJLAKE_TOPIC": settings.topic,
+           "TRAJLAKE_NAMESPACE": settings.namespace}  # fmt: skip
+    if settings.kafka_bootstrap:
+        env["TRAJLAKE_KAFKA_BOOTSTRAP"] = settings.kafka_bootstrap
+    return {**env, **overrides}
+
+
+def _cli_child(args: list[str], env: dict[str, str]) -> Any:
+    """``python -m pipelines.cli *args`` as a child process with ``env`` added (stderr kept for errors)."""
     import os
     import subprocess
     import sys
 
+    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", *args], env={**os.environ, **env},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+
+
+def _child_peak_rss(args: list[str], env: dict[str, str]) -> tuple[int, float]:
+    """Run ``python -m pipelines.cli *args`` as a child; returns its peak tree RSS (bytes) and seconds."""
     started = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "pipelines.cli", *args], env={**os.environ, **env},
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    child = _cli_child(args, env)
     peak = 0
     while child.poll() is None:
         peak = max(peak, _tree_rss_bytes(child.pid))
@@ -379,8 +393,7 @@ def _child_peak_rss(args: list[str], env: dict[str, str]) -> tuple[int, float]:
 
 def _ingest_peak_rss(settings: Settings, topic: str, group: str) -> tuple[int, float]:
     """Run ``trajlake ingest --until-idle`` as a child on ``topic``; returns its peak tree RSS and seconds."""
-    env = {"TRAJLAKE_HOME": str(settings.home_dir), "TRAJLAKE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-           "TRAJLAKE_TOPIC": topic, "TRAJLAKE_CONSUMER_GROUP": group}  # fmt: skip
+    env = _cli_env(settings, TRAJLAKE_TOPIC=topic, TRAJLAKE_CONSUMER_GROUP=group)
     return _child_peak_rss(["ingest", "--until-idle", "2"], env)
 
 
@@ -399,7 +412,7 @@ def bench_assemble(events: int = 10_000_000, home: Path | None = None) -> dict[s
         for size in (small, events):
             namespace = f"assemble_{size}"
             load_raw_events(settings.model_copy(update={"namespace": namespace}), size)
-            env = {"TRAJLAKE_HOME": str(settings.home_dir), "TRAJLAKE_NAMESPACE": namespace}
+            env = _cli_env(settings, TRAJLAKE_NAMESPACE=namespace)
             peak, seconds = _child_peak_rss(["assemble"], env)
             trajectories = run_query(settings.model_copy(update={"namespace": namespace}),
                                      "SELECT count(*) FROM trajectories")[1][0][0]  # fmt: skip
@@ -443,18 +456,9 @@ BENCHMARKS["assemble"] = bench_assemble
 
 def _ingest_children(settings: Settings, topic: str, group: str, namespace: str, workers: int) -> float:
     """Run ``workers`` ``trajlake ingest --until-idle`` processes in one group; returns wall seconds."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TRAJLAKE_HOME": str(settings.home_dir), "TRAJLAKE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-           "TRAJLAKE_TOPIC": topic, "TRAJLAKE_CONSUMER_GROUP": group, "TRAJLAKE_NAMESPACE": namespace}  # fmt: skip
+    env = _cli_env(settings, TRAJLAKE_TOPIC=topic, TRAJLAKE_CONSUMER_GROUP=group, TRAJLAKE_NAMESPACE=namespace)
     started = time.perf_counter()
-    children = [
-        subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", "--until-idle", "3"], env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-        for _ in range(workers)
-    ]
+    children = [_cli_child(["ingest", "--until-idle", "3"], env) for _ in range(workers)]
     for child in children:
         _, stderr = child.communicate()
         if child.returncode != 0:
@@ -505,18 +509,6 @@ def bench_scaleout(events: int = 300_000, home: Path | None = None) -> dict[str,
 BENCHMARKS["scaleout"] = bench_scaleout
 
 
-def _ingest_child(settings: Settings, *args: str) -> Any:
-    """A ``trajlake ingest`` process on ``settings`` (its stderr kept for errors)."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TRAJLAKE_HOME": str(settings.home_dir), "TRAJLAKE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-           "TRAJLAKE_TOPIC": settings.topic, "TRAJLAKE_NAMESPACE": settings.namespace}  # fmt: skip
-    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-
-
 def files_per_partition(table: Any) -> list[dict[str, Any]]:
     """Live data files of ``table`` per partition: files, rows, mean file size (MB)."""
     files = table.inspect.files().select(["partition", "record_count", "file_size_in_bytes"]).to_pylist()
@@ -559,7 +551,7 @@ def bench_replay(
 
     with bench_home(home) as settings:
         started = time.perf_counter()
-        ingest = _ingest_child(settings, "--follow")
+        ingest = _cli_child(["ingest", "--follow"], _cli_env(settings))
         fleet = run_synthetic_workers(
             settings, sessions, seed, 0.05, None, workers,
             {"start_us": BASE_US + 6 * 3600 * 10**6, "template_reuse": template_reuse or 1.0}, to_kafka=True,
@@ -654,7 +646,7 @@ def bench_freshness(
         delivered: dict[str, float] = {}
         visible: dict[str, float] = {}
         done = threading.Event()
-        ingest = _ingest_child(settings, "--follow")
+        ingest = _cli_child(["ingest", "--follow"], _cli_env(settings))
         table = ensure_table(open_catalog(settings), settings, RAW_EVENTS.name)
 
         def consume_plain() -> None:
