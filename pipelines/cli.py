@@ -315,6 +315,7 @@ def maintain() -> None:
             f"{r.orphans_removed:>7}"
         )
 
+
 fleet_app = typer.Typer(no_args_is_help=True, help="The sandbox fleet: real local sandboxes or synthetic traffic.")
 app.add_typer(fleet_app, name="fleet")
 
@@ -449,11 +450,14 @@ def bench_quality_cmd(
 def bench_fleet_cmd(
     local_sessions: Annotated[int, typer.Option(help="Local sandbox sessions at concurrency 4.")] = 16,
     synthetic_events: Annotated[int, typer.Option(help="Synthetic events to generate and encode.")] = 300_000,
+    hour_sessions: Annotated[
+        int, typer.Option(help="Sessions of the multi-process run (125k = one hour at 3M/day); 0 skips it.")
+    ] = 125_000,
 ) -> None:
     """Sandbox start latency, local sessions/min, synthetic generation vs the per-event baseline."""
     from producers.fleet.bench import run_benchmarks
 
-    run_benchmarks(_settings(), local_sessions, synthetic_events)
+    run_benchmarks(_settings(), local_sessions, synthetic_events, hour_sessions=hour_sessions)
 
 
 def main() -> None:
