@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     cold_target_file_bytes: int = Field(
         128 << 20, ge=1 << 10, description="TRAJLAKE_COLD_TARGET_FILE_BYTES: Parquet file size in the cold tier."
     )
+    rewrite_memory_bytes: int = Field(
+        768 << 20,
+        ge=1 << 20,
+        description="TRAJLAKE_REWRITE_MEMORY_BYTES: Arrow rows a compaction or tier copy holds at once "
+        "(peak memory is about three times this).",
+    )
     compact_min_files: int = Field(
         4, ge=2, description="TRAJLAKE_COMPACT_MIN_FILES: compact a partition once it has this many small files."
     )

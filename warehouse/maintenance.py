@@ -1,7 +1,8 @@
 """Keep the lakehouse healthy: compact small files, expire snapshots, remove orphan files.
 
 pyiceberg has no compaction, so :func:`compact_table` rewrites a partition's small
-files with Arrow (sorted by the table's sort order, at its target file size) and
+files with Arrow into sorted, non-overlapping ranges of the sort key (each at most the
+target file size and a memory bound) and
 swaps them in one OVERWRITE commit whose summary carries
 :data:`warehouse.snapshots.REWRITE_MARKER`.
 
@@ -22,13 +23,25 @@ What incremental readers rely on is kept:
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from pyiceberg.catalog import Catalog
+from pyiceberg.expressions import (
+    AlwaysTrue,
+    And,
+    BooleanExpression,
+    GreaterThanOrEqual,
+    IsNull,
+    LessThan,
+    Or,
+)
 from pyiceberg.io.pyarrow import PyArrowFileIO, _dataframe_to_data_files
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
@@ -39,6 +52,7 @@ from warehouse.errors import WarehouseError
 from warehouse.snapshots import (
     REWRITE_MARKER,
     LiveFile,
+    arrow_row_bytes,
     live_files,
     read_data_files,
     size_bundles,
@@ -109,24 +123,64 @@ def usage(table: Table) -> Usage:
     return found
 
 
-def _bundles(groups: dict[tuple[object, ...], list[LiveFile]], min_files: int, target: int) -> list[list[LiveFile]]:
-    """Small files of partitions with ``min_files`` or more of them, in bundles of about ``target`` bytes.
+def _rewrites(
+    table: Table, files: list[LiveFile], sort_by: tuple[str, ...], target: int, memory: int, row_bytes: float
+) -> Iterator[pa.Table]:
+    """The rows of one partition's ``files``, sorted, as the contents of the files that replace them.
 
-    A bundle never mixes partitions; a lone leftover file is not worth a rewrite and stays.
+    Each output holds at most about ``target`` Parquet bytes and ``memory`` Arrow bytes. With a
+    sort key the outputs are *ranges* of its leading column (split at quantiles sampled from a
+    few files), so they do not overlap: a session's rows end up in one file, and a lookup by
+    session prunes every other file by its statistics. Each range is read with a filter that
+    skips the row groups of the (sorted) inputs outside it.
     """
-    return [
-        bundle
-        for files in groups.values()
-        if len(files) >= min_files
-        for bundle in size_bundles(files, target)
-        if len(bundle) > 1
-    ]
+    data_files = [f.data_file for f in files]
+    rows_total = sum(f.record_count for f in data_files)
+    outputs = max(
+        math.ceil(rows_total * row_bytes / (memory * 0.8)),  # headroom for uneven ranges
+        math.ceil(sum(f.file_size_in_bytes for f in data_files) / target),
+        1,
+    )
+    keys = [(k, "ascending") for k in sort_by]
+    if not sort_by or outputs == 1:
+        for bundle in size_bundles(files, target, memory, row_bytes) if not sort_by else [files]:
+            rows = read_data_files(table, [f.data_file for f in bundle])
+            yield rows.sort_by(keys) if keys and rows.num_rows else rows
+        return
+    lead = sort_by[0]
+    step = max(1, len(data_files) // 8)
+    sample = read_data_files(table, data_files[::step][:8], columns=(lead,)).column(lead)
+    values = pc.unique(sample.drop_null()).sort().to_pylist()
+    bounds = sorted({values[len(values) * i // outputs] for i in range(1, outputs)} - {values[0]} if values else set())
+    for index in range(len(bounds) + 1):
+        lower = bounds[index - 1] if index else None
+        upper = bounds[index] if index < len(bounds) else None
+        if lower is None and upper is None:
+            condition: BooleanExpression = AlwaysTrue()
+        elif lower is None:
+            condition = Or(IsNull(lead), LessThan(lead, upper))
+        elif upper is None:
+            condition = GreaterThanOrEqual(lead, lower)
+        else:
+            condition = And(GreaterThanOrEqual(lead, lower), LessThan(lead, upper))
+        rows = read_data_files(table, data_files, row_filter=condition)
+        if rows.num_rows:
+            yield rows.sort_by(keys)
+        del rows
 
 
 def compact_table(
-    catalog: Catalog, table: Table, min_files: int, eligible: Callable[[LiveFile], bool] = lambda _: True
+    catalog: Catalog,
+    table: Table,
+    min_files: int,
+    eligible: Callable[[LiveFile], bool] = lambda _: True,
+    memory_bytes: int = 768 << 20,
 ) -> tuple[int, int]:
     """Rewrite every partition holding ``min_files`` or more small eligible files into target-size files.
+
+    The new files are sorted by the table's sort order and split into ranges of its leading
+    column (see :func:`_rewrites`), each at most the target size and ``memory_bytes`` of Arrow
+    rows — which also bounds the rewrite's memory.
 
     Returns:
         (files removed, files written); (0, 0) when nothing needed compacting.
@@ -145,18 +199,26 @@ def compact_table(
             if entry.data_file.file_size_in_bytes < target * _SMALL and eligible(entry):
                 groups.setdefault(_partition_key(entry), []).append(entry)
         spec = TABLES.get(table.name()[-1])
+        sort_by = tuple(spec.sort_by) if spec and spec.sort_by else ()
         old: list[DataFile] = []
         new: list[DataFile] = []
-        # Each rewrite reads at most about one target file's worth of small files, so memory is
-        # bounded by the target size, not by the partition (a day of raw events does not fit).
-        for bundle in _bundles(groups, min_files, target):
-            files = [entry.data_file for entry in bundle]
-            rows = read_data_files(current, files)
-            if spec and spec.sort_by and rows.num_rows:
-                rows = rows.sort_by([(k, "ascending") for k in spec.sort_by])
-            new.extend(_dataframe_to_data_files(current.metadata, rows, current.io))
-            old.extend(files)
-            del rows
+        # pyiceberg splits what it writes at the target size measured in Arrow bytes, which is
+        # 10-30× the Parquet bytes here: left to it, one rewrite came out as dozens of small files.
+        one_file = current.metadata.model_copy(
+            update={"properties": {**current.metadata.properties, "write.target-file-size-bytes": str(1 << 60)}}
+        )
+        for files in groups.values():
+            if len(files) < min_files:
+                continue
+            row_bytes = arrow_row_bytes(current, files)
+            # A file as large as a rewrite would make it is done: without this, files bounded by
+            # memory rather than by the target would be rewritten by every run.
+            files = [f for f in files if f.data_file.record_count * row_bytes < memory_bytes * _SMALL]
+            if len(files) < min_files:
+                continue
+            for rows in _rewrites(current, files, sort_by, target, memory_bytes, row_bytes):
+                new.extend(_dataframe_to_data_files(one_file, rows, current.io))
+            old.extend(f.data_file for f in files)
         if not old:
             result = (0, 0)
             return
@@ -283,7 +345,7 @@ def maintain(
             if table.name() == (settings.namespace, RAW_EVENTS.name):
                 eligible = _raw_events_eligibility(catalog, settings, table, tiered_files(cold_raw))
             report.files_rewritten, report.files_written = compact_table(
-                catalog, table, settings.compact_min_files, eligible
+                catalog, table, settings.compact_min_files, eligible, settings.rewrite_memory_bytes
             )
             table = catalog.load_table(table.name())
             keep = protected_snapshots(catalog, settings, table)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pyarrow as pa
+from pyiceberg.expressions import BooleanExpression
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table import Table
 
@@ -122,36 +123,66 @@ def live_files(table: Table) -> list[LiveFile]:
     return found
 
 
-def size_bundles(entries: list[LiveFile], target_bytes: int) -> list[list[LiveFile]]:
+def size_bundles(
+    entries: list[LiveFile], target_bytes: int, memory_bytes: int | None = None, row_bytes: float = 0.0
+) -> list[list[LiveFile]]:
     """``entries`` (in path order) cut into consecutive bundles of at most about ``target_bytes``.
 
     Rewrites and copies work bundle by bundle, so their memory is bounded by the bundle,
-    not by a partition (a day of raw events does not fit in memory at fleet scale).
+    not by a partition (a day of raw events does not fit in memory at fleet scale). File
+    sizes are compressed bytes, and trajectory data compresses 10-30×: with ``memory_bytes``
+    a bundle also stays within that many bytes of Arrow rows (``row_bytes`` per row, see
+    :func:`arrow_row_bytes`).
     """
     bundles: list[list[LiveFile]] = []
     bundle: list[LiveFile] = []
     size = 0
+    rows = 0
     for entry in sorted(entries, key=lambda e: e.data_file.file_path):
-        if bundle and size + entry.data_file.file_size_in_bytes > target_bytes:
+        n = entry.data_file.record_count
+        too_big = size + entry.data_file.file_size_in_bytes > target_bytes
+        if memory_bytes is not None and (rows + n) * row_bytes > memory_bytes:
+            too_big = True
+        if bundle and too_big:
             bundles.append(bundle)
-            bundle, size = [], 0
+            bundle, size, rows = [], 0, 0
         bundle.append(entry)
         size += entry.data_file.file_size_in_bytes
+        rows += n
     if bundle:
         bundles.append(bundle)
     return bundles
 
 
-def read_data_files(table: Table, files: list[DataFile], columns: tuple[str, ...] | None = None) -> pa.Table:
+def arrow_row_bytes(table: Table, entries: list[LiveFile]) -> float:
+    """Arrow bytes per row of ``entries``, estimated by reading the first and the last file."""
+    if not entries:
+        return 0.0
+    ordered = sorted(entries, key=lambda e: e.data_file.file_path)
+    sample = [ordered[0].data_file] if len(ordered) == 1 else [ordered[0].data_file, ordered[-1].data_file]
+    per_row = 0.0
+    for data_file in sample:
+        rows = read_data_files(table, [data_file])
+        per_row = max(per_row, rows.nbytes / max(rows.num_rows, 1))
+    return per_row
+
+
+def read_data_files(
+    table: Table,
+    files: list[DataFile],
+    columns: tuple[str, ...] | None = None,
+    row_filter: BooleanExpression | None = None,
+) -> pa.Table:
     """Rows of the given data files as Arrow, in the table's current schema (or only ``columns``).
 
     Goes through pyiceberg's reader, so it works on any FileIO (``file://``, ``s3://``)
-    and fills columns added after a file was written with nulls.
+    and fills columns added after a file was written with nulls. With ``row_filter`` only
+    matching rows, and row groups whose statistics exclude it are not read.
     """
     from pyiceberg.expressions import AlwaysTrue
     from pyiceberg.io.pyarrow import ArrowScan
     from pyiceberg.table import FileScanTask
 
     schema = table.schema() if columns is None else table.schema().select(*columns)
-    scan = ArrowScan(table.metadata, table.io, schema, AlwaysTrue())
+    scan = ArrowScan(table.metadata, table.io, schema, row_filter if row_filter is not None else AlwaysTrue())
     return scan.to_table([FileScanTask(f) for f in files])

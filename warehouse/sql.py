@@ -33,6 +33,10 @@ def connect(threads: int | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with UTC session time."""
     con = duckdb.connect(":memory:")
     con.execute("SET TimeZone = 'UTC'")
+    # Iceberg data files are immutable, so their Parquet footers can be kept for the connection's
+    # life: binding a view (``union_by_name``) and pruning row groups then stop re-reading one
+    # footer per file on every query — what a session lookup over many files is mostly made of.
+    con.execute("SET parquet_metadata_cache = true")
     if threads:
         con.execute(f"SET threads = {int(threads)}")
     return con

@@ -54,7 +54,7 @@ from pyiceberg.table import Table
 from pipelines.settings import Settings
 from warehouse.catalog import open_catalog
 from warehouse.errors import WarehouseError
-from warehouse.snapshots import LiveFile, live_files, read_data_files, size_bundles
+from warehouse.snapshots import LiveFile, arrow_row_bytes, live_files, read_data_files, size_bundles
 from warehouse.tables import RAW_EVENTS, STEPS, TABLES, TRAJECTORIES, ensure_table
 
 log = logging.getLogger("trajlake.tiering")
@@ -296,7 +296,7 @@ def _tier_raw(catalog: Catalog, settings: Settings, boundary_day: int, stats: Ti
     target = int(cold.properties.get("write.target-file-size-bytes", str(128 << 20)))
     # Bundle by bundle, each copy committed with its marker: memory is bounded by a bundle, and a
     # crash between bundles leaves every copied file marked (hidden in the hot view), the rest hot.
-    for bundle in size_bundles(to_copy, target):
+    for bundle in size_bundles(to_copy, target, settings.rewrite_memory_bytes, arrow_row_bytes(hot, to_copy)):
         rows = _sorted(read_data_files(hot, [e.data_file for e in bundle]), RAW_EVENTS.name)
         # Keep only markers of hot files still present: the rest were deleted, nothing to exclude.
         marker = sorted((copied & live) | {e.path for e in bundle})
