@@ -148,9 +148,15 @@ def _rewrites(
             yield rows.sort_by(keys) if keys and rows.num_rows else rows
         return
     lead = sort_by[0]
-    step = max(1, len(data_files) // 8)
-    sample = read_data_files(table, data_files[::step][:8], columns=(lead,)).column(lead)
-    values = pc.unique(sample.drop_null()).sort().to_pylist()
+    # Quantiles of the leading key from a systematic sample of every file (one column, one file
+    # at a time: ~100k values whatever the partition's size). A few whole files are not a
+    # sample: a file holds the sessions of one ingest batch, and ids need not be uniform.
+    stride = max(1, rows_total // 100_000)
+    sample = [
+        read_data_files(table, [data_file], columns=(lead,)).column(lead).drop_null()[::stride]
+        for data_file in data_files
+    ]
+    values = pc.unique(pa.chunked_array(sample).combine_chunks()).sort().to_pylist()
     bounds = sorted({values[len(values) * i // outputs] for i in range(1, outputs)} - {values[0]} if values else set())
     for index in range(len(bounds) + 1):
         lower = bounds[index - 1] if index else None
