@@ -204,8 +204,7 @@ def ensure_classpath(*, force: bool = False, pom: Path = POM_PATH, quiet: bool =
             shutil.rmtree(tmp, ignore_errors=True)
             output = (result.stdout + result.stderr)[-4000:]
             raise KafkaServerError(
-                f"maven failed to build the Kafka classpath (exit {result.returncode}): "
-                f"{' '.join(cmd)}\n{output}"
+                f"maven failed to build the Kafka classpath (exit {result.returncode}): {' '.join(cmd)}\n{output}"
             )
         stamp.unlink(missing_ok=True)
         shutil.rmtree(lib, ignore_errors=True)
@@ -747,9 +746,7 @@ logger.statechange.level = warn
         ]
         result = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=self.data_dir)
         with self.log_file.open("a") as out:
-            out.write(
-                f"===== kafka-storage format (cluster id {cluster_id}) =====\n{result.stdout}{result.stderr}"
-            )
+            out.write(f"===== kafka-storage format (cluster id {cluster_id}) =====\n{result.stdout}{result.stderr}")
         if result.returncode != 0:
             raise KafkaServerError(
                 f"kafka-storage format failed (exit {result.returncode}) in {self.data_dir}:\n"
@@ -768,12 +765,9 @@ logger.statechange.level = warn
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise KafkaServerError(
-                    f"Kafka at {self.bootstrap} not ready within {timeout:.0f}s ({self.data_dir})\n"
-                    f"{self.log_tail()}"
+                    f"Kafka at {self.bootstrap} not ready within {timeout:.0f}s ({self.data_dir})\n{self.log_tail()}"
                 )
-            if _port_accepts(self.broker_port) and _probe_metadata(
-                self.bootstrap, min(5.0, max(0.5, remaining))
-            ):
+            if _port_accepts(self.broker_port) and _probe_metadata(self.bootstrap, min(5.0, max(0.5, remaining))):
                 return
             time.sleep(0.1)
 
@@ -885,9 +879,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("--dir", required=True, type=Path, help="data directory")
         if name in ("run", "start"):
-            cmd.add_argument(
-                "--timeout", type=float, default=DEFAULT_START_TIMEOUT, help="readiness timeout (s)"
-            )
+            cmd.add_argument("--timeout", type=float, default=DEFAULT_START_TIMEOUT, help="readiness timeout (s)")
             cmd.add_argument("--port", type=int, default=None, help="broker port (default: free/previous)")
     args = parser.parse_args(argv)
 
