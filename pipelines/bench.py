@@ -340,7 +340,7 @@ def bench_query(events: int = 1_000_000, home: Path | None = None) -> dict[str, 
             lookup_base,
             "s",
             higher_is_better=False,
-        ),  # fmt: skip
+        ),
     ]
     result = {"events": events, "aggregate_s": agg_s, "session_lookup_s": lookup_s, "files": len(compacted),
               "files_as_ingested": len(files), "aggregate_as_ingested_s": ingested_agg_s,
@@ -546,7 +546,7 @@ def files_per_partition(table: Any) -> list[dict[str, Any]]:
             "files": len(rows),
             "rows": sum(r["record_count"] for r in rows),
             "mean_file_mb": round(sum(r["file_size_in_bytes"] for r in rows) / len(rows) / 1e6, 2),
-        }  # fmt: skip
+        }
         for key, rows in sorted(by_partition.items())
     ]
 

@@ -6,8 +6,10 @@ import json
 import os
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pyarrow as pa
+from pyiceberg.table import Table
 
 from pipelines.assemble import ASSEMBLED_SNAPSHOT, assemble
 from pipelines.ingest import event_row, offsets_key, recorded_offsets
@@ -137,14 +139,19 @@ def test_lifecycle_assets_materialize(settings: Settings) -> None:
     assert lake_state(settings) == before
 
 
-def test_compaction_and_tiering_work_in_bounded_bundles(settings: Settings) -> None:
-    """Neither a rewrite nor a tier copy reads a whole partition: bundles of about the target size."""
+def _small_files_lake(sessions: int, batch_size: int) -> tuple[Settings, Any, Table, Any]:
+    """A day of ``sessions`` ingested in small batches and assembled; compaction allowed from 2 files."""
     settings = load_settings(compact_min_files=2, snapshot_retention_hours=0)
-    ingest_like(settings, day_events(1, 4), batch_size=10)
+    ingest_like(settings, day_events(1, sessions), batch_size=batch_size)
     assemble(settings, as_of=BASE + timedelta(days=30))
     before = lake_state(settings)
     catalog = open_catalog(settings)
-    raw = ensure_table(catalog, settings, RAW_EVENTS.name)
+    return settings, catalog, ensure_table(catalog, settings, RAW_EVENTS.name), before
+
+
+def test_compaction_and_tiering_work_in_bounded_bundles(settings: Settings) -> None:
+    """Neither a rewrite nor a tier copy reads a whole partition: bundles of about the target size."""
+    settings, catalog, raw, before = _small_files_lake(sessions=4, batch_size=10)
     files = raw.inspect.files()
     largest = max(files.column("file_size_in_bytes").to_pylist())
     target = 3 * largest  # a bundle holds about three of the small files
@@ -171,12 +178,7 @@ def test_compaction_and_tiering_work_in_bounded_bundles(settings: Settings) -> N
 def test_compaction_is_bounded_in_arrow_memory_and_writes_disjoint_session_ranges(settings: Settings) -> None:
     """Parquet sizes say little about memory (trajectory data compresses 10-30×): a rewrite bundle is
     also bounded by its rows' Arrow bytes; the new files are disjoint ranges of sessions."""
-    settings = load_settings(compact_min_files=2, snapshot_retention_hours=0)
-    ingest_like(settings, day_events(1, 40), batch_size=100)
-    assemble(settings, as_of=BASE + timedelta(days=30))
-    before = lake_state(settings)
-    catalog = open_catalog(settings)
-    raw = ensure_table(catalog, settings, RAW_EVENTS.name)
+    settings, catalog, raw, before = _small_files_lake(sessions=40, batch_size=100)
     files = live_files(raw)
     row_bytes = arrow_row_bytes(raw, files)
     memory = int(row_bytes * max(f.data_file.record_count for f in files) * 3.5)  # about three files a bundle

@@ -129,8 +129,8 @@ def _rewrites(
     """The rows of one partition's ``files``, sorted, as the contents of the files that replace them.
 
     Each output holds at most about ``target`` Parquet bytes and ``memory`` Arrow bytes. With a
-    sort key the outputs are *ranges* of its leading column (split at quantiles sampled from a
-    few files), so they do not overlap: a session's rows end up in one file, and a lookup by
+    sort key the outputs are *ranges* of its leading column (split at quantiles of a sample
+    drawn from every file), so they do not overlap: a session's rows end up in one file, and a lookup by
     session prunes every other file by its statistics. Each range is read with a filter that
     skips the row groups of the (sorted) inputs outside it.
     """
@@ -142,10 +142,13 @@ def _rewrites(
         1,
     )
     keys = [(k, "ascending") for k in sort_by]
-    if not sort_by or outputs == 1:
-        for bundle in size_bundles(files, target, memory, row_bytes) if not sort_by else [files]:
-            rows = read_data_files(table, [f.data_file for f in bundle])
-            yield rows.sort_by(keys) if keys and rows.num_rows else rows
+    if not sort_by:  # nothing to range on: bundles of neighbouring files
+        for bundle in size_bundles(files, target, memory, row_bytes):
+            yield read_data_files(table, [f.data_file for f in bundle])
+        return
+    if outputs == 1:
+        rows = read_data_files(table, data_files)
+        yield rows.sort_by(keys) if rows.num_rows else rows
         return
     lead = sort_by[0]
     # Quantiles of the leading key from a systematic sample of every file (one column, one file

@@ -866,28 +866,18 @@ class SyntheticFleet:
         last_ts = 0
         events = 0
         send = sink.send
-        stream = self.stream(sessions, seed, cheat_rate, labels, shard=shard)
-        if self.time_compression:
-            for ts, session_id, event_id, value in stream:
-                if first_ts is None:
-                    first_ts = ts
-                last_ts = max(last_ts, ts)
-                delay = started + (ts - first_ts) / 1e6 / self.time_compression - time.monotonic()
+        pace = self.time_compression
+        for ts, session_id, event_id, value in self.stream(sessions, seed, cheat_rate, labels, shard=shard):
+            if first_ts is None:
+                first_ts = ts
+            if ts > last_ts:
+                last_ts = ts
+            if pace:
+                delay = started + (ts - first_ts) / 1e6 / pace - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-                send(session_id, event_id, value)
-                events += 1
-        else:  # flat out: the loop is most of the per-event cost left, keep it bare
-            ts = None
-            for ts, session_id, event_id, value in stream:
-                if first_ts is None:
-                    first_ts = ts
-                elif ts > last_ts:
-                    last_ts = ts
-                send(session_id, event_id, value)
-                events += 1
-            if ts is not None and first_ts is not None:
-                last_ts = max(last_ts, first_ts)
+            send(session_id, event_id, value)
+            events += 1
         wall = time.monotonic() - started
         report = FleetReport(
             backend=self.name,
