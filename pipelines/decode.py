@@ -31,11 +31,12 @@ import io
 import json
 import logging
 import multiprocessing
-import multiprocessing.pool
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
@@ -290,24 +291,20 @@ class BatchDecoder:
         self.isolate = isolate
         self.timeout_s = timeout_s
         self.timeout_per_mb_s = timeout_per_mb_s
-        self._pool: multiprocessing.pool.Pool | None = None
+        self._decoder: _DecoderProcess | None = None
         self._plans: dict[int, _Plan] = {}
         self.record_columns = [f.name for f in target if f.name not in _INGEST_ONLY]
         if isolate:
-            self._start_pool()
+            self._start_decoder()
 
-    def _start_pool(self) -> None:
-        # spawn, not fork: the parent runs librdkafka threads. The warm-up imports the
-        # reader in the child now (≈1-2 s), overlapping the consumer-group join.
-        self._pool = multiprocessing.get_context("spawn").Pool(1)
-        self._pool.apply_async(_warm_up)
+    def _start_decoder(self) -> None:
+        self._decoder = _DecoderProcess()
 
-    def close(self) -> None:
-        """Stop the decoder process, if any."""
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+    def close(self, grace_s: float = 1.0) -> None:
+        """Stop the decoder process, if any (killed if still busy after ``grace_s``)."""
+        if self._decoder is not None:
+            self._decoder.close(grace_s)
+            self._decoder = None
 
     def __del__(self) -> None:
         # A worker that is dropped without close() must not leave its decoder process behind.
@@ -328,18 +325,17 @@ class BatchDecoder:
         if not self.isolate:
             ok, result = _read_container_safely(container, count)
         else:
-            if self._pool is None:
-                self._start_pool()
-            assert self._pool is not None
+            if self._decoder is None:
+                self._start_decoder()
+            assert self._decoder is not None
             deadline = self.timeout_s + self.timeout_per_mb_s * len(container) / 1e6
-            pending = self._pool.apply_async(_read_container_safely, (container, count))
             try:
-                ok, result = pending.get(timeout=deadline)
-            except multiprocessing.TimeoutError:
+                ok, result = self._decoder.decode(container, count, deadline)
+            except _BlockTimeout:
                 log.warning("Avro block of %d records timed out after %.1f s; decoding record by record",
                             count, deadline)  # fmt: skip
-                self.close()
-                raise _BlockTimeout from None
+                self.close(grace_s=0.0)
+                raise
         if not ok:
             return None
         with pa.ipc.open_stream(result) as reader:  # type: ignore[arg-type]
@@ -523,7 +519,86 @@ class BatchDecoder:
 
 
 class _BlockTimeout(Exception):
-    """The Rust reader missed its deadline on a block."""
+    """The Rust reader missed its deadline on a block (or its process died)."""
+
+
+def _serve(conn: Connection) -> None:
+    """Decoder process: read (row count, container) requests, answer (flag, IPC bytes | error)."""
+    _warm_up()
+    while True:
+        try:
+            count = int.from_bytes(conn.recv_bytes(), "little")
+            container = conn.recv_bytes()
+        except (EOFError, OSError):
+            return  # the parent closed its end
+        ok, result = _read_container_safely(container, count)
+        conn.send_bytes(b"\x01" if ok else b"\x00")
+        conn.send_bytes(result if isinstance(result, bytes) else result.encode())
+
+
+class _DecoderProcess:
+    """One child process running the Rust reader, with its own pipe, killable at any moment.
+
+    Not a ``multiprocessing.Pool``: terminating a pool goes through its handler threads and
+    queue locks and ends with SIGTERM; a reader spinning in native code under load has left
+    that waiting forever. Here a request that misses its deadline gets SIGKILL and the pipe
+    is dropped, so nothing of the stuck call survives. Spawned, not forked: the parent runs
+    librdkafka threads. The child imports the reader as it starts (≈1-2 s), overlapping the
+    consumer-group join.
+    """
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child_end = context.Pipe(duplex=True)
+        self._process = context.Process(target=_serve, args=(child_end,), name="trajlake-decoder", daemon=True)
+        self._process.start()
+        child_end.close()
+        self._sender: threading.Thread | None = None
+
+    def decode(self, container: bytes, count: int, deadline_s: float) -> tuple[bool, bytes | str]:
+        """(True, IPC bytes) or (False, reader error); raises ``_BlockTimeout`` past the deadline.
+
+        The request is written by a helper thread: a child that stops reading (stopped,
+        wedged) would otherwise block the write of a block larger than the pipe buffer
+        before the deadline could start; killing the child ends that write.
+        """
+        self._sender = threading.Thread(target=self._send, args=(count, container), daemon=True)
+        self._sender.start()
+        try:
+            if not self._conn.poll(deadline_s):
+                raise _BlockTimeout
+            ok = self._conn.recv_bytes() == b"\x01"
+            if not self._conn.poll(deadline_s):
+                raise _BlockTimeout
+            payload = self._conn.recv_bytes()
+        except (EOFError, OSError) as exc:  # the child died (a native crash, the OOM killer)
+            raise _BlockTimeout from exc
+        self._sender.join()
+        return ok, payload if ok else payload.decode(errors="replace")
+
+    def _send(self, count: int, container: bytes) -> None:
+        with contextlib.suppress(OSError):  # the child was killed, or died: decode() reports it
+            self._conn.send_bytes(count.to_bytes(8, "little"))
+            self._conn.send_bytes(container)
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def close(self, grace_s: float = 1.0) -> None:
+        """End the child: EOF on its pipe lets an idle one exit; a busy one is killed."""
+        writing = self._sender is not None and self._sender.is_alive()
+        if not writing:  # no other thread uses the pipe: closing it is the exit request
+            self._conn.close()
+            self._process.join(grace_s)
+        if self._process.exitcode is None:
+            self._process.kill()  # a write still in flight fails with EPIPE
+            self._process.join()
+        if self._sender is not None:
+            self._sender.join()
+        with contextlib.suppress(OSError):
+            self._conn.close()
+        self._process.close()
 
 
 _INGEST_ONLY = ("kafka_topic", "kafka_partition", "kafka_offset", "ingested_at")

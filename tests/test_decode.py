@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+import os
 import re
+import signal
+import time
 from datetime import UTC, datetime
 
 import fastavro
@@ -152,6 +155,27 @@ def test_isolated_decoder_survives_a_block_the_reader_cannot_finish() -> None:
     with BatchDecoder(TARGET, MAX_BYTES, isolate=True, timeout_s=3.0) as isolated:
         assert_same(values, isolated)
         assert_same(good, isolated)  # the decoder process is replaced after a timeout
+
+
+def test_a_decoder_child_that_stops_reading_is_killed_and_replaced() -> None:
+    """A stopped child neither reads its pipe nor acts on SIGTERM: the deadline must still hold.
+
+    The batch is larger than a pipe buffer, so the request's write blocks until the child is
+    killed; SIGSTOP stands in for a reader wedged in native code.
+    """
+    good = [encode_event(event) for event in sample_events(40)]
+    assert sum(len(value) for value in good) > 256 * 1024
+    with BatchDecoder(TARGET, 1 << 20, isolate=True, timeout_s=1.0, timeout_per_mb_s=0.0) as isolated:
+        assert_same(good, isolated, max_bytes=1 << 20)  # warm: the child is up and has answered
+        stuck = isolated._decoder.pid
+        os.kill(stuck, signal.SIGSTOP)
+        started = time.monotonic()
+        assert_same(good, isolated, max_bytes=1 << 20)  # record by record after the deadline
+        assert time.monotonic() - started < 20
+        with pytest.raises(ProcessLookupError):
+            os.kill(stuck, 0)  # killed and reaped, not left behind stopped
+        assert_same(good, isolated, max_bytes=1 << 20)  # a fresh child serves the next batch
+        assert isolated._decoder.pid not in (None, stuck)
 
 
 def test_binary_array_and_concatenated_keep_every_byte() -> None:
