@@ -637,7 +637,9 @@ class Sandbox:
                     output = self.proc.stdout.read(int(fields["output_len"]))  # type: ignore[union-attr]
             except (BrokenPipeError, ValueError, OSError) as exc:
                 raise SandboxKilled(f"sandbox {self.sandbox_id} is gone: {exc}") from exc
-        if fields is None:
+        if fields is None or self.killed:
+            # ``killed`` is set before the first SIGKILL: a reply that raced the kill (the command
+            # died first and the executor answered before it died too) is not a command result.
             raise SandboxKilled(f"sandbox {self.sandbox_id} is gone" + (" (reaped)" if self.reaped else ""))
         if self.first_command_ms is None:
             self.first_command_ms = (time.monotonic() - self.created_at) * 1000
