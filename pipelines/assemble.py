@@ -28,6 +28,7 @@ from warehouse.catalog import open_catalog
 from warehouse.snapshots import current_files, files_added_since
 from warehouse.sql import connect, parquet_source
 from warehouse.tables import RAW_EVENTS, STEPS, TRAJECTORIES, ensure_table
+from warehouse.transactions import transaction
 
 log = logging.getLogger("trajlake.assemble")
 
@@ -168,7 +169,7 @@ class AssembleStats:
 
 def _replace_sessions(table: Table, rows: pa.Table, properties: dict[str, str], existing: list[str]) -> None:
     """Replace the rows of the sessions in ``rows`` (delete ``existing`` + append, one commit)."""
-    with table.transaction() as tx:
+    with transaction(table) as tx:
         if table.current_snapshot() is not None and existing:
             tx.delete(In("session_id", existing))
         tx.append(rows, snapshot_properties=properties)
@@ -242,7 +243,7 @@ def assemble(
     properties = {ASSEMBLED_SNAPSHOT: str(all_raw.snapshot_id)}
     if stats.sessions == 0:
         if last != str(all_raw.snapshot_id):
-            with trajectories.transaction() as tx:
+            with transaction(trajectories) as tx:
                 tx.set_properties(properties)
         stats.seconds = time.monotonic() - started
         return stats

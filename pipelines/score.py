@@ -25,6 +25,7 @@ from quality.scoring import QualityResult, score_sessions
 from warehouse.catalog import open_catalog
 from warehouse.sql import open_views
 from warehouse.tables import DUPLICATES, FLAGS, SCORES, TRAJECTORIES, TableSpec, ensure_table
+from warehouse.transactions import transaction
 
 log = logging.getLogger("trajlake.score")
 
@@ -165,7 +166,7 @@ def write_results(
         properties = (
             {SCORED_SNAPSHOT: str(snapshot_id), SCORED_VERSION: config.scorer_version} if spec is SCORES else {}
         )
-        with table.transaction() as tx:
+        with transaction(table) as tx:
             if table.current_snapshot() is None:  # nothing to replace (overwrite would warn)
                 tx.append(rows, snapshot_properties=properties)
             else:

@@ -60,6 +60,7 @@ from warehouse.snapshots import (
 )
 from warehouse.tables import RAW_EVENTS, TABLES, TRAJECTORIES, ensure_table
 from warehouse.tiering import TIERED_TABLES, _retry, ensure_cold_table, lifecycle_lock, tiered_files
+from warehouse.transactions import transaction
 
 log = logging.getLogger("trajlake.maintenance")
 
@@ -231,7 +232,7 @@ def compact_table(
         if not old:
             result = (0, 0)
             return
-        with current.transaction() as tx:
+        with transaction(current) as tx:
             properties = {REWRITE_MARKER: "true", "trajlake.rewrite.files": str(len(old))}
             with tx.update_snapshot(snapshot_properties=properties).overwrite() as overwrite:
                 for data_file in old:

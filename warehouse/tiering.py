@@ -56,6 +56,7 @@ from warehouse.catalog import open_catalog
 from warehouse.errors import WarehouseError
 from warehouse.snapshots import LiveFile, arrow_row_bytes, live_files, read_data_files, size_bundles
 from warehouse.tables import RAW_EVENTS, STEPS, TABLES, TRAJECTORIES, ensure_table
+from warehouse.transactions import transaction
 
 log = logging.getLogger("trajlake.tiering")
 
@@ -109,7 +110,7 @@ def ensure_cold_table(catalog: Catalog, settings: Settings, name: str) -> Table:
     table = ensure_table(catalog, cold_settings(settings), name)
     wanted = {"write.target-file-size-bytes": str(settings.cold_target_file_bytes)}
     if any(table.properties.get(k) != v for k, v in wanted.items()):
-        with table.transaction() as tx:
+        with transaction(table) as tx:
             tx.set_properties(wanted)
         table = catalog.load_table(table.name())
     return table
@@ -238,7 +239,7 @@ def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stat
 
         def delete(hot: Table = hot, moved: list[str] = moved) -> None:
             table = catalog.load_table(hot.name())
-            with table.transaction() as tx:
+            with transaction(table) as tx:
                 for chunk in _chunks(moved):
                     tx.delete(In("session_id", chunk))
 
@@ -300,7 +301,7 @@ def _tier_raw(catalog: Catalog, settings: Settings, boundary_day: int, stats: Ti
         rows = _sorted(read_data_files(hot, [e.data_file for e in bundle]), RAW_EVENTS.name)
         # Keep only markers of hot files still present: the rest were deleted, nothing to exclude.
         marker = sorted((copied & live) | {e.path for e in bundle})
-        with cold.transaction() as tx:
+        with transaction(cold) as tx:
             tx.append(
                 rows.cast(cold.schema().as_arrow()),
                 snapshot_properties={"trajlake.tiered-from-snapshot": str(hot.current_snapshot().snapshot_id)},
@@ -316,7 +317,7 @@ def _tier_raw(catalog: Catalog, settings: Settings, boundary_day: int, stats: Ti
         pending = [e.data_file for e in live_files(table) if e.path in copied]
         if not pending:
             return
-        with table.transaction() as tx:
+        with transaction(table) as tx:
             with tx.update_snapshot(snapshot_properties={"trajlake.tiered": str(len(pending))}).overwrite() as ow:
                 for data_file in pending:
                     ow.delete_data_file(data_file)
