@@ -153,8 +153,8 @@ class _TimedWorker(IngestWorker):
             self.first = time.perf_counter()
         super()._add_many(messages)
 
-    def _process(self, batch: Any) -> dict[int, int]:
-        next_offsets = super()._process(batch)
+    def _process(self, batch: Any, decoding: Any) -> dict[int, int]:
+        next_offsets = super()._process(batch, decoding)
         self.last = time.perf_counter()
         return next_offsets
 

@@ -9,6 +9,10 @@ arrays. The payload union arrives as a dense union and becomes the per-kind stru
 columns of ``raw_events``; older writer versions are resolved to the latest reader
 schema column by column (missing fields take the reader's default, types are cast).
 
+Isolated (the default), the whole batch is decoded in that child: the calling process
+only ships the values' bytes and takes back sorted Arrow columns, so a consumer's
+Python thread and the decoding work on different cores.
+
 Results are the same as ``decode_event`` record by record, dead-letter reasons
 included, because anything the batch path cannot vouch for goes through
 ``decode_event``:
@@ -18,8 +22,8 @@ included, because anything the batch path cannot vouch for goes through
   those are decoded one by one (giving ``decode_event``'s exact error);
 * the Rust reader runs in a child process with a deadline, because a block whose
   records consume fewer bytes than the block holds (a record with trailing bytes)
-  makes it spin instead of failing; on a timeout the child is killed and the group
-  is decoded record by record;
+  makes it spin instead of failing; on a timeout the child is killed (SIGKILL) and
+  the records are decoded record by record;
 * envelope validations (kind matches ``event_type``, non-empty ids, ``seq`` ≥ 0)
   run vectorized on the decoded columns with ``decode_event``'s messages.
 """
@@ -330,7 +334,8 @@ class BatchDecoder:
             assert self._decoder is not None
             deadline = self.timeout_s + self.timeout_per_mb_s * len(container) / 1e6
             try:
-                ok, result = self._decoder.decode(container, count, deadline)
+                reply, parts = self._decoder.call({"kind": "read", "count": count}, [container], deadline)
+                ok, result = reply["ok"], parts[0] if reply["ok"] else reply["error"]
             except _BlockTimeout:
                 log.warning("Avro block of %d records timed out after %.1f s; decoding record by record",
                             count, deadline)  # fmt: skip
@@ -464,20 +469,77 @@ class BatchDecoder:
 
     # -- public --------------------------------------------------------------------------
 
-    def decode(self, values: Sequence[bytes]) -> DecodeResult:
+    def decode(self, values: Sequence[bytes | None], sort_by: Sequence[tuple[str, str]] = ()) -> DecodeResult:
         """Decode a batch of record values (``None`` counts as empty bytes).
 
+        Isolated, the whole batch is decoded in the decoder process (the caller's process
+        only ships the bytes and takes the Arrow result). If that misses its deadline, the
+        process is killed and the batch is decoded record by record with ``decode_event``;
+        if decoding raised there, the batch is decoded again here, each block read by the
+        decoder process under its own deadline (``_decode_array``).
+
+        Args:
+            values: record values, in batch order.
+            sort_by: order of the returned events (column, "ascending"|"descending");
+                ties and the default keep batch order.
+
         Returns:
-            The good events (with ``ROW_INDEX`` pointing into ``values``), sorted by
-            ``ROW_INDEX``, and the dead records with their ``decode_event`` errors.
+            The good events (with ``ROW_INDEX`` pointing into ``values``) and the dead
+            records with their ``decode_event`` errors (in batch order).
         """
-        result = DecodeResult(events=pa.table({}))
         values = [value or b"" for value in values]
+        array = binary_array(values)
+        if self.isolate and values:
+            try:
+                result = self._decode_in_child(array, sort_by)
+            except _BlockTimeout:
+                # Some block spins the reader (or kills it): every group's block would be
+                # suspect, and each retry costs a deadline, so decode_event takes the batch.
+                tables, dead = self._decode_one_by_one(values, list(range(len(values))))
+                return self._finish(DecodeResult(events=pa.table({}), dead=dead, fallback_records=len(values)),
+                                    tables, sort_by)  # fmt: skip
+            if result is not None:
+                return result
+        return self._decode_array(array, values, sort_by)
+
+    def _decode_in_child(self, array: pa.BinaryArray, sort_by: Sequence[tuple[str, str]]) -> DecodeResult | None:
+        """The whole batch decoded by the decoder process; None when decoding raised there.
+
+        Raises:
+            _BlockTimeout: no answer within the deadline (the process is killed).
+        """
+        if self._decoder is None:
+            self._start_decoder()
+        assert self._decoder is not None
+        offsets, data = array.buffers()[1], array.buffers()[2]
+        deadline = self.timeout_s + self.timeout_per_mb_s * data.size / 1e6
+        header = {"kind": "batch", "n": len(array), "large": pa.types.is_large_binary(array.type),
+                  "offset": array.offset, "target": self.target, "max_event_bytes": self.max_event_bytes,
+                  "sort_by": list(sort_by)}  # fmt: skip
+        try:
+            reply, parts = self._decoder.call(header, [offsets, data], deadline)
+        except _BlockTimeout:
+            log.warning("batch of %d records not decoded within %.1f s; decoding it record by record",
+                        len(array), deadline)  # fmt: skip
+            self.close(grace_s=0.0)
+            raise
+        if not reply["ok"]:
+            log.warning("batch decoding failed in the decoder process (%s); decoding it block by block",
+                        reply["error"])  # fmt: skip
+            return None
+        with pa.ipc.open_stream(parts[0]) as reader:
+            events = reader.read_all()
+        return DecodeResult(events=events, dead=reply["dead"], fallback_records=reply["fallback"])
+
+    def _decode_array(
+        self, array: pa.BinaryArray, values: Sequence[bytes], sort_by: Sequence[tuple[str, str]] = ()
+    ) -> DecodeResult:
+        """Decode here: group by writer version, read each group's block (bisecting failures)."""
+        result = DecodeResult(events=pa.table({}))
         limit = self.max_event_bytes if self.max_event_bytes is not None else float("inf")
         known = {MAGIC + v.fingerprint: v.version for v in versions().values()}
         groups: dict[int, list[int]] = {}
-        array = binary_array(values)
-        if values:
+        if len(array):
             # The common case vectorized: header known and size within the limit.
             headers = pc.binary_slice(array, 0, HEADER_LEN)
             header_set = list(known)
@@ -506,12 +568,19 @@ class BatchDecoder:
             if plan is None:
                 plan = self._plans[version_number] = _plan(writer_version(values[indices[0]]))
             self._decode_group(plan, values, array, indices, result, tables)
+        return self._finish(result, tables, sort_by)
+
+    def _finish(self, result: DecodeResult, tables: list[pa.Table], sort_by: Sequence[tuple[str, str]]) -> DecodeResult:
+        """``result`` with its events: the decoded tables in one, ordered."""
         schema = pa.schema(
             [self.target.field(name) for name in self.record_columns] + [pa.field(ROW_INDEX, pa.int64())]
         )
         if tables:
             events = pa.concat_tables([t.select(schema.names).cast(schema) for t in tables])
-            result.events = events.sort_by(ROW_INDEX) if len(tables) > 1 else events
+            if sort_by:
+                result.events = events.sort_by([*sort_by, (ROW_INDEX, "ascending")])
+            else:
+                result.events = events.sort_by(ROW_INDEX) if len(tables) > 1 else events
         else:
             result.events = schema.empty_table()
         result.dead.sort(key=lambda item: item[0])
@@ -522,18 +591,60 @@ class _BlockTimeout(Exception):
     """The Rust reader missed its deadline on a block (or its process died)."""
 
 
+class _LazyValues(Sequence[bytes]):
+    """Record values read from a binary array on demand (the decoder process's ``values``)."""
+
+    def __init__(self, array: pa.BinaryArray) -> None:
+        self._array = array
+
+    def __len__(self) -> int:
+        return len(self._array)
+
+    def __getitem__(self, index: int) -> bytes:  # type: ignore[override]
+        return self._array[index].as_py() or b""
+
+
+def _handle(header: dict[str, Any], parts: list[bytes], decoders: dict[Any, BatchDecoder]) -> tuple[dict, list[bytes]]:
+    """One decoder-process request: a block read (``read``) or a whole batch (``batch``)."""
+    if header["kind"] == "read":
+        ok, result = _read_container_safely(parts[0], header["count"])
+        if ok:
+            return {"ok": True}, [result]  # type: ignore[list-item]
+        return {"ok": False, "error": result}, [b""]
+    try:
+        key = (header["target"], header["max_event_bytes"])
+        decoder = decoders.get(key)
+        if decoder is None:
+            decoder = decoders[key] = BatchDecoder(header["target"], header["max_event_bytes"], isolate=False)
+        kind = pa.large_binary() if header["large"] else pa.binary()
+        array = pa.Array.from_buffers(kind, header["n"], [None, pa.py_buffer(parts[0]), pa.py_buffer(parts[1])],
+                                      offset=header["offset"])  # fmt: skip
+        result = decoder._decode_array(array, _LazyValues(array), header["sort_by"])
+        sink = io.BytesIO()
+        with pa.ipc.new_stream(sink, result.events.schema) as writer:
+            writer.write_table(result.events)
+        return {"ok": True, "dead": result.dead, "fallback": result.fallback_records}, [sink.getvalue()]
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which decodes the batch itself
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, []
+
+
 def _serve(conn: Connection) -> None:
-    """Decoder process: read (row count, container) requests, answer (flag, IPC bytes | error)."""
+    """Decoder process: answer requests (a pickled header, then byte parts) until the pipe closes."""
     _warm_up()
+    conn.send({"ready": True})
+    decoders: dict[Any, BatchDecoder] = {}
     while True:
         try:
-            count = int.from_bytes(conn.recv_bytes(), "little")
-            container = conn.recv_bytes()
+            header = conn.recv()
+            parts = [conn.recv_bytes() for _ in range(header.pop("parts"))]
         except (EOFError, OSError):
             return  # the parent closed its end
-        ok, result = _read_container_safely(container, count)
-        conn.send_bytes(b"\x01" if ok else b"\x00")
-        conn.send_bytes(result if isinstance(result, bytes) else result.encode())
+        reply, out = _handle(header, parts, decoders)
+        del parts
+        conn.send({**reply, "parts": len(out)})
+        for part in out:
+            conn.send_bytes(part)
+        del reply, out  # the decoded batch is not kept while waiting for the next one
 
 
 class _DecoderProcess:
@@ -544,8 +655,11 @@ class _DecoderProcess:
     that waiting forever. Here a request that misses its deadline gets SIGKILL and the pipe
     is dropped, so nothing of the stuck call survives. Spawned, not forked: the parent runs
     librdkafka threads. The child imports the reader as it starts (≈1-2 s), overlapping the
-    consumer-group join.
+    consumer-group join; it says when it is ready, and request deadlines count from then.
     """
+
+    #: Longest wait for a new child's imports (a loaded machine can take tens of seconds).
+    startup_timeout_s = 120.0
 
     def __init__(self) -> None:
         context = multiprocessing.get_context("spawn")
@@ -554,32 +668,43 @@ class _DecoderProcess:
         self._process.start()
         child_end.close()
         self._sender: threading.Thread | None = None
+        self._ready = False
 
-    def decode(self, container: bytes, count: int, deadline_s: float) -> tuple[bool, bytes | str]:
-        """(True, IPC bytes) or (False, reader error); raises ``_BlockTimeout`` past the deadline.
+    def call(self, header: dict[str, Any], parts: Sequence[bytes | pa.Buffer], deadline_s: float) -> tuple[dict, list]:
+        """Send a request, return the reply header and its byte parts.
 
         The request is written by a helper thread: a child that stops reading (stopped,
-        wedged) would otherwise block the write of a block larger than the pipe buffer
+        wedged) would otherwise block the write of a request larger than the pipe buffer
         before the deadline could start; killing the child ends that write.
+
+        Raises:
+            _BlockTimeout: no complete reply within ``deadline_s`` of waiting, or the child died.
         """
-        self._sender = threading.Thread(target=self._send, args=(count, container), daemon=True)
+        self._sender = threading.Thread(target=self._send, args=({**header, "parts": len(parts)}, parts), daemon=True)
         self._sender.start()
         try:
+            if not self._ready:  # start-up (imports) does not count against a request's deadline
+                if not self._conn.poll(self.startup_timeout_s):
+                    raise _BlockTimeout
+                self._ready = self._conn.recv().get("ready", False)
             if not self._conn.poll(deadline_s):
                 raise _BlockTimeout
-            ok = self._conn.recv_bytes() == b"\x01"
-            if not self._conn.poll(deadline_s):
-                raise _BlockTimeout
-            payload = self._conn.recv_bytes()
+            reply = self._conn.recv()
+            out = []
+            for _ in range(reply.pop("parts")):
+                if not self._conn.poll(deadline_s):
+                    raise _BlockTimeout
+                out.append(self._conn.recv_bytes())
         except (EOFError, OSError) as exc:  # the child died (a native crash, the OOM killer)
             raise _BlockTimeout from exc
         self._sender.join()
-        return ok, payload if ok else payload.decode(errors="replace")
+        return reply, out
 
-    def _send(self, count: int, container: bytes) -> None:
-        with contextlib.suppress(OSError):  # the child was killed, or died: decode() reports it
-            self._conn.send_bytes(count.to_bytes(8, "little"))
-            self._conn.send_bytes(container)
+    def _send(self, header: dict[str, Any], parts: Sequence[bytes | pa.Buffer]) -> None:
+        with contextlib.suppress(OSError):  # the child was killed, or died: call() reports it
+            self._conn.send(header)
+            for part in parts:
+                self._conn.send_bytes(part)
 
     @property
     def pid(self) -> int | None:

@@ -77,6 +77,7 @@ from warehouse.catalog import open_catalog
 from warehouse.snapshots import current_files
 from warehouse.sql import connect, parquet_source
 from warehouse.tables import DEAD_LETTERS, RAW_EVENTS, ensure_table
+from warehouse.transactions import transaction
 
 log = logging.getLogger("trajlake.ingest")
 
@@ -191,7 +192,7 @@ def disable_library_retries(table: Table) -> Table:
         if all(table.properties.get(k) == v for k, v in _NO_LIBRARY_RETRY.items()):
             return table
         try:
-            with table.transaction() as tx:
+            with transaction(table) as tx:
                 tx.set_properties(_NO_LIBRARY_RETRY)
         except CommitFailedException:
             time.sleep(0.05 * (1 + random.random()))
@@ -429,6 +430,7 @@ class IngestWorker:
         self._stop = False
         self.recent_ids = RecentIds(settings.ingest_dedupe_window)
         self.recent_ids.warm(self.raw_table)
+        self._decoding = ThreadPoolExecutor(1, thread_name_prefix="trajlake-decode")
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="trajlake-commit")
         self._inflight: Future[dict[int, int]] | None = None
         self._dead_pending: dict[int, int] = {}  # offsets committed to raw_events but not yet to dead_letters
@@ -547,13 +549,14 @@ class IngestWorker:
     def decode_batch(self, messages: Sequence[Message]) -> tuple[pa.Table, pa.Table]:
         """Decode a message batch into raw-events rows and dead-letter rows (Arrow, table-shaped).
 
-        Decodes the whole batch at once (pipelines.decode); both tables carry the
-        Kafka coordinates of every row in ``kafka_partition`` / ``kafka_offset``.
+        Decodes the whole batch at once (pipelines.decode), events sorted by (session, seq);
+        both tables carry the Kafka coordinates of every row in ``kafka_partition`` /
+        ``kafka_offset``.
         """
         now = datetime.now(UTC)
         partitions = pa.array([message.partition() for message in messages], pa.int32())
         offsets = pa.array([message.offset() for message in messages], pa.int64())
-        decoded = self.decoder.decode([message.value() for message in messages])
+        decoded = self.decoder.decode([message.value() for message in messages], sort_by=_RAW_SORT)
         events = with_coordinates(decoded.events, self.raw_schema, self.topic, partitions, offsets, now)
         dead_rows = [
             self._dead_row(messages[index], messages[index].value() or b"", exc.reason, str(exc), now)
@@ -648,7 +651,7 @@ class IngestWorker:
             if reset is not None:
                 properties[reset_key(self.topic)] = json.dumps(reset)
             try:
-                with table.transaction() as tx:
+                with transaction(table) as tx:
                     tx.append(kept, snapshot_properties=properties)
                     tx.set_properties(properties)
             except CommitFailedException as exc:
@@ -691,15 +694,11 @@ class IngestWorker:
         known = pc.is_in(rows.column("event_id"), value_set=present.column("event_id").combine_chunks())
         return candidate & known.to_numpy(zero_copy_only=False)
 
-    def _process(self, batch: _Batch) -> dict[int, int]:
-        """Decode one batch and commit it to dead_letters and raw_events; returns its next offsets.
+    def _decode(self, batch: _Batch) -> tuple[dict[int, int], pa.Table, pa.Table]:
+        """Decode one batch: its next offsets, raw-events rows and dead-letter rows.
 
-        Runs on the commit thread while the main thread consumes the next batch.
-        ``dead_letters`` is committed when the batch has dead letters, every
-        ``_DEAD_SYNC_SECONDS`` and on a waiting flush (see :meth:`flush`): its offsets
-        only bound where a restart begins reading (the lower of the two tables), and
-        raw_events drops what it already holds, so a lagging dead-letter offset costs a
-        bounded re-read, never a duplicate.
+        Runs on the decode thread, which only waits for the decoder process, while the
+        commit thread commits the batch before.
         """
         messages, batch.records = batch.records, []  # the batch's memory goes as soon as it is decoded
         next_offsets: dict[int, int] = {}
@@ -707,8 +706,19 @@ class IngestWorker:
             partition = message.partition()
             next_offsets[partition] = max(next_offsets.get(partition, 0), message.offset() + 1)
         good, dead = self.decode_batch(messages)
-        del messages
-        good = good.sort_by(_RAW_SORT)  # here, so that the unsorted copy is released before the commit
+        return next_offsets, good, dead
+
+    def _process(self, batch: _Batch, decoding: Future[tuple[dict[int, int], pa.Table, pa.Table]]) -> dict[int, int]:
+        """Commit one decoded batch to dead_letters and raw_events; returns its next offsets.
+
+        Runs on the commit thread while the main thread consumes the next batch and the
+        decode thread decodes it. ``dead_letters`` is committed when the batch has dead
+        letters, every ``_DEAD_SYNC_SECONDS`` and on a waiting flush (see :meth:`flush`):
+        its offsets only bound where a restart begins reading (the lower of the two
+        tables), and raw_events drops what it already holds, so a lagging dead-letter
+        offset costs a bounded re-read, never a duplicate.
+        """
+        next_offsets, good, dead = decoding.result()
         _fault("before_commit")
         for partition, offset in next_offsets.items():
             self._dead_pending[partition] = max(self._dead_pending.get(partition, 0), offset)
@@ -745,15 +755,17 @@ class IngestWorker:
     def flush(self, wait: bool = True) -> None:
         """Hand the current batch to the commit thread; with ``wait``, return once everything is committed.
 
-        At most one batch is being committed while the next one is read, so memory
-        stays bounded at about three batches (reading, decoding, committing). A waiting
+        A full batch starts decoding at once (in the decoder process), while the batch
+        before it is still being committed; at most one batch is being committed, one
+        decoded and one read, so memory stays bounded at about three batches. A waiting
         flush (end of run, partitions revoked) also brings dead_letters' offsets up to date.
         """
         batch = self._batch
         if batch.records:
             self._batch = _Batch()
+            decoding = self._decoding.submit(self._decode, batch)
             self._wait_inflight()
-            self._inflight = self._committer.submit(self._process, batch)
+            self._inflight = self._committer.submit(self._process, batch, decoding)
         if wait:
             self._wait_inflight()
             if self._dead_pending:
@@ -815,6 +827,7 @@ class IngestWorker:
                         break
             self.flush()
         finally:
+            self._decoding.shutdown(wait=True)
             self._committer.shutdown(wait=True)  # an in-flight commit finishes (or fails) before we close
             self.consumer.close()
             self.decoder.close()
