@@ -37,7 +37,7 @@ import logging
 import multiprocessing
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from multiprocessing.connection import Connection
@@ -47,6 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.memory import bound_allocator, release_free_memory
 from schemas.errors import DecodeError, InvalidEvent, OversizedEvent
 from schemas.registry import (
     HEADER_LEN,
@@ -132,8 +133,8 @@ def concatenated(array: pa.Array, indices: Sequence[int] | np.ndarray) -> bytes:
     return array.buffers()[2][int(offsets[0]) : int(offsets[-1])].to_pybytes()
 
 
-def _read_container(container: bytes, expected_rows: int) -> bytes:
-    """Decode an object container in Rust; returns Arrow IPC stream bytes (cheap to pickle)."""
+def _read_container(container: bytes, expected_rows: int) -> pa.Table:
+    """Decode an object container with the Rust reader."""
     from polars_avro._avro_rs import AvroSource  # imported lazily: only the decoding process needs it
     from polars_avro._source import seekable_factory
 
@@ -142,23 +143,33 @@ def _read_container(container: bytes, expected_rows: int) -> bytes:
     rows = sum(batch.num_rows for batch in batches)
     if rows != expected_rows:
         raise ValueError(f"block of {expected_rows} records decoded to {rows} rows")
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, batches[0].schema) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
-    return sink.getvalue()
+    return pa.Table.from_batches(batches)
 
 
 def _warm_up() -> None:
     import polars_avro._avro_rs  # noqa: F401
 
 
-def _read_container_safely(container: bytes, expected_rows: int) -> tuple[bool, bytes | str]:
-    """Decoder entry point: (True, IPC bytes) or (False, error text); never raises."""
+def _read_container_safely(container: bytes, expected_rows: int) -> tuple[bool, pa.Table | str]:
+    """(True, decoded table) or (False, error text); never raises."""
     try:
         return True, _read_container(container, expected_rows)
     except BaseException as exc:  # noqa: BLE001 - Rust panics surface as BaseException subclasses
         return False, f"{type(exc).__name__}: {exc}"
+
+
+def ipc_bytes(table: pa.Table) -> pa.Buffer:
+    """``table`` as one Arrow IPC stream buffer (what the decoder process sends back)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def read_ipc(data: bytes | pa.Buffer) -> pa.Table:
+    """The table in an Arrow IPC stream buffer (zero-copy: it refers to ``data``)."""
+    with pa.ipc.open_stream(data) as reader:
+        return reader.read_all()
 
 
 # -- writer → reader resolution on Arrow arrays --------------------------------------------
@@ -327,7 +338,8 @@ class BatchDecoder:
         """Arrow table of the block, or None when it failed (corrupt record) or timed out."""
         container = object_container(plan.schema_json, block, count)
         if not self.isolate:
-            ok, result = _read_container_safely(container, count)
+            ok, decoded = _read_container_safely(container, count)
+            return decoded if ok else None  # type: ignore[return-value]
         else:
             if self._decoder is None:
                 self._start_decoder()
@@ -335,16 +347,12 @@ class BatchDecoder:
             deadline = self.timeout_s + self.timeout_per_mb_s * len(container) / 1e6
             try:
                 reply, parts = self._decoder.call({"kind": "read", "count": count}, [container], deadline)
-                ok, result = reply["ok"], parts[0] if reply["ok"] else reply["error"]
             except _BlockTimeout:
                 log.warning("Avro block of %d records timed out after %.1f s; decoding record by record",
                             count, deadline)  # fmt: skip
                 self.close(grace_s=0.0)
                 raise
-        if not ok:
-            return None
-        with pa.ipc.open_stream(result) as reader:  # type: ignore[arg-type]
-            return reader.read_all()
+        return read_ipc(parts[0]) if reply["ok"] else None
 
     def _to_columns(self, plan: _Plan, decoded: pa.Table) -> tuple[pa.Table, list[tuple[int, DecodeError]]]:
         """Raw-events columns of a decoded block, and envelope-validation failures (block positions)."""
@@ -487,9 +495,12 @@ class BatchDecoder:
             The good events (with ``ROW_INDEX`` pointing into ``values``) and the dead
             records with their ``decode_event`` errors (in batch order).
         """
-        values = [value or b"" for value in values]
-        array = binary_array(values)
-        if self.isolate and values:
+        return self.decode_array(binary_array([value or b"" for value in values]), sort_by)
+
+    def decode_array(self, array: pa.BinaryArray, sort_by: Sequence[tuple[str, str]] = ()) -> DecodeResult:
+        """:meth:`decode` for values already in an Arrow binary array (nulls count as empty)."""
+        values = _LazyValues(array)
+        if self.isolate and len(array):
             try:
                 result = self._decode_in_child(array, sort_by)
             except _BlockTimeout:
@@ -527,8 +538,7 @@ class BatchDecoder:
             log.warning("batch decoding failed in the decoder process (%s); decoding it block by block",
                         reply["error"])  # fmt: skip
             return None
-        with pa.ipc.open_stream(parts[0]) as reader:
-            events = reader.read_all()
+        events = pa.concat_tables([read_ipc(part) for part in parts])
         return DecodeResult(events=events, dead=reply["dead"], fallback_records=reply["fallback"])
 
     def _decode_array(
@@ -604,13 +614,28 @@ class _LazyValues(Sequence[bytes]):
         return self._array[index].as_py() or b""
 
 
-def _handle(header: dict[str, Any], parts: list[bytes], decoders: dict[Any, BatchDecoder]) -> tuple[dict, list[bytes]]:
-    """One decoder-process request: a block read (``read``) or a whole batch (``batch``)."""
+#: Rows per reply part: the decoder process serializes its answer a slice at a time, so it
+#: never holds a second copy of a whole decoded batch.
+_REPLY_ROWS = 4096
+
+
+def _slices(table: pa.Table) -> Iterator[pa.Buffer]:
+    for start in range(0, table.num_rows, _REPLY_ROWS):
+        yield ipc_bytes(table.slice(start, _REPLY_ROWS))
+
+
+def _handle(
+    header: dict[str, Any], parts: list[bytes], decoders: dict[Any, BatchDecoder]
+) -> tuple[dict, int, Iterable[bytes | pa.Buffer]]:
+    """One decoder-process request: a block read (``read``) or a whole batch (``batch``).
+
+    Returns the reply header, the number of reply parts and the parts (Arrow IPC slices).
+    """
     if header["kind"] == "read":
         ok, result = _read_container_safely(parts[0], header["count"])
         if ok:
-            return {"ok": True}, [result]  # type: ignore[list-item]
-        return {"ok": False, "error": result}, [b""]
+            return {"ok": True}, 1, [ipc_bytes(result)]  # type: ignore[arg-type]
+        return {"ok": False, "error": result}, 0, []
     try:
         key = (header["target"], header["max_event_bytes"])
         decoder = decoders.get(key)
@@ -620,16 +645,19 @@ def _handle(header: dict[str, Any], parts: list[bytes], decoders: dict[Any, Batc
         array = pa.Array.from_buffers(kind, header["n"], [None, pa.py_buffer(parts[0]), pa.py_buffer(parts[1])],
                                       offset=header["offset"])  # fmt: skip
         result = decoder._decode_array(array, _LazyValues(array), header["sort_by"])
-        sink = io.BytesIO()
-        with pa.ipc.new_stream(sink, result.events.schema) as writer:
-            writer.write_table(result.events)
-        return {"ok": True, "dead": result.dead, "fallback": result.fallback_records}, [sink.getvalue()]
+        del array, parts[:]
+        events = result.events
+        reply = {"ok": True, "dead": result.dead, "fallback": result.fallback_records}
+        if not events.num_rows:
+            return reply, 1, [ipc_bytes(events)]
+        return reply, -(-events.num_rows // _REPLY_ROWS), _slices(events)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which decodes the batch itself
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, []
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, 0, []
 
 
 def _serve(conn: Connection) -> None:
     """Decoder process: answer requests (a pickled header, then byte parts) until the pipe closes."""
+    bound_allocator()
     _warm_up()
     conn.send({"ready": True})
     decoders: dict[Any, BatchDecoder] = {}
@@ -639,12 +667,13 @@ def _serve(conn: Connection) -> None:
             parts = [conn.recv_bytes() for _ in range(header.pop("parts"))]
         except (EOFError, OSError):
             return  # the parent closed its end
-        reply, out = _handle(header, parts, decoders)
+        reply, count, out = _handle(header, parts, decoders)
         del parts
-        conn.send({**reply, "parts": len(out)})
+        conn.send({**reply, "parts": count})
         for part in out:
             conn.send_bytes(part)
         del reply, out  # the decoded batch is not kept while waiting for the next one
+        release_free_memory()
 
 
 class _DecoderProcess:

@@ -36,7 +36,6 @@ before ingest read them) is logged and counted as a gap, never skipped silently.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import logging
@@ -44,6 +43,7 @@ import os
 import random
 import signal
 import time
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -71,6 +71,7 @@ from pyiceberg.table import Table
 from pipelines.broker import resolve_bootstrap
 from pipelines.decode import BatchDecoder, with_coordinates
 from pipelines.errors import CommitConflict, KafkaUnavailable
+from pipelines.memory import bound_allocator, release_free_memory
 from pipelines.settings import Settings
 from schemas.registry import HEADER_LEN
 from warehouse.catalog import open_catalog
@@ -328,9 +329,38 @@ class IngestStats:
 
 @dataclass
 class _Batch:
-    records: list[Message] = field(default_factory=list)
+    """Records consumed for one commit, held as columns, not as ``Message`` objects.
+
+    Values are appended to one buffer as they arrive (the decoder takes it as an Arrow
+    binary array without another copy), and each message is released at once: a batch
+    costs its bytes plus ~30 bytes of coordinates per record.
+    """
+
+    data: bytearray = field(default_factory=bytearray)
+    ends: array = field(default_factory=lambda: array("q"))  # end of each value in ``data``
+    partitions: array = field(default_factory=lambda: array("i"))
+    offsets: array = field(default_factory=lambda: array("q"))
+    timestamps: array = field(default_factory=lambda: array("q"))  # Kafka timestamp (ms, 0 if none)
+    keys: list[bytes | None] = field(default_factory=list)
     bytes: int = 0
     started: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def values(self) -> pa.BinaryArray:
+        """The record values as an Arrow binary array over the batch's buffer (no copy)."""
+        n = len(self.ends)
+        starts = np.zeros(n + 1, dtype=np.int64)
+        starts[1:] = np.frombuffer(self.ends, dtype=np.int64) if n else starts[1:]
+        data = pa.py_buffer(self.data)
+        if len(self.data) >= 2**31:
+            return pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(starts), data])
+        return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(starts.astype(np.int32)), data])
+
+    def value(self, index: int) -> bytes:
+        start = self.ends[index - 1] if index else 0
+        return bytes(self.data[start : self.ends[index]])
 
 
 def consumer_config(settings: Settings, bootstrap: str) -> dict[str, Any]:
@@ -358,36 +388,6 @@ def consumer_config(settings: Settings, bootstrap: str) -> dict[str, Any]:
 
 _DEAD_SYNC_SECONDS = 30.0
 _RAW_SORT = [("session_id", "ascending"), ("seq", "ascending")]
-
-
-@functools.cache
-def _libc() -> Any:
-    import ctypes
-    import ctypes.util
-
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-
-
-def _bound_allocator() -> None:
-    """Keep ingest's resident memory close to what it holds.
-
-    Batches are large, short-lived Arrow buffers: on the system allocator, with few malloc
-    arenas (set before the consumer's and committer's threads exist) and a trim after each
-    batch, freed batches go back to the OS instead of staying in allocator caches.
-    """
-    pa.set_memory_pool(pa.system_memory_pool())
-    libc = _libc()
-    if libc is not None and hasattr(libc, "mallopt"):
-        libc.mallopt(-8, 2)  # M_ARENA_MAX
-
-
-def _release_free_memory() -> None:
-    libc = _libc()
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
 
 
 def _per_row(by_partition: dict[int, int], partitions: np.ndarray) -> np.ndarray:
@@ -419,7 +419,7 @@ class IngestWorker:
         self.decoder = BatchDecoder(self.raw_schema, settings.max_event_bytes)
         self.dead_schema = DEAD_LETTERS.arrow_schema()
         self.bootstrap = bootstrap or resolve_bootstrap(settings)
-        _bound_allocator()
+        bound_allocator()
         self.consumer = Consumer(consumer_config(settings, self.bootstrap), logger=log)
         self.admin = AdminClient({"bootstrap.servers": self.bootstrap, **settings.kafka_extra})
         self.topic_id: str | None = None  # Kafka topic id of the incarnation being read; None if unknown
@@ -428,6 +428,7 @@ class IngestWorker:
         self.positions: dict[int, int] = {}  # next offset to read, per assigned partition
         self._batch = _Batch()
         self._stop = False
+        self._closing = False
         self.recent_ids = RecentIds(settings.ingest_dedupe_window)
         self.recent_ids.warm(self.raw_table)
         self._decoding = ThreadPoolExecutor(1, thread_name_prefix="trajlake-decode")
@@ -508,15 +509,18 @@ class IngestWorker:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Finish what we hold before the partitions move; the offset check makes this safe either way.
-        self.flush()
+        # Not once the worker is closing (the consumer's close revokes too): after a failure that
+        # would retry the failed commit and hide its error; the next owner re-reads from Iceberg.
+        if not self._closing:
+            self.flush()
         self.assigned -= {tp.partition for tp in partitions}
 
     # -- batching ----------------------------------------------------------------
 
     def _batch_full(self) -> bool:
         batch = self._batch
-        return bool(batch.records) and (
-            len(batch.records) >= self.settings.ingest_max_rows
+        return bool(batch.ends) and (
+            len(batch.ends) >= self.settings.ingest_max_rows
             or batch.bytes >= self.settings.ingest_max_bytes
             or time.monotonic() - batch.started >= self.settings.ingest_max_seconds
         )
@@ -527,51 +531,58 @@ class IngestWorker:
     def _add_many(self, messages: list[Message]) -> None:
         """Add the records among ``messages`` to the batch (errors are logged, partition EOFs ignored)."""
         batch = self._batch
-        if not batch.records:
+        if not batch.ends:
             batch.started = time.monotonic()
-        records, positions = batch.records, self.positions
-        size = 0
+        positions, data = self.positions, batch.data
+        ends, partitions, offsets, timestamps, keys = (
+            batch.ends, batch.partitions, batch.offsets, batch.timestamps, batch.keys
+        )  # fmt: skip
         for message in messages:
             error = message.error()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error: %s", error)
                 continue
-            records.append(message)
-            positions[message.partition()] = message.offset() + 1
-            size += len(message.value() or b"")
-        batch.bytes += size
+            value = message.value()
+            if value:
+                data += value
+            ends.append(len(data))
+            partition, offset = message.partition(), message.offset()
+            partitions.append(partition)
+            offsets.append(offset)
+            timestamps.append(message.timestamp()[1])
+            keys.append(message.key())
+            positions[partition] = offset + 1
+        batch.bytes = len(data)
 
     def _refresh_tables(self) -> None:
         self.raw_table = self.raw_table.refresh()
         self.dead_table = self.dead_table.refresh()
 
-    def decode_batch(self, messages: Sequence[Message]) -> tuple[pa.Table, pa.Table]:
-        """Decode a message batch into raw-events rows and dead-letter rows (Arrow, table-shaped).
+    def decode_batch(self, batch: _Batch) -> tuple[pa.Table, pa.Table]:
+        """Decode a batch into raw-events rows and dead-letter rows (Arrow, table-shaped).
 
         Decodes the whole batch at once (pipelines.decode), events sorted by (session, seq);
         both tables carry the Kafka coordinates of every row in ``kafka_partition`` /
         ``kafka_offset``.
         """
         now = datetime.now(UTC)
-        partitions = pa.array([message.partition() for message in messages], pa.int32())
-        offsets = pa.array([message.offset() for message in messages], pa.int64())
-        decoded = self.decoder.decode([message.value() for message in messages], sort_by=_RAW_SORT)
+        partitions = pa.array(np.frombuffer(batch.partitions, dtype=np.int32))
+        offsets = pa.array(np.frombuffer(batch.offsets, dtype=np.int64))
+        decoded = self.decoder.decode_array(batch.values(), sort_by=_RAW_SORT)
         events = with_coordinates(decoded.events, self.raw_schema, self.topic, partitions, offsets, now)
-        dead_rows = [
-            self._dead_row(messages[index], messages[index].value() or b"", exc.reason, str(exc), now)
-            for index, exc in decoded.dead
-        ]
+        dead_rows = [self._dead_row(batch, index, exc.reason, str(exc), now) for index, exc in decoded.dead]
         return events, pa.Table.from_pylist(dead_rows, schema=self.dead_schema)
 
-    def _dead_row(self, message: Message, value: bytes, reason: str, error: str, now: datetime) -> dict:
-        ts_type, ts_ms = message.timestamp()
+    def _dead_row(self, batch: _Batch, index: int, reason: str, error: str, now: datetime) -> dict:
+        ts_ms = batch.timestamps[index]
+        value = batch.value(index)
         return {
-            "kafka_topic": message.topic(),
-            "kafka_partition": message.partition(),
-            "kafka_offset": message.offset(),
+            "kafka_topic": self.topic,
+            "kafka_partition": batch.partitions[index],
+            "kafka_offset": batch.offsets[index],
             "kafka_timestamp": datetime.fromtimestamp(ts_ms / 1000, UTC) if ts_ms and ts_ms > 0 else None,
-            "raw_key": message.key(),
+            "raw_key": batch.keys[index],
             "raw_value": value,
             "value_bytes": len(value),
             "reason": reason,
@@ -700,12 +711,12 @@ class IngestWorker:
         Runs on the decode thread, which only waits for the decoder process, while the
         commit thread commits the batch before.
         """
-        messages, batch.records = batch.records, []  # the batch's memory goes as soon as it is decoded
         next_offsets: dict[int, int] = {}
-        for message in messages:
-            partition = message.partition()
-            next_offsets[partition] = max(next_offsets.get(partition, 0), message.offset() + 1)
-        good, dead = self.decode_batch(messages)
+        for partition, offset in zip(batch.partitions, batch.offsets, strict=True):
+            if offset >= next_offsets.get(partition, 0):
+                next_offsets[partition] = offset + 1
+        good, dead = self.decode_batch(batch)
+        batch.data, batch.keys = bytearray(), []  # the batch's bytes go as soon as it is decoded
         return next_offsets, good, dead
 
     def _process(self, batch: _Batch, decoding: Future[tuple[dict[int, int], pa.Table, pa.Table]]) -> dict[int, int]:
@@ -739,7 +750,7 @@ class IngestWorker:
             self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
         log.info("batch %d: %d events, %d dead letters, %d skipped", self.stats.batches, n_good, dead.num_rows, skipped)
         del good, dead
-        _release_free_memory()
+        release_free_memory()
         return next_offsets
 
     def _commit_dead(self, dead: pa.Table) -> None:
@@ -761,7 +772,7 @@ class IngestWorker:
         flush (end of run, partitions revoked) also brings dead_letters' offsets up to date.
         """
         batch = self._batch
-        if batch.records:
+        if batch.ends:
             self._batch = _Batch()
             decoding = self._decoding.submit(self._decode, batch)
             self._wait_inflight()
@@ -813,7 +824,7 @@ class IngestWorker:
                 self._add_many(messages)
                 if messages:
                     last_message = time.monotonic()
-                if self._batch_full() or (not messages and self._batch.records):
+                if self._batch_full() or (not messages and self._batch.ends):
                     self.flush(wait=False)
                 if until_idle is not None and not messages:
                     if not self.assigned:
@@ -827,6 +838,7 @@ class IngestWorker:
                         break
             self.flush()
         finally:
+            self._closing = True
             self._decoding.shutdown(wait=True)
             self._committer.shutdown(wait=True)  # an in-flight commit finishes (or fails) before we close
             self.consumer.close()

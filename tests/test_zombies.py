@@ -30,8 +30,8 @@ def hold_everything(worker: IngestWorker, expected: int, timeout: float = 60) ->
     if not worker.assigned:
         worker._on_assign(worker.consumer, partitions)
     deadline = time.monotonic() + timeout
-    while len(worker._batch.records) < expected:
-        assert time.monotonic() < deadline, f"zombie read {len(worker._batch.records)} of {expected} records"
+    while len(worker._batch) < expected:
+        assert time.monotonic() < deadline, f"zombie read {len(worker._batch)} of {expected} records"
         for message in worker.consumer.consume(num_messages=1000, timeout=0.5):
             if message.error() is None:
                 worker._add(message)
