@@ -47,10 +47,18 @@ def local_path(uri: str) -> str:
     return uri[len("file://") :] if uri.startswith("file://") else uri
 
 
-def parquet_source(paths: Iterable[str]) -> str:
-    """SQL table expression reading ``paths`` (which must be non-empty)."""
+def parquet_source(paths: Iterable[str], same_schema: bool = False) -> str:
+    """SQL table expression reading ``paths`` (which must be non-empty).
+
+    Files are matched by column name (``union_by_name``) unless ``same_schema`` says they
+    were all written under one schema: then DuckDB binds the first file's schema and
+    skips the per-file name matching, which was about half of a point lookup over 19 files.
+    """
     listed = ", ".join("'" + local_path(p).replace("'", "''") + "'" for p in paths)
-    return f"read_parquet([{listed}], union_by_name = true)"
+    # Iceberg keeps partition values in its metadata, not in paths: the ``ts_day=…`` directories
+    # must not become an extra column.
+    options = "hive_partitioning = false" + ("" if same_schema else ", union_by_name = true")
+    return f"read_parquet([{listed}], {options})"
 
 
 def _source(con: duckdb.DuckDBPyConnection, name: str, table: Table, spec: TableSpec,
@@ -75,6 +83,9 @@ def _source(con: duckdb.DuckDBPyConnection, name: str, table: Table, spec: Table
             f"__scan_{name}", ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table(tasks)
         )
         return f'(SELECT * FROM "{empty_name}" UNION ALL BY NAME SELECT * FROM "__scan_{name}")'
+    if len(table.metadata.schemas) == 1:
+        # One schema for the table's whole life: every file has exactly the view's columns.
+        return f"(SELECT * FROM {parquet_source(paths, same_schema=True)})"
     return f'(SELECT * FROM "{empty_name}" UNION ALL BY NAME SELECT * FROM {parquet_source(paths)})'
 
 
