@@ -340,18 +340,17 @@ class BatchDecoder:
         if not self.isolate:
             ok, decoded = _read_container_safely(container, count)
             return decoded if ok else None  # type: ignore[return-value]
-        else:
-            if self._decoder is None:
-                self._start_decoder()
-            assert self._decoder is not None
-            deadline = self.timeout_s + self.timeout_per_mb_s * len(container) / 1e6
-            try:
-                reply, parts = self._decoder.call({"kind": "read", "count": count}, [container], deadline)
-            except _BlockTimeout:
-                log.warning("Avro block of %d records timed out after %.1f s; decoding record by record",
-                            count, deadline)  # fmt: skip
-                self.close(grace_s=0.0)
-                raise
+        if self._decoder is None:
+            self._start_decoder()
+        assert self._decoder is not None
+        deadline = self.timeout_s + self.timeout_per_mb_s * len(container) / 1e6
+        try:
+            reply, parts = self._decoder.call({"kind": "read", "count": count}, [container], deadline)
+        except _BlockTimeout:
+            log.warning("Avro block of %d records timed out after %.1f s; decoding record by record",
+                        count, deadline)  # fmt: skip
+            self.close(grace_s=0.0)
+            raise
         return read_ipc(parts[0]) if reply["ok"] else None
 
     def _to_columns(self, plan: _Plan, decoded: pa.Table) -> tuple[pa.Table, list[tuple[int, DecodeError]]]:
