@@ -9,9 +9,9 @@ arrays. The payload union arrives as a dense union and becomes the per-kind stru
 columns of ``raw_events``; older writer versions are resolved to the latest reader
 schema column by column (missing fields take the reader's default, types are cast).
 
-Isolated (the default), the whole batch is decoded in that child: the calling process
-only ships the values' bytes and takes back sorted Arrow columns, so a consumer's
-Python thread and the decoding work on different cores.
+Isolated (the default), the whole batch is decoded in a child process (see below): the
+calling process only ships the values' bytes and takes back sorted Arrow columns, so a
+consumer's Python thread and the decoding work on different cores.
 
 Results are the same as ``decode_event`` record by record, dead-letter reasons
 included, because anything the batch path cannot vouch for goes through
@@ -116,12 +116,18 @@ def object_container(schema_json: str, block: bytes, count: int) -> bytes:
 
 def binary_array(values: Sequence[bytes]) -> pa.BinaryArray:
     """An Arrow binary array over ``values`` built from one join (cheaper than ``pa.array`` per value)."""
-    offsets = np.zeros(len(values) + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)), out=offsets[1:])
-    data = pa.py_buffer(b"".join(values))
+    ends = np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)))
+    return binary_array_over(b"".join(values), ends)
+
+
+def binary_array_over(data: bytes | bytearray, ends: np.ndarray) -> pa.BinaryArray:
+    """An Arrow binary array whose ``i``-th value is ``data[ends[i-1]:ends[i]]`` (no copy of ``data``)."""
+    offsets = np.zeros(len(ends) + 1, dtype=np.int64)
+    offsets[1:] = ends
+    buffer = pa.py_buffer(data)
     if offsets[-1] >= 2**31:
-        return pa.Array.from_buffers(pa.large_binary(), len(values), [None, pa.py_buffer(offsets), data])
-    return pa.Array.from_buffers(pa.binary(), len(values), [None, pa.py_buffer(offsets.astype(np.int32)), data])
+        return pa.Array.from_buffers(pa.large_binary(), len(ends), [None, pa.py_buffer(offsets), buffer])
+    return pa.Array.from_buffers(pa.binary(), len(ends), [None, pa.py_buffer(offsets.astype(np.int32)), buffer])
 
 
 def concatenated(array: pa.Array, indices: Sequence[int] | np.ndarray) -> bytes:
@@ -619,8 +625,13 @@ _REPLY_ROWS = 4096
 
 
 def _slices(table: pa.Table) -> Iterator[pa.Buffer]:
-    for start in range(0, table.num_rows, _REPLY_ROWS):
+    """IPC slices of ``table``: ``_reply_parts(table)`` of them, at least one (it carries the schema)."""
+    for start in range(0, max(table.num_rows, 1), _REPLY_ROWS):
         yield ipc_bytes(table.slice(start, _REPLY_ROWS))
+
+
+def _reply_parts(table: pa.Table) -> int:
+    return max(-(-table.num_rows // _REPLY_ROWS), 1)
 
 
 def _handle(
@@ -645,11 +656,8 @@ def _handle(
                                       offset=header["offset"])  # fmt: skip
         result = decoder._decode_array(array, _LazyValues(array), header["sort_by"])
         del array, parts[:]
-        events = result.events
         reply = {"ok": True, "dead": result.dead, "fallback": result.fallback_records}
-        if not events.num_rows:
-            return reply, 1, [ipc_bytes(events)]
-        return reply, -(-events.num_rows // _REPLY_ROWS), _slices(events)
+        return reply, _reply_parts(result.events), _slices(result.events)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which decodes the batch itself
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, 0, []
 

@@ -69,7 +69,7 @@ from pyiceberg.expressions import In
 from pyiceberg.table import Table
 
 from pipelines.broker import resolve_bootstrap
-from pipelines.decode import BatchDecoder, with_coordinates
+from pipelines.decode import BatchDecoder, binary_array_over, with_coordinates
 from pipelines.errors import CommitConflict, KafkaUnavailable
 from pipelines.memory import bound_allocator, release_free_memory
 from pipelines.settings import Settings
@@ -350,13 +350,7 @@ class _Batch:
 
     def values(self) -> pa.BinaryArray:
         """The record values as an Arrow binary array over the batch's buffer (no copy)."""
-        n = len(self.ends)
-        starts = np.zeros(n + 1, dtype=np.int64)
-        starts[1:] = np.frombuffer(self.ends, dtype=np.int64) if n else starts[1:]
-        data = pa.py_buffer(self.data)
-        if len(self.data) >= 2**31:
-            return pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(starts), data])
-        return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(starts.astype(np.int32)), data])
+        return binary_array_over(self.data, np.frombuffer(self.ends, dtype=np.int64))
 
     def value(self, index: int) -> bytes:
         start = self.ends[index - 1] if index else 0
@@ -711,10 +705,9 @@ class IngestWorker:
         Runs on the decode thread, which only waits for the decoder process, while the
         commit thread commits the batch before.
         """
-        next_offsets: dict[int, int] = {}
-        for partition, offset in zip(batch.partitions, batch.offsets, strict=True):
-            if offset >= next_offsets.get(partition, 0):
-                next_offsets[partition] = offset + 1
+        partitions = np.frombuffer(batch.partitions, dtype=np.int32)
+        offsets = np.frombuffer(batch.offsets, dtype=np.int64)
+        next_offsets = {int(p): int(offsets[partitions == p].max()) + 1 for p in np.unique(partitions)}
         good, dead = self.decode_batch(batch)
         batch.data, batch.keys = bytearray(), []  # the batch's bytes go as soon as it is decoded
         return next_offsets, good, dead

@@ -45,3 +45,14 @@ def write_raw(settings: Settings, events: list[dict[str, Any]], batch_size: int 
             for i, e in enumerate(events[start : start + batch_size])
         ]
         table.append(pa.Table.from_pylist(rows, schema=schema))
+
+
+def raw_rows(n: int, start: int = 0) -> pa.Table:
+    """``n`` raw-events rows (ids, sessions s0-s2, seq and offsets from ``start``; other columns null)."""
+    schema = RAW_EVENTS.arrow_schema()
+    columns = {f.name: pa.nulls(n, f.type) for f in schema}
+    columns["event_id"] = pa.array([f"e{i}" for i in range(start, start + n)])
+    columns["session_id"] = pa.array([f"s{i % 3}" for i in range(start, start + n)])
+    columns["seq"] = pa.array(range(start, start + n), schema.field("seq").type)
+    columns["kafka_offset"] = pa.array(range(start, start + n), schema.field("kafka_offset").type)
+    return pa.table({f.name: columns[f.name].cast(f.type) for f in schema}, schema=schema)

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import duckdb
 from pyiceberg.types import StringType
 
 from pipelines.settings import Settings
-from tests.test_transactions import _rows
+from tests.helpers import raw_rows
 from warehouse.catalog import open_catalog
 from warehouse.sql import open_views
 from warehouse.tables import RAW_EVENTS, ensure_table
 from warehouse.transactions import transaction
 
 
-def _view_sql(con, name: str) -> str:  # noqa: ANN001
+def _view_sql(con: duckdb.DuckDBPyConnection, name: str) -> str:
     return con.execute("SELECT sql FROM duckdb_views() WHERE view_name = ?", [name]).fetchone()[0]
 
 
@@ -20,7 +21,7 @@ def test_one_schema_reads_files_directly_and_an_evolved_table_by_name(settings: 
     table = ensure_table(open_catalog(settings), settings, RAW_EVENTS.name)
     for start in (0, 10):  # two files
         with transaction(table) as tx:
-            tx.append(_rows(10, start))
+            tx.append(raw_rows(10, start))
         table = table.refresh()
 
     con = open_views(settings)
@@ -36,7 +37,7 @@ def test_one_schema_reads_files_directly_and_an_evolved_table_by_name(settings: 
         update.add_column("note", StringType())
     table = table.refresh()
     with transaction(table) as tx:
-        rows = _rows(5, 20)
+        rows = raw_rows(5, 20)
         tx.append(rows.append_column("note", rows.column("event_id")))
     con = open_views(settings)
     assert "union_by_name" in _view_sql(con, "hot_events")

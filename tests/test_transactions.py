@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
 import pyiceberg.table
 import pytest
 
 import warehouse.transactions as transactions
 from pipelines.settings import Settings
+from tests.helpers import raw_rows
 from warehouse.catalog import open_catalog
 from warehouse.tables import RAW_EVENTS, ensure_table
 from warehouse.transactions import transaction
-
-
-def _rows(n: int, start: int = 0) -> pa.Table:
-    schema = RAW_EVENTS.arrow_schema()
-    columns = {f.name: pa.nulls(n, f.type) for f in schema}
-    columns["event_id"] = pa.array([f"e{i}" for i in range(start, start + n)])
-    columns["session_id"] = pa.array([f"s{i % 3}" for i in range(start, start + n)])
-    columns["seq"] = pa.array(range(start, start + n), schema.field("seq").type)
-    columns["kafka_offset"] = pa.array(range(start, start + n), schema.field("kafka_offset").type)
-    return pa.table({f.name: columns[f.name].cast(f.type) for f in schema}, schema=schema)
 
 
 def test_staged_metadata_follows_every_update_and_is_built_once_per_change(
@@ -42,7 +32,7 @@ def test_staged_metadata_follows_every_update_and_is_built_once_per_change(
         assert tx.table_metadata is tx.table_metadata  # no change staged: one build, shared
         tx.set_properties({"a": "1"})
         assert tx.table_metadata.properties["a"] == "1"  # the staged update is visible at once
-        tx.append(_rows(10), snapshot_properties={"k": "first"})
+        tx.append(raw_rows(10), snapshot_properties={"k": "first"})
         staged = tx.table_metadata
         assert staged.properties["a"] == "1" and staged.current_snapshot_id is not None
         tx.set_properties({"a": "2"})
@@ -56,7 +46,7 @@ def test_staged_metadata_follows_every_update_and_is_built_once_per_change(
     assert table.scan().to_arrow().num_rows == 10
 
     with transaction(table) as tx:  # a second commit on the refreshed table builds on the new base
-        tx.append(_rows(5, start=10), snapshot_properties={"k": "second"})
+        tx.append(raw_rows(5, start=10), snapshot_properties={"k": "second"})
     table = table.refresh()
     assert table.scan().to_arrow().num_rows == 15
     assert [s.summary["k"] for s in table.snapshots()][-2:] == ["first", "second"]
