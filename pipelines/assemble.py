@@ -34,12 +34,33 @@ log = logging.getLogger("trajlake.assemble")
 
 ASSEMBLED_SNAPSHOT = "trajlake.assembled-raw-snapshot"
 
-# Everything below reads the temp table ``ev``: the deduplicated events of the affected sessions.
+# Duplicates (the same event_id more than once: a producer's re-send, or one Kafka record
+# landed twice) are rare, so they are found once per run on two narrow columns and only the
+# extra copies are named, by physical row: the first copy by Kafka coordinates stays. Ranking
+# every wide row by event_id instead (a window over all columns) was most of assembly's time.
+_LOSERS_SQL = """
+CREATE OR REPLACE TEMP TABLE losers AS
+WITH dup AS (
+    SELECT event_id FROM {source}
+    WHERE session_id IN (SELECT session_id FROM affected)
+    GROUP BY event_id HAVING count(*) > 1
+)
+SELECT filename, file_row_number FROM {source}
+WHERE event_id IN (SELECT event_id FROM dup) AND session_id IN (SELECT session_id FROM affected)
+QUALIFY row_number() OVER (
+    PARTITION BY event_id ORDER BY kafka_topic, kafka_partition, kafka_offset, filename, file_row_number
+) > 1
+"""
+
+# Everything below reads the temp table ``ev``: the deduplicated events of one chunk of the
+# affected sessions. A chunk is a range of session ids, so the range prunes row groups
+# (files are sorted by session) before the exact membership test.
 _DEDUP_SQL = """
 CREATE OR REPLACE TEMP TABLE ev AS
-SELECT * FROM {source}
-WHERE session_id IN (SELECT session_id FROM affected WHERE chunk = {chunk})
-QUALIFY row_number() OVER (PARTITION BY event_id ORDER BY kafka_topic, kafka_partition, kafka_offset) = 1
+SELECT * EXCLUDE (filename, file_row_number)
+FROM {source} ANTI JOIN losers USING (filename, file_row_number)
+WHERE session_id BETWEEN $low AND $high
+  AND session_id IN (SELECT session_id FROM affected WHERE chunk = $chunk)
 """
 
 _TRAJECTORIES_SQL = """
@@ -250,14 +271,18 @@ def assemble(
     # Sessions are assembled in chunks (by hash) of about ``assemble_chunk_events`` events each,
     # so memory is bounded by a chunk, not by the backlog. The watermark moves with the last
     # chunk: after a crash the next run recomputes (and replaces) every affected session.
-    source = parquet_source(all_raw.paths)
+    source = parquet_source(all_raw.paths, row_ids=True)
     events = con.execute(f"SELECT count(*) FROM {source} WHERE session_id IN (SELECT session_id FROM affected)")
-    stats.chunks = max(1, math.ceil(events.fetchone()[0] / settings.assemble_chunk_events))  # type: ignore[index]
-    con.execute(f"CREATE OR REPLACE TEMP TABLE affected AS SELECT session_id, hash(session_id) % {stats.chunks} "
-                "AS chunk FROM affected")  # fmt: skip
+    chunks = max(1, math.ceil(events.fetchone()[0] / settings.assemble_chunk_events))  # type: ignore[index]
+    con.execute(f"CREATE OR REPLACE TEMP TABLE affected AS SELECT session_id, ntile({chunks}) OVER "
+                "(ORDER BY session_id) - 1 AS chunk FROM affected")  # fmt: skip
+    ranges = con.execute("SELECT chunk, min(session_id), max(session_id) FROM affected GROUP BY chunk ORDER BY chunk")
+    bounds = ranges.fetchall()
+    stats.chunks = len(bounds)
+    con.execute(_LOSERS_SQL.format(source=source))
     params = {"as_of": as_of, "idle_us": int(settings.session_idle_timeout_s * 1_000_000), "now": datetime.now(UTC)}
-    for chunk in range(stats.chunks):
-        con.execute(_DEDUP_SQL.format(source=source, chunk=chunk))
+    for chunk, low, high in bounds:
+        con.execute(_DEDUP_SQL.format(source=source), {"low": low, "high": high, "chunk": chunk})
         trajectory_rows = con.sql(_TRAJECTORIES_SQL, params=params).to_arrow_table()
         trajectory_rows = trajectory_rows.cast(TRAJECTORIES.arrow_schema())
         step_rows = con.sql(_STEPS_SQL).to_arrow_table().cast(STEPS.arrow_schema())

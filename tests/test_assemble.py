@@ -39,6 +39,23 @@ def test_shuffled_and_duplicated_input_gives_identical_output(settings: Settings
     assert snapshot(other) == expected
 
 
+def test_a_kafka_record_landed_twice_counts_once(settings: Settings, tmp_path) -> None:
+    """Two copies with the same event id *and* the same Kafka coordinates: exactly one stays."""
+    events = sample_events(6)
+    write_raw(settings, events, batch_size=10_000)
+    assemble(settings, as_of=AS_OF)
+    expected = snapshot(settings)
+
+    twice = Settings(home=tmp_path / "twice")
+    write_raw(twice, events, batch_size=10_000)
+    write_raw(twice, events, batch_size=10_000)  # identical rows in a second file (a replayed batch)
+    stats = assemble(twice, as_of=AS_OF)
+    assert stats.sessions == 6
+    assert snapshot(twice) == expected
+    counts = run_query(twice, "SELECT sum(n_events) FROM trajectories")[1][0][0]
+    assert counts == len(events)
+
+
 def test_session_without_end_times_out_and_late_events_amend(settings: Settings) -> None:
     events = sample_events(3)
     session = events[0]["session_id"]
