@@ -268,7 +268,7 @@ def assemble(
                 tx.set_properties(properties)
         stats.seconds = time.monotonic() - started
         return stats
-    # Sessions are assembled in chunks (by hash) of about ``assemble_chunk_events`` events each,
+    # Sessions are assembled in chunks (session-id ranges) of about ``assemble_chunk_events`` events each,
     # so memory is bounded by a chunk, not by the backlog. The watermark moves with the last
     # chunk: after a crash the next run recomputes (and replaces) every affected session.
     source = parquet_source(all_raw.paths, row_ids=True)
