@@ -150,10 +150,15 @@ _STEPS_SQL = """
 WITH actions AS (
     SELECT * FROM ev WHERE event_type = 'agent_action'
 ),
-feedback AS (
-    SELECT parent_event_id, arg_min(struct_pack(event_id, ts, f := env_feedback), struct_pack(seq, event_id)) AS fb
+-- an action's first feedback by (seq, event_id), chosen on narrow columns, then fetched whole
+first_feedback AS (
+    SELECT parent_event_id, arg_min(event_id, struct_pack(seq, event_id)) AS event_id
     FROM ev WHERE event_type = 'env_feedback' AND parent_event_id IS NOT NULL
     GROUP BY parent_event_id
+),
+feedback AS (
+    SELECT first.parent_event_id, struct_pack(e.event_id, e.ts, f := e.env_feedback) AS fb
+    FROM first_feedback first JOIN ev e USING (event_id)
 )
 SELECT
     a.session_id,
