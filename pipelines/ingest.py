@@ -44,7 +44,8 @@ import random
 import signal
 import time
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -229,7 +230,10 @@ class RecentIds:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._ids: dict[str, None] = {}  # insertion-ordered: the first key is the oldest
+        self._ids: set[str] = set()
+        # The same ids in arrival order, one list per batch, oldest first; a batch is a few
+        # thousand ids, so lookups and evictions are set operations in C, not a loop per id.
+        self._order: deque[list[str]] = deque()
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -250,34 +254,46 @@ class RecentIds:
             )
             .fetchall()
         )
-        self._remember_ids(event_id for (event_id,) in reversed(rows))
+        self._remember_ids([event_id for (event_id,) in reversed(rows)])
 
     def unseen(self, event_ids: Sequence[str]) -> list[bool]:
         """Per id: True when it is neither in the window nor earlier in ``event_ids``."""
         if not self.capacity:
             return [True] * len(event_ids)
         ids = self._ids
+        if ids.isdisjoint(event_ids) and len(set(event_ids)) == len(event_ids):
+            return [True] * len(event_ids)  # the usual batch: nothing re-sent
         seen: set[str] = set()
         keep = []
         for event_id in event_ids:
-            new = event_id not in ids and event_id not in seen
+            keep.append(event_id not in ids and event_id not in seen)
             seen.add(event_id)
-            keep.append(new)
         return keep
 
-    def remember(self, event_ids: Iterable[str]) -> None:
+    def remember(self, event_ids: Sequence[str]) -> None:
         """Add the ids of committed events."""
         if self.capacity:
-            self._remember_ids(event_ids)
+            self._remember_ids(list(event_ids))
 
-    def _remember_ids(self, event_ids: Iterable[str]) -> None:
+    def _remember_ids(self, event_ids: list[str]) -> None:
         ids = self._ids
-        for event_id in event_ids:
-            ids[event_id] = None
+        if not ids.isdisjoint(event_ids) or len(set(event_ids)) != len(event_ids):
+            event_ids = [event_id for event_id in dict.fromkeys(event_ids) if event_id not in ids]
+        if not event_ids:
+            return
+        ids.update(event_ids)
+        self._order.append(event_ids)
         excess = len(ids) - self.capacity
-        if excess > 0:
-            for event_id in list(itertools.islice(ids, excess)):
-                del ids[event_id]
+        while excess > 0:
+            oldest = self._order[0]
+            if len(oldest) <= excess:
+                self._order.popleft()
+                ids.difference_update(oldest)
+                excess -= len(oldest)
+            else:
+                ids.difference_update(oldest[:excess])
+                self._order[0] = oldest[excess:]
+                excess = 0
 
 
 @dataclass
@@ -643,11 +659,14 @@ class IngestWorker:
             if window and fresh.num_rows:
                 kept = kept.filter(pa.array(~self._resent_before_reset(table, fresh, window)))
             resent = 0
+            kept_ids: list[str] = []
             if recent is not None and kept.num_rows:
-                keep = recent.unseen(kept.column("event_id").to_pylist())
+                kept_ids = kept.column("event_id").to_pylist()
+                keep = recent.unseen(kept_ids)
                 resent = keep.count(False)
                 if resent:
                     kept = kept.filter(pa.array(keep))
+                    kept_ids = list(itertools.compress(kept_ids, keep))
             merged = {**recorded, **advanced}
             properties = {
                 key: json.dumps({str(p): o for p, o in sorted(merged.items())}),
@@ -670,7 +689,7 @@ class IngestWorker:
                 self.stats.reset_details.append(reset)
                 log.warning("%s", IngestStats(reset_details=[reset]).describe_resets()[0])
             if recent is not None:
-                recent.remember(kept.column("event_id").to_pylist())
+                recent.remember(kept_ids)
             self.stats.resent_duplicates += resent
             self.stats.reset_duplicates += fresh.num_rows - kept.num_rows - resent
             return table, kept.num_rows, rows.num_rows - kept.num_rows

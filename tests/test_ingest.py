@@ -97,3 +97,11 @@ def test_recent_id_window_is_bounded_and_forgets_the_oldest() -> None:
     assert len(window) == 3 and "a" not in window and "d" in window
     assert window.unseen(["a", "b"]) == [True, False]
     assert RecentIds(0).unseen(ids + ids) == [True] * 8  # disabled
+
+    window = RecentIds(5)  # evicts whole batches and then part of the oldest, in arrival order
+    for batch in (["a", "b"], ["c", "d", "c"], ["b", "e", "f"], ["g"]):
+        window.remember(batch)  # repeats (in the batch or in the window) keep their first place
+    assert sorted(window._ids) == ["c", "d", "e", "f", "g"]
+    assert window.unseen(["b", "c", "h", "h"]) == [True, False, True, False]
+    window.remember([f"x{i}" for i in range(4)])
+    assert sorted(window._ids) == ["g", "x0", "x1", "x2", "x3"]

@@ -1,23 +1,136 @@
-"""Iceberg transactions whose staged metadata is built once per change, not once per look.
+"""Iceberg transactions that do less per commit than pyiceberg's, with the same result.
 
-pyiceberg's ``Transaction.table_metadata`` re-applies every staged update to the table's
-metadata and deep-copies the result each time it is read, and one append reads it about
-twenty times (schema checks, partition spec, the snapshot producer, the manifest writer).
-The copy covers every schema, snapshot and log entry of the table, so with the wide
-``raw_events`` schema an append spent ~0.3 s copying — about half of an ingest commit —
-and the cost grew with the table's history. Pydantic metadata models are frozen, so the
-staged metadata can be shared between readers until the next update is staged.
+Two costs of pyiceberg's ``Transaction`` grow with what ingest commits many times a minute:
+
+* ``table_metadata`` re-applies every staged update to the table's metadata and
+  deep-copies the result each time it is read, and one append reads it about twenty
+  times (schema checks, partition spec, the snapshot producer, the manifest writer).
+  The copy covers every schema, snapshot and log entry of the table, so with the wide
+  ``raw_events`` schema an append spent ~0.3 s copying — about half of an ingest
+  commit — and the cost grew with the table's history. Pydantic metadata models are
+  frozen, so the staged metadata can be shared between readers until the next update.
+* ``append`` converts the Arrow schema to an Iceberg schema twice (the compatibility
+  check and the write task), and splits the rows by partition by filtering the whole
+  table once per partition value and copying the result, even when every row falls in
+  one partition (a day, for ingest's batches). Here both conversions are cached per
+  (table, schema id, Arrow schema), and a table whose rows share one partition value is
+  written as it is; rows spanning several values are split as pyiceberg does.
 """
 
 from __future__ import annotations
 
-from pyiceberg.table import Table, TableMetadata
+import functools
+import operator
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import (
+    _check_pyarrow_schema_compatible,
+    _get_field_from_arrow_table,
+    bin_pack_arrow_table,
+    pyarrow_to_schema,
+    write_file,
+)
+from pyiceberg.manifest import DataFile
+from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
+from pyiceberg.schema import Schema
+from pyiceberg.table import (
+    DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE,
+    Table,
+    TableMetadata,
+    TableProperties,
+    WriteTask,
+)
 from pyiceberg.table import Transaction as _Transaction
 from pyiceberg.table.update import update_table_metadata
+from pyiceberg.typedef import EMPTY_DICT
+from pyiceberg.utils.config import Config
+from pyiceberg.utils.properties import property_as_int
+
+#: (table uuid, schema id, Arrow schema) → the Iceberg schema of the Arrow data, checked compatible.
+_TASK_SCHEMAS: dict[tuple[Any, int, pa.Schema], Schema] = {}
+_TASK_SCHEMAS_LIMIT = 256
+
+
+def _task_schema(metadata: TableMetadata, arrow_schema: pa.Schema) -> Schema:
+    """The Iceberg schema of Arrow data for ``metadata``'s current schema (checked compatible once).
+
+    Raises:
+        ValueError: the Arrow schema does not fit the table's (as pyiceberg's ``append`` raises).
+    """
+    key = (metadata.table_uuid, metadata.current_schema_id, arrow_schema)
+    cached = _TASK_SCHEMAS.get(key)
+    if cached is not None:
+        return cached
+    downcast = Config().get_bool(DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE) or False
+    table_schema = metadata.schema()
+    _check_pyarrow_schema_compatible(
+        table_schema, provided_schema=arrow_schema, downcast_ns_timestamp_to_us=downcast,
+        format_version=metadata.format_version,
+    )  # fmt: skip
+    schema = pyarrow_to_schema(
+        arrow_schema, name_mapping=table_schema.name_mapping, downcast_ns_timestamp_to_us=downcast,
+        format_version=metadata.format_version,
+    )  # fmt: skip
+    if len(_TASK_SCHEMAS) >= _TASK_SCHEMAS_LIMIT:
+        _TASK_SCHEMAS.clear()
+    _TASK_SCHEMAS[key] = schema
+    return schema
+
+
+def _partitions(metadata: TableMetadata, rows: pa.Table) -> Iterator[tuple[PartitionKey | None, pa.Table]]:
+    """``rows`` split by partition value: as they are when they share one value (no copy)."""
+    spec, schema = metadata.spec(), metadata.schema()
+    if spec.is_unpartitioned():
+        yield None, rows
+        return
+    transformed: list[pa.Array] = []
+    for field in spec.fields:
+        name = schema.find_column_name(field.source_id)
+        if name is None:
+            raise ValueError(f"Could not find column name for field ID: {field.source_id}")
+        source = schema.find_field(field.source_id).field_type
+        transformed.append(field.transform.pyarrow_transform(source)(_get_field_from_arrow_table(rows, name)))
+    keys = pa.table({str(i): values for i, values in enumerate(transformed)})
+    unique = keys.group_by(keys.column_names).aggregate([]).to_pylist()
+
+    def key_of(values: dict[str, Any]) -> PartitionKey:
+        field_values = [PartitionFieldValue(field, values[str(i)]) for i, field in enumerate(spec.fields)]
+        return PartitionKey(field_values=field_values, partition_spec=spec, schema=schema)
+
+    if len(unique) == 1:
+        yield key_of(unique[0]), rows
+        return
+    for values in unique:
+        conditions = [
+            pc.is_null(keys.column(str(i))) if values[str(i)] is None else pc.equal(keys.column(str(i)), values[str(i)])
+            for i in range(len(spec.fields))
+        ]
+        yield key_of(values), rows.filter(functools.reduce(operator.and_, conditions)).combine_chunks()
+
+
+def data_files(metadata: TableMetadata, rows: pa.Table, io: FileIO, write_uuid: uuid.UUID) -> list[DataFile]:
+    """Write ``rows`` as Parquet data files of the table (split by partition and target size)."""
+    task_schema = _task_schema(metadata, rows.schema)
+    target = property_as_int(
+        metadata.properties, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES,
+        TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT,
+    )  # fmt: skip
+    tasks = []
+    for key, part in _partitions(metadata, rows):
+        for batches in bin_pack_arrow_table(part, target):  # type: ignore[arg-type]
+            task = WriteTask(write_uuid=write_uuid, task_id=len(tasks), record_batches=batches, schema=task_schema,
+                             partition_key=key)  # fmt: skip
+            tasks.append(task)
+    return list(write_file(io=io, table_metadata=metadata, tasks=iter(tasks)))
 
 
 class Transaction(_Transaction):
-    """A pyiceberg transaction that caches its staged metadata until the next staged update."""
+    """A pyiceberg transaction with cached staged metadata and a leaner ``append`` (see module doc)."""
 
     _staged: tuple[object, object, TableMetadata] | None = None
 
@@ -31,6 +144,18 @@ class Transaction(_Transaction):
             staged = (base, updates, update_table_metadata(base, updates))
             self._staged = staged
         return staged[2]
+
+    def append(self, df: pa.Table, snapshot_properties: dict[str, str] = EMPTY_DICT, **kwargs: Any) -> None:  # type: ignore[override]
+        """Append an Arrow table in one snapshot, like pyiceberg's ``append`` (same files and summary)."""
+        if not isinstance(df, pa.Table) or kwargs:  # streaming readers, branches: pyiceberg's own path
+            super().append(df, snapshot_properties=snapshot_properties, **kwargs)
+            return
+        metadata = self.table_metadata
+        _task_schema(metadata, df.schema)  # checked before anything is staged, as pyiceberg does
+        with self._append_snapshot_producer(snapshot_properties) as append_files:
+            if df.num_rows:
+                for data_file in data_files(metadata, df, self._table.io, append_files.commit_uuid):
+                    append_files.append_data_file(data_file)
 
 
 def transaction(table: Table) -> Transaction:
