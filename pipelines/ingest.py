@@ -392,6 +392,10 @@ def consumer_config(settings: Settings, bootstrap: str) -> dict[str, Any]:
         "max.partition.fetch.bytes": 8 << 20,
         # Prefetch bounded well below a batch: a deep backlog must not grow resident memory.
         "queued.max.messages.kbytes": 16 << 10,
+        # Once that prefetch is full, librdkafka waits this long before fetching again
+        # (default 1 s): with the queue drained in ~0.3 s, consuming alone topped out at
+        # ~46k records/s. 10 ms keeps a fetch in flight as soon as there is room.
+        "fetch.queue.backoff.ms": 10,
         **settings.kafka_extra,
     }
 
