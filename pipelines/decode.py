@@ -11,7 +11,10 @@ schema column by column (missing fields take the reader's default, types are cas
 
 Isolated (the default), the whole batch is decoded in a child process (see below): the
 calling process only ships the values' bytes and takes back sorted Arrow columns, so a
-consumer's Python thread and the decoding work on different cores.
+consumer's Python thread and the decoding work on different cores. Given a ``FileTarget``,
+the child also writes the rows as Iceberg data files and sends back only the files and the
+rows' keys, so the wide rows never cross the pipe and Parquet encoding leaves the
+consumer's process too.
 
 Results are the same as ``decode_event`` record by record, dead-letter reasons
 included, because anything the batch path cannot vouch for goes through
@@ -31,12 +34,14 @@ included, because anything the batch path cannot vouch for goes through
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import logging
 import multiprocessing
 import os
 import threading
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -46,6 +51,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile
+from pyiceberg.table.metadata import TableMetadata
 
 from pipelines.memory import bound_allocator, release_free_memory
 from schemas.errors import DecodeError, InvalidEvent, OversizedEvent
@@ -75,11 +83,46 @@ class DecodeResult:
             (envelope, per-kind payload structs, ``schema_version``) plus ``ROW_INDEX``.
         dead: ``(index, error)`` of each record that goes to dead letters.
         fallback_records: records decoded one by one (poison isolation, timeouts).
+        files: set when the decoder process wrote the events as Iceberg data files (see
+            :class:`FileTarget`): those files, and ``events`` then holds only ``KEY_COLUMNS``
+            of their rows.
     """
 
     events: pa.Table
     dead: list[tuple[int, DecodeError]] = field(default_factory=list)
     fallback_records: int = 0
+    files: list[DataFile] | None = None
+
+
+#: What the caller keeps of events written by the decoder process: enough to decide which
+#: rows are new (Kafka coordinates, the re-send windows) without the rows themselves.
+KEY_COLUMNS = ("event_id", "session_id", "kafka_partition", "kafka_offset")
+
+
+@dataclass(frozen=True)
+class FileTarget:
+    """Where the decoder process writes a batch's events: Parquet data files of an Iceberg table.
+
+    The decoder process completes the rows with their Kafka coordinates and writes them
+    (``warehouse.transactions.data_files``), so the caller never takes back the wide rows;
+    committing the files, or not, stays with the caller.
+
+    Attributes:
+        metadata: the table's metadata (its snapshots may be left out: only the schema,
+            partition spec, properties and location are used).
+        io_properties: FileIO properties of the table.
+        topic: Kafka topic of the batch.
+        partitions: partition of every record of the batch.
+        offsets: offset of every record of the batch.
+        ingested_at: ingest time stamped on every row.
+    """
+
+    metadata: TableMetadata
+    io_properties: dict[str, str]
+    topic: str
+    partitions: np.ndarray
+    offsets: np.ndarray
+    ingested_at: datetime
 
 
 # -- Avro container framing ----------------------------------------------------------
@@ -154,6 +197,8 @@ def _read_container(container: bytes, expected_rows: int) -> pa.Table:
 
 def _warm_up() -> None:
     import polars_avro._avro_rs  # noqa: F401
+
+    import warehouse.transactions  # noqa: F401 - the data-file writer, before requests' deadlines start
 
 
 def _read_container_safely(container: bytes, expected_rows: int) -> tuple[bool, pa.Table | str]:
@@ -502,12 +547,20 @@ class BatchDecoder:
         """
         return self.decode_array(binary_array([value or b"" for value in values]), sort_by)
 
-    def decode_array(self, array: pa.BinaryArray, sort_by: Sequence[tuple[str, str]] = ()) -> DecodeResult:
-        """:meth:`decode` for values already in an Arrow binary array (nulls count as empty)."""
+    def decode_array(
+        self, array: pa.BinaryArray, sort_by: Sequence[tuple[str, str]] = (), write: FileTarget | None = None
+    ) -> DecodeResult:
+        """:meth:`decode` for values already in an Arrow binary array (nulls count as empty).
+
+        With ``write``, the decoder process also writes the events as data files and returns
+        their keys (``DecodeResult.files``); when the batch is decoded here instead (a
+        timeout, an error in the decoder process, or not isolated), nothing is written and
+        the events come back whole.
+        """
         values = _LazyValues(array)
         if self.isolate and len(array):
             try:
-                result = self._decode_in_child(array, sort_by)
+                result = self._decode_in_child(array, sort_by, write)
             except _BlockTimeout:
                 # Some block spins the reader (or kills it): every group's block would be
                 # suspect, and each retry costs a deadline, so decode_event takes the batch.
@@ -518,7 +571,9 @@ class BatchDecoder:
                 return result
         return self._decode_array(array, values, sort_by)
 
-    def _decode_in_child(self, array: pa.BinaryArray, sort_by: Sequence[tuple[str, str]]) -> DecodeResult | None:
+    def _decode_in_child(
+        self, array: pa.BinaryArray, sort_by: Sequence[tuple[str, str]], write: FileTarget | None = None
+    ) -> DecodeResult | None:
         """The whole batch decoded by the decoder process; None when decoding raised there.
 
         Raises:
@@ -531,7 +586,7 @@ class BatchDecoder:
         deadline = self.timeout_s + self.timeout_per_mb_s * data.size / 1e6
         header = {"kind": "batch", "n": len(array), "large": pa.types.is_large_binary(array.type),
                   "offset": array.offset, "target": self.target, "max_event_bytes": self.max_event_bytes,
-                  "sort_by": list(sort_by)}  # fmt: skip
+                  "sort_by": list(sort_by), "write": write}  # fmt: skip
         try:
             reply, parts = self._decoder.call(header, [offsets, data], deadline)
         except _BlockTimeout:
@@ -544,7 +599,8 @@ class BatchDecoder:
                         reply["error"])  # fmt: skip
             return None
         events = pa.concat_tables([read_ipc(part) for part in parts])
-        return DecodeResult(events=events, dead=reply["dead"], fallback_records=reply["fallback"])
+        return DecodeResult(events=events, dead=reply["dead"], fallback_records=reply["fallback"],
+                            files=reply.get("files"))  # fmt: skip
 
     def _decode_array(
         self, array: pa.BinaryArray, values: Sequence[bytes], sort_by: Sequence[tuple[str, str]] = ()
@@ -657,9 +713,34 @@ def _handle(
         result = decoder._decode_array(array, _LazyValues(array), header["sort_by"])
         del array, parts[:]
         reply = {"ok": True, "dead": result.dead, "fallback": result.fallback_records}
-        return reply, _reply_parts(result.events), _slices(result.events)
+        events = result.events
+        if header.get("write") is not None:
+            events, reply["files"] = _write_files(events, header["target"], header["write"])
+        return reply, _reply_parts(events), _slices(events)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which decodes the batch itself
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, 0, []
+
+
+@functools.cache
+def _file_io(properties: tuple[tuple[str, str], ...], location: str) -> FileIO:
+    from pyiceberg.io import load_file_io
+
+    return load_file_io(dict(properties), location)
+
+
+def _write_files(events: pa.Table, target: pa.Schema, write: FileTarget) -> tuple[pa.Table, list[DataFile]]:
+    """Write decoded events as data files of ``write``'s table; returns their keys and the files."""
+    from warehouse.transactions import data_files
+
+    partitions, offsets = pa.array(write.partitions), pa.array(write.offsets)
+    rows = with_coordinates(events, target, write.topic, partitions, offsets, write.ingested_at)
+    del events
+    files: list[DataFile] = []
+    if rows.num_rows:
+        io = _file_io(tuple(sorted(write.io_properties.items())), write.metadata.location)
+        files = data_files(write.metadata, rows, io, uuid.uuid4())
+    # Keys are in the rows' order, not the files': callers match rows by Kafka coordinates.
+    return rows.select(list(KEY_COLUMNS)), files
 
 
 def _serve(conn: Connection) -> None:
@@ -781,10 +862,10 @@ def with_coordinates(
     index = events.column(ROW_INDEX)
     n = events.num_rows
     extra = {
-        "kafka_topic": pa.array([topic] * n, type=target.field("kafka_topic").type),
+        "kafka_topic": pa.repeat(pa.scalar(topic, target.field("kafka_topic").type), n),
         "kafka_partition": pc.take(partitions, index).cast(target.field("kafka_partition").type),
         "kafka_offset": pc.take(offsets, index).cast(target.field("kafka_offset").type),
-        "ingested_at": pa.array([ingested_at] * n, type=target.field("ingested_at").type),
+        "ingested_at": pa.repeat(pa.scalar(ingested_at, target.field("ingested_at").type), n),
     }
     arrays = [extra[f.name] if f.name in extra else events.column(f.name) for f in target]
     return pa.Table.from_arrays(arrays, schema=target)

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
@@ -67,10 +68,12 @@ from confluent_kafka.admin import AdminClient
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import In
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
 
 from pipelines.broker import resolve_bootstrap
-from pipelines.decode import BatchDecoder, binary_array_over, with_coordinates
+from pipelines.decode import BatchDecoder, FileTarget, binary_array_over, with_coordinates
 from pipelines.errors import CommitConflict, KafkaUnavailable
 from pipelines.memory import bound_allocator, release_free_memory
 from pipelines.settings import Settings
@@ -414,6 +417,34 @@ def _per_row(by_partition: dict[int, int], partitions: np.ndarray) -> np.ndarray
     return lookup[partitions]
 
 
+@dataclass
+class _Written:
+    """Raw events the decoder process already wrote as data files, not yet committed."""
+
+    files: list[DataFile]
+    keys: pa.Table  # KEY_COLUMNS of every row in the files
+
+
+def _writer_metadata(metadata: TableMetadata) -> TableMetadata:
+    """``metadata`` without its history: what writing data files needs, cheap to send to the decoder."""
+    return metadata.model_copy(update={"snapshots": [], "snapshot_log": [], "metadata_log": [], "refs": {},
+                                       "current_snapshot_id": None})  # fmt: skip
+
+
+def _coordinates(rows: pa.Table) -> pa.Array:
+    """One int64 per row identifying its Kafka record within a batch: partition and offset."""
+    partitions = rows.column("kafka_partition").to_numpy().astype(np.int64)
+    return pa.array((partitions << 48) | rows.column("kafka_offset").to_numpy())
+
+
+def _delete_files(table: Table, files: Sequence[DataFile]) -> None:
+    for data_file in files:
+        try:
+            table.io.delete(data_file.file_path)
+        except OSError as exc:  # an orphan at worst: maintenance removes it
+            log.warning("could not delete unused data file %s: %s", data_file.file_path, exc)
+
+
 class IngestWorker:
     """One ingest process: a member of the consumer group writing to Iceberg.
 
@@ -573,18 +604,30 @@ class IngestWorker:
         self.raw_table = self.raw_table.refresh()
         self.dead_table = self.dead_table.refresh()
 
-    def decode_batch(self, batch: _Batch) -> tuple[pa.Table, pa.Table]:
+    def decode_batch(self, batch: _Batch, write: bool = False) -> tuple[pa.Table | _Written, pa.Table]:
         """Decode a batch into raw-events rows and dead-letter rows (Arrow, table-shaped).
 
         Decodes the whole batch at once (pipelines.decode), events sorted by (session, seq);
         both tables carry the Kafka coordinates of every row in ``kafka_partition`` /
-        ``kafka_offset``.
+        ``kafka_offset``. With ``write``, the decoder process writes the events as
+        ``raw_events`` data files, and only the files and the rows' keys come back
+        (``_Written``), unless the batch had to be decoded here.
         """
         now = datetime.now(UTC)
-        partitions = pa.array(np.frombuffer(batch.partitions, dtype=np.int32))
-        offsets = pa.array(np.frombuffer(batch.offsets, dtype=np.int64))
-        decoded = self.decoder.decode_array(batch.values(), sort_by=_RAW_SORT)
-        events = with_coordinates(decoded.events, self.raw_schema, self.topic, partitions, offsets, now)
+        partitions = np.frombuffer(batch.partitions, dtype=np.int32)
+        offsets = np.frombuffer(batch.offsets, dtype=np.int64)
+        target = None
+        if write:
+            table = self.raw_table
+            target = FileTarget(_writer_metadata(table.metadata), dict(table.io.properties), self.topic,
+                                partitions, offsets, now)  # fmt: skip
+        decoded = self.decoder.decode_array(batch.values(), sort_by=_RAW_SORT, write=target)
+        if decoded.files is not None:
+            events: pa.Table | _Written = _Written(decoded.files, decoded.events)
+        else:
+            events = with_coordinates(
+                decoded.events, self.raw_schema, self.topic, pa.array(partitions), pa.array(offsets), now
+            )
         dead_rows = [self._dead_row(batch, index, exc.reason, str(exc), now) for index, exc in decoded.dead]
         return events, pa.Table.from_pylist(dead_rows, schema=self.dead_schema)
 
@@ -610,7 +653,7 @@ class IngestWorker:
     def _commit_table(
         self,
         load: Callable[[], Table],
-        rows: pa.Table,
+        rows: pa.Table | _Written,
         next_offsets: dict[int, int],
         sort_keys: list[tuple[str, str]],
         recent: RecentIds | None = None,
@@ -618,17 +661,21 @@ class IngestWorker:
         """Append the rows not yet recorded, with offsets, retrying commit conflicts.
 
         ``rows`` is shaped like the table and carries ``kafka_partition`` and
-        ``kafka_offset``. Everything that decides what is new (offsets, incarnation,
-        reset window) is re-read from the table inside the retry loop, so a peer's
-        commit that wins the race is honoured. Returns the table after the commit,
-        rows written and rows dropped (already recorded or re-sent).
+        ``kafka_offset``, or is already written as data files (``_Written``: the files
+        and the key columns of their rows). Everything that decides what is new (offsets,
+        incarnation, reset window) is re-read from the table inside the retry loop, so a
+        peer's commit that wins the race is honoured. Written files are committed as they
+        are when every row is new (the usual case); otherwise the new rows are read back
+        and written again, and the files are deleted once that commit holds. Returns the
+        table after the commit, rows written and rows dropped (already recorded or re-sent).
         """
         delay = 0.05
         key, inc_key = offsets_key(self.topic), incarnation_key(self.topic)
-        if sort_keys and rows.num_rows:
+        if isinstance(rows, pa.Table) and sort_keys and rows.num_rows:
             rows = rows.sort_by(sort_keys)  # once: filtering below keeps the order
-        partitions = rows.column("kafka_partition").to_numpy()
-        offsets = rows.column("kafka_offset").to_numpy()
+        keys = rows.keys if isinstance(rows, _Written) else rows
+        partitions = keys.column("kafka_partition").to_numpy()
+        offsets = keys.column("kafka_offset").to_numpy()
         for attempt in range(12):
             table = load()
             incarnation = recorded_incarnation(table, self.topic)
@@ -656,21 +703,23 @@ class IngestWorker:
                     window = None
             advanced = {p: o for p, o in next_offsets.items() if o > recorded.get(p, 0)}
             if not advanced:  # everything here was committed already (by us before a crash, or a peer)
-                return table, 0, rows.num_rows
-            fresh_mask = offsets >= _per_row(recorded, partitions)
-            fresh = rows.filter(pa.array(fresh_mask)) if not fresh_mask.all() else rows
-            kept = fresh
-            if window and fresh.num_rows:
-                kept = kept.filter(pa.array(~self._resent_before_reset(table, fresh, window)))
+                if isinstance(rows, _Written):
+                    _delete_files(table, rows.files)
+                return table, 0, keys.num_rows
+            keep = offsets >= _per_row(recorded, partitions)
+            n_fresh = int(keep.sum())
+            if window and n_fresh:
+                keep[np.flatnonzero(keep)] &= ~self._resent_before_reset(table, keys.filter(pa.array(keep)), window)
             resent = 0
             kept_ids: list[str] = []
-            if recent is not None and kept.num_rows:
-                kept_ids = kept.column("event_id").to_pylist()
-                keep = recent.unseen(kept_ids)
-                resent = keep.count(False)
+            if recent is not None and keep.any():
+                kept_ids = keys.filter(pa.array(keep)).column("event_id").to_pylist()
+                unseen = recent.unseen(kept_ids)
+                resent = unseen.count(False)
                 if resent:
-                    kept = kept.filter(pa.array(keep))
-                    kept_ids = list(itertools.compress(kept_ids, keep))
+                    keep[np.flatnonzero(keep)] &= np.array(unseen, dtype=bool)
+                    kept_ids = list(itertools.compress(kept_ids, unseen))
+            n_kept = int(keep.sum())
             merged = {**recorded, **advanced}
             properties = {
                 key: json.dumps({str(p): o for p, o in sorted(merged.items())}),
@@ -680,7 +729,10 @@ class IngestWorker:
                 properties[reset_key(self.topic)] = json.dumps(reset)
             try:
                 with transaction(table) as tx:
-                    tx.append(kept, snapshot_properties=properties)
+                    if isinstance(rows, _Written) and n_kept == keys.num_rows:
+                        tx.append_files(rows.files, snapshot_properties=properties)
+                    else:
+                        tx.append(self._kept_rows(table, rows, keep), snapshot_properties=properties)
                     tx.set_properties(properties)
             except CommitFailedException as exc:
                 self.stats.commit_retries += 1
@@ -688,6 +740,8 @@ class IngestWorker:
                 time.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, 2.0)
                 continue
+            if isinstance(rows, _Written) and n_kept < keys.num_rows:
+                _delete_files(table, rows.files)  # their new rows were written again and committed
             if reset is not None:
                 self.stats.resets += 1
                 self.stats.reset_details.append(reset)
@@ -695,9 +749,24 @@ class IngestWorker:
             if recent is not None:
                 recent.remember(kept_ids)
             self.stats.resent_duplicates += resent
-            self.stats.reset_duplicates += fresh.num_rows - kept.num_rows - resent
-            return table, kept.num_rows, rows.num_rows - kept.num_rows
+            self.stats.reset_duplicates += n_fresh - n_kept - resent
+            return table, n_kept, keys.num_rows - n_kept
         raise CommitConflict(f"could not commit to {table.name()} after 12 attempts")
+
+    @staticmethod
+    def _kept_rows(table: Table, rows: pa.Table | _Written, keep: np.ndarray) -> pa.Table:
+        """The rows that ``keep`` marks, as an Arrow table (read back from written files if need be)."""
+        if isinstance(rows, pa.Table):
+            return rows if keep.all() else rows.filter(pa.array(keep))
+        if not keep.any() or not rows.files:
+            return RAW_EVENTS.arrow_schema().empty_table()
+        written = pa.concat_tables(
+            pq.read_table(table.io.new_input(f.file_path).open()) for f in rows.files
+        ).cast(RAW_EVENTS.arrow_schema())
+        # Files group rows by partition value, so match rows by their Kafka coordinates.
+        wanted = rows.keys.filter(pa.array(keep))
+        mask = pc.is_in(_coordinates(written), value_set=_coordinates(wanted))
+        return written.filter(mask)
 
     def _resent_before_reset(self, table: Table, rows: pa.Table, window: dict[str, Any]) -> np.ndarray:
         """Mask of ``rows`` inside the post-reset window whose event ids ``table`` already holds.
@@ -722,7 +791,7 @@ class IngestWorker:
         known = pc.is_in(rows.column("event_id"), value_set=present.column("event_id").combine_chunks())
         return candidate & known.to_numpy(zero_copy_only=False)
 
-    def _decode(self, batch: _Batch) -> tuple[dict[int, int], pa.Table, pa.Table]:
+    def _decode(self, batch: _Batch) -> tuple[dict[int, int], pa.Table | _Written, pa.Table]:
         """Decode one batch: its next offsets, raw-events rows and dead-letter rows.
 
         Runs on the decode thread, which only waits for the decoder process, while the
@@ -731,11 +800,13 @@ class IngestWorker:
         partitions = np.frombuffer(batch.partitions, dtype=np.int32)
         offsets = np.frombuffer(batch.offsets, dtype=np.int64)
         next_offsets = {int(p): int(offsets[partitions == p].max()) + 1 for p in np.unique(partitions)}
-        good, dead = self.decode_batch(batch)
+        good, dead = self.decode_batch(batch, write=self.decoder.isolate)
         batch.data, batch.keys = bytearray(), []  # the batch's bytes go as soon as it is decoded
         return next_offsets, good, dead
 
-    def _process(self, batch: _Batch, decoding: Future[tuple[dict[int, int], pa.Table, pa.Table]]) -> dict[int, int]:
+    def _process(
+        self, batch: _Batch, decoding: Future[tuple[dict[int, int], pa.Table | _Written, pa.Table]]
+    ) -> dict[int, int]:
         """Commit one decoded batch to dead_letters and raw_events; returns its next offsets.
 
         Runs on the commit thread while the main thread consumes the next batch and the

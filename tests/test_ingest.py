@@ -105,3 +105,78 @@ def test_recent_id_window_is_bounded_and_forgets_the_oldest() -> None:
     assert window.unseen(["b", "c", "h", "h"]) == [True, False, True, False]
     window.remember([f"x{i}" for i in range(4)])
     assert sorted(window._ids) == ["g", "x0", "x1", "x2", "x3"]
+
+
+def test_decoder_written_files_hold_the_decoded_rows_and_a_partial_commit_rewrites_them(
+    kafka_settings: Settings,
+) -> None:
+    """The decoder process writes a batch's data files; the commit takes them as they are when every row
+    is new, and otherwise writes only the new rows again and deletes the decoder's files."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.ingest import _Written
+    from tests.test_zombies import hold_everything
+
+    events = sample_events(6, seed=21)
+    produce(kafka_settings, events)
+    worker = IngestWorker(kafka_settings)
+    try:
+        hold_everything(worker, len(events))
+        batch = worker._batch
+        written, _ = worker.decode_batch(batch, write=True)
+        whole, _ = worker.decode_batch(batch, write=False)
+    finally:
+        worker.consumer.close()
+    assert isinstance(written, _Written) and written.files
+    paths = [f.file_path.removeprefix("file://") for f in written.files]
+    from_files = pa.concat_tables(pq.read_table(path) for path in paths).cast(worker.raw_schema)
+    key = [("event_id", "ascending")]
+    assert from_files.drop(["ingested_at"]).sort_by(key).equals(whole.drop(["ingested_at"]).sort_by(key))
+    assert sum(f.record_count for f in written.files) == len(events) == written.keys.num_rows
+
+    # A peer already committed the first half of every partition: only the rest may land.
+    offsets = whole.column("kafka_offset").to_numpy()
+    partitions = whole.column("kafka_partition").to_numpy()
+    half = {int(p): int(np.median(offsets[partitions == p])) for p in np.unique(partitions)}
+    first = whole.filter(pa.array(offsets < np.array([half[int(p)] for p in partitions])))
+    worker.raw_table, n_first, _ = worker._commit_table(worker.raw_table.refresh, first, half, [])
+    ends = {int(p): int(offsets[partitions == p].max()) + 1 for p in np.unique(partitions)}
+    worker.raw_table, n_rest, skipped = worker._commit_table(worker.raw_table.refresh, written, ends, [])
+    assert (n_first + n_rest, skipped) == (len(events), n_first)
+    assert counts(kafka_settings)[:2] == (len(events), len(events))
+    assert not any(os.path.exists(path) for path in paths)  # rewritten, so the decoder's files are gone
+    committed = {task.file.file_path for task in worker.raw_table.scan().plan_files()}
+    assert not committed & {f.file_path for f in written.files}
+
+
+def test_a_batch_of_new_rows_commits_the_decoders_files_and_a_replay_deletes_its_copy(
+    kafka_settings: Settings,
+) -> None:
+    import numpy as np
+
+    from pipelines.ingest import _Written
+    from tests.test_zombies import hold_everything
+
+    events = sample_events(4, seed=22)
+    produce(kafka_settings, events)
+    worker = IngestWorker(kafka_settings)
+    try:
+        hold_everything(worker, len(events))
+        written, _ = worker.decode_batch(worker._batch, write=True)
+        replay, _ = worker.decode_batch(worker._batch, write=True)
+    finally:
+        worker.consumer.close()
+    assert isinstance(written, _Written) and isinstance(replay, _Written)
+    partitions = written.keys.column("kafka_partition").to_numpy()
+    offsets = written.keys.column("kafka_offset").to_numpy()
+    ends = {int(p): int(offsets[partitions == p].max()) + 1 for p in np.unique(partitions)}
+    worker.raw_table, n, skipped = worker._commit_table(worker.raw_table.refresh, written, ends, [])
+    assert (n, skipped) == (len(events), 0)
+    committed = {task.file.file_path for task in worker.raw_table.scan().plan_files()}
+    assert committed == {f.file_path for f in written.files}  # taken as written, not rewritten
+    worker.raw_table, n, skipped = worker._commit_table(worker.raw_table.refresh, replay, ends, [])
+    assert (n, skipped) == (0, len(events))
+    assert not any(os.path.exists(f.file_path.removeprefix("file://")) for f in replay.files)
+    assert counts(kafka_settings)[:2] == (len(events), len(events))

@@ -158,6 +158,13 @@ class Transaction(_Transaction):
                     append_files.append_data_file(data_file)
 
 
+    def append_files(self, files: list[DataFile], snapshot_properties: dict[str, str] = EMPTY_DICT) -> None:
+        """Append data files already written for this table (``data_files``) in one snapshot."""
+        with self._append_snapshot_producer(snapshot_properties) as append_files:
+            for data_file in files:
+                append_files.append_data_file(data_file)
+
+
 def transaction(table: Table) -> Transaction:
     """Start a transaction on ``table`` (use as a context manager; it commits on exit)."""
     return Transaction(table)
