@@ -142,7 +142,7 @@ def _avro_bytes(data: bytes) -> bytes:
     return _zigzag_varint(len(data)) + data
 
 
-def object_container(schema_json: str, block: bytes, count: int) -> bytes:
+def object_container(schema_json: str, block: bytes | pa.Buffer, count: int) -> bytes:
     """An Avro object container file (null codec) holding one data block.
 
     Args:
@@ -154,7 +154,7 @@ def object_container(schema_json: str, block: bytes, count: int) -> bytes:
     header = b"Obj\x01" + _zigzag_varint(2)
     header += _avro_bytes(b"avro.schema") + _avro_bytes(schema_json.encode())
     header += _avro_bytes(b"avro.codec") + _avro_bytes(b"null") + _zigzag_varint(0) + sync
-    return header + _zigzag_varint(count) + _zigzag_varint(len(block)) + block + sync
+    return b"".join((header, _zigzag_varint(count), _zigzag_varint(len(block)), block, sync))  # one copy of block
 
 
 def binary_array(values: Sequence[bytes]) -> pa.BinaryArray:
@@ -175,11 +175,16 @@ def binary_array_over(data: bytes | bytearray, ends: np.ndarray) -> pa.BinaryArr
 
 def concatenated(array: pa.Array, indices: Sequence[int] | np.ndarray) -> bytes:
     """The values of ``array`` at ``indices``, concatenated (one copy)."""
+    return concatenated_buffer(array, indices).to_pybytes()
+
+
+def concatenated_buffer(array: pa.Array, indices: Sequence[int] | np.ndarray) -> pa.Buffer:
+    """:func:`concatenated` as an Arrow buffer: no copy when ``indices`` are all of ``array`` in order."""
     if len(indices) != len(array):
         array = array.take(pa.array(indices, pa.int64()))
     offset_type = np.int64 if pa.types.is_large_binary(array.type) else np.int32
     offsets = np.frombuffer(array.buffers()[1], dtype=offset_type)[array.offset : array.offset + len(array) + 1]
-    return array.buffers()[2][int(offsets[0]) : int(offsets[-1])].to_pybytes()
+    return array.buffers()[2][int(offsets[0]) : int(offsets[-1])]
 
 
 def _read_container(container: bytes, expected_rows: int) -> pa.Table:
@@ -385,7 +390,7 @@ class BatchDecoder:
 
     # -- block decoding -----------------------------------------------------------
 
-    def _decode_block(self, plan: _Plan, block: bytes, count: int) -> pa.Table | None:
+    def _decode_block(self, plan: _Plan, block: bytes | pa.Buffer, count: int) -> pa.Table | None:
         """Arrow table of the block, or None when it failed (corrupt record) or timed out."""
         container = object_container(plan.schema_json, block, count)
         if not self.isolate:
@@ -404,15 +409,23 @@ class BatchDecoder:
             raise
         return read_ipc(parts[0]) if reply["ok"] else None
 
-    def _to_columns(self, plan: _Plan, decoded: pa.Table) -> tuple[pa.Table, list[tuple[int, DecodeError]]]:
-        """Raw-events columns of a decoded block, and envelope-validation failures (block positions)."""
+    def _to_columns(
+        self, plan: _Plan, decoded: pa.Table, order: pa.Array | None = None
+    ) -> tuple[pa.Table, list[tuple[int, DecodeError]]]:
+        """Raw-events columns of a decoded block, and envelope-validation failures (positions in the result).
+
+        With ``order``, row ``i`` of the result is row ``order[i]`` of the block: the order is
+        applied to the envelope columns and the payload's type codes and offsets, so each
+        payload struct is gathered once, already in order (not gathered, then sorted).
+        """
         n = decoded.num_rows
         columns: dict[str, pa.Array] = {}
         for name in self.record_columns:
             if name in plan.reader_fields:
                 target = self.target.field(name).type
                 if name in decoded.column_names:
-                    columns[name] = conform(decoded.column(name), plan.reader_fields[name]["type"], target, plan.named)
+                    column = decoded.column(name) if order is None else decoded.column(name).take(order)
+                    columns[name] = conform(column, plan.reader_fields[name]["type"], target, plan.named)
                 elif "default" in plan.reader_fields[name]:
                     columns[name] = _fill(plan.reader_fields[name]["default"], n, target)
                 else:
@@ -420,6 +433,8 @@ class BatchDecoder:
         payload = decoded.column("payload").combine_chunks()
         type_codes = payload.type_codes
         offsets = payload.offsets
+        if order is not None:
+            type_codes, offsets = type_codes.take(order), offsets.take(order)
         branch_kinds = [
             snake_case(payload.type.field(i).name.rsplit(".", 1)[-1]) for i in range(payload.type.num_fields)
         ]
@@ -433,7 +448,8 @@ class BatchDecoder:
             take = pc.if_else(pc.equal(type_codes, codes[branch]), offsets, pa.scalar(None, pa.int32()))
             child = payload.field(branch).take(take)
             columns[kind] = conform(child, reader_record, target, plan.named)
-        columns["schema_version"] = pa.array([plan.writer.version] * n, type=self.target.field("schema_version").type)
+        version = pa.scalar(plan.writer.version, self.target.field("schema_version").type)
+        columns["schema_version"] = pa.repeat(version, n)
         table = pa.table(columns)
         return table, self._validate(plan, table, type_codes, codes, branch_kinds)
 
@@ -495,10 +511,17 @@ class BatchDecoder:
         indices: list[int],
         result: DecodeResult,
         tables: list[pa.Table],
+        sort_by: Sequence[tuple[str, str]] = (),
+        sorted_tables: set[int] | None = None,
     ) -> None:
-        """Decode records of one writer version, bisecting around blocks that fail."""
+        """Decode records of one writer version, bisecting around blocks that fail.
+
+        Each block's rows come out ordered by ``sort_by`` (ties by batch index) when the block
+        has those columns; the ids of tables so ordered are added to ``sorted_tables``.
+        """
+        sorted_tables = sorted_tables if sorted_tables is not None else set()
         try:
-            decoded = self._decode_block(plan, concatenated(array, indices), len(indices))
+            decoded = self._decode_block(plan, concatenated_buffer(array, indices), len(indices))
         except _BlockTimeout:
             decoded_tables, dead = self._decode_one_by_one(values, indices)
             tables.extend(decoded_tables)
@@ -513,16 +536,24 @@ class BatchDecoder:
                 result.fallback_records += len(indices)
                 return
             middle = len(indices) // 2
-            self._decode_group(plan, values, array, indices[:middle], result, tables)
-            self._decode_group(plan, values, array, indices[middle:], result, tables)
+            self._decode_group(plan, values, array, indices[:middle], result, tables, sort_by, sorted_tables)
+            self._decode_group(plan, values, array, indices[middle:], result, tables, sort_by, sorted_tables)
             return
-        table, failures = self._to_columns(plan, decoded)
-        table = table.append_column(ROW_INDEX, pa.array(indices, pa.int64()))
+        row_index = pa.array(indices, pa.int64())
+        order = None
+        if sort_by and all(name in decoded.column_names for name, _ in sort_by):
+            keys = pa.table({**{name: decoded.column(name) for name, _ in sort_by}, ROW_INDEX: row_index})
+            order = pc.sort_indices(keys, sort_keys=[*sort_by, (ROW_INDEX, "ascending")])
+            row_index = row_index.take(order)
+        table, failures = self._to_columns(plan, decoded, order)
+        table = table.append_column(ROW_INDEX, row_index)
         if failures:
             bad = {position for position, _ in failures}
-            result.dead.extend((indices[position], error) for position, error in failures)
+            result.dead.extend((row_index[position].as_py(), error) for position, error in failures)
             keep = pa.array([i not in bad for i in range(table.num_rows)])
             table = table.filter(keep)
+        if order is not None:
+            sorted_tables.add(id(table))
         tables.append(table)
 
     # -- public --------------------------------------------------------------------------
@@ -634,21 +665,26 @@ class BatchDecoder:
                         continue
                     groups.setdefault(version_number, []).append(index)
         tables: list[pa.Table] = []
+        sorted_tables: set[int] = set()
         for version_number, indices in groups.items():
             plan = self._plans.get(version_number)
             if plan is None:
                 plan = self._plans[version_number] = _plan(writer_version(values[indices[0]]))
-            self._decode_group(plan, values, array, indices, result, tables)
-        return self._finish(result, tables, sort_by)
+            self._decode_group(plan, values, array, indices, result, tables, sort_by, sorted_tables)
+        return self._finish(result, tables, sort_by, presorted=len(tables) == 1 and id(tables[0]) in sorted_tables)
 
-    def _finish(self, result: DecodeResult, tables: list[pa.Table], sort_by: Sequence[tuple[str, str]]) -> DecodeResult:
-        """``result`` with its events: the decoded tables in one, ordered."""
+    def _finish(
+        self, result: DecodeResult, tables: list[pa.Table], sort_by: Sequence[tuple[str, str]], presorted: bool = False
+    ) -> DecodeResult:
+        """``result`` with its events: the decoded tables in one, ordered (``presorted``: one table, in order)."""
         schema = pa.schema(
             [self.target.field(name) for name in self.record_columns] + [pa.field(ROW_INDEX, pa.int64())]
         )
         if tables:
             events = pa.concat_tables([t.select(schema.names).cast(schema) for t in tables])
-            if sort_by:
+            if presorted:
+                result.events = events
+            elif sort_by:
                 result.events = events.sort_by([*sort_by, (ROW_INDEX, "ascending")])
             else:
                 result.events = events.sort_by(ROW_INDEX) if len(tables) > 1 else events
