@@ -462,9 +462,6 @@ def bench_fleet_cmd(
 
 def main() -> None:
     """Console entry point: run the app, turning domain errors into one red line and exit 1."""
-    from pipelines.memory import huge_pages_for_children
-
-    huge_pages_for_children()  # before any thread: the decoder process and subcommands inherit it
     logging.basicConfig(
         level=os.environ.get("TRAJLAKE_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s"
     )

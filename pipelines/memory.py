@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import os
 from typing import Any
 
 import pyarrow as pa
@@ -41,20 +40,3 @@ def release_free_memory() -> None:
     if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
 
-
-#: glibc tunable: malloc asks for transparent huge pages on the memory it maps. Touching fresh
-#: memory costs ~6 µs per 4 KiB page fault on this VM; a decoded batch touches ~200 MB, so
-#: the decoder process spent a third of its CPU time faulting pages in (measured: 1.36 → 0.32
-#: faults per event, 5.7 → 3.5 µs of system time per event).
-_HUGE_PAGES = "glibc.malloc.hugetlb=1"
-
-
-def huge_pages_for_children() -> None:
-    """Have processes started from now on (the decoder process, CLI subprocesses) use huge pages.
-
-    Tunables are read when a process starts, so this cannot change the calling process;
-    call it before any thread starts (setting the environment is not thread-safe).
-    """
-    current = os.environ.get("GLIBC_TUNABLES", "")
-    if "glibc.malloc.hugetlb" not in current:
-        os.environ["GLIBC_TUNABLES"] = f"{current}:{_HUGE_PAGES}" if current else _HUGE_PAGES
