@@ -395,10 +395,10 @@ def consumer_config(settings: Settings, bootstrap: str) -> dict[str, Any]:
         "max.partition.fetch.bytes": 8 << 20,
         # Prefetch bounded well below a batch: a deep backlog must not grow resident memory.
         "queued.max.messages.kbytes": 16 << 10,
-        # Once that prefetch is full, librdkafka waits this long before fetching again
-        # (default 1 s): with the queue drained in ~0.3 s, consuming alone topped out at
-        # ~46k records/s. 10 ms keeps a fetch in flight as soon as there is room.
-        "fetch.queue.backoff.ms": 10,
+        # librdkafka's fetch.queue.backoff.ms stays at its default (1 s): 10 ms lets a backlog be
+        # consumed alone at 131k instead of 46k records/s, but a consumer that keeps up with
+        # producers on the same broker slowed the hour replay from 532 to 695 s. Set it through
+        # TRAJLAKE_KAFKA_EXTRA for a catch-up run.
         **settings.kafka_extra,
     }
 
