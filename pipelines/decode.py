@@ -511,15 +511,14 @@ class BatchDecoder:
         indices: list[int],
         result: DecodeResult,
         tables: list[pa.Table],
-        sort_by: Sequence[tuple[str, str]] = (),
-        sorted_tables: set[int] | None = None,
+        sort_by: Sequence[tuple[str, str]],
+        sorted_tables: set[int],
     ) -> None:
         """Decode records of one writer version, bisecting around blocks that fail.
 
         Each block's rows come out ordered by ``sort_by`` (ties by batch index) when the block
         has those columns; the ids of tables so ordered are added to ``sorted_tables``.
         """
-        sorted_tables = sorted_tables if sorted_tables is not None else set()
         try:
             decoded = self._decode_block(plan, concatenated_buffer(array, indices), len(indices))
         except _BlockTimeout:

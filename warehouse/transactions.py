@@ -152,11 +152,8 @@ class Transaction(_Transaction):
             return
         metadata = self.table_metadata
         _task_schema(metadata, df.schema)  # checked before anything is staged, as pyiceberg does
-        with self._append_snapshot_producer(snapshot_properties) as append_files:
-            if df.num_rows:
-                for data_file in data_files(metadata, df, self._table.io, append_files.commit_uuid):
-                    append_files.append_data_file(data_file)
-
+        files = data_files(metadata, df, self._table.io, uuid.uuid4()) if df.num_rows else []
+        self.append_files(files, snapshot_properties)
 
     def append_files(self, files: list[DataFile], snapshot_properties: dict[str, str] = EMPTY_DICT) -> None:
         """Append data files already written for this table (``data_files``) in one snapshot."""
