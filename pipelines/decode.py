@@ -55,7 +55,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile
 from pyiceberg.table.metadata import TableMetadata
 
-from pipelines.memory import bound_allocator, release_free_memory
+from pipelines.memory import release_free_memory, reusing_allocator
 from schemas.errors import DecodeError, InvalidEvent, OversizedEvent
 from schemas.registry import (
     HEADER_LEN,
@@ -97,6 +97,9 @@ class DecodeResult:
 #: What the caller keeps of events written by the decoder process: enough to decide which
 #: rows are new (Kafka coordinates, the re-send windows) without the rows themselves.
 KEY_COLUMNS = ("event_id", "session_id", "kafka_partition", "kafka_offset")
+# The decoder keeps freed pages for the next batch (its working set is one batch), and gives
+# them back once it holds more than this, so a heap fragmented by odd batches cannot grow on.
+DECODER_RETAINED_BYTES = 512 << 20
 
 
 @dataclass(frozen=True)
@@ -780,7 +783,7 @@ def _write_files(events: pa.Table, target: pa.Schema, write: FileTarget) -> tupl
 
 def _serve(conn: Connection) -> None:
     """Decoder process: answer requests (a pickled header, then byte parts) until the pipe closes."""
-    bound_allocator()
+    reusing_allocator()
     _warm_up()
     conn.send({"ready": True})
     decoders: dict[Any, BatchDecoder] = {}
@@ -796,7 +799,7 @@ def _serve(conn: Connection) -> None:
         for part in out:
             conn.send_bytes(part)
         del reply, out  # the decoded batch is not kept while waiting for the next one
-        release_free_memory()
+        release_free_memory(above=DECODER_RETAINED_BYTES)
 
 
 class _DecoderProcess:
