@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -26,7 +26,8 @@ class Settings(BaseSettings):
     kafka_bootstrap: str | None = Field(
         None, description="TRAJLAKE_KAFKA_BOOTSTRAP: any Kafka; unset means the embedded broker."
     )
-    kafka_extra: dict[str, str] = Field(
+    # NoDecode: the validator below parses the JSON, so an empty variable means {} instead of an error.
+    kafka_extra: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=dict,
         description="TRAJLAKE_KAFKA_EXTRA: JSON object of librdkafka settings (security, SASL, ...).",
     )
@@ -39,7 +40,7 @@ class Settings(BaseSettings):
     catalog_uri: str | None = Field(
         None, description="TRAJLAKE_CATALOG_URI: SQLAlchemy URI; unset means SQLite under home."
     )
-    catalog_properties: dict[str, str] = Field(
+    catalog_properties: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=dict,
         description="TRAJLAKE_CATALOG_PROPERTIES: JSON object passed to pyiceberg load_catalog "
         '(e.g. {"type": "rest", "uri": ...}).',
