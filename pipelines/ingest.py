@@ -395,10 +395,13 @@ def consumer_config(settings: Settings, bootstrap: str) -> dict[str, Any]:
         "max.partition.fetch.bytes": 8 << 20,
         # Prefetch bounded well below a batch: a deep backlog must not grow resident memory.
         "queued.max.messages.kbytes": 16 << 10,
-        # librdkafka's fetch.queue.backoff.ms stays at its default (1 s): 10 ms lets a backlog be
-        # consumed alone at 131k instead of 46k records/s, but a consumer that keeps up with
-        # producers on the same broker slowed the hour replay from 532 to 695 s. Set it through
-        # TRAJLAKE_KAFKA_EXTRA for a catch-up run.
+        # Once the prefetch above is full, librdkafka waits fetch.queue.backoff.ms before fetching
+        # again: its default (1 s) idles a consumer that drains 16 MB in well under a second, so
+        # a worker that falls behind stays behind (200k backlog: 37k events/s; in 2 of 6
+        # 25k-session replays ingest ended ~30 s after the producers, not ~4 s). 10 ms made the consumer
+        # poll so eagerly that producers sharing the broker and cores slowed (hour replay 695 s
+        # instead of 532 s); 100 ms gave 58k events/s on the backlog and no slower replays.
+        "fetch.queue.backoff.ms": 100,
         **settings.kafka_extra,
     }
 
