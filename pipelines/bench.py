@@ -680,7 +680,7 @@ def bench_freshness(
 
         def consume_plain() -> None:
             config = consumer_config(settings.model_copy(update={"consumer_group": f"fresh-{uuid.uuid4().hex[:6]}"}),
-                                     settings.kafka_bootstrap)  # fmt: skip
+                                     settings.kafka_bootstrap, follow=True)  # fmt: skip
             consumer = Consumer({**config, "fetch.min.bytes": 1, "fetch.wait.max.ms": 10})
             consumer.subscribe([settings.topic])
             while not done.is_set():

@@ -376,8 +376,12 @@ class _Batch:
         return bytes(self.data[start : self.ends[index]])
 
 
-def consumer_config(settings: Settings, bootstrap: str) -> dict[str, Any]:
-    """librdkafka consumer settings: manual offsets, fast group join."""
+def consumer_config(settings: Settings, bootstrap: str, follow: bool = False) -> dict[str, Any]:
+    """librdkafka consumer settings: manual offsets, fast group join.
+
+    ``follow``: for a consumer that tails the topic for good, next to the producers; it
+    refetches politely once its prefetch is full (see below). ``TRAJLAKE_KAFKA_EXTRA`` wins.
+    """
     return {
         "bootstrap.servers": bootstrap,
         "group.id": settings.consumer_group,
@@ -396,12 +400,12 @@ def consumer_config(settings: Settings, bootstrap: str) -> dict[str, Any]:
         # Prefetch bounded well below a batch: a deep backlog must not grow resident memory.
         "queued.max.messages.kbytes": 16 << 10,
         # Once the prefetch above is full, librdkafka waits fetch.queue.backoff.ms before fetching
-        # again: its default (1 s) idles a consumer that drains 16 MB in well under a second, so
-        # a worker that falls behind stays behind (200k backlog: 37k events/s; in 2 of 6
-        # 25k-session replays ingest ended ~30 s after the producers, not ~4 s). 10 ms made the consumer
-        # poll so eagerly that producers sharing the broker and cores slowed (hour replay 695 s
-        # instead of 532 s); 100 ms gave 58k events/s on the backlog and no slower replays.
-        "fetch.queue.backoff.ms": 100,
+        # again. Its default (1 s) idles a consumer that drains 16 MB in well under a second:
+        # draining a 200k backlog, 37k events/s against 56k with 100 ms. A follower keeps the
+        # default: in the hour replay (two generator processes, the broker and `ingest --follow`
+        # on two cores) 100 ms let ingest keep up within 5 s of the last send but slowed the
+        # producers so much that the replay took 715 s instead of 532 s (10 ms: 695 s).
+        **({} if follow else {"fetch.queue.backoff.ms": 100}),
         **settings.kafka_extra,
     }
 
@@ -455,9 +459,13 @@ class IngestWorker:
         settings: trajlake settings.
         catalog: Iceberg catalog; opened from settings by default.
         bootstrap: Kafka bootstrap; resolved from settings by default.
+        follow: the worker will tail the topic for good (``run()`` without ``until_idle``),
+            so its consumer fetches politely (:func:`consumer_config`).
     """
 
-    def __init__(self, settings: Settings, catalog: Catalog | None = None, bootstrap: str | None = None) -> None:
+    def __init__(
+        self, settings: Settings, catalog: Catalog | None = None, bootstrap: str | None = None, follow: bool = False
+    ) -> None:
         self.settings = settings
         self.topic = settings.topic
         self.catalog = catalog or open_catalog(settings)
@@ -468,7 +476,7 @@ class IngestWorker:
         self.dead_schema = DEAD_LETTERS.arrow_schema()
         self.bootstrap = bootstrap or resolve_bootstrap(settings)
         bound_allocator()
-        self.consumer = Consumer(consumer_config(settings, self.bootstrap), logger=log)
+        self.consumer = Consumer(consumer_config(settings, self.bootstrap, follow=follow), logger=log)
         self.admin = AdminClient({"bootstrap.servers": self.bootstrap, **settings.kafka_extra})
         self.topic_id: str | None = None  # Kafka topic id of the incarnation being read; None if unknown
         self.stats = IngestStats()
@@ -939,7 +947,7 @@ class IngestWorker:
 
 def run_ingest(settings: Settings, until_idle: float | None = None, follow: bool = False) -> IngestStats:
     """Run one ingest worker; ``follow`` runs until SIGTERM/SIGINT finishes the batch."""
-    worker = IngestWorker(settings)
+    worker = IngestWorker(settings, follow=follow)
     if follow:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: worker.stop())

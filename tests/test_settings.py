@@ -30,3 +30,17 @@ def test_bad_json_variables_are_refused_with_the_variable_named(monkeypatch: pyt
     monkeypatch.setenv("TRAJLAKE_KAFKA_EXTRA", value)
     with pytest.raises(ValidationError, match="kafka_extra"):
         Settings()
+
+
+def test_consumer_fetch_backoff_depends_on_the_mode_and_extra_settings_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.ingest import consumer_config
+
+    catch_up = consumer_config(Settings(), "127.0.0.1:9092")
+    follow = consumer_config(Settings(), "127.0.0.1:9092", follow=True)
+    assert catch_up["fetch.queue.backoff.ms"] == 100  # draining a backlog: refetch soon after a full prefetch
+    assert "fetch.queue.backoff.ms" not in follow  # tailing next to producers: librdkafka's default
+    assert {k: v for k, v in catch_up.items() if k != "fetch.queue.backoff.ms"} == follow
+    monkeypatch.setenv("TRAJLAKE_KAFKA_EXTRA", '{"fetch.queue.backoff.ms": 10, "queued.max.messages.kbytes": 4096}')
+    for mode in (False, True):
+        tuned = consumer_config(Settings(), "127.0.0.1:9092", follow=mode)
+        assert tuned["fetch.queue.backoff.ms"] == "10" and tuned["queued.max.messages.kbytes"] == "4096"
