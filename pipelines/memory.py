@@ -31,13 +31,9 @@ def bound_allocator() -> None:
     batch (:func:`release_free_memory`), freed batches go back to the OS instead of
     staying in allocator caches.
     """
-    pa.set_memory_pool(pa.system_memory_pool())
-    libc = _libc()
-    if libc is not None and hasattr(libc, "mallopt"):
-        libc.mallopt(M_ARENA_MAX, 2)
-        # A fixed threshold: glibc would otherwise raise it (up to 32 MB) after the first large
-        # free, after which multi-MB record buffers land in the heap and fragment it.
-        libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
+    # A fixed threshold: glibc would otherwise raise it (up to 32 MB) after the first large
+    # free, after which multi-MB record buffers land in the heap and fragment it.
+    _system_allocator(mmap_threshold=1 << 20)
 
 
 def reusing_allocator() -> None:
@@ -49,12 +45,18 @@ def reusing_allocator() -> None:
     up to glibc's largest mmap threshold (32 MB) come from the heap, and the heap is not
     trimmed on its own; :func:`release_free_memory` with ``above`` bounds what it keeps.
     """
+    _system_allocator(mmap_threshold=32 << 20, trim_threshold=1 << 30)
+
+
+def _system_allocator(mmap_threshold: int, trim_threshold: int | None = None) -> None:
+    """Arrow on the system allocator with two malloc arenas and the given thresholds (glibc only)."""
     pa.set_memory_pool(pa.system_memory_pool())
     libc = _libc()
     if libc is not None and hasattr(libc, "mallopt"):
         libc.mallopt(M_ARENA_MAX, 2)
-        libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)
-        libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+        libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)
+        if trim_threshold is not None:
+            libc.mallopt(M_TRIM_THRESHOLD, trim_threshold)
 
 
 def resident_bytes() -> int:
