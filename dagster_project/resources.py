@@ -9,7 +9,7 @@ from typing import Any
 from dagster import ConfigurableResource
 from pyiceberg.catalog import Catalog
 
-from pipelines.settings import Settings, load_settings
+from common.settings import Settings, load_settings
 
 
 class TrajlakeResource(ConfigurableResource):

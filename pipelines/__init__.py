@@ -1,1 +1,1 @@
-"""What moves and reshapes data: broker, ingest, assembly, export and the CLI."""
+"""What moves and reshapes data: ingest, assembly, scoring, export."""

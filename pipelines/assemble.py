@@ -23,7 +23,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import In
 from pyiceberg.table import Table
 
-from pipelines.settings import Settings
+from common.settings import Settings
 from warehouse.catalog import open_catalog
 from warehouse.snapshots import current_files, files_added_since
 from warehouse.sql import connect, parquet_source

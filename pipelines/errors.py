@@ -1,39 +1,17 @@
-"""Errors of the pipeline stages (broker, ingest, assembly, export, CLI)."""
+"""Errors of the pipeline stages (ingest, assembly, scoring, export)."""
 
 from __future__ import annotations
 
-
-class TrajlakeError(Exception):
-    """Base class of errors the CLI reports as one red line and exit code 1."""
+from common.errors import TerminalError, TrajlakeError
 
 
-class TransientError(TrajlakeError):
-    """Marker: retrying later may succeed (broker unreachable, commit conflict)."""
+class PipelineError(TrajlakeError):
+    """Base class of pipeline-stage errors."""
 
 
-class TerminalError(TrajlakeError):
-    """Marker: retrying will not help until something is changed."""
-
-
-class BrokerError(TerminalError):
-    """The embedded broker could not be started, found or stopped."""
-
-
-class BrokerNotRunning(BrokerError):
-    """No embedded broker is running and no ``TRAJLAKE_KAFKA_BOOTSTRAP`` is set."""
-
-
-class KafkaUnavailable(TransientError):
-    """Kafka did not answer within the timeout."""
-
-
-class OffsetsMismatch(TrajlakeError):
-    """Offsets recorded in Iceberg do not exist in Kafka (topic deleted, recreated or truncated)."""
-
-
-class CommitConflict(TransientError):
-    """An Iceberg commit lost a race with another writer after all retries."""
-
-
-class ExportError(TerminalError):
+class ExportError(PipelineError, TerminalError):
     """An export could not be written (bad output path, unknown format, …)."""
+
+
+class LabelsError(PipelineError, TerminalError):
+    """The labels file is missing, unreadable or has no overlap with the scored sessions."""

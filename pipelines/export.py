@@ -24,8 +24,8 @@ from typing import Any
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 
-from pipelines.errors import TrajlakeError
-from pipelines.settings import Settings
+from common.settings import Settings
+from pipelines.errors import ExportError
 from producers.redact import redact_array, redact_text
 from quality import SCORER_VERSION
 from warehouse.catalog import open_catalog
@@ -35,10 +35,6 @@ from warehouse.tables import DUPLICATES, EXPORTS, FLAGS, SCORES, STEPS, TRAJECTO
 FORMATS = ("hf", "openai", "sharegpt", "rl")
 SYSTEM_PROMPT = "You are an agent working in a sandbox. Use the tools to complete the task."
 TOOLS = ("bash", "read_file", "write_file", "run_tests")
-
-
-class ExportError(TrajlakeError):
-    """An export could not be written (bad format, unsafe path, nothing to export under strict mode)."""
 
 
 @dataclass

@@ -72,13 +72,14 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 
-from pipelines.broker import resolve_bootstrap
+from common.broker import resolve_bootstrap
+from common.errors import KafkaUnavailable
+from common.settings import Settings
 from pipelines.decode import BatchDecoder, FileTarget, binary_array_over, with_coordinates
-from pipelines.errors import CommitConflict, KafkaUnavailable
 from pipelines.memory import bound_allocator, release_free_memory
-from pipelines.settings import Settings
 from schemas.registry import HEADER_LEN
 from warehouse.catalog import open_catalog
+from warehouse.errors import CommitConflict
 from warehouse.snapshots import current_files
 from warehouse.sql import connect, parquet_source
 from warehouse.tables import DEAD_LETTERS, RAW_EVENTS, ensure_table
@@ -771,9 +772,9 @@ class IngestWorker:
             return rows if keep.all() else rows.filter(pa.array(keep))
         if not keep.any() or not rows.files:
             return RAW_EVENTS.arrow_schema().empty_table()
-        written = pa.concat_tables(
-            pq.read_table(table.io.new_input(f.file_path).open()) for f in rows.files
-        ).cast(RAW_EVENTS.arrow_schema())
+        written = pa.concat_tables(pq.read_table(table.io.new_input(f.file_path).open()) for f in rows.files).cast(
+            RAW_EVENTS.arrow_schema()
+        )
         # Files group rows by partition value, so match rows by their Kafka coordinates.
         wanted = rows.keys.filter(pa.array(keep))
         mask = pc.is_in(_coordinates(written), value_set=_coordinates(wanted))

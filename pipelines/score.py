@@ -19,7 +19,7 @@ import polars as pl
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 
-from pipelines.settings import Settings
+from common.settings import Settings
 from quality.config import QualityConfig
 from quality.scoring import QualityResult, score_sessions
 from warehouse.catalog import open_catalog

@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
+from common.errors import TerminalError, TrajlakeError, TransientError
 
-class ProducerError(Exception):
+
+class ProducerError(TrajlakeError):
     """Base class of producer SDK errors."""
 
 
-class DeliveryError(ProducerError):
+class DeliveryError(ProducerError, TransientError):
     """Events could not be delivered to Kafka (the message lists how many and why)."""
 
 
-class SpoolFullError(ProducerError):
+class SpoolFullError(ProducerError, TransientError):
     """The on-disk spool reached its byte limit while Kafka was unreachable: back-pressure."""
 
 
-class FleetError(Exception):
+class FleetError(TrajlakeError):
     """Base class of sandbox fleet errors."""
 
 
-class SandboxUnavailable(FleetError):
-    """The sandbox runtime (bubblewrap) is missing or cannot create namespaces here."""
+class BubblewrapMissing(FleetError, TerminalError):
+    """The local backend needs bubblewrap (``bwrap``), which is not installed or cannot create namespaces."""
+
+
+class SandboxError(FleetError):
+    """A sandbox could not be created or did not answer as its executor should."""
+
+
+class SandboxKilled(SandboxError):
+    """The sandbox was killed (reaped at its deadline) before the command answered."""
+
+
+class ImageConflict(FleetError, TerminalError):
+    """An image version already exists with different content (a version's directory is immutable)."""

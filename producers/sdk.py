@@ -139,8 +139,8 @@ class EventProducer:
         The outage spool is on, in ``TRAJLAKE_SPOOL_DIR`` (default ``home/spool``) bounded by
         ``TRAJLAKE_SPOOL_MAX_BYTES``; pass ``spool_dir=None`` to turn it off.
         """
-        from pipelines.broker import resolve_bootstrap
-        from pipelines.settings import load_settings
+        from common.broker import resolve_bootstrap
+        from common.settings import load_settings
 
         settings = load_settings()
         kwargs.setdefault("spool_dir", settings.spool_path)

@@ -20,7 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import SchemaError
+from schemas.errors import IncompatibleSchema, SchemaError
 
 _PROMOTIONS = {
     "int": {"long", "float", "double"},
@@ -38,10 +38,6 @@ class Compatibility(StrEnum):
     BACKWARD = "backward"
     FORWARD = "forward"
     FULL = "full"
-
-
-class IncompatibleSchema(SchemaError):
-    """A schema change breaks the configured compatibility; the message lists each problem."""
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from common.errors import TerminalError
 
-class SchemaError(Exception):
+
+class SchemaError(TerminalError):
     """Base class of every schema error."""
 
 
@@ -48,4 +50,4 @@ class OversizedEvent(DecodeError):
 
 
 class IncompatibleSchema(SchemaError):
-    """A new schema version cannot read data written by an older one (or vice versa)."""
+    """A schema change breaks the configured compatibility; the message lists each problem."""

@@ -60,7 +60,7 @@ class ChaosResult:
 
 def event_stream(count: int, seed: int) -> Iterator[dict[str, Any]]:
     """``count`` realistic events: synthetic sessions cloned under fresh session and event ids."""
-    from producers.synthetic import synthetic_sessions
+    from producers.session_generator import synthetic_sessions
 
     rng = random.Random(seed)
     templates = list(synthetic_sessions(12, seed=seed, start_us=1_767_225_600_000_000))
@@ -91,7 +91,7 @@ def produce_events(bootstrap: str, topic: str, count: int, seed: int) -> int:
 def _ingest(env: dict[str, str], group: str, until_idle: float | None) -> subprocess.Popen[bytes]:
     args = ["ingest", "--until-idle", str(until_idle)] if until_idle is not None else ["ingest", "--follow"]
     return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", *args],
+        [sys.executable, "-m", "trajlake.cli", *args],
         env={**env, "TRAJLAKE_CONSUMER_GROUP": group},
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -101,7 +101,7 @@ def _ingest(env: dict[str, str], group: str, until_idle: float | None) -> subpro
 
 def count_rows(env: dict[str, str]) -> tuple[int, int, int]:
     """``count(*)``, ``count(DISTINCT event_id)`` of events and ``count(*)`` of dead letters."""
-    from pipelines.settings import load_settings
+    from common.settings import load_settings
     from warehouse.sql import run_query
 
     settings = load_settings(home=Path(env["TRAJLAKE_HOME"]), topic=env["TRAJLAKE_TOPIC"])
@@ -138,7 +138,7 @@ def run_chaos(
         min_delay, max_delay: how long a worker lives before its SIGKILL, in seconds (start-up takes ~2-3 s).
         log: progress printer.
     """
-    from pipelines.broker import ensure_topic
+    from common.broker import ensure_topic
 
     started = time.monotonic()
     rng = random.Random(seed)
@@ -176,7 +176,7 @@ def run_chaos(
         rows = count_rows(env) if round_no % 5 == 0 else None
         log(f"round {round_no}: {killed}/{kills} kills" + (f", events so far {rows[0]}" if rows else ""))
     final = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "ingest", "--until-idle", "3"],
+        [sys.executable, "-m", "trajlake.cli", "ingest", "--until-idle", "3"],
         env={**env, "TRAJLAKE_CONSUMER_GROUP": "chaos-final"},
         cwd=ROOT,
         capture_output=True,

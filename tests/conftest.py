@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pipelines.settings import Settings, load_settings
+from common.settings import Settings, load_settings
 
 # tests/kafka is a script directory (no __init__.py): import its module as top-level ``kafka_server``.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "kafka"))
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 @pytest.fixture(scope="session")
 def tansu_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Bootstrap address of an embedded tansu broker shared by the test session."""
-    from pipelines.broker import start_broker, stop_broker
+    from common.broker import start_broker, stop_broker
 
     settings = load_settings(home=tmp_path_factory.mktemp("broker-home"))
     state = start_broker(settings)
@@ -103,7 +103,7 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
 @pytest.fixture
 def kafka_settings(settings: Settings, broker: str, monkeypatch: pytest.MonkeyPatch) -> Settings:
     """Settings pointing at the session broker, with this test's topic created."""
-    from pipelines.broker import ensure_topic
+    from common.broker import ensure_topic
 
     monkeypatch.setenv("TRAJLAKE_KAFKA_BOOTSTRAP", broker)
     configured = load_settings()

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
+from confluent_kafka import TopicPartition
 
-from pipelines.ingest import event_row
-from pipelines.settings import Settings
+from common.settings import Settings
+from pipelines.ingest import IngestWorker, event_row
 from producers.sdk import EventProducer
-from producers.synthetic import synthetic_sessions
+from producers.session_generator import synthetic_sessions
 from schemas.registry import decode_event, encode_event
 from warehouse.catalog import open_catalog
+from warehouse.sql import open_views, run_query
 from warehouse.tables import RAW_EVENTS, ensure_table
 
 BASE_US = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z
@@ -56,3 +59,64 @@ def raw_rows(n: int, start: int = 0) -> pa.Table:
     columns["seq"] = pa.array(range(start, start + n), schema.field("seq").type)
     columns["kafka_offset"] = pa.array(range(start, start + n), schema.field("kafka_offset").type)
     return pa.table({f.name: columns[f.name].cast(f.type) for f in schema}, schema=schema)
+
+
+DAY_US = 86_400_000_000
+
+
+BASE = datetime.fromtimestamp(BASE_US / 1e6, UTC)
+
+
+def day_events(days: int, per_day: int) -> list[dict]:
+    """``per_day`` synthetic sessions starting on each of ``days`` consecutive days from BASE."""
+    return [
+        event
+        for day in range(days)
+        for session in synthetic_sessions(per_day, seed=day, start_us=BASE_US + day * DAY_US + 3_600_000_000)
+        for event in session
+    ]
+
+
+def lake_state(settings: Settings) -> dict[str, list]:
+    """Every row identity in the union views, sorted (a doubled or lost row changes it)."""
+    con = open_views(settings)
+    return {
+        "events": con.sql("SELECT kafka_offset FROM events ORDER BY 1").fetchall(),
+        "trajectories": con.sql("SELECT session_id, n_events, status FROM trajectories ORDER BY 1").fetchall(),
+        "steps": con.sql("SELECT session_id, step_index, seq FROM steps ORDER BY 1, 2").fetchall(),
+    }
+
+
+def tier_split(settings: Settings) -> dict[str, int]:
+    """Rows per tier view."""
+    con = open_views(settings)
+    return {
+        f"{tier}_{view}": con.execute(f"SELECT count(*) FROM {tier}_{view}").fetchone()[0]
+        for tier in ("hot", "cold")
+        for view in ("events", "trajectories", "steps")
+    }
+
+
+AS_OF = datetime.fromtimestamp(BASE_US / 1e6 + 30 * 86400, UTC)  # long after the traffic: idle sessions closed
+
+
+def snapshot(settings: Settings) -> tuple[list, list]:
+    _, trajectories = run_query(
+        settings,
+        "SELECT * EXCLUDE (assembled_at, tool_counts), map_entries(tool_counts) FROM trajectories ORDER BY session_id",
+    )
+    _, steps = run_query(settings, "SELECT * FROM steps ORDER BY session_id, step_index")
+    return trajectories, steps
+
+
+def hold_everything(worker: IngestWorker, expected: int, timeout: float = 60) -> None:
+    """Let ``worker`` read the whole topic into its batch without committing (a stalled zombie)."""
+    partitions = [TopicPartition(worker.topic, p) for p in range(worker.settings.topic_partitions)]
+    if not worker.assigned:
+        worker._on_assign(worker.consumer, partitions)
+    deadline = time.monotonic() + timeout
+    while len(worker._batch) < expected:
+        assert time.monotonic() < deadline, f"zombie read {len(worker._batch)} of {expected} records"
+        for message in worker.consumer.consume(num_messages=1000, timeout=0.5):
+            if message.error() is None:
+                worker._add(message)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 
-from pipelines.settings import Settings
+from common.settings import Settings
 
 
 def open_catalog(settings: Settings) -> Catalog:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from pipelines.errors import TerminalError
+from common.errors import TerminalError, TrajlakeError, TransientError
 
 
-class WarehouseError(TerminalError):
+class WarehouseError(TrajlakeError):
     """Base class of catalog and table errors."""
 
 
-class UnknownTable(WarehouseError):
+class UnknownTable(WarehouseError, TerminalError):
     """A table name that trajlake does not define."""
 
 
-class QueryError(WarehouseError):
+class QueryError(WarehouseError, TerminalError):
     """A SQL query was rejected (not read-only) or failed."""
+
+
+class CommitConflict(WarehouseError, TransientError):
+    """An Iceberg commit lost a race with another writer after all retries."""

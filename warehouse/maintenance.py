@@ -46,7 +46,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO, _dataframe_to_data_files
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
-from pipelines.settings import Settings
+from common.settings import Settings
 from warehouse.catalog import open_catalog
 from warehouse.errors import WarehouseError
 from warehouse.snapshots import (
@@ -59,8 +59,8 @@ from warehouse.snapshots import (
     snapshots_since,
 )
 from warehouse.tables import RAW_EVENTS, TABLES, TRAJECTORIES, ensure_table
-from warehouse.tiering import TIERED_TABLES, _retry, ensure_cold_table, lifecycle_lock, tiered_files
-from warehouse.transactions import transaction
+from warehouse.tiering import TIERED_TABLES, ensure_cold_table, lifecycle_lock, tiered_files
+from warehouse.transactions import retry_on_conflict, transaction
 
 log = logging.getLogger("trajlake.maintenance")
 
@@ -241,7 +241,7 @@ def compact_table(
                     overwrite.append_data_file(data_file)
         result = (len(old), len(new))
 
-    _retry(f"compact {'.'.join(table.name())}", attempt)
+    retry_on_conflict(f"compact {'.'.join(table.name())}", attempt)
     return result
 
 

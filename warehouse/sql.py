@@ -19,7 +19,7 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from pipelines.settings import Settings
+from common.settings import Settings
 from warehouse.catalog import open_catalog
 from warehouse.errors import QueryError
 from warehouse.snapshots import current_files

@@ -18,7 +18,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.sorting import SortField, SortOrder
 from pyiceberg.transforms import DayTransform, IdentityTransform, Transform
 
-from pipelines.settings import Settings
+from common.settings import Settings
 from schemas.iceberg import raw_events_schema
 from warehouse.errors import UnknownTable, WarehouseError
 

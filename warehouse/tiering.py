@@ -47,16 +47,16 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import And, In, LessThan, NotEqualTo
 from pyiceberg.table import Table
 
-from pipelines.settings import Settings
+from common.errors import TransientError
+from common.settings import Settings
 from warehouse.catalog import open_catalog
 from warehouse.errors import WarehouseError
 from warehouse.snapshots import LiveFile, arrow_row_bytes, live_files, read_data_files, size_bundles
 from warehouse.tables import RAW_EVENTS, STEPS, TABLES, TRAJECTORIES, ensure_table
-from warehouse.transactions import transaction
+from warehouse.transactions import retry_on_conflict, transaction
 
 log = logging.getLogger("trajlake.tiering")
 
@@ -64,11 +64,10 @@ log = logging.getLogger("trajlake.tiering")
 TIERED_FILES = "trajlake.tiered-hot-files"
 #: Tables that have a cold tier.
 TIERED_TABLES = (RAW_EVENTS.name, TRAJECTORIES.name, STEPS.name)
-_COMMIT_ATTEMPTS = 5
 _DAY_US = 86_400_000_000
 
 
-class TieringError(WarehouseError):
+class TieringError(WarehouseError, TransientError):
     """Tiering could not complete (lock held, or commits kept conflicting)."""
 
 
@@ -152,18 +151,6 @@ def _fault(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _retry(what: str, attempt_fn) -> None:  # noqa: ANN001 - a zero-argument callable
-    """Run a commit, re-planning on optimistic-concurrency conflicts (ingest/assembly commit concurrently)."""
-    for attempt in range(_COMMIT_ATTEMPTS):
-        try:
-            attempt_fn()
-            return
-        except CommitFailedException as exc:
-            log.info("%s: commit conflict (%s), retrying", what, exc)
-            time.sleep(0.1 * (attempt + 1))
-    raise TieringError(f"{what}: gave up after {_COMMIT_ATTEMPTS} conflicting commits")
-
-
 def _day(ts: datetime) -> int:
     return int(ts.timestamp() * 1_000_000) // _DAY_US
 
@@ -243,7 +230,7 @@ def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stat
                 for chunk in _chunks(moved):
                     tx.delete(In("session_id", chunk))
 
-        _retry(f"delete tiered sessions from {hot.name()}", delete)
+        retry_on_conflict(f"delete tiered sessions from {hot.name()}", delete)
         if hot.name()[-1] == TRAJECTORIES.name:
             stats.sessions_removed += len(moved)
         _fault(f"tier_after_delete_{hot.name()[-1]}")
@@ -323,7 +310,7 @@ def _tier_raw(catalog: Catalog, settings: Settings, boundary_day: int, stats: Ti
                     ow.delete_data_file(data_file)
         stats.event_files_removed += len(pending)
 
-    _retry(f"delete tiered files from {hot.name()}", delete)
+    retry_on_conflict(f"delete tiered files from {hot.name()}", delete)
     _fault("tier_after_delete_raw_events")
 
 

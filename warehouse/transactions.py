@@ -20,13 +20,16 @@ Two costs of pyiceberg's ``Transaction`` grow with what ingest commits many time
 from __future__ import annotations
 
 import functools
+import logging
 import operator
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
     _check_pyarrow_schema_compatible,
@@ -50,6 +53,10 @@ from pyiceberg.table.update import update_table_metadata
 from pyiceberg.typedef import EMPTY_DICT
 from pyiceberg.utils.config import Config
 from pyiceberg.utils.properties import property_as_int
+
+from warehouse.errors import CommitConflict
+
+log = logging.getLogger("trajlake.transactions")
 
 #: (table uuid, schema id, Arrow schema) → the Iceberg schema of the Arrow data, checked compatible.
 _TASK_SCHEMAS: dict[tuple[Any, int, pa.Schema], Schema] = {}
@@ -165,3 +172,27 @@ class Transaction(_Transaction):
 def transaction(table: Table) -> Transaction:
     """Start a transaction on ``table`` (use as a context manager; it commits on exit)."""
     return Transaction(table)
+
+
+#: Attempts of a commit that keeps losing optimistic-concurrency races before giving up.
+COMMIT_ATTEMPTS = 5
+
+
+def retry_on_conflict(what: str, attempt_fn: Callable[[], object]) -> None:
+    """Run a commit, re-planning on optimistic-concurrency conflicts with concurrent writers.
+
+    Args:
+        what: what is committed, for the log and the error.
+        attempt_fn: plans and commits from the table's current state; called again after a conflict.
+
+    Raises:
+        CommitConflict: every attempt lost a race.
+    """
+    for attempt in range(COMMIT_ATTEMPTS):
+        try:
+            attempt_fn()
+            return
+        except CommitFailedException as exc:
+            log.info("%s: commit conflict (%s), retrying", what, exc)
+            time.sleep(0.1 * (attempt + 1))
+    raise CommitConflict(f"{what}: gave up after {COMMIT_ATTEMPTS} conflicting commits")

@@ -4,10 +4,10 @@ from collections.abc import Iterator
 
 from dagster import AssetExecutionContext, AssetSpec, MaterializeResult, MetadataValue, asset, multi_asset
 
+from common.settings import Settings
 from dagster_project.resources import IcebergResource, KafkaResource, TrajlakeResource, run_settings
 from pipelines.assemble import assemble
 from pipelines.ingest import run_ingest
-from pipelines.settings import Settings
 from warehouse.sql import run_query
 
 

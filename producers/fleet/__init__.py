@@ -27,7 +27,7 @@ from producers.fleet.perturb import Perturbation
 from producers.fleet.sandbox import BubblewrapMissing, bwrap_available
 
 if TYPE_CHECKING:
-    from pipelines.settings import Settings
+    from common.settings import Settings
 
 BACKENDS = ("local", "synthetic")
 
@@ -376,7 +376,7 @@ def run_fleet(
     )
     producer = None
     if sink is None:
-        from pipelines.broker import resolve_bootstrap
+        from common.broker import resolve_bootstrap
         from producers.sdk import EventProducer
 
         producer = EventProducer(
@@ -415,7 +415,7 @@ def _synthetic_shard(args: tuple) -> tuple[dict[str, Any], float]:
     fleet = SyntheticFleet(**kwargs)
     producer = None
     if to_kafka:
-        from pipelines.broker import resolve_bootstrap
+        from common.broker import resolve_bootstrap
         from producers.sdk import EventProducer
 
         producer = EventProducer(resolve_bootstrap(settings), settings.topic, kwargs.get("host_id") or
@@ -504,8 +504,8 @@ def run_synthetic_workers(
 def fleet_benchmarks(
     settings: Settings, local_sessions: int = 16, synthetic_events: int = 300_000, seed: int = 0
 ) -> dict[str, float]:
-    """Measure the fleet's figures (see ``producers.fleet.bench``) and return them."""
-    from producers.fleet.bench import run_benchmarks
+    """Measure the fleet's figures (see ``benchmarks.fleet``) and return them."""
+    from benchmarks.fleet import run_benchmarks
 
     return run_benchmarks(settings, local_sessions=local_sessions, synthetic_events=synthetic_events, seed=seed)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from producers.fleet import EventSink, FleetReport, LabelWriter, percentiles
 from producers.fleet.agents import MODEL, POLICIES, AgentContext, AgentOutcome, cheat_type, choose_policy
-from producers.fleet.evaluate import collect_deliverable, evaluate
+from producers.fleet.evaluator import collect_deliverable, evaluate
 from producers.fleet.perturb import Perturbation
 from producers.fleet.sandbox import ImageStore, Limits, Reaper, Sandbox, SandboxKilled, image_tools
 from producers.fleet.tasks import TaskInstance, task_for

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from producers.errors import BubblewrapMissing, ImageConflict, SandboxError, SandboxKilled
+
 BWRAP_PACKAGE = "bubblewrap"
 EXEC_FIELDS = (
     "exit_code",
@@ -52,22 +54,6 @@ EXEC_FIELDS = (
     "output_len",
 )
 SANDBOX_UID = 1000
-
-
-class BubblewrapMissing(RuntimeError):
-    """``bwrap`` is not installed (Debian/Ubuntu package ``bubblewrap``)."""
-
-
-class SandboxError(RuntimeError):
-    """A sandbox could not be created or answered nonsense."""
-
-
-class SandboxKilled(RuntimeError):
-    """The sandbox is gone (reaped at its deadline, or crashed) while a command was running."""
-
-
-class ImageConflict(RuntimeError):
-    """An image version already exists with different content (versions are immutable)."""
 
 
 def find_bwrap() -> str:

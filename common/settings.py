@@ -1,0 +1,198 @@
+"""Typed settings for every trajlake component, read from ``TRAJLAKE_*`` variables.
+
+One place for configuration: each field documents its environment variable and
+default. The only other ``TRAJLAKE_*`` variables read directly are test hooks that must work
+before settings load: ``TRAJLAKE_FAULT`` (named crash points) and ``TRAJLAKE_LOG_LEVEL``.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from common.errors import ConfigError
+
+
+class Settings(BaseSettings):
+    """All trajlake settings; ``Settings()`` reads the environment at call time."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_", extra="ignore")
+
+    home: Path = Field(Path(".trajlake"), description="TRAJLAKE_HOME: state, catalog and warehouses.")
+
+    # Kafka
+    kafka_bootstrap: str | None = Field(
+        None, description="TRAJLAKE_KAFKA_BOOTSTRAP: any Kafka; unset means the embedded broker."
+    )
+    # NoDecode: the validator below parses the JSON, so an empty variable means {} instead of an error.
+    kafka_extra: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="TRAJLAKE_KAFKA_EXTRA: JSON object of librdkafka settings (security, SASL, ...).",
+    )
+    topic: str = Field("trajlake.events", description="TRAJLAKE_TOPIC: the event topic.")
+    topic_partitions: int = Field(8, ge=1, description="TRAJLAKE_TOPIC_PARTITIONS")
+    consumer_group: str = Field("trajlake-ingest", description="TRAJLAKE_CONSUMER_GROUP")
+
+    # Iceberg
+    catalog_name: str = Field("trajlake", description="TRAJLAKE_CATALOG_NAME")
+    catalog_uri: str | None = Field(
+        None, description="TRAJLAKE_CATALOG_URI: SQLAlchemy URI; unset means SQLite under home."
+    )
+    catalog_properties: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="TRAJLAKE_CATALOG_PROPERTIES: JSON object passed to pyiceberg load_catalog "
+        '(e.g. {"type": "rest", "uri": ...}).',
+    )
+    namespace: str = Field("trajlake", description="TRAJLAKE_NAMESPACE: Iceberg namespace.")
+    hot_warehouse: str | None = Field(None, description="TRAJLAKE_HOT_WAREHOUSE: URI; default home/hot.")
+    cold_warehouse: str | None = Field(None, description="TRAJLAKE_COLD_WAREHOUSE: URI; default home/cold.")
+    hot_retention_days: float = Field(7.0, gt=0, description="TRAJLAKE_HOT_RETENTION_DAYS")
+    cold_target_file_bytes: int = Field(
+        128 << 20, ge=1 << 10, description="TRAJLAKE_COLD_TARGET_FILE_BYTES: Parquet file size in the cold tier."
+    )
+    rewrite_memory_bytes: int = Field(
+        768 << 20,
+        ge=1 << 20,
+        description="TRAJLAKE_REWRITE_MEMORY_BYTES: Arrow rows a compaction or tier copy holds at once "
+        "(peak memory is about three times this).",
+    )
+    compact_min_files: int = Field(
+        4, ge=2, description="TRAJLAKE_COMPACT_MIN_FILES: compact a partition once it has this many small files."
+    )
+    snapshot_retention_hours: float = Field(
+        24.0, ge=0, description="TRAJLAKE_SNAPSHOT_RETENTION_HOURS: expire older snapshots (time travel window)."
+    )
+    orphan_min_age_hours: float = Field(
+        24.0, ge=0, description="TRAJLAKE_ORPHAN_MIN_AGE_HOURS: only delete unreferenced files older than this."
+    )
+
+    # Ingest
+    ingest_max_rows: int = Field(50_000, ge=1, description="TRAJLAKE_INGEST_MAX_ROWS per batch")
+    ingest_max_bytes: int = Field(
+        16 << 20, ge=1024, description="TRAJLAKE_INGEST_MAX_BYTES per batch (bounds ingest memory: ~1 GB peak)"
+    )
+    ingest_max_seconds: float = Field(5.0, gt=0, description="TRAJLAKE_INGEST_MAX_SECONDS per batch")
+    max_event_bytes: int = Field(
+        1 << 20, ge=1024, description="TRAJLAKE_MAX_EVENT_BYTES: larger records are dead-lettered."
+    )
+    ingest_dedupe_window: int = Field(
+        500_000,
+        ge=0,
+        description="TRAJLAKE_INGEST_DEDUPE_WINDOW: most recent event ids an ingest worker remembers (warmed "
+        "from raw_events at start) to drop re-sent events (producer spool replays, re-imports); 0 disables.",
+    )
+    reset_dedupe_records: int = Field(
+        100_000,
+        ge=0,
+        description="TRAJLAKE_RESET_DEDUPE_RECORDS: after a topic reset, records per partition beyond the old "
+        "offsets whose event ids are checked against events ingested before the reset.",
+    )
+
+    # Producer outage spool
+    spool_dir: Path | None = Field(
+        None, description="TRAJLAKE_SPOOL_DIR: on-disk spool of EventProducer.from_settings; default home/spool."
+    )
+    spool_max_bytes: int = Field(
+        256 << 20, ge=1 << 10, description="TRAJLAKE_SPOOL_MAX_BYTES: past it emit raises SpoolFullError."
+    )
+
+    # Assembly
+    session_idle_timeout_s: float = Field(
+        900.0, gt=0, description="TRAJLAKE_SESSION_IDLE_TIMEOUT_S: close sessions idle this long."
+    )
+    assemble_chunk_events: int = Field(
+        1_000_000,
+        ge=1,
+        description="TRAJLAKE_ASSEMBLE_CHUNK_EVENTS: assembly handles the affected sessions in chunks of about "
+        "this many events (memory is bounded by a chunk).",
+    )
+    assemble_memory_limit: str = Field(
+        "2GB",
+        description="TRAJLAKE_ASSEMBLE_MEMORY_LIMIT: DuckDB memory limit for assembly; beyond it DuckDB "
+        "spills to TRAJLAKE_HOME/tmp (out-of-core), so a large backlog does not need a large machine.",
+    )
+
+    # Quality (quality/config.py documents each knob)
+    quality_weights: tuple[float, float, float] = Field(
+        (0.5, 0.3, 0.2), description="TRAJLAKE_QUALITY_WEIGHTS: JSON [completion, validity, novelty], sum 1."
+    )
+    quality_min: float = Field(0.5, ge=0, le=1, description="TRAJLAKE_QUALITY_MIN: export threshold.")
+    quality_behavioural_weight: float = Field(
+        0.5, ge=0, le=1, description="TRAJLAKE_QUALITY_BEHAVIOURAL_WEIGHT: quality factor for behavioural flags."
+    )
+    quality_outlier_z: float = Field(3.5, gt=0, description="TRAJLAKE_QUALITY_OUTLIER_Z: robust z of anomalies.")
+    dedup_threshold: float = Field(0.8, gt=0, le=1, description="TRAJLAKE_DEDUP_THRESHOLD: near-dup Jaccard.")
+    dedup_bands: int = Field(14, ge=1, description="TRAJLAKE_DEDUP_BANDS: LSH bands.")
+    dedup_rows: int = Field(8, ge=1, description="TRAJLAKE_DEDUP_ROWS: LSH rows per band.")
+    quality_max_flag_rate: float = Field(
+        0.3, ge=0, le=1, description="TRAJLAKE_QUALITY_MAX_FLAG_RATE: asset-check limit on cheat-flagged sessions."
+    )
+    quality_max_duplicate_rate: float = Field(
+        0.5, ge=0, le=1, description="TRAJLAKE_QUALITY_MAX_DUPLICATE_RATE: asset-check limit on shadowed sessions."
+    )
+
+    @field_validator("kafka_extra", "catalog_properties", mode="before")
+    @classmethod
+    def _parse_json_object(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            parsed = json.loads(value) if value.strip() else {}
+            if not isinstance(parsed, dict):
+                raise ValueError("must be a JSON object")
+            return {str(k): str(v) for k, v in parsed.items()}
+        return value
+
+    @cached_property
+    def home_dir(self) -> Path:
+        """Absolute TRAJLAKE_HOME, created owner-only on first use.
+
+        Raises:
+            ConfigError: the path exists and is not a directory, or cannot be created.
+        """
+        path = self.home.expanduser().resolve()
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"TRAJLAKE_HOME={path} is not a directory")
+        try:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"TRAJLAKE_HOME={path}: cannot create it ({exc.strerror or exc})") from exc
+        return path
+
+    @property
+    def hot_location(self) -> str:
+        """Warehouse URI of the hot tier."""
+        return self.hot_warehouse or (self.home_dir / "hot").as_uri()
+
+    @property
+    def cold_location(self) -> str:
+        """Warehouse URI of the cold tier."""
+        return self.cold_warehouse or (self.home_dir / "cold").as_uri()
+
+    @property
+    def spool_path(self) -> Path:
+        """Directory of the producer outage spool."""
+        return self.spool_dir.expanduser() if self.spool_dir else self.home_dir / "spool"
+
+    @property
+    def broker_dir(self) -> Path:
+        """State directory of the embedded broker (pid file, log, address)."""
+        return self.home_dir / "broker"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read settings from the environment, with explicit overrides taking precedence.
+
+    Raises:
+        ConfigError: a ``TRAJLAKE_*`` variable does not parse or is out of range (each one named).
+    """
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"TRAJLAKE_{'_'.join(str(p) for p in e['loc'][:1]).upper()}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"invalid settings: {problems}") from None

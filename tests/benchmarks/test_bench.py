@@ -1,0 +1,76 @@
+"""Tiny runs of every benchmark so they cannot rot (figures are printed, never asserted as timings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.pipeline import (
+    BENCHMARKS,
+    Figure,
+    bench_decode,
+    bench_ingest,
+    bench_memory,
+    bench_query,
+    bench_scaleout,
+    encoded_events,
+)
+from schemas.registry import decode_event
+
+
+def test_figure_ratio_direction() -> None:
+    assert Figure("rate", 200.0, 100.0, "events/s").ratio == 2.0
+    assert Figure("time", 0.5, 2.0, "s", higher_is_better=False).ratio == 4.0
+    assert "ratio 2.00×" in Figure("rate", 200.0, 100.0, "events/s").line()
+
+
+def test_encoded_events_are_decodable_and_sized() -> None:
+    records = encoded_events(100)
+    assert len(records) == 100
+    assert len({event_id for _, event_id, _ in records}) == 100
+    session_id, event_id, value = records[0]
+    event = decode_event(value)
+    assert (event["session_id"], event["event_id"]) == (session_id, event_id)
+
+
+def test_bench_decode_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    result = bench_decode(events=300)
+    assert result["events"] == 300 and result["figures"][0]["ratio"] > 0
+    assert "baseline" in capsys.readouterr().out
+
+
+def test_bench_query_smoke(tmp_path: Path) -> None:
+    result = bench_query(events=2_000, home=tmp_path)
+    assert 1 <= result["files"] <= result["files_as_ingested"]
+    assert {f["name"] for f in result["figures"]} == {
+        "aggregate (count by event_type) vs full scan", "one session's events vs full scan",
+        "one session's events, as ingested vs full scan",
+    }  # fmt: skip
+
+
+@pytest.mark.integration
+def test_bench_ingest_smoke_lands_every_event(tmp_path: Path) -> None:
+    result = bench_ingest(events=1_500, home=tmp_path, naive=True)
+    assert result["events"] == 1_500 and result["batches"] >= 1
+    assert len(result["figures"]) == 2
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_bench_memory_smoke_measures_both_backlogs(tmp_path: Path) -> None:
+    result = bench_memory(events=2_000, home=tmp_path)
+    assert result["peak_rss_mib"] > 0 and result["baseline_peak_rss_mib"] > 0
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_bench_scaleout_two_workers_split_partitions_without_duplicates(tmp_path: Path) -> None:
+    result = bench_scaleout(events=2_000, home=tmp_path)
+    assert result["two_workers_rows"] == result["one_worker_rows"] == 2_000
+    assert (result["two_workers_duplicates"], result["two_workers_lost"]) == (0, 0)
+    assert result["partitions_covered"] == 8
+
+
+def test_every_benchmark_is_registered() -> None:
+    assert set(BENCHMARKS) >= {"ingest", "decode", "query", "memory", "scaleout"}

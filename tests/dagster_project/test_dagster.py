@@ -1,0 +1,73 @@
+"""Dagster definitions load, are stable, and materialize in-process."""
+
+from __future__ import annotations
+
+import pytest
+from dagster import materialize
+
+from common.settings import Settings
+from dagster_project.definitions import defs
+from dagster_project.defs.lakehouse import lakehouse_assets
+from dagster_project.resources import IcebergResource, KafkaResource, TrajlakeResource
+from tests.helpers import produce, sample_events
+from warehouse.sql import run_query
+
+#: The whole definitions graph: renaming, dropping or rewiring an asset, check, job or schedule
+#: must be a deliberate change to this snapshot.
+GRAPH_SNAPSHOT = {
+    "sandbox_runs": [],
+    "raw_events": ["sandbox_runs"],
+    "trajectories": ["raw_events"],
+    "steps": ["raw_events"],
+    "scores": ["steps", "trajectories"],
+    "flags": ["raw_events", "steps", "trajectories"],
+    "duplicates": ["steps", "trajectories"],
+    "training_set": ["duplicates", "flags", "scores"],
+    "cold_tier": ["steps", "trajectories"],
+    "table_maintenance": ["cold_tier"],
+}
+
+
+def test_definitions_graph_snapshot() -> None:
+    graph = defs.resolve_asset_graph()
+    deps = {
+        key.to_user_string(): sorted(parent.to_user_string() for parent in graph.get(key).parent_keys)
+        for key in graph.get_all_asset_keys()
+    }
+    assert deps == GRAPH_SNAPSHOT
+    checks = sorted(f"{key.asset_key.to_user_string()}:{key.name}" for c in defs.asset_checks for key in c.check_keys)
+    assert checks == ["duplicates:duplicate_rate", "flags:flag_rate", "scores:scores_in_range"]
+    assert sorted(job.name for job in defs.jobs) == ["lakehouse_lifecycle", "nightly_training_set"]
+    assert sorted(schedule.name for schedule in defs.schedules) == [
+        "lakehouse_lifecycle_schedule",
+        "nightly_training_set_schedule",
+    ]
+    assert set(defs.resources) >= {"trajlake", "kafka", "iceberg", "fleet"}
+
+
+@pytest.mark.integration
+def test_assets_materialize_in_process(kafka_settings: Settings) -> None:
+    events = sample_events(8)
+    produce(kafka_settings, events)
+    result = materialize(
+        lakehouse_assets,
+        resources={
+            "trajlake": TrajlakeResource(home=str(kafka_settings.home)),
+            "kafka": KafkaResource(
+                bootstrap=kafka_settings.kafka_bootstrap,
+                topic=kafka_settings.topic,
+                consumer_group=kafka_settings.consumer_group,
+            ),
+            "iceberg": IcebergResource(),
+        },  # fmt: skip
+    )
+    assert result.success
+    materializations = {
+        event.asset_key.to_user_string(): event.materialization.metadata
+        for event in result.get_asset_materialization_events()
+    }
+    assert materializations["raw_events"]["row_count"].value == len(events)
+    assert materializations["trajectories"]["row_count"].value == 8
+    assert (
+        run_query(kafka_settings, "SELECT count(*) FROM steps")[1][0][0] == materializations["steps"]["row_count"].value
+    )

@@ -1,0 +1,124 @@
+"""Assembly: order independence, deduplication, idle timeouts, incrementality."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+
+from common.settings import Settings
+from pipelines.assemble import assemble
+from tests.helpers import AS_OF, sample_events, snapshot, write_raw
+from warehouse.sql import run_query
+
+
+def test_shuffled_and_duplicated_input_gives_identical_output(settings: Settings, tmp_path) -> None:
+    events = sample_events(25)
+    write_raw(settings, events, batch_size=10_000)
+    assemble(settings, as_of=AS_OF)
+    expected = snapshot(settings)
+    assert len(expected[0]) == 25 and expected[1]
+
+    rng = random.Random(3)
+    messy = events + rng.sample(events, len(events) // 3)  # a third duplicated
+    rng.shuffle(messy)
+    other = Settings(home=tmp_path / "other")
+    for i in range(0, len(messy), 97):  # many small batches, each assembled as it lands
+        write_raw(other, messy[i : i + 97])
+        assemble(other, as_of=AS_OF)
+    assert snapshot(other) == expected
+
+
+def test_a_kafka_record_landed_twice_counts_once(settings: Settings, tmp_path) -> None:
+    """Two copies with the same event id *and* the same Kafka coordinates: exactly one stays."""
+    events = sample_events(6)
+    write_raw(settings, events, batch_size=10_000)
+    assemble(settings, as_of=AS_OF)
+    expected = snapshot(settings)
+
+    twice = Settings(home=tmp_path / "twice")
+    write_raw(twice, events, batch_size=10_000)
+    write_raw(twice, events, batch_size=10_000)  # identical rows in a second file (a replayed batch)
+    stats = assemble(twice, as_of=AS_OF)
+    assert stats.sessions == 6
+    assert snapshot(twice) == expected
+    counts = run_query(twice, "SELECT sum(n_events) FROM trajectories")[1][0][0]
+    assert counts == len(events)
+
+
+def test_session_without_end_times_out_and_late_events_amend(settings: Settings) -> None:
+    events = sample_events(3)
+    session = events[0]["session_id"]
+    own = [e for e in events if e["session_id"] == session]
+    tail = [e for e in own if e["event_type"] in ("evaluation", "session_end")]
+    head = [e for e in events if e not in tail]
+    last_ts = max(e["ts"] for e in head if e["session_id"] == session)
+    write_raw(settings, head)
+
+    assemble(settings, as_of=datetime.fromtimestamp(last_ts / 1e6 + 60, UTC))
+    status = dict(run_query(settings, "SELECT session_id, status FROM trajectories")[1])
+    assert status[session] == "running"
+
+    stats = assemble(settings, as_of=datetime.fromtimestamp(last_ts / 1e6 + settings.session_idle_timeout_s + 1, UTC))
+    assert stats.sessions >= 1  # the open session was revisited without new files
+    rows = dict(run_query(settings, "SELECT session_id, status || '/' || exit_reason FROM trajectories")[1])
+    assert rows[session] == "timeout/idle_timeout"
+
+    write_raw(settings, tail)  # late evaluation and end reopen and amend the session
+    assemble(settings, as_of=AS_OF)
+    final = dict(run_query(settings, "SELECT session_id, status FROM trajectories")[1])
+    assert final[session] == tail[-1]["payload"]["status"]
+    assert run_query(settings, "SELECT count(*) FROM trajectories")[1][0][0] == 3
+
+
+def test_assembly_is_incremental(settings: Settings) -> None:
+    events = sample_events(10)
+    first = [e for e in events if e["session_id"] != events[-1]["session_id"]]
+    write_raw(settings, first)
+    assert assemble(settings, as_of=AS_OF).sessions == 9
+    assert assemble(settings, as_of=AS_OF).sessions == 0  # nothing new: nothing recomputed
+    write_raw(settings, [e for e in events if e not in first])
+    stats = assemble(settings, as_of=AS_OF)
+    assert (stats.sessions, stats.new_files, stats.full_rebuild) == (1, 1, False)
+    assert run_query(settings, "SELECT count(*) FROM trajectories")[1][0][0] == 10
+
+
+def test_steps_join_actions_with_their_feedback(settings: Settings) -> None:
+    events = sample_events(4)
+    write_raw(settings, events)
+    assemble(settings, as_of=AS_OF)
+    actions = sum(e["event_type"] == "agent_action" for e in events)
+    columns, rows = run_query(
+        settings, "SELECT count(*), count(feedback_event_id), count(exit_code), min(step_index) FROM steps"
+    )
+    assert rows[0] == (actions, actions, actions, 0)
+    n_steps = run_query(settings, "SELECT sum(n_steps) FROM trajectories")[1][0][0]
+    assert n_steps == actions
+
+
+def test_an_action_with_two_feedbacks_takes_the_first(settings: Settings) -> None:
+    events = sample_events(1)
+    first = next(e for e in events if e["event_type"] == "env_feedback" and e["parent_event_id"])
+    late = {**first, "event_id": "f" * 32, "seq": max(e["seq"] for e in events) + 1, "ts": first["ts"] + 10**6,
+            "payload": {**first["payload"], "output": "a later, second result", "exit_code": 7}}  # fmt: skip
+    write_raw(settings, [late, *events])  # the later one lands first
+    assemble(settings, as_of=AS_OF)
+    action = first["parent_event_id"]
+    query = f"SELECT feedback_event_id, output, exit_code FROM steps WHERE action_event_id = '{action}'"
+    _, rows = run_query(settings, query)
+    assert rows == [(first["event_id"], first["payload"]["output"], first["payload"]["exit_code"])]
+
+
+def test_chunked_assembly_equals_one_pass_and_replaces_rows(settings: Settings, tmp_path) -> None:
+    events = sample_events(30)
+    write_raw(settings, events, batch_size=10_000)
+    one = assemble(settings, as_of=AS_OF)
+    assert one.chunks == 1
+    expected = snapshot(settings)
+
+    small = Settings(home=tmp_path / "chunked", assemble_chunk_events=len(events) // 7)
+    write_raw(small, events[: len(events) // 2])
+    assemble(small, as_of=AS_OF)
+    write_raw(small, events[len(events) // 2 :])  # sessions already assembled are replaced, chunk by chunk
+    stats = assemble(small, as_of=AS_OF)
+    assert stats.chunks >= 4
+    assert snapshot(small) == expected

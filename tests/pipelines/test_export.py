@@ -1,0 +1,121 @@
+"""End to end: a small synthetic fleet run → assemble → score → export in every format."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from common.settings import Settings, load_settings
+from pipelines.assemble import assemble
+from pipelines.export import FORMATS, ExportError, export_training_set, safe_path
+from pipelines.score import score_all
+from producers.fleet import run_fleet
+from tests.helpers import write_raw
+from trajlake.cli import app
+from warehouse.sql import run_query
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, Path]:
+    home = tmp_path_factory.mktemp("export") / "home"
+    settings = load_settings(home=home, topic="unused", kafka_bootstrap=None, catalog_uri=None)
+    events: list[dict] = []
+    labels = home.parent / "labels.jsonl"
+    run_fleet(settings, backend="synthetic", sessions=60, seed=5, cheat_rate=0.3, labels_path=labels,
+              sink=events.append)  # fmt: skip
+    # a secret that must not survive into any export
+    for event in events:
+        if event["event_type"] == "session_start":
+            event["payload"]["instruction"] += " export OPENAI_API_KEY=sk-abcdefghijklmnopqrstuvwx0123"
+    write_raw(settings, events, batch_size=5000)
+    assemble(settings)
+    stats = score_all(settings)
+    assert stats.sessions == 60 and stats.exportable > 0
+    return settings, labels
+
+
+def test_scoring_tables_and_rescoring(scored: tuple[Settings, Path]) -> None:
+    settings, _ = scored
+    _, rows = run_query(settings, "SELECT count(*), min(quality) >= 0, max(quality) <= 1 FROM scores")
+    assert rows[0] == (60, True, True)
+    _, rows = run_query(settings, "SELECT count(DISTINCT session_id) FROM flags WHERE flag_class <> 'anomaly'")
+    assert rows[0][0] > 0
+    assert score_all(settings).skipped
+    again = score_all(settings, force=True)
+    assert not again.skipped and run_query(settings, "SELECT count(*) FROM scores")[1][0][0] == 60
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_export_loads_and_manifest_matches(scored: tuple[Settings, Path], tmp_path: Path, fmt: str) -> None:
+    settings, _ = scored
+    stats = export_training_set(settings, fmt, tmp_path / "out")
+    _, rows = run_query(settings, "SELECT count(*) FROM scores WHERE exportable AND quality >= 0.5")
+    assert stats.records == rows[0][0] > 0
+    data = tmp_path / "out" / f"{fmt}.jsonl"
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["files"][0]["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+    assert manifest["counts"]["records"] == stats.records and manifest["scorer_version"]
+    assert set(manifest["source_snapshots"]) >= {"trajectories", "steps", "scores"}
+    text = data.read_text()
+    assert "sk-abcdefghijklmnopqrstuvwx0123" not in text and "[REDACTED]" in text
+    records = [json.loads(line) for line in text.splitlines()]  # a plain JSON-lines reader
+    assert len(records) == stats.records
+    if fmt in ("hf", "openai"):
+        calls = [m for m in records[0]["messages"] if m["role"] == "assistant"]
+        assert calls and calls[0]["tool_calls"][0]["function"]["name"]
+        json.loads(calls[0]["tool_calls"][0]["function"]["arguments"])
+    if fmt == "openai":
+        assert records[0]["tools"][0]["type"] == "function"
+    if fmt == "rl":
+        assert records[0]["action_mask"] == [t["loss_mask"] for t in records[0]["turns"]]
+        assert 0.0 <= records[0]["reward"] <= 1.0
+    _, rows = run_query(settings, f"SELECT records FROM exports WHERE export_id = '{stats.export_id}'")
+    assert rows == [(stats.records,)]
+
+
+def test_hf_export_loads_with_datasets_offline(
+    scored: tuple[Settings, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    datasets = pytest.importorskip("datasets")
+    settings, _ = scored
+    stats = export_training_set(settings, "hf", tmp_path / "hf_out")
+    dataset = datasets.load_dataset(
+        "json", data_files=str(tmp_path / "hf_out" / "hf.jsonl"), split="train", cache_dir=str(tmp_path / "cache")
+    )
+    assert len(dataset) == stats.records
+    first = dataset[0]["messages"]
+    assert first[0]["role"] == "system" and first[2]["tool_calls"][0]["type"] == "function"
+
+
+def test_paths_outside_the_export_directory_are_refused(tmp_path: Path) -> None:
+    for name in ("../escape.jsonl", "/etc/passwd", "a/../../b.jsonl"):
+        with pytest.raises(ExportError, match="outside the export directory"):
+            safe_path(tmp_path, name)
+    (tmp_path / "link").symlink_to("/tmp")
+    with pytest.raises(ExportError):
+        safe_path(tmp_path, "link/x.jsonl")
+    assert safe_path(tmp_path, "hf.jsonl") == (tmp_path / "hf.jsonl").resolve()
+
+
+def test_cli_score_export_and_evaluate(
+    scored: tuple[Settings, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings, labels = scored
+    monkeypatch.setenv("TRAJLAKE_HOME", str(settings.home))
+    runner = CliRunner()
+    result = runner.invoke(app, ["score"])
+    assert result.exit_code == 0 and "up to date" in result.output
+    result = runner.invoke(
+        app, ["export", "--format", "sharegpt", "--out", str(tmp_path / "sg"), "--min-quality", "0.9"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "sha256" in result.output
+    result = runner.invoke(app, ["quality", "evaluate", "--labels", str(labels), "--inject", "20"])
+    assert result.exit_code == 0, result.output
+    assert "any_cheat" in result.output and "near_duplicate" in result.output

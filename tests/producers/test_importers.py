@@ -1,0 +1,238 @@
+"""Importers of recorded third-party runs: real SWE-agent, mini-swe-agent and OpenHands files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from producers.errors import ProducerError
+from producers.importers import (
+    ImportFormatError,
+    detect_format,
+    import_paths,
+    import_trajectory,
+)
+from producers.importers._common import MAX_OUTPUT_BYTES
+from schemas.registry import decode_event, encode_event
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "real-trajectories"
+pytestmark = pytest.mark.skipif(not (DATA / "manifest.json").is_file(), reason=f"real trajectories absent at {DATA}")
+
+FRAMEWORK_OF = {"swe-agent": "swe-agent", "mini-swe-agent": "mini-swe-agent", "openhands": "openhands"}
+MINI = DATA / "mini-swe-agent" / "django__django-11099.traj.json"
+
+
+def _runs() -> list[tuple[str, int]]:
+    if not (DATA / "manifest.json").is_file():
+        return []
+    manifest = json.loads((DATA / "manifest.json").read_text())
+    # Entries without a step count (added later: the deepseek-reasoner runs, OpenHands eval output) are
+    # covered by the judgement tests, which import every run in the directory.
+    return [(entry["file"], entry["steps"]) for entry in manifest if (entry.get("steps") or 0) > 0]
+
+
+RUNS = _runs()
+
+
+@pytest.mark.parametrize(("name", "steps"), RUNS, ids=[name for name, _ in RUNS])
+def test_real_run_imports_with_manifest_step_count(name: str, steps: int) -> None:
+    path = DATA / name
+    events = import_trajectory(path)
+    framework = FRAMEWORK_OF[name.split("/")[0]]
+    assert detect_format(path) == framework
+    kinds = [e["event_type"] for e in events]
+    assert kinds[0] == "session_start" and kinds[-1] == "session_end"
+    assert kinds.count("agent_action") == steps
+    assert [e["seq"] for e in events] == list(range(len(events)))
+    assert all(a["ts"] <= b["ts"] for a, b in zip(events, events[1:], strict=False))
+    assert len({e["session_id"] for e in events}) == 1
+    assert len({e["event_id"] for e in events}) == len(events)
+    first = events[0]
+    assert first["payload"]["instruction"], "the task statement becomes the instruction"
+    assert first["image_name"] == f"imported/{framework}" and first["host_id"] == "importer"
+    assert first["extra"]["source_sha256"] and first["extra"]["source_format"]
+    actions = {e["event_id"]: e for e in events if e["event_type"] == "agent_action"}
+    for feedback in (e for e in events if e["event_type"] == "env_feedback"):
+        action = actions[feedback["parent_event_id"]]
+        assert feedback["payload"]["tool_call_id"] == action["payload"]["tool_call_id"]
+        assert action["seq"] < feedback["seq"]
+    for event in events:
+        decoded = decode_event(encode_event(event), 1 << 22)
+        assert decoded["event_id"] == event["event_id"]
+        assert decoded["payload"] == {**decoded["payload"], **event["payload"]}
+
+
+def test_reimport_gives_identical_ids_and_copy_elsewhere_too(tmp_path: Path) -> None:
+    path = DATA / "openhands" / "basic_gui_mode.json"
+    first, second = import_trajectory(path), import_trajectory(path)
+    assert first == second
+    copy = tmp_path / "renamed.json"
+    shutil.copy(path, copy)
+    # ids derive from content, not the file name: a renamed copy is the same session
+    assert [e["event_id"] for e in import_trajectory(copy)] == [e["event_id"] for e in first]
+    other = import_trajectory(DATA / "openhands" / "basic.json")
+    assert not {e["event_id"] for e in other} & {e["event_id"] for e in first}
+
+
+def test_mini_swe_agent_details() -> None:
+    events = import_trajectory(MINI)
+    raw = json.loads(MINI.read_text())
+    tool_codes = [m["extra"]["returncode"] for m in raw["messages"] if m["role"] == "tool"]
+    feedback = [e for e in events if e["event_type"] == "env_feedback"]
+    # 41 tool messages carry return codes; the submit command is answered by the exit message
+    assert [f["payload"]["exit_code"] for f in feedback[:-1]] == tool_codes
+    assert feedback[-1]["payload"]["output"] == raw["messages"][-1]["content"]
+    elided = [f for f in feedback if f["payload"]["truncated"]]
+    assert elided and all(f["payload"]["output_bytes"] > len(f["payload"]["output"].encode()) for f in elided)
+    inputs = [e for e in events if e["event_type"] == "agent_input"]
+    assert inputs[0]["payload"]["input_tokens"] == 1515 and inputs[0]["payload"]["cached_tokens"] == 320
+    cost = sum(e["payload"]["cost_usd"] for e in events if e["event_type"] == "agent_action")
+    assert cost == pytest.approx(raw["info"]["model_stats"]["instance_cost"])
+    (evaluation,) = [e for e in events if e["event_type"] == "evaluation"]
+    assert evaluation["payload"]["passed"] is True and evaluation["payload"]["fresh_sandbox"] is False
+    assert evaluation["payload"]["evaluator"] == "imported:mini-swe-agent"
+    assert evaluation["payload"]["tests_total"] == evaluation["payload"]["tests_passed"] == 22
+    end = events[-1]["payload"]
+    assert end["status"] == "completed" and end["reward"] == 1.0 and end["runtime_s"] > 200
+    assert events[0]["task_id"] == "django__django-11099" and events[0]["agent_model"] == "deepseek/deepseek-chat"
+
+
+def test_mini_swe_agent_without_report_is_not_completed(tmp_path: Path) -> None:
+    lone = tmp_path / "django__django-11099.traj.json"
+    shutil.copy(MINI, lone)
+    events = import_trajectory(lone)
+    assert "evaluation" not in {e["event_type"] for e in events}
+    assert events[-1]["payload"]["status"] == "failed" and events[-1]["payload"]["exit_reason"] == "Submitted"
+
+
+def test_swe_agent_details() -> None:
+    v0 = import_trajectory(DATA / "swe-agent" / "v0_gpt4__pydicom__pydicom-1458.traj")
+    inputs = [e for e in v0 if e["event_type"] == "agent_input"]
+    assert sum(e["payload"]["input_tokens"] for e in inputs) == 122612  # model_stats totals preserved
+    assert v0[0]["agent_model"] == "gpt4"  # from the companion args.yaml
+    assert "demonstration" not in v0[0]["payload"]["instruction"].lower()[:200]
+    writes = [e["payload"]["path"] for e in v0 if e["event_type"] == "file_op"]
+    assert "/pydicom__pydicom/pydicom/pixel_data_handlers/numpy_handler.py" in writes
+    # three edits failed the syntax check: they changed nothing and give no file_op
+    assert writes.count("/pydicom__pydicom/pydicom/pixel_data_handlers/numpy_handler.py") == 1
+    v1 = import_trajectory(DATA / "swe-agent" / "v1_function_calling_replace__marshmallow-1867.traj")
+    assert v1[0]["task_id"] == "marshmallow-code__marshmallow-1867" and v1[0]["image_version"] == "v1"
+    tools = [e["payload"]["tool_name"] for e in v1 if e["event_type"] == "agent_action"]
+    assert tools[:3] == ["create", "insert", "bash"]
+    assert any(e["payload"]["duration_ms"] > 0 for e in v1 if e["event_type"] == "env_feedback")
+    ctf = import_trajectory(DATA / "swe-agent" / "enigma_ctf_crypto_BabyEncryption.traj")
+    assert ctf[0]["task_type"] == "ctf" and ctf[-1]["payload"]["status"] == "failed"
+
+
+def test_openhands_details() -> None:
+    events = import_trajectory(DATA / "openhands" / "basic_gui_mode.json")
+    feedback = [e["payload"] for e in events if e["event_type"] == "env_feedback"]
+    assert [f["exit_code"] for f in feedback if f["exit_code"] is not None] == [0, -1]
+    runs = [e["payload"]["command"] for e in events if e["event_type"] == "agent_action" and e["payload"]["command"]]
+    assert runs[0] == "mkdir -p /workspace/todo-app"
+    ops = [(e["payload"]["op"], e["payload"]["path"]) for e in events if e["event_type"] == "file_op"]
+    assert ops == [("create", "/workspace/todo-app/index.html"), ("create", "/workspace/todo-app/app.js")]
+    # the file's own clock (ISO, no zone → UTC), not the synthetic one
+    start = datetime(2025, 1, 20, 20, 29, 13, 519638, tzinfo=UTC)
+    assert events[0]["ts"] == int(start.timestamp() * 1_000_000)
+    assert events[-1]["payload"]["runtime_s"] == pytest.approx(81.910037)
+
+
+def test_huge_output_is_cut_and_referenced(tmp_path: Path) -> None:
+    data = json.loads(MINI.read_text())
+    tool = next(m for m in data["messages"] if m["role"] == "tool")
+    big = "x" * (MAX_OUTPUT_BYTES + 5000)
+    tool["content"] = f"<returncode>0</returncode>\n<output>\n{big}</output>"
+    tool["extra"]["raw_output"] = big
+    path = tmp_path / "big.traj.json"
+    path.write_text(json.dumps(data))
+    events = import_trajectory(path)
+    payload = next(e["payload"] for e in events if e["event_type"] == "env_feedback")
+    assert payload["truncated"] and len(payload["output"].encode()) == MAX_OUTPUT_BYTES
+    assert payload["output_bytes"] == len(big) == payload["output_ref"]["size_bytes"]
+    assert payload["output_ref"]["uri"].startswith("import://")
+    decode_event(encode_event(next(e for e in events if e["event_type"] == "env_feedback")), 1 << 20)
+
+
+@pytest.mark.parametrize("name", [r[0] for r in RUNS])
+def test_truncated_file_is_a_format_error(tmp_path: Path, name: str) -> None:
+    cut = tmp_path / Path(name).name
+    whole = (DATA / name).read_bytes()
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ImportFormatError, match=str(cut.name)) as info:
+        import_trajectory(cut)
+    assert isinstance(info.value, ProducerError) and "JSON" in info.value.reason
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("", "empty"),
+        ("\xff\xfe", "UTF-8"),
+        ('{"hello": 1}', "unknown trajectory format"),
+        ("[1, 2]", "unknown trajectory format"),
+        ('{"trajectory_format": "mini-swe-agent-1.1", "messages": "oops"}', "messages"),
+        ('{"trajectory": [], "history": [{"role": "system", "content": "x"}], "info": {}}', "task"),
+        ('[{"id": 0, "source": "agent", "action": "run", "args": {}}]', "no user message"),
+        ('[{"id": 0, "timestamp": "yesterday", "source": "user", "action": "message"}]', "timestamp"),
+    ],
+)
+def test_corrupt_input_names_file_and_reason(tmp_path: Path, content: str, reason: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_bytes(content.encode("latin-1"))
+    with pytest.raises(ImportFormatError, match=reason) as info:
+        import_trajectory(path)
+    assert str(path) in str(info.value)
+
+
+def test_wrong_explicit_format_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ImportFormatError, match="does not fit|without"):
+        import_trajectory(DATA / "openhands" / "basic.json", format="mini-swe-agent")
+    with pytest.raises(ImportFormatError, match="unknown format"):
+        import_trajectory(MINI, format="autogpt")
+    with pytest.raises(ImportFormatError, match="cannot read"):
+        import_trajectory(tmp_path / "missing.json")
+
+
+def test_import_paths_sends_nothing_when_one_file_is_corrupt(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    sent: list[dict] = []
+    with pytest.raises(ImportFormatError):
+        import_paths([MINI, bad], sent.append)
+    assert sent == []
+    summaries = import_paths([MINI, DATA / "openhands" / "basic.json"], sent.append)
+    assert [s.framework for s in summaries] == ["mini-swe-agent", "openhands"]
+    assert [s.steps for s in summaries] == [42, 2] and sum(s.events for s in summaries) == len(sent)
+
+
+@pytest.mark.integration
+def test_cli_import_ingest_assemble_mini_swe_agent(kafka_settings) -> None:
+    from typer.testing import CliRunner
+
+    from pipelines.assemble import assemble
+    from pipelines.ingest import IngestWorker
+    from trajlake.cli import app
+    from warehouse.sql import run_query
+
+    runner = CliRunner()
+    for _ in range(2):  # the second import re-sends the same event ids: ingest+assembly keep one copy
+        result = runner.invoke(app, ["import", str(MINI)])
+        assert result.exit_code == 0, result.output
+        assert "42 steps" in result.output
+    IngestWorker(kafka_settings).run(until_idle=2)
+    assemble(kafka_settings)
+    columns, rows = run_query(
+        kafka_settings, "SELECT session_id, task_id, completed, n_steps, status FROM trajectories"
+    )
+    assert len(rows) == 1
+    row = dict(zip(columns, rows[0], strict=True))
+    assert row["task_id"] == "django__django-11099" and row["completed"] is True
+    assert row["n_steps"] == 42 and row["status"] == "completed"
+    _, steps = run_query(kafka_settings, "SELECT exit_code FROM steps ORDER BY step_index")
+    codes = [r[0] for r in steps]
+    assert len(codes) == 42 and codes.count(1) == 6 and sum(c is not None for c in codes) == 41

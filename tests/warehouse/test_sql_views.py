@@ -1,0 +1,46 @@
+"""SQL views read a table's files directly when they share one schema, by name otherwise."""
+
+from __future__ import annotations
+
+import duckdb
+from pyiceberg.types import StringType
+
+from common.settings import Settings
+from tests.helpers import raw_rows
+from warehouse.catalog import open_catalog
+from warehouse.sql import open_views
+from warehouse.tables import RAW_EVENTS, ensure_table
+from warehouse.transactions import transaction
+
+
+def _view_sql(con: duckdb.DuckDBPyConnection, name: str) -> str:
+    return con.execute("SELECT sql FROM duckdb_views() WHERE view_name = ?", [name]).fetchone()[0]
+
+
+def test_one_schema_reads_files_directly_and_an_evolved_table_by_name(settings: Settings) -> None:
+    table = ensure_table(open_catalog(settings), settings, RAW_EVENTS.name)
+    for start in (0, 10):  # two files
+        with transaction(table) as tx:
+            tx.append(raw_rows(10, start))
+        table = table.refresh()
+
+    con = open_views(settings)
+    assert "union_by_name" not in _view_sql(con, "hot_events")  # the point-lookup fast path
+    assert [c[0] for c in con.execute("DESCRIBE hot_events").fetchall()] == RAW_EVENTS.arrow_schema().names
+    assert con.execute("SELECT count(*), count(DISTINCT event_id) FROM events").fetchone() == (20, 20)
+    assert con.execute("SELECT seq FROM events WHERE session_id = 's1' ORDER BY seq").fetchall() == [
+        (i,) for i in range(20) if i % 3 == 1
+    ]
+
+    # A second schema: older files lack the new column, so files are matched by name again.
+    with table.update_schema() as update:
+        update.add_column("note", StringType())
+    table = table.refresh()
+    with transaction(table) as tx:
+        rows = raw_rows(5, 20)
+        tx.append(rows.append_column("note", rows.column("event_id")))
+    con = open_views(settings)
+    assert "union_by_name" in _view_sql(con, "hot_events")
+    assert con.execute("SELECT count(*), count(note) FROM events").fetchone() == (25, 5)
+    names = [c[0] for c in con.execute("DESCRIBE hot_events").fetchall()]
+    assert set(RAW_EVENTS.arrow_schema().names) < set(names) and "note" in names

@@ -1,0 +1,492 @@
+"""The ``trajlake`` command line: a thin shell over the packages.
+
+Every command honours ``TRAJLAKE_HOME`` (default ``./.trajlake``). Domain errors
+print one red line and exit with code 1 (75 when retrying may help).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from common.errors import EXIT_ERROR, EXIT_TRANSIENT, TrajlakeError, is_transient
+from common.settings import Settings, load_settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="trajlake: agent trajectories lakehouse.")
+broker_app = typer.Typer(no_args_is_help=True, help="The embedded Kafka-compatible broker.")
+app.add_typer(broker_app, name="broker")
+
+err = Console(stderr=True)
+out = Console(highlight=False, soft_wrap=True)
+
+
+def _settings() -> Settings:
+    return load_settings()
+
+
+class OutputFormat(StrEnum):
+    """Output formats of ``trajlake sql``."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+@broker_app.command("start")
+def broker_start(port: Annotated[int | None, typer.Option(help="Port; a free one by default.")] = None) -> None:
+    """Start the embedded broker (if not running), create the event topic, print its address."""
+    from common.broker import start_broker
+
+    state = start_broker(_settings(), port=port)
+    out.print(state.bootstrap)
+
+
+@broker_app.command("stop")
+def broker_stop() -> None:
+    """Stop the embedded broker."""
+    from common.broker import stop_broker
+
+    out.print("stopped" if stop_broker(_settings()) else "not running")
+
+
+@broker_app.command("status")
+def broker_status_cmd() -> None:
+    """Print the broker address, or exit 1 when none is running."""
+    from common.broker import broker_status
+    from common.errors import BrokerNotRunning
+
+    settings = _settings()
+    if settings.kafka_bootstrap:
+        out.print(f"{settings.kafka_bootstrap} (TRAJLAKE_KAFKA_BOOTSTRAP)")
+        return
+    state = broker_status(settings)
+    if state is None:
+        raise BrokerNotRunning(f"no embedded broker running under {settings.broker_dir}")
+    out.print(f"{state.bootstrap} (pid {state.pid}, log {state.log})")
+
+
+@app.command()
+def ingest(
+    until_idle: Annotated[float | None, typer.Option(help="Drain, then exit after this many idle seconds.")] = None,
+    follow: Annotated[bool, typer.Option(help="Run until SIGTERM/SIGINT (finishes the batch).")] = False,
+) -> None:
+    """Kafka → raw events / dead letters, exactly once."""
+    from pipelines.ingest import run_ingest
+
+    if follow and until_idle is not None:
+        raise typer.BadParameter("use either --until-idle or --follow")
+    stats = run_ingest(_settings(), until_idle=until_idle, follow=follow)
+    out.print(
+        f"ingested {stats.events} events, {stats.dead_letters} dead letters, {stats.skipped} already present, "
+        f"{stats.batches} batches in {stats.seconds:.1f} s"
+    )
+    for line in stats.describe_resets():  # topic resets and retention gaps must never pass silently
+        out.print(f"[yellow]{line}[/yellow]")
+
+
+@app.command()
+def assemble(
+    full: Annotated[bool, typer.Option(help="Recompute every session.")] = False,
+    as_of: Annotated[
+        datetime | None, typer.Option(help="'Now' for idle timeouts (ISO time, UTC); wall clock by default.")
+    ] = None,
+) -> None:
+    """Raw events → hot trajectories and steps (incremental)."""
+    from datetime import UTC
+
+    from pipelines.assemble import assemble as run_assemble
+
+    stats = run_assemble(_settings(), full=full, as_of=as_of.replace(tzinfo=UTC) if as_of else None)
+    out.print(
+        f"assembled {stats.sessions} sessions ({stats.steps_written} steps) from {stats.new_files} new files "
+        f"in {stats.seconds:.1f} s"
+    )
+
+
+@app.command()
+def sql(
+    query: Annotated[str, typer.Argument(help="A read-only DuckDB query over the trajlake views.")],
+    format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+) -> None:
+    """Read-only DuckDB SQL over events, trajectories, steps, scores, flags, …"""
+    from warehouse.sql import format_rows, run_query
+
+    columns, rows = run_query(_settings(), query)
+    out.print(format_rows(columns, rows, format.value), markup=False)
+
+
+@app.command()
+def demo(
+    sessions: Annotated[int, typer.Option(min=1)] = 500,
+    seed: Annotated[int | None, typer.Option(help="Fleet seed; random by default.")] = None,
+    local_sessions: Annotated[int, typer.Option(min=0, help="Sessions in real local sandboxes first.")] = 8,
+) -> None:
+    """Everything end to end on embedded defaults, with a summary."""
+    from trajlake.demo import run_demo
+
+    run_demo(
+        _settings(), sessions=sessions, seed=seed, local_sessions=local_sessions,
+        echo=lambda line: out.print(line, markup=False),
+    )  # fmt: skip
+
+
+@app.command()
+def ui(port: Annotated[int, typer.Option()] = 3000) -> None:
+    """The Dagster UI on this project's definitions."""
+    settings = _settings()
+    dagster_home = settings.home_dir / "dagster"
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "TRAJLAKE_HOME": str(settings.home_dir)}
+    dagster = Path(sys.executable).with_name("dagster")
+    command = [str(dagster) if dagster.exists() else "dagster", "dev", "-m", "dagster_project.definitions",
+               "-h", "127.0.0.1", "-p", str(port)]  # fmt: skip
+    raise typer.Exit(subprocess.call(command, env=env))
+
+
+class ImportFormat(StrEnum):
+    """Recorded-run formats of ``trajlake import``."""
+
+    auto = "auto"
+    swe_agent = "swe-agent"
+    mini_swe_agent = "mini-swe-agent"
+    openhands = "openhands"
+
+
+@app.command("import")
+def import_runs(
+    paths: Annotated[list[Path], typer.Argument(help="Recorded runs (.traj, .traj.json, OpenHands event lists).")],
+    format: Annotated[ImportFormat, typer.Option("--format", "-f")] = ImportFormat.auto,
+) -> None:
+    """Import runs recorded by other agent frameworks into the event stream (Kafka); re-imports are idempotent."""
+    from producers.importers import import_paths
+    from producers.sdk import EventProducer
+
+    with EventProducer.from_settings(host_id="importer") as producer:
+        summaries = import_paths(paths, producer.emit, format.value)
+    for summary in summaries:
+        out.print(
+            f"{summary.path}: {summary.framework} session {summary.session_id}, "
+            f"{summary.events} events, {summary.steps} steps",
+            markup=False,
+        )
+    out.print(f"imported {len(summaries)} sessions, {sum(s.events for s in summaries)} events")
+
+
+quality_app = typer.Typer(no_args_is_help=True, help="Quality layer: evaluation against ground truth.")
+app.add_typer(quality_app, name="quality")
+
+
+class ExportFormat(StrEnum):
+    """Training-set formats of ``trajlake export``."""
+
+    hf = "hf"
+    openai = "openai"
+    sharegpt = "sharegpt"
+    rl = "rl"
+
+
+@app.command()
+def score(force: Annotated[bool, typer.Option(help="Rescore even if nothing changed.")] = False) -> None:
+    """Quality scores, cheat flags, anomalies and duplicates for every trajectory."""
+    from pipelines.score import score_all
+
+    stats = score_all(_settings(), force=force)
+    if stats.skipped:
+        out.print(f"scores up to date (trajectories snapshot {stats.trajectories_snapshot_id}, {stats.scorer_version})")
+        return
+    out.print(
+        f"scored {stats.sessions} sessions ({stats.scorer_version}): {stats.flagged_sessions} flagged for cheating, "
+        f"{stats.duplicate_sessions} duplicates in {stats.clusters} clusters, {stats.exportable} exportable, "
+        f"mean quality {stats.mean_quality} in {stats.seconds:.1f} s"
+    )
+    if stats.flags_by_type:
+        out.print("  flags: " + ", ".join(f"{k}={v}" for k, v in stats.flags_by_type.items()))
+
+
+@app.command()
+def export(
+    format: Annotated[ExportFormat, typer.Option("--format", "-f", help="Training-set format.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write (nothing is written outside it).")],
+    min_quality: Annotated[float | None, typer.Option(help="Quality threshold (TRAJLAKE_QUALITY_MIN).")] = None,
+    day: Annotated[datetime | None, typer.Option(help="Only sessions started on this UTC day.")] = None,
+) -> None:
+    """Export exportable trajectories as a training set plus manifest.json."""
+    from pipelines.export import export_training_set
+
+    stats = export_training_set(
+        _settings(), format.value, out_dir, min_quality=min_quality, day=day.date() if day else None
+    )
+    for name, sha in stats.files.items():
+        out.print(f"{out_dir / name}  sha256 {sha}", markup=False)
+    out.print(f"exported {stats.records} trajectories ({stats.format}) to {stats.out_dir}; manifest {stats.manifest}")
+
+
+@quality_app.command("evaluate")
+def quality_evaluate(
+    labels: Annotated[Path, typer.Option("--labels", help="Ground-truth labels JSONL from `trajlake fleet run`.")],
+    inject: Annotated[int, typer.Option(help="Near-duplicates to inject for the dedup evaluation.")] = 500,
+    seed: Annotated[int, typer.Option(help="Seed of the injection.")] = 0,
+) -> None:
+    """Precision, recall and false-positive rate of the cheat flags and the deduplication."""
+    from pipelines.ground_truth import evaluate_quality
+
+    report = evaluate_quality(_settings(), labels, inject=inject, seed=seed)
+    out.print(report.table(), markup=False)
+
+
+schema_app = typer.Typer(no_args_is_help=True, help="Event schema versions and compatibility.")
+app.add_typer(schema_app, name="schema")
+
+
+@schema_app.command("check")
+def schema_check(
+    old: Annotated[Path | None, typer.Option(help="Old .avsc; with --new checks just this pair.")] = None,
+    new: Annotated[Path | None, typer.Option(help="New .avsc; default: every shipped version pairwise.")] = None,
+    mode: Annotated[str, typer.Option(help="backward | forward | full (Avro resolution rules).")] = "backward",
+) -> None:
+    """Reject a schema change that breaks Avro compatibility (e.g. a new required field without default)."""
+    from schemas.compat import Compatibility, assert_compatible, check_shipped, load_schema
+
+    try:
+        level = Compatibility(mode.lower())
+    except ValueError as exc:
+        raise typer.BadParameter(f"mode must be backward, forward or full, not {mode!r}") from exc
+    if (old is None) != (new is None):
+        raise typer.BadParameter("give both --old and --new, or neither to check the shipped versions")
+    if old is not None and new is not None:
+        assert_compatible(load_schema(old), load_schema(new), level, f"{new} (from {old})")
+        out.print(f"{new} is {level.value.upper()} compatible with {old}")
+        return
+    failures = {pair: problems for pair, problems in check_shipped(level).items() if problems}
+    if failures:
+        (first_old, first_new), problems = next(iter(failures.items()))
+        from schemas.compat import IncompatibleSchema
+
+        raise IncompatibleSchema(
+            f"event schema v{first_new} is not {level.value.upper()} compatible with v{first_old}: "
+            + "; ".join(problems)
+        )
+    out.print(f"all shipped event schema versions are pairwise {level.value.upper()} compatible")
+
+
+@app.command()
+def tier(
+    as_of: Annotated[
+        datetime | None, typer.Option(help="'Now' the hot retention counts back from (ISO time, UTC).")
+    ] = None,
+) -> None:
+    """Move data older than the hot retention (TRAJLAKE_HOT_RETENTION_DAYS) to the cold tier."""
+    from datetime import UTC
+
+    from warehouse.tiering import tier as run_tier
+
+    stats = run_tier(_settings(), as_of=as_of.replace(tzinfo=UTC) if as_of else None)
+    out.print(
+        f"tiered before {stats.boundary}: days {', '.join(stats.days_tiered) or 'none'}; "
+        f"{stats.events_copied} events, {stats.sessions_copied} sessions, {stats.steps_copied} steps copied; "
+        f"{stats.event_files_removed} hot event files and {stats.sessions_removed} hot sessions removed"
+        + (f"; deferred (open sessions): {', '.join(stats.days_deferred)}" if stats.days_deferred else "")
+        + f" in {stats.seconds:.1f} s"
+    )
+
+
+@app.command()
+def maintain() -> None:
+    """Compact small files, expire old snapshots, remove orphans; files and bytes per table before/after."""
+    from warehouse.maintenance import maintain as run_maintain
+
+    out.print(f"{'table':<28} {'files':>13} {'MiB':>17} {'max/partition':>13} {'expired':>7} {'orphans':>7}")
+    for r in run_maintain(_settings()):
+        b, a = r.before, r.after
+        out.print(
+            f"{r.table:<28} {b.files:>6} → {a.files:<4} {b.bytes / 2**20:>7.2f} → {a.bytes / 2**20:<7.2f} "
+            f"{b.max_files_per_partition:>5} → {a.max_files_per_partition:<5} {r.snapshots_expired:>7} "
+            f"{r.orphans_removed:>7}"
+        )
+
+
+fleet_app = typer.Typer(no_args_is_help=True, help="The sandbox fleet: real local sandboxes or synthetic traffic.")
+app.add_typer(fleet_app, name="fleet")
+
+
+class FleetBackend(StrEnum):
+    """Fleet backends."""
+
+    local = "local"
+    synthetic = "synthetic"
+
+
+@fleet_app.command("run")
+def fleet_run(
+    backend: Annotated[FleetBackend, typer.Option(help="local: bubblewrap sandboxes; synthetic: reference traffic.")],
+    sessions: Annotated[int, typer.Option(min=1)],
+    concurrency: Annotated[int, typer.Option(min=1, help="Sandboxes at once (local).")] = 4,
+    seed: Annotated[int, typer.Option()] = 0,
+    cheat_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of cheating sessions.")] = 0.1,
+    labels: Annotated[Path | None, typer.Option(help="Write ground-truth labels (JSONL) here.")] = None,
+    perturb: Annotated[
+        str | None, typer.Option(help="Environment perturbation, e.g. 'latency=50,jitter=20,fail=0.05,formats'.")
+    ] = None,
+    rate: Annotated[float, typer.Option(help="Synthetic arrivals per second (35/s = 3M/day).")] = 35.0,
+    time_compression: Annotated[
+        float | None, typer.Option(help="Synthetic pacing: simulated seconds per wall second (default flat out).")
+    ] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Synthetic generator processes, each sending its shard of the stream.")
+    ] = 1,
+) -> None:
+    """Run a fleet batch; events go to Kafka, labels (if asked) to a JSONL file."""
+    from producers.fleet import run_fleet
+
+    report = run_fleet(
+        _settings(), backend=backend.value, sessions=sessions, concurrency=concurrency, seed=seed,
+        cheat_rate=cheat_rate, labels_path=labels, perturb=perturb, rate_per_s=rate, time_compression=time_compression,
+        workers=workers,
+    )  # fmt: skip
+    out.print(report.summary(), markup=False)
+
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: a figure, its same-run baseline, the ratio.")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("ingest")
+def bench_ingest_cmd(
+    events: Annotated[int, typer.Option(help="Records in the Kafka backlog.")] = 200_000,
+    naive: Annotated[bool, typer.Option(help="Also run the naive pyiceberg baseline.")] = True,
+) -> None:
+    """Kafka → Iceberg raw events vs the consume+decode floor and a naive baseline."""
+    from benchmarks.pipeline import bench_ingest
+
+    bench_ingest(events=events, naive=naive)
+
+
+@bench_app.command("decode")
+def bench_decode_cmd(events: Annotated[int, typer.Option(help="Records to decode.")] = 50_000) -> None:
+    """Batch decoding vs per-record decode_event on the same bytes."""
+    from benchmarks.pipeline import bench_decode
+
+    bench_decode(events=events)
+
+
+@bench_app.command("memory")
+def bench_memory_cmd(events: Annotated[int, typer.Option(help="Records of backlog.")] = 1_000_000) -> None:
+    """Ingest peak RSS with a backlog vs a backlog ten times smaller."""
+    from benchmarks.pipeline import bench_memory
+
+    bench_memory(events=events)
+
+
+@bench_app.command("query")
+def bench_query_cmd(events: Annotated[int, typer.Option(help="Events loaded into raw_events.")] = 1_000_000) -> None:
+    """DuckDB aggregates and one session's events vs a full scan."""
+    from benchmarks.pipeline import bench_query
+
+    bench_query(events=events)
+
+
+@bench_app.command("scaleout")
+def bench_scaleout_cmd(events: Annotated[int, typer.Option(help="Records of backlog.")] = 300_000) -> None:
+    """Two ingest processes in one group vs one: throughput, duplicates and loss."""
+    from benchmarks.pipeline import bench_scaleout
+
+    bench_scaleout(events=events)
+
+
+@bench_app.command("replay")
+def bench_replay_cmd(
+    sessions: Annotated[int, typer.Option(help="Synthetic sessions (125,000 at 35/s ≈ one hour of 3M/day).")] = 125_000,
+    seed: Annotated[int, typer.Option(help="Traffic seed.")] = 3,
+    template_reuse: Annotated[float, typer.Option(help="Runs per generated session body (1 = all fresh).")] = 1.0,
+    workers: Annotated[int, typer.Option(min=1, help="Synthetic generator processes.")] = 2,
+) -> None:
+    """One hour of traffic: produce → ingest → assemble → score → export, wall vs traffic span."""
+    from benchmarks.pipeline import bench_replay
+
+    bench_replay(sessions=sessions, seed=seed, template_reuse=template_reuse, workers=workers)
+
+
+@bench_app.command("freshness")
+def bench_freshness_cmd(
+    rate: Annotated[float, typer.Option(help="Events per second sent.")] = 2_000.0,
+    seconds: Annotated[float, typer.Option(help="Seconds of traffic.")] = 60.0,
+) -> None:
+    """``ingest --follow``: send → visible in raw_events (p50/p95) vs send → Kafka consumer."""
+    from benchmarks.pipeline import bench_freshness
+
+    bench_freshness(rate=rate, seconds=seconds)
+
+
+@bench_app.command("assemble")
+def bench_assemble_cmd(events: Annotated[int, typer.Option(help="Raw events to assemble.")] = 10_000_000) -> None:
+    """Assembly peak RSS over a large raw-events table vs one ten times smaller."""
+    from benchmarks.pipeline import bench_assemble
+
+    bench_assemble(events=events)
+
+
+@bench_app.command("quality")
+def bench_quality_cmd(
+    sessions: Annotated[int, typer.Option(help="Synthetic trajectories to score and deduplicate.")] = 1_000_000,
+) -> None:
+    """Scoring + deduplication vs datasketch's per-document MinHash LSH on a sample."""
+    from benchmarks.quality import run_quality_benchmark
+
+    out.print(run_quality_benchmark(sessions).summary(), markup=False)
+
+
+@bench_app.command("fleet")
+def bench_fleet_cmd(
+    local_sessions: Annotated[int, typer.Option(help="Local sandbox sessions at concurrency 4.")] = 16,
+    synthetic_events: Annotated[int, typer.Option(help="Synthetic events to generate and encode.")] = 300_000,
+    hour_sessions: Annotated[
+        int, typer.Option(help="Sessions of the multi-process run (125k = one hour at 3M/day); 0 skips it.")
+    ] = 125_000,
+) -> None:
+    """Sandbox start latency, local sessions/min, synthetic generation vs the per-event baseline."""
+    from benchmarks.fleet import run_benchmarks
+
+    run_benchmarks(_settings(), local_sessions, synthetic_events, hour_sessions=hour_sessions)
+
+
+def main() -> None:
+    """Console entry point: run the app, turning trajlake errors into one red line.
+
+    The exit code is 1, or 75 (``EX_TEMPFAIL``) when the error is transient, so a scheduler
+    can tell "retry later" from "fix something first".
+    """
+    logging.basicConfig(
+        level=os.environ.get("TRAJLAKE_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        app(standalone_mode=False)
+    except TrajlakeError as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        err.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)
+        sys.exit(EXIT_TRANSIENT if is_transient(exc) else EXIT_ERROR)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        err.print("[red]aborted[/]")
+        sys.exit(1)
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()
