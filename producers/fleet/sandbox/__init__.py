@@ -1,0 +1,62 @@
+"""Bubblewrap sandboxes: read-only image layers, private writable layers, limits, egress, reaper.
+
+Layout of one sandbox (host side, under ``<root>/<sandbox_id>/``)::
+
+    workspace/   private writable layer  → /workspace (rw)
+    run/         egress gateway socket   → /run/tl (ro)
+    secrets/     per-task secret file    → /run/secrets (ro)
+
+plus the task type's image (``ImageStore``, one read-only directory per pinned version, shared by
+every sandbox) at ``/opt/tl`` and the host's ``/usr`` (with ``/bin``, ``/lib``… as on the host)
+read-only. Nothing else of the host is visible; ``/tmp`` is a private tmpfs. Namespaces: user,
+pid, net, ipc, uts, cgroup (``--unshare-all``); the sandbox has no network interface but loopback.
+Limits: cgroup (v1 or v2, when writable) pids/memory/CPU quota, plus rlimits through ``prlimit``
+(CPU seconds, address space, processes, file size, open files). The ``Reaper`` kills a sandbox
+at its wall-clock deadline, independent of the agent: SIGKILL to the process group and every
+cgroup member; ``--die-with-parent`` and the PID namespace take the rest down, and the kill is
+verified (no process left in the sandbox's PID namespace).
+
+Modules: ``images`` (``ImageStore``), ``cgroups`` (``Cgroup``), ``egress`` (``EgressGateway``),
+``bwrap`` (``Sandbox``, ``Limits``, ``find_bwrap``), ``reaper`` (``Reaper``).
+"""
+
+from __future__ import annotations
+
+from producers.errors import BubblewrapMissing, ImageConflict, SandboxError, SandboxKilled
+from producers.fleet.sandbox.bwrap import (
+    BWRAP_PACKAGE,
+    EXEC_FIELDS,
+    SANDBOX_UID,
+    CommandResult,
+    FileChange,
+    Limits,
+    Sandbox,
+    bwrap_available,
+    find_bwrap,
+)
+from producers.fleet.sandbox.cgroups import Cgroup
+from producers.fleet.sandbox.egress import EgressGateway, NetworkAttempt
+from producers.fleet.sandbox.images import ImageStore, image_tools
+from producers.fleet.sandbox.reaper import Reaper
+
+__all__ = [
+    "BWRAP_PACKAGE",
+    "EXEC_FIELDS",
+    "SANDBOX_UID",
+    "BubblewrapMissing",
+    "Cgroup",
+    "CommandResult",
+    "EgressGateway",
+    "FileChange",
+    "ImageConflict",
+    "ImageStore",
+    "Limits",
+    "NetworkAttempt",
+    "Reaper",
+    "Sandbox",
+    "SandboxError",
+    "SandboxKilled",
+    "bwrap_available",
+    "find_bwrap",
+    "image_tools",
+]
