@@ -1,22 +1,15 @@
-"""The trajlake code location: one merge of the per-domain definitions."""
+"""The trajlake code location: one merge of the per-domain definitions and the resources they take."""
 
 from dagster import Definitions
 
-from dagster_project.defs.fleet import FleetResource, sandbox_runs
-from dagster_project.defs.lakehouse import lakehouse_assets
-from dagster_project.defs.lifecycle import lifecycle_assets, lifecycle_jobs, lifecycle_schedules
-from dagster_project.defs.quality import quality_assets, quality_checks, quality_jobs, quality_schedules
-from dagster_project.resources import IcebergResource, KafkaResource, TrajlakeResource
+from dagster_project.defs import fleet, lakehouse, lifecycle, quality
+from dagster_project.defs.fleet import FleetResource
+from dagster_project.resources import LakehouseResource
 
-defs = Definitions(
-    assets=[sandbox_runs, *lakehouse_assets, *quality_assets, *lifecycle_assets],
-    asset_checks=[*quality_checks],
-    jobs=[*quality_jobs, *lifecycle_jobs],
-    schedules=[*quality_schedules, *lifecycle_schedules],
-    resources={
-        "trajlake": TrajlakeResource(),
-        "kafka": KafkaResource(),
-        "iceberg": IcebergResource(),
-        "fleet": FleetResource(),
-    },
+defs = Definitions.merge(
+    fleet.defs,
+    lakehouse.defs,
+    quality.defs,
+    lifecycle.defs,
+    Definitions(resources={"lakehouse": LakehouseResource(), "fleet": FleetResource()}),
 )

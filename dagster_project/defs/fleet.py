@@ -1,14 +1,24 @@
 """The sandbox fleet as Dagster's upstream asset: ``sandbox_runs`` launches a batch of sessions.
 
-Importing this module has no side effects; ``definitions.py`` adds ``sandbox_runs`` to the
-assets and ``FleetResource()`` under the key ``fleet``.
+Importing this module has no side effects; ``definitions.py`` merges its ``defs`` and binds
+``FleetResource()`` under the key ``fleet``.
 """
 
 from pathlib import Path
+from typing import Any
 
-from dagster import AssetExecutionContext, Config, ConfigurableResource, MaterializeResult, MetadataValue, asset
+from dagster import (
+    AssetExecutionContext,
+    Config,
+    ConfigurableResource,
+    Definitions,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
 
-from dagster_project.resources import KafkaResource, TrajlakeResource
+from common.settings import Settings
+from dagster_project.resources import LakehouseResource, transient_retries
 from producers.fleet import FleetReport, run_fleet
 
 
@@ -39,10 +49,12 @@ class FleetResource(ConfigurableResource):
     time_compression: float | None = None
     workers: int = 1
 
-    def launch(self, settings: object, sessions: int, labels_path: Path | None, seed: int | None = None) -> FleetReport:
+    def launch(
+        self, settings: Settings, sessions: int, labels_path: Path | None, seed: int | None = None
+    ) -> FleetReport:
         """Run one batch of ``sessions`` sessions; events go to Kafka, labels to ``labels_path``."""
         return run_fleet(
-            settings,  # type: ignore[arg-type]
+            settings,
             backend=self.backend,
             sessions=sessions,
             concurrency=self.concurrency,
@@ -75,22 +87,24 @@ def sandbox_runs(
     context: AssetExecutionContext,
     config: SandboxRunsConfig,
     fleet: FleetResource,
-    trajlake: TrajlakeResource,
-    kafka: KafkaResource,
+    lakehouse: LakehouseResource,
 ) -> MaterializeResult:
     """Launch a batch through ``FleetResource`` and record its outcome as metadata."""
-    settings = trajlake.settings(**kafka.overrides())
+    settings = lakehouse.settings()
     labels = None
     if config.write_labels:
         labels = settings.home_dir / "fleet" / "labels" / f"{context.run_id}.jsonl"
-    report = fleet.launch(settings, config.sessions, labels, config.seed)
+    with transient_retries():
+        report = fleet.launch(settings, config.sessions, labels, config.seed)
     context.log.info(report.summary())
-    metadata: dict[str, object] = dict(report.metadata())
+    metadata: dict[str, Any] = dict(report.metadata())
     metadata["sessions_by_status"] = MetadataValue.json(report.by_status)
     metadata["latency_ms"] = MetadataValue.json(report.latency_ms)
     if report.labels_path:
         metadata["labels_path"] = MetadataValue.path(report.labels_path)
-    return MaterializeResult(metadata=metadata)  # type: ignore[arg-type]
+    return MaterializeResult(metadata=metadata)
 
 
-__all__ = ["FleetResource", "SandboxRunsConfig", "sandbox_runs"]
+defs = Definitions(assets=[sandbox_runs])
+
+__all__ = ["FleetResource", "SandboxRunsConfig", "defs", "sandbox_runs"]

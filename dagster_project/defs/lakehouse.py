@@ -2,10 +2,10 @@
 
 from collections.abc import Iterator
 
-from dagster import AssetExecutionContext, AssetSpec, MaterializeResult, MetadataValue, asset, multi_asset
+from dagster import AssetExecutionContext, AssetSpec, Definitions, MaterializeResult, MetadataValue, asset, multi_asset
 
 from common.settings import Settings
-from dagster_project.resources import IcebergResource, KafkaResource, TrajlakeResource, run_settings
+from dagster_project.resources import LakehouseResource, transient_retries
 from pipelines.assemble import assemble
 from pipelines.ingest import run_ingest
 from warehouse.sql import run_query
@@ -21,12 +21,11 @@ def _count(settings: Settings, view: str) -> int:
     kinds={"iceberg", "kafka"},
     deps=["sandbox_runs"],
 )
-def raw_events(
-    context: AssetExecutionContext, trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: IcebergResource
-) -> MaterializeResult:
+def raw_events(context: AssetExecutionContext, lakehouse: LakehouseResource) -> MaterializeResult:
     """Drain the event topic into Iceberg until idle."""
-    settings = run_settings(trajlake, kafka, iceberg)
-    stats = run_ingest(settings, until_idle=3.0)
+    settings = lakehouse.settings()
+    with transient_retries():
+        stats = run_ingest(settings, until_idle=3.0)
     context.log.info("ingest: %s", stats.as_dict())
     return MaterializeResult(
         metadata={
@@ -56,14 +55,13 @@ def raw_events(
             kinds={"iceberg"},
             description="One wide row per agent action joined with its feedback (hot).",
         ),
-    ]  # fmt: skip
+    ]
 )
-def assembled_trajectories(
-    context: AssetExecutionContext, trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: IcebergResource
-) -> Iterator[MaterializeResult]:
+def assembled_trajectories(context: AssetExecutionContext, lakehouse: LakehouseResource) -> Iterator[MaterializeResult]:
     """Incrementally assemble new raw events into trajectories and steps."""
-    settings = run_settings(trajlake, kafka, iceberg)
-    stats = assemble(settings)
+    settings = lakehouse.settings()
+    with transient_retries():
+        stats = assemble(settings)
     context.log.info("assemble: %s", stats.as_dict())
     _, rows = run_query(settings, "SELECT status, count(*) FROM trajectories GROUP BY status ORDER BY 1")
     yield MaterializeResult(
@@ -81,3 +79,4 @@ def assembled_trajectories(
 
 
 lakehouse_assets = [raw_events, assembled_trajectories]
+defs = Definitions(assets=lakehouse_assets)

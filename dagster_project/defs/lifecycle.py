@@ -7,6 +7,7 @@ serialises them on one machine): tiering first, then maintenance compacts what i
 from dagster import (
     AssetExecutionContext,
     AssetSelection,
+    Definitions,
     MaterializeResult,
     MetadataValue,
     ScheduleDefinition,
@@ -14,7 +15,7 @@ from dagster import (
     define_asset_job,
 )
 
-from dagster_project.resources import IcebergResource, KafkaResource, TrajlakeResource, run_settings
+from dagster_project.resources import LakehouseResource, transient_retries
 from warehouse.maintenance import maintain
 from warehouse.tiering import tier
 
@@ -25,12 +26,11 @@ from warehouse.tiering import tier
     kinds={"iceberg"},
     description="Cold tier: events, trajectories and steps older than the hot retention, compacted (cold storage).",
 )
-def cold_tier(
-    context: AssetExecutionContext, trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: IcebergResource
-) -> MaterializeResult:
+def cold_tier(context: AssetExecutionContext, lakehouse: LakehouseResource) -> MaterializeResult:
     """Move data older than the hot retention to the cold tables."""
-    settings = run_settings(trajlake, kafka, iceberg)
-    stats = tier(settings)
+    settings = lakehouse.settings()
+    with transient_retries():
+        stats = tier(settings)
     context.log.info("tier: %s", stats.as_dict())
     return MaterializeResult(
         metadata={
@@ -51,12 +51,11 @@ def cold_tier(
     kinds={"iceberg"},
     description="Compaction, snapshot expiry and orphan removal on every hot and cold table.",
 )
-def table_maintenance(
-    context: AssetExecutionContext, trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: IcebergResource
-) -> MaterializeResult:
+def table_maintenance(context: AssetExecutionContext, lakehouse: LakehouseResource) -> MaterializeResult:
     """Compact small files, expire old snapshots, remove orphan files; report files/bytes per table."""
-    settings = run_settings(trajlake, kafka, iceberg)
-    reports = maintain(settings)
+    settings = lakehouse.settings()
+    with transient_retries():
+        reports = maintain(settings)
     rows = [report.as_dict() for report in reports]
     context.log.info("maintain: %s", rows)
     return MaterializeResult(
@@ -73,6 +72,4 @@ def table_maintenance(
 lifecycle_job = define_asset_job("lakehouse_lifecycle", selection=AssetSelection.assets(cold_tier, table_maintenance))
 lifecycle_schedule = ScheduleDefinition(job=lifecycle_job, cron_schedule="30 2 * * *", execution_timezone="UTC")
 
-lifecycle_assets = [cold_tier, table_maintenance]
-lifecycle_jobs = [lifecycle_job]
-lifecycle_schedules = [lifecycle_schedule]
+defs = Definitions(assets=[cold_tier, table_maintenance], jobs=[lifecycle_job], schedules=[lifecycle_schedule])

@@ -11,6 +11,7 @@ from dagster import (
     AssetExecutionContext,
     AssetSpec,
     DailyPartitionsDefinition,
+    Definitions,
     MaterializeResult,
     MetadataValue,
     asset,
@@ -20,7 +21,8 @@ from dagster import (
     multi_asset,
 )
 
-from dagster_project.resources import IcebergResource, KafkaResource, TrajlakeResource, run_settings
+from common.settings import Settings
+from dagster_project.resources import LakehouseResource, transient_retries
 from pipelines.export import export_training_set
 from pipelines.score import score_all
 from warehouse.sql import open_views
@@ -29,10 +31,10 @@ QUALITY_GROUP = "quality"
 daily_partitions = DailyPartitionsDefinition(start_date="2026-01-01", timezone="UTC")
 
 
-def _frame(settings: object, query: str) -> pl.DataFrame:
-    con = open_views(settings)  # type: ignore[arg-type]
+def _frame(settings: Settings, query: str) -> pl.DataFrame:
+    con = open_views(settings)
     try:
-        return pl.from_arrow(con.sql(query).to_arrow_table())  # type: ignore[return-value]
+        return pl.DataFrame(con.sql(query).to_arrow_table())
     finally:
         con.close()
 
@@ -40,15 +42,15 @@ def _frame(settings: object, query: str) -> pl.DataFrame:
 def _distribution(scores: pl.DataFrame, column: str) -> dict[str, float]:
     if scores.is_empty():
         return {}
-    values = scores[column]
-    return {
-        "min": round(float(values.min()), 4),  # type: ignore[arg-type]
-        "p10": round(float(values.quantile(0.1)), 4),  # type: ignore[arg-type]
-        "p50": round(float(values.median()), 4),  # type: ignore[arg-type]
-        "p90": round(float(values.quantile(0.9)), 4),  # type: ignore[arg-type]
-        "max": round(float(values.max()), 4),  # type: ignore[arg-type]
-        "mean": round(float(values.mean()), 4),  # type: ignore[arg-type]
-    }
+    row = scores.select(
+        pl.col(column).min().alias("min"),
+        pl.col(column).quantile(0.1).alias("p10"),
+        pl.col(column).median().alias("p50"),
+        pl.col(column).quantile(0.9).alias("p90"),
+        pl.col(column).max().alias("max"),
+        pl.col(column).mean().alias("mean"),
+    ).row(0, named=True)
+    return {name: round(float(value), 4) for name, value in row.items()}
 
 
 @multi_asset(
@@ -74,14 +76,13 @@ def _distribution(scores: pl.DataFrame, column: str) -> dict[str, float]:
             kinds={"iceberg"},
             description="Exact and MinHash-LSH near-duplicate clusters with their representative.",
         ),
-    ]  # fmt: skip
+    ]
 )
-def quality_tables(
-    context: AssetExecutionContext, trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: IcebergResource
-) -> Iterator[MaterializeResult]:
+def quality_tables(context: AssetExecutionContext, lakehouse: LakehouseResource) -> Iterator[MaterializeResult]:
     """Score every trajectory (skipped when nothing changed since the last run)."""
-    settings = run_settings(trajlake, kafka, iceberg)
-    stats = score_all(settings)
+    settings = lakehouse.settings()
+    with transient_retries():
+        stats = score_all(settings)
     context.log.info("score: %s", stats.as_dict())
     scores = _frame(settings, "SELECT completion, validity, novelty, quality, exportable, failure_cause FROM scores")
     causes = dict(scores.group_by("failure_cause").len().sort("failure_cause").iter_rows()) if scores.height else {}
@@ -114,9 +115,9 @@ def quality_tables(
 
 
 @asset_check(asset="scores", description="Every score lies in [0, 1] and every session has one row.", blocking=True)
-def scores_in_range(trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: IcebergResource) -> AssetCheckResult:
+def scores_in_range(lakehouse: LakehouseResource) -> AssetCheckResult:
     """Scores are probabilities-like values in [0, 1]; no session scored twice."""
-    settings = run_settings(trajlake, kafka, iceberg)
+    settings = lakehouse.settings()
     row = _frame(
         settings,
         "SELECT count(*) AS n, count(DISTINCT session_id) AS sessions, "
@@ -127,7 +128,7 @@ def scores_in_range(trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: I
     return AssetCheckResult(passed=passed, severity=AssetCheckSeverity.ERROR, metadata=row)
 
 
-def _rate_check(settings: object, query: str, limit: float, what: str) -> AssetCheckResult:
+def _rate_check(settings: Settings, query: str, limit: float, what: str) -> AssetCheckResult:
     row = _frame(settings, query).row(0, named=True)
     rate = row["hits"] / row["total"] if row["total"] else 0.0
     return AssetCheckResult(
@@ -140,9 +141,9 @@ def _rate_check(settings: object, query: str, limit: float, what: str) -> AssetC
 @asset_check(
     asset="flags", description="Share of sessions with a cheat flag stays under TRAJLAKE_QUALITY_MAX_FLAG_RATE."
 )
-def flag_rate(trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: IcebergResource) -> AssetCheckResult:
+def flag_rate(lakehouse: LakehouseResource) -> AssetCheckResult:
     """A sudden jump in cheat flags means a broken task pack or a detector regression."""
-    settings = run_settings(trajlake, kafka, iceberg)
+    settings = lakehouse.settings()
     return _rate_check(
         settings,
         "SELECT (SELECT count(DISTINCT session_id) FROM flags WHERE flag_class <> 'anomaly') AS hits, "
@@ -155,9 +156,9 @@ def flag_rate(trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: Iceberg
 @asset_check(
     asset="duplicates", description="Share of shadowed duplicates stays under TRAJLAKE_QUALITY_MAX_DUPLICATE_RATE."
 )
-def duplicate_rate(trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: IcebergResource) -> AssetCheckResult:
+def duplicate_rate(lakehouse: LakehouseResource) -> AssetCheckResult:
     """Many duplicates mean wasted sandbox time (a policy collapsed, or a task is trivial)."""
-    settings = run_settings(trajlake, kafka, iceberg)
+    settings = lakehouse.settings()
     return _rate_check(
         settings,
         "SELECT (SELECT count(*) FROM duplicates WHERE NOT is_representative) AS hits, "
@@ -175,14 +176,13 @@ def duplicate_rate(trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: Ic
     description="The day's exportable trajectories as an hf chat training set plus manifest "
     "(under $TRAJLAKE_HOME/exports/hf/<day>).",
 )
-def training_set(
-    context: AssetExecutionContext, trajlake: TrajlakeResource, kafka: KafkaResource, iceberg: IcebergResource
-) -> MaterializeResult:
+def training_set(context: AssetExecutionContext, lakehouse: LakehouseResource) -> MaterializeResult:
     """Export the partition's day."""
-    settings = run_settings(trajlake, kafka, iceberg)
+    settings = lakehouse.settings()
     day = date.fromisoformat(context.partition_key)
     out_dir = settings.home_dir / "exports" / "hf" / day.isoformat()
-    stats = export_training_set(settings, "hf", out_dir, day=day)
+    with transient_retries():
+        stats = export_training_set(settings, "hf", out_dir, day=day)
     return MaterializeResult(
         metadata={
             "records": stats.records,
@@ -201,7 +201,9 @@ nightly_training_set_schedule = build_schedule_from_partitioned_job(
     nightly_training_set_job, hour_of_day=2, minute_of_hour=30
 )
 
-quality_assets = [quality_tables, training_set]
-quality_checks = [scores_in_range, flag_rate, duplicate_rate]
-quality_jobs = [nightly_training_set_job]
-quality_schedules = [nightly_training_set_schedule]
+defs = Definitions(
+    assets=[quality_tables, training_set],
+    asset_checks=[scores_in_range, flag_rate, duplicate_rate],
+    jobs=[nightly_training_set_job],
+    schedules=[nightly_training_set_schedule],
+)

@@ -8,7 +8,7 @@ from dagster import materialize
 from common.settings import Settings
 from dagster_project.definitions import defs
 from dagster_project.defs.lakehouse import lakehouse_assets
-from dagster_project.resources import IcebergResource, KafkaResource, TrajlakeResource
+from dagster_project.resources import KafkaConfig, LakehouseResource
 from tests.helpers import produce, sample_events
 from warehouse.sql import run_query
 
@@ -42,7 +42,7 @@ def test_definitions_graph_snapshot() -> None:
         "lakehouse_lifecycle_schedule",
         "nightly_training_set_schedule",
     ]
-    assert set(defs.resources) >= {"trajlake", "kafka", "iceberg", "fleet"}
+    assert set(defs.resources) == {"lakehouse", "fleet"}
 
 
 @pytest.mark.integration
@@ -52,14 +52,15 @@ def test_assets_materialize_in_process(kafka_settings: Settings) -> None:
     result = materialize(
         lakehouse_assets,
         resources={
-            "trajlake": TrajlakeResource(home=str(kafka_settings.home)),
-            "kafka": KafkaResource(
-                bootstrap=kafka_settings.kafka_bootstrap,
-                topic=kafka_settings.topic,
-                consumer_group=kafka_settings.consumer_group,
-            ),
-            "iceberg": IcebergResource(),
-        },  # fmt: skip
+            "lakehouse": LakehouseResource(
+                home=str(kafka_settings.home),
+                kafka=KafkaConfig(
+                    bootstrap=kafka_settings.kafka_bootstrap,
+                    topic=kafka_settings.topic,
+                    consumer_group=kafka_settings.consumer_group,
+                ),
+            )
+        },
     )
     assert result.success
     materializations = {

@@ -8,8 +8,8 @@ from dagster import AssetKey, DailyPartitionsDefinition, materialize
 
 from common.settings import load_settings
 from dagster_project.definitions import defs
-from dagster_project.defs.quality import quality_checks, quality_tables, training_set
-from dagster_project.resources import IcebergResource, KafkaResource, TrajlakeResource
+from dagster_project.defs.quality import duplicate_rate, flag_rate, quality_tables, scores_in_range, training_set
+from dagster_project.resources import LakehouseResource
 from pipelines.assemble import assemble
 from producers.fleet import run_fleet
 from tests.helpers import write_raw
@@ -41,12 +41,8 @@ def test_quality_assets_and_checks_materialize(tmp_path: Path) -> None:
               start_us=1_767_225_600_000_000 + 3_600_000_000)  # 2026-01-01 01:00 UTC  # fmt: skip
     write_raw(settings, events, batch_size=5000)
     assemble(settings)
-    resources = {
-        "trajlake": TrajlakeResource(home=str(settings.home)),
-        "kafka": KafkaResource(topic="unused"),
-        "iceberg": IcebergResource(),
-    }
-    result = materialize([quality_tables, *quality_checks], resources=resources)
+    resources = {"lakehouse": LakehouseResource(home=str(settings.home))}
+    result = materialize([quality_tables, scores_in_range, flag_rate, duplicate_rate], resources=resources)
     assert result.success
     meta = result.asset_materializations_for_node("quality_tables")
     scores_meta = next(m for m in meta if m.asset_key == AssetKey("scores")).metadata

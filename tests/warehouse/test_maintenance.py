@@ -118,18 +118,14 @@ def test_maintain_bounds_cold_files_after_repeated_tiering(settings: Settings) -
 def test_lifecycle_assets_materialize(settings: Settings) -> None:
     from dagster import materialize
 
-    from dagster_project.defs.lifecycle import lifecycle_assets
-    from dagster_project.resources import IcebergResource, KafkaResource, TrajlakeResource
+    from dagster_project.defs import lifecycle
+    from dagster_project.resources import LakehouseResource
 
     ingest_like(settings, day_events(3, 2), batch_size=100)
     assemble(settings, as_of=BASE + timedelta(days=30))
     before = lake_state(settings)
     # Retention long enough back that 2026-01-01.. is old whatever today's date is.
-    result = materialize(
-        lifecycle_assets,
-        resources={"trajlake": TrajlakeResource(home=str(settings.home)), "kafka": KafkaResource(),
-                   "iceberg": IcebergResource()},
-    )  # fmt: skip
+    result = materialize(lifecycle.defs.assets, resources={"lakehouse": LakehouseResource(home=str(settings.home))})
     assert result.success
     metadata = {
         e.asset_key.to_user_string(): e.materialization.metadata for e in result.get_asset_materialization_events()
