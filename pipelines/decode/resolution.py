@@ -1,0 +1,111 @@
+"""Writer → reader schema resolution on Arrow arrays.
+
+A block decoded with an older writer schema is resolved to the latest reader schema
+column by column: record fields are matched by name, fields the writer lacks take the
+reader's default, and everything else is cast (Avro promotions).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.decode.framing import framed_schema
+from schemas.registry import SchemaVersion, latest, snake_case
+
+
+def _named_types(node: Any, named: dict[str, Any], namespace: str = "") -> None:
+    if isinstance(node, list):
+        for branch in node:
+            _named_types(branch, named, namespace)
+    elif isinstance(node, dict):
+        if node.get("type") in ("record", "enum", "fixed"):
+            space = node.get("namespace", namespace)
+            full = node["name"] if "." in node["name"] else f"{space}.{node['name']}".strip(".")
+            named[full] = node
+            named[node["name"]] = node
+            namespace = space
+        for child in node.get("fields", []):
+            _named_types(child["type"], named, namespace)
+        for key in ("items", "values"):
+            if key in node:
+                _named_types(node[key], named, namespace)
+
+
+def _resolve(node: Any, named: dict[str, Any]) -> Any:
+    """Strip ``["null", T]`` and named references down to the type definition."""
+    while True:
+        if isinstance(node, list):
+            branches = [b for b in node if b != "null"]
+            node = branches[0] if len(branches) == 1 else node
+            if len(branches) != 1:
+                return node
+        elif isinstance(node, str) and node in named:
+            node = named[node]
+        elif isinstance(node, dict) and isinstance(node.get("type"), (dict, list)):
+            node = node["type"]
+        else:
+            return node
+
+
+def fill(default: Any, length: int, target: pa.DataType) -> pa.Array:
+    """``length`` copies of a reader default, as an Arrow array of ``target`` type."""
+    return pa.array([default] * length, type=target)
+
+
+def conform(array: pa.Array, reader: Any, target: pa.DataType, named: dict[str, Any]) -> pa.Array:
+    """Resolve a writer-decoded Arrow array to the reader's Arrow type.
+
+    Record fields are matched by name; fields the writer lacks take the reader's
+    default; everything else is cast (Avro promotions int→long, float→double, enum→string).
+
+    Raises:
+        ValueError: a reader field without a default is missing from the writer.
+        pyarrow.ArrowInvalid: a value that does not cast.
+    """
+    reader = _resolve(reader, named)
+    if pa.types.is_struct(target) and isinstance(reader, dict) and reader.get("type") == "record":
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        fields_by_name = {f["name"]: f for f in reader["fields"]}
+        children: list[pa.Array] = []
+        for index in range(target.num_fields):
+            target_field = target.field(index)
+            spec = fields_by_name[target_field.name]
+            if array.type.get_field_index(target_field.name) >= 0:
+                child = array.field(target_field.name)
+                children.append(conform(child, spec["type"], target_field.type, named))
+            elif "default" in spec:
+                children.append(fill(spec["default"], len(array), target_field.type))
+            else:
+                raise ValueError(f"reader field {target_field.name!r} has no default and the writer lacks it")
+        mask = array.is_null() if array.null_count else None
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
+    return array if array.type == target else pc.cast(array, target)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How to turn one writer version's decoded batch into raw-events columns."""
+
+    writer: SchemaVersion
+    schema_json: str
+    reader_fields: dict[str, Any]  # envelope field name -> reader Avro field
+    reader_kinds: dict[str, Any]  # event_type -> reader Avro record of the payload
+    reader_names: dict[str, str]  # event_type -> full reader record name (decode_event's message)
+    named: dict[str, Any]
+
+
+def plan_for(writer: SchemaVersion) -> Plan:
+    """The plan resolving ``writer``'s records to the latest reader schema (framed: see ``framed_schema``)."""
+    reader = latest()
+    named: dict[str, Any] = {}
+    _named_types(reader.raw, named)
+    fields = {f["name"]: f for f in reader.raw["fields"] if f["name"] != "payload"}
+    payload = next(f for f in reader.raw["fields"] if f["name"] == "payload")
+    kinds = {snake_case(branch["name"]): branch for branch in payload["type"]}
+    return Plan(writer, json.dumps(framed_schema(writer.raw)), fields, kinds, dict(reader.payload_kinds), named)

@@ -1,0 +1,96 @@
+"""What a decoded batch is: the decoded events, the dead records, and how they become raw-events rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.manifest import DataFile
+from pyiceberg.table.metadata import TableMetadata
+
+from schemas.errors import DecodeError
+
+#: Index of each record within the batch, carried through decoding to re-attach Kafka coordinates.
+ROW_INDEX = "__row_index"
+
+
+@dataclass
+class DecodeResult:
+    """Decoded events of a batch, and the records that could not be decoded.
+
+    Attributes:
+        events: one row per good record, the raw-events columns that come from the record
+            (envelope, per-kind payload structs, ``schema_version``) plus ``ROW_INDEX``.
+        dead: ``(index, error)`` of each record that goes to dead letters.
+        fallback_records: records decoded one by one (poison isolation, timeouts).
+        files: set when the decoder process wrote the events as Iceberg data files (see
+            :class:`FileTarget`): those files, and ``events`` then holds only ``KEY_COLUMNS``
+            of their rows.
+    """
+
+    events: pa.Table
+    dead: list[tuple[int, DecodeError]] = field(default_factory=list)
+    fallback_records: int = 0
+    files: list[DataFile] | None = None
+
+
+#: What the caller keeps of events written by the decoder process: enough to decide which
+#: rows are new (Kafka coordinates, the re-send windows) without the rows themselves.
+KEY_COLUMNS = ("event_id", "session_id", "kafka_partition", "kafka_offset")
+
+
+@dataclass(frozen=True)
+class FileTarget:
+    """Where the decoder process writes a batch's events: Parquet data files of an Iceberg table.
+
+    The decoder process completes the rows with their Kafka coordinates and writes them
+    (``warehouse.transactions.data_files``), so the caller never takes back the wide rows;
+    committing the files, or not, stays with the caller.
+
+    Attributes:
+        metadata: the table's metadata (its snapshots may be left out: only the schema,
+            partition spec, properties and location are used).
+        io_properties: FileIO properties of the table.
+        topic: Kafka topic of the batch.
+        partitions: partition of every record of the batch.
+        offsets: offset of every record of the batch.
+        ingested_at: ingest time stamped on every row.
+    """
+
+    metadata: TableMetadata
+    io_properties: dict[str, str]
+    topic: str
+    partitions: np.ndarray
+    offsets: np.ndarray
+    ingested_at: datetime
+
+
+INGEST_ONLY = ("kafka_topic", "kafka_partition", "kafka_offset", "ingested_at")
+
+
+def with_coordinates(
+    events: pa.Table, target: pa.Schema, topic: str, partitions: pa.Array, offsets: pa.Array, ingested_at: datetime
+) -> pa.Table:
+    """Complete decoded events with Kafka coordinates into a ``target``-shaped table.
+
+    Args:
+        events: ``DecodeResult.events``.
+        target: the raw-events Arrow schema.
+        topic: Kafka topic of the batch.
+        partitions: partition of every record of the batch (indexed by ``ROW_INDEX``).
+        offsets: offset of every record of the batch (indexed by ``ROW_INDEX``).
+        ingested_at: ingest time stamped on every row.
+    """
+    index = events.column(ROW_INDEX)
+    n = events.num_rows
+    extra = {
+        "kafka_topic": pa.repeat(pa.scalar(topic, target.field("kafka_topic").type), n),
+        "kafka_partition": pc.take(partitions, index).cast(target.field("kafka_partition").type),
+        "kafka_offset": pc.take(offsets, index).cast(target.field("kafka_offset").type),
+        "ingested_at": pa.repeat(pa.scalar(ingested_at, target.field("ingested_at").type), n),
+    }
+    arrays = [extra[f.name] if f.name in extra else events.column(f.name) for f in target]
+    return pa.Table.from_arrays(arrays, schema=target)
