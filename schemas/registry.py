@@ -178,6 +178,8 @@ def decode_event(data: bytes, max_bytes: int | None = None) -> dict[str, Any]:
         raise CorruptPayload(f"schema v{writer.version}: {type(exc).__name__}: {exc}") from exc
     if buffer.tell() != len(data):
         raise CorruptPayload(f"schema v{writer.version}: {len(data) - buffer.tell()} trailing bytes")
+    if not isinstance(record, dict):  # every version's top level is a record; fastavro's type admits any datum
+        raise CorruptPayload(f"schema v{writer.version}: decoded a {type(record).__name__}, not a record")
     record_name, payload = record["payload"]
     kind = snake_case(record_name.rsplit(".", 1)[-1])
     if kind != record["event_type"]:

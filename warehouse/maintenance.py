@@ -41,7 +41,9 @@ from pyiceberg.expressions import (
     IsNull,
     LessThan,
     Or,
+    Reference,
 )
+from pyiceberg.expressions.literals import literal
 from pyiceberg.io.pyarrow import PyArrowFileIO, _dataframe_to_data_files
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
@@ -108,7 +110,8 @@ class TableReport:
 
 
 def _partition_key(entry: LiveFile) -> tuple[object, ...]:
-    return (entry.data_file.spec_id, *tuple(entry.data_file.partition))
+    partition = entry.data_file.partition
+    return (entry.data_file.spec_id, *(partition[i] for i in range(len(partition))))
 
 
 def usage(table: Table) -> Usage:
@@ -165,14 +168,19 @@ def _rewrites(
     for index in range(len(bounds) + 1):
         lower = bounds[index - 1] if index else None
         upper = bounds[index] if index < len(bounds) else None
+        # Keyword arguments: pyiceberg's predicates take positional ones at run time, but a type
+        # checker sees only their pydantic fields.
+        column = Reference(lead)
         if lower is None and upper is None:
             condition: BooleanExpression = AlwaysTrue()
         elif lower is None:
-            condition = Or(IsNull(lead), LessThan(lead, upper))
+            condition = Or(IsNull(term=column), LessThan(term=column, value=literal(upper)))
         elif upper is None:
-            condition = GreaterThanOrEqual(lead, lower)
+            condition = GreaterThanOrEqual(term=column, value=literal(lower))
         else:
-            condition = And(GreaterThanOrEqual(lead, lower), LessThan(lead, upper))
+            condition = And(
+                GreaterThanOrEqual(term=column, value=literal(lower)), LessThan(term=column, value=literal(upper))
+            )
         rows = read_data_files(table, data_files, row_filter=condition)
         if rows.num_rows:
             yield rows.sort_by(keys)

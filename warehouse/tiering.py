@@ -47,7 +47,8 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
-from pyiceberg.expressions import And, In, LessThan, NotEqualTo
+from pyiceberg.expressions import And, BooleanExpression, In, LessThan, NotEqualTo, Reference
+from pyiceberg.expressions.literals import literal
 from pyiceberg.table import Table
 
 from common.errors import TransientError
@@ -164,11 +165,25 @@ def _sorted(rows: pa.Table, name: str) -> pa.Table:
     return rows.sort_by([(k, "ascending") for k in keys]) if rows.num_rows and keys else rows
 
 
-def _ids(table: Table, column: str, row_filter) -> set[str]:  # noqa: ANN001 - a pyiceberg expression
+def _ids(table: Table, column: str, row_filter: BooleanExpression) -> set[str]:
     if table.current_snapshot() is None:
         return set()
     rows = table.scan(row_filter=row_filter, selected_fields=(column,)).to_arrow()
     return set(rows.column(column).to_pylist())
+
+
+# pyiceberg's predicates are pydantic models whose own ``__init__`` takes positional arguments, but a type
+# checker sees only the fields' keyword ``__init__``: these spell them by field, so both agree.
+def _in(column: str, values: list[str]) -> In:
+    return In(term=Reference(column), literals={literal(v) for v in values})
+
+
+def _before(column: str, value: str) -> LessThan:
+    return LessThan(term=Reference(column), value=literal(value))
+
+
+def _not_running() -> NotEqualTo:
+    return NotEqualTo(term=Reference("status"), value=literal("running"))
 
 
 def _chunks(ids: list[str], size: int = 5000) -> Iterator[list[str]]:
@@ -185,16 +200,14 @@ def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stat
     cold_steps = ensure_cold_table(catalog, settings, STEPS.name)
     if hot_traj.current_snapshot() is None:
         return
-    closed = hot_traj.scan(
-        row_filter=And(LessThan("started_at", boundary.isoformat()), NotEqualTo("status", "running"))
-    ).to_arrow()
+    closed = hot_traj.scan(row_filter=And(_before("started_at", boundary.isoformat()), _not_running())).to_arrow()
     candidates = closed.column("session_id").to_pylist()
     # Phase 1a: steps of candidate sessions not yet in cold (one commit, so a session is all-or-nothing).
     if candidates and hot_steps.current_snapshot() is not None:
-        done = set().union(*(_ids(cold_steps, "session_id", In("session_id", c)) for c in _chunks(candidates)))
+        done = set().union(*(_ids(cold_steps, "session_id", _in("session_id", c)) for c in _chunks(candidates)))
         todo = [s for s in candidates if s not in done]
         if todo:
-            parts = [hot_steps.scan(row_filter=In("session_id", c)).to_arrow() for c in _chunks(todo)]
+            parts = [hot_steps.scan(row_filter=_in("session_id", c)).to_arrow() for c in _chunks(todo)]
             steps = _sorted(pa.concat_tables(parts), STEPS.name)
             if steps.num_rows:
                 cold_steps.append(steps.cast(cold_steps.schema().as_arrow()))
@@ -203,7 +216,7 @@ def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stat
     # Phase 1b: the trajectories.
     if candidates:
         cold_traj = catalog.load_table(cold_traj.name())
-        done = set().union(*(_ids(cold_traj, "session_id", In("session_id", c)) for c in _chunks(candidates)))
+        done = set().union(*(_ids(cold_traj, "session_id", _in("session_id", c)) for c in _chunks(candidates)))
         mask = pc.invert(pc.is_in(closed.column("session_id"), value_set=pa.array(sorted(done), pa.string())))
         rows = _sorted(closed.filter(mask), TRAJECTORIES.name)
         if rows.num_rows:
@@ -219,8 +232,8 @@ def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stat
     ):
         hot = catalog.load_table(hot.name())
         cold = catalog.load_table(cold.name())
-        old = sorted(_ids(hot, "session_id", LessThan(column, until.isoformat())))
-        moved = sorted(set().union(*(_ids(cold, "session_id", In("session_id", c)) for c in _chunks(old))))
+        old = sorted(_ids(hot, "session_id", _before(column, until.isoformat())))
+        moved = sorted(set().union(*(_ids(cold, "session_id", _in("session_id", c)) for c in _chunks(old))))
         if not moved:
             continue
 
@@ -228,7 +241,7 @@ def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stat
             table = catalog.load_table(hot.name())
             with transaction(table) as tx:
                 for chunk in _chunks(moved):
-                    tx.delete(In("session_id", chunk))
+                    tx.delete(_in("session_id", chunk))
 
         retry_on_conflict(f"delete tiered sessions from {hot.name()}", delete)
         if hot.name()[-1] == TRAJECTORIES.name:
@@ -253,8 +266,8 @@ def _settled_sessions(catalog: Catalog, settings: Settings, ids: list[str]) -> s
     cold = ensure_cold_table(catalog, settings, TRAJECTORIES.name)
     settled: set[str] = set()
     for chunk in _chunks(ids):
-        settled |= _ids(cold, "session_id", In("session_id", chunk))
-        settled |= _ids(hot, "session_id", And(In("session_id", chunk), NotEqualTo("status", "running")))
+        settled |= _ids(cold, "session_id", _in("session_id", chunk))
+        settled |= _ids(hot, "session_id", And(_in("session_id", chunk), _not_running()))
     return settled
 
 
@@ -284,6 +297,8 @@ def _tier_raw(catalog: Catalog, settings: Settings, boundary_day: int, stats: Ti
     target = int(cold.properties.get("write.target-file-size-bytes", str(128 << 20)))
     # Bundle by bundle, each copy committed with its marker: memory is bounded by a bundle, and a
     # crash between bundles leaves every copied file marked (hidden in the hot view), the rest hot.
+    # Live files imply a current snapshot; an empty table has nothing to copy.
+    source = "" if (snapshot := hot.current_snapshot()) is None else str(snapshot.snapshot_id)
     for bundle in size_bundles(to_copy, target, settings.rewrite_memory_bytes, arrow_row_bytes(hot, to_copy)):
         rows = _sorted(read_data_files(hot, [e.data_file for e in bundle]), RAW_EVENTS.name)
         # Keep only markers of hot files still present: the rest were deleted, nothing to exclude.
@@ -291,7 +306,7 @@ def _tier_raw(catalog: Catalog, settings: Settings, boundary_day: int, stats: Ti
         with transaction(cold) as tx:
             tx.append(
                 rows.cast(cold.schema().as_arrow()),
-                snapshot_properties={"trajlake.tiered-from-snapshot": str(hot.current_snapshot().snapshot_id)},
+                snapshot_properties={"trajlake.tiered-from-snapshot": source},
             )
             tx.set_properties({TIERED_FILES: json.dumps(marker)})
         stats.events_copied += rows.num_rows

@@ -25,7 +25,7 @@ import operator
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Self
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,6 +49,7 @@ from pyiceberg.table import (
     WriteTask,
 )
 from pyiceberg.table import Transaction as _Transaction
+from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.update import update_table_metadata
 from pyiceberg.typedef import EMPTY_DICT
 from pyiceberg.utils.config import Config
@@ -123,13 +124,11 @@ def _partitions(metadata: TableMetadata, rows: pa.Table) -> Iterator[tuple[Parti
 def data_files(metadata: TableMetadata, rows: pa.Table, io: FileIO, write_uuid: uuid.UUID) -> list[DataFile]:
     """Write ``rows`` as Parquet data files of the table (split by partition and target size)."""
     task_schema = _task_schema(metadata, rows.schema)
-    target = property_as_int(
-        metadata.properties, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES,
-        TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT,
-    )  # fmt: skip
-    tasks = []
+    configured = property_as_int(metadata.properties, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES)
+    target = TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT if configured is None else configured
+    tasks: list[WriteTask] = []
     for key, part in _partitions(metadata, rows):
-        for batches in bin_pack_arrow_table(part, target):  # type: ignore[arg-type]
+        for batches in bin_pack_arrow_table(part, target):
             task = WriteTask(write_uuid=write_uuid, task_id=len(tasks), record_batches=batches, schema=task_schema,
                              partition_key=key)  # fmt: skip
             tasks.append(task)
@@ -152,10 +151,19 @@ class Transaction(_Transaction):
             self._staged = staged
         return staged[2]
 
-    def append(self, df: pa.Table, snapshot_properties: dict[str, str] = EMPTY_DICT, **kwargs: Any) -> None:  # type: ignore[override]
+    def __enter__(self) -> Self:
+        """Start the transaction (pyiceberg's ``__enter__`` is typed as returning its own class)."""
+        return self
+
+    def append(
+        self,
+        df: pa.Table | pa.RecordBatchReader,
+        snapshot_properties: dict[str, str] = EMPTY_DICT,
+        branch: str | None = MAIN_BRANCH,
+    ) -> None:
         """Append an Arrow table in one snapshot, like pyiceberg's ``append`` (same files and summary)."""
-        if not isinstance(df, pa.Table) or kwargs:  # streaming readers, branches: pyiceberg's own path
-            super().append(df, snapshot_properties=snapshot_properties, **kwargs)
+        if not isinstance(df, pa.Table) or branch != MAIN_BRANCH:  # streaming readers, branches: pyiceberg's path
+            super().append(df, snapshot_properties=snapshot_properties, branch=branch)
             return
         metadata = self.table_metadata
         _task_schema(metadata, df.schema)  # checked before anything is staged, as pyiceberg does
