@@ -117,6 +117,17 @@ class Settings(BaseSettings):
         "spills to TRAJLAKE_HOME/tmp (out-of-core), so a large backlog does not need a large machine.",
     )
 
+    # SQL (``trajlake sql`` and every ``warehouse.sql.run_query``)
+    sql_timeout_s: float = Field(
+        300.0, gt=0, description="TRAJLAKE_SQL_TIMEOUT_S: a query still running after this long is interrupted."
+    )
+    sql_memory_limit: str = Field(
+        "4GB",
+        pattern=r"(?i)^\s*\d+(\.\d+)?\s*([KMGT]i?B|B|bytes)\s*$",
+        description="TRAJLAKE_SQL_MEMORY_LIMIT: DuckDB memory limit of a query (for example 512MB, 4GB); "
+        "a query needing more fails, it never spills to disk.",
+    )
+
     # Quality (quality/config.py documents each knob)
     quality_weights: tuple[float, float, float] = Field(
         (0.5, 0.3, 0.2), description="TRAJLAKE_QUALITY_WEIGHTS: JSON [completion, validity, novelty], sum 1."

@@ -122,7 +122,9 @@ def sql(
     from warehouse.sql import format_rows, run_query
 
     columns, rows = run_query(_settings(), query)
-    out.print(format_rows(columns, rows, format.value), markup=False)
+    # Data is printed byte for byte: rich would turn ``:x:`` into an emoji even with markup off.
+    sys.stdout.write(format_rows(columns, rows, format.value) + "\n")
+    sys.stdout.flush()
 
 
 @app.command()
@@ -463,8 +465,10 @@ def main() -> None:
     """Console entry point: run the app, turning trajlake errors into one red line.
 
     The exit code is 1, or 75 (``EX_TEMPFAIL``) when the error is transient, so a scheduler
-    can tell "retry later" from "fix something first".
+    can tell "retry later" from "fix something first". Files and directories trajlake
+    creates (under TRAJLAKE_HOME, exports) are owner-only: the umask is 0o077.
     """
+    os.umask(0o077)  # lakehouse data and exports may hold trajectories' secrets: no group/world access
     logging.basicConfig(
         level=os.environ.get("TRAJLAKE_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s"
     )

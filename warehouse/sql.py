@@ -6,11 +6,18 @@ view reads the Parquet files of the table's current Iceberg snapshot, planned
 by pyiceberg; a view over a table with no rows still has the full schema.
 ``events``, ``trajectories`` and ``steps`` span the hot and cold tiers; ``hot_*``
 and ``cold_*`` views query one tier.
+
+:func:`run_query` runs text it does not trust (``trajlake sql``): exactly one read-only
+statement, parsed by DuckDB itself, on a connection that is locked before the text runs —
+it can open only the data files its views read (``allowed_paths``), cannot install or load
+extensions or change settings, and is interrupted after ``TRAJLAKE_SQL_TIMEOUT_S``.
+:func:`open_views` without ``locked`` is for trusted internal callers (scoring, export, Dagster).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,8 +32,8 @@ from warehouse.errors import QueryError
 from warehouse.snapshots import current_files
 from warehouse.tables import TABLES, TableSpec, ensure_table
 
-#: Statement types a ``trajlake sql`` query may contain.
-_READ_ONLY = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+#: Keywords that make an ``EXPLAIN`` run its statement.
+_ANALYZE = {"ANALYZE", "ANALYSE"}
 
 
 def connect(threads: int | None = None) -> duckdb.DuckDBPyConnection:
@@ -66,11 +73,12 @@ def parquet_source(paths: Iterable[str], same_schema: bool = False, row_ids: boo
 
 
 def _source(con: duckdb.DuckDBPyConnection, name: str, table: Table, spec: TableSpec,
-            exclude: frozenset[str] | set[str] = frozenset()) -> str:  # fmt: skip
+            exclude: frozenset[str] | set[str] = frozenset(), reads: set[str] | None = None) -> str:  # fmt: skip
     """SQL table expression over ``table``'s current rows, skipping the data files in ``exclude``.
 
-    Local Parquet files without deletes are read by DuckDB directly; anything else
-    (delete files, ``s3://`` files DuckDB has no credentials for) through pyiceberg.
+    Local Parquet files without deletes are read by DuckDB directly (their paths are
+    added to ``reads``); anything else (delete files, ``s3://`` files DuckDB has no
+    credentials for) through pyiceberg, into a registered Arrow table.
     """
     empty_name = f"__empty_{name}"
     con.register(empty_name, pa.Table.from_pylist([], schema=spec.arrow_schema()))
@@ -87,37 +95,42 @@ def _source(con: duckdb.DuckDBPyConnection, name: str, table: Table, spec: Table
             f"__scan_{name}", ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table(tasks)
         )
         return f'(SELECT * FROM "{empty_name}" UNION ALL BY NAME SELECT * FROM "__scan_{name}")'
+    if reads is not None:
+        reads.update(local_path(p) for p in paths)
     if len(table.metadata.schemas) == 1:
         # One schema for the table's whole life: every file has exactly the view's columns.
         return f"(SELECT * FROM {parquet_source(paths, same_schema=True)})"
     return f'(SELECT * FROM "{empty_name}" UNION ALL BY NAME SELECT * FROM {parquet_source(paths)})'
 
 
-def register_table(con: duckdb.DuckDBPyConnection, name: str, table: Table, spec: TableSpec) -> None:
-    """Create view ``name`` over ``table``'s current snapshot."""
-    con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM {_source(con, name, table, spec)}')
+def register_table(con: duckdb.DuckDBPyConnection, name: str, table: Table, spec: TableSpec,
+                   reads: set[str] | None = None) -> None:  # fmt: skip
+    """Create view ``name`` over ``table``'s current snapshot; the files it reads go into ``reads``."""
+    con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM {_source(con, name, table, spec, reads=reads)}')
 
 
-def register_tiered(con: duckdb.DuckDBPyConnection, settings: Settings, catalog: Catalog, spec: TableSpec) -> None:
+def register_tiered(con: duckdb.DuckDBPyConnection, settings: Settings, catalog: Catalog, spec: TableSpec,
+                    reads: set[str] | None = None) -> None:  # fmt: skip
     """Views ``hot_<view>``, ``cold_<view>`` and their union ``<view>``, which counts every row once.
 
     A crash mid-tiering can leave rows in both tiers (see :mod:`warehouse.tiering`):
     raw events are excluded from hot by the cold table's list of copied hot files,
     trajectories and steps by session (the cold copy wins). So ``hot_<view>`` is the
     hot rows not already in cold, and ``hot_<view>`` ∪ ``cold_<view>`` = ``<view>``.
+    The data files the views read directly go into ``reads``.
     """
     from warehouse.tiering import ensure_cold_table, tiered_files
 
     hot = ensure_table(catalog, settings, spec.name)
     cold = ensure_cold_table(catalog, settings, spec.name)
     view = spec.view
-    cold_src = _source(con, f"cold_{view}", cold, spec)
+    cold_src = _source(con, f"cold_{view}", cold, spec, reads=reads)
     con.execute(f'CREATE OR REPLACE VIEW "cold_{view}" AS SELECT * FROM {cold_src}')
     if spec.name == "raw_events":
-        hot_src = _source(con, f"hot_{view}", hot, spec, exclude=tiered_files(cold))
+        hot_src = _source(con, f"hot_{view}", hot, spec, exclude=tiered_files(cold), reads=reads)
         con.execute(f'CREATE OR REPLACE VIEW "hot_{view}" AS SELECT * FROM {hot_src}')
     else:
-        hot_src = _source(con, f"hot_{view}", hot, spec)
+        hot_src = _source(con, f"hot_{view}", hot, spec, reads=reads)
         con.execute(
             f'CREATE OR REPLACE VIEW "hot_{view}" AS SELECT * FROM {hot_src} AS h '
             f'ANTI JOIN (SELECT DISTINCT session_id FROM "cold_{view}") AS c USING (session_id)'
@@ -127,56 +140,164 @@ def register_tiered(con: duckdb.DuckDBPyConnection, settings: Settings, catalog:
     )
 
 
-def open_views(settings: Settings, catalog: Catalog | None = None) -> duckdb.DuckDBPyConnection:
+def open_views(settings: Settings, catalog: Catalog | None = None, locked: bool = False) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with a view per trajlake table under its stable name.
 
     Tables with a cold tier (events, trajectories, steps) also get ``hot_*`` and
     ``cold_*`` views; their plain view spans both tiers.
+
+    Args:
+        settings: Where the lakehouse is; ``sql_memory_limit`` when ``locked``.
+        catalog: An open catalog, or None to open the configured one.
+        locked: Lock the connection for untrusted SQL (see :func:`lock_connection`).
+
+    Returns:
+        The connection; the caller closes it.
     """
     from warehouse.tiering import TIERED_TABLES
 
     catalog = catalog or open_catalog(settings)
     con = connect()
+    reads: set[str] = set()
     for spec in TABLES.values():
         if spec.name in TIERED_TABLES:
-            register_tiered(con, settings, catalog, spec)
+            register_tiered(con, settings, catalog, spec, reads=reads)
         else:
-            register_table(con, spec.view, ensure_table(catalog, settings, spec.name), spec)
+            register_table(con, spec.view, ensure_table(catalog, settings, spec.name), spec, reads=reads)
+    if locked:
+        lock_connection(con, reads, settings.sql_memory_limit)
     return con
 
 
-def check_read_only(con: duckdb.DuckDBPyConnection, query: str) -> None:
-    """Reject anything but SELECT/EXPLAIN statements.
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def lock_connection(con: duckdb.DuckDBPyConnection, readable: Iterable[str], memory_limit: str) -> None:
+    """Lock ``con`` for untrusted SQL: it may open only the files in ``readable``.
+
+    No other file, directory, URL or environment variable can be read or written
+    (``enable_external_access = false`` with ``allowed_paths``), no extension installed
+    or loaded, no Python variable scanned, nothing spilled to disk, and no setting
+    changed afterwards (``lock_configuration``). Already registered Arrow tables
+    (the pyiceberg-read sources, e.g. cold files on ``s3://``) stay readable.
+
+    Args:
+        con: A connection whose views are all created.
+        readable: The data files the views read.
+        memory_limit: DuckDB ``memory_limit`` for the connection.
+    """
+    allowed = "[" + ", ".join(_sql_text(p) for p in sorted(readable)) + "]"
+    # Order matters: once external access is off, temp_directory can no longer be set.
+    for statement in (
+        "SET temp_directory = ''",
+        f"SET memory_limit = {_sql_text(memory_limit)}",
+        f"SET allowed_paths = {allowed}",
+        "SET allowed_directories = []",
+        "SET autoinstall_known_extensions = false",
+        "SET autoload_known_extensions = false",
+        "SET allow_community_extensions = false",
+        "SET python_enable_replacements = false",
+        "SET enable_external_access = false",
+        "SET lock_configuration = true",
+    ):
+        con.execute(statement)
+
+
+def check_read_only(query: str) -> duckdb.Statement:
+    """The one read-only statement in ``query``, as parsed by DuckDB.
+
+    Allowed: one ``SELECT`` (DuckDB parses ``WITH``, ``VALUES``, ``FROM …``, ``DESCRIBE``,
+    ``SHOW`` and ``SUMMARIZE`` as one), or a plain ``EXPLAIN`` of one — never
+    ``EXPLAIN ANALYZE``, which runs its statement.
+
+    Args:
+        query: The user's SQL text.
+
+    Returns:
+        The statement to execute (so what runs is exactly what was checked).
 
     Raises:
-        QueryError: a statement would write, attach, install or change settings.
+        QueryError: not exactly one statement, or not a read-only one.
     """
+    parser = duckdb.connect(":memory:")
     try:
-        statements = con.extract_statements(query)
-    except duckdb.Error as exc:
-        raise QueryError(f"cannot parse query: {exc}") from exc
-    if not statements:
-        raise QueryError("empty query")
-    for statement in statements:
-        if statement.type not in _READ_ONLY:
+        try:
+            statements = parser.extract_statements(query)
+        except duckdb.Error as exc:
+            raise QueryError(f"cannot parse query: {str(exc).splitlines()[0]}") from exc
+        if not statements:
+            raise QueryError("empty query")
+        if len(statements) > 1:
+            raise QueryError(f"only one statement per query is allowed, got {len(statements)}")
+        statement = statements[0]
+        if statement.type == duckdb.StatementType.EXPLAIN:
+            _check_explain(parser, statement.query)
+        elif statement.type != duckdb.StatementType.SELECT:
             raise QueryError(f"only read-only queries are allowed, got a {statement.type.name} statement")
+        return statement
+    finally:
+        parser.close()
+
+
+def _check_explain(parser: duckdb.DuckDBPyConnection, text: str) -> None:
+    """Accept ``EXPLAIN <one SELECT>``; refuse ``EXPLAIN ANALYZE``, options and anything else explained."""
+    data = text.encode()  # the tokenizer's offsets are byte offsets
+    spans = duckdb.tokenize(text)
+    words = [
+        (offset, data[offset : spans[i + 1][0] if i + 1 < len(spans) else len(data)].decode().strip().upper())
+        for i, (offset, kind) in enumerate(spans)
+        if kind != duckdb.token_type.comment
+    ]
+    if len(words) < 2 or words[0][1] != "EXPLAIN":
+        raise QueryError("cannot parse the EXPLAIN statement")
+    if words[1][1] in _ANALYZE:
+        raise QueryError("EXPLAIN ANALYZE runs its statement and is not allowed; use EXPLAIN")
+    try:
+        inner = parser.extract_statements(data[words[1][0] :].decode())
+    except duckdb.Error as exc:
+        raise QueryError(f"only EXPLAIN of one SELECT is allowed ({str(exc).splitlines()[0]})") from exc
+    if len(inner) != 1 or inner[0].type != duckdb.StatementType.SELECT:
+        raise QueryError("only EXPLAIN of one SELECT is allowed")
 
 
 def run_query(settings: Settings, query: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Run a read-only query over the views; returns column names and rows.
+    """Run one read-only query over the views on a locked connection; returns column names and rows.
+
+    Args:
+        settings: The lakehouse, ``sql_timeout_s`` and ``sql_memory_limit``.
+        query: SQL text, trusted or not (see :func:`check_read_only`, :func:`lock_connection`).
+
+    Returns:
+        The column names and all rows.
 
     Raises:
-        QueryError: not read-only, or DuckDB failed (message names the cause).
+        QueryError: not read-only, refused by the lock, over the timeout or memory
+            limit, or DuckDB failed (a one-line message naming the cause).
     """
-    con = open_views(settings)
-    check_read_only(con, query)
+    statement = check_read_only(query)
+    con = open_views(settings, locked=True)
+    timed_out = threading.Event()
+
+    def interrupt() -> None:
+        timed_out.set()
+        con.interrupt()
+
+    timer = threading.Timer(settings.sql_timeout_s, interrupt)
+    timer.daemon = True
     try:
-        relation = con.sql(query)
-        if relation is None:
-            return [], []
-        return list(relation.columns), relation.fetchall()
+        timer.start()
+        cursor = con.execute(statement)
+        columns = [d[0] for d in cursor.description or []]
+        rows = cursor.fetchall() if columns else []
+        return columns, rows
     except duckdb.Error as exc:
-        raise QueryError(str(exc).splitlines()[0]) from exc
+        if timed_out.is_set():
+            raise QueryError(f"query interrupted after {settings.sql_timeout_s:g} s (TRAJLAKE_SQL_TIMEOUT_S)") from exc
+        raise QueryError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
+    finally:
+        timer.cancel()
+        con.close()
 
 
 def format_rows(columns: list[str], rows: list[tuple[Any, ...]], fmt: str) -> str:
