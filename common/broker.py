@@ -154,7 +154,7 @@ def start_broker(settings: Settings, port: int | None = None) -> BrokerState:
     except TansuBinaryNotFound as exc:
         raise BrokerError(str(exc)) from exc
 
-    settings.broker_dir.mkdir(parents=True, exist_ok=True)
+    settings.broker_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     port = port or free_port()
     bootstrap = f"127.0.0.1:{port}"
     log_path = settings.broker_dir / "broker.log"

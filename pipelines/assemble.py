@@ -249,7 +249,7 @@ def assemble(
     as_of = as_of or datetime.now(UTC)
     con = connect()
     spill = settings.home_dir / "tmp" / "assemble"
-    spill.mkdir(parents=True, exist_ok=True)
+    spill.mkdir(mode=0o700, parents=True, exist_ok=True)
     con.execute(f"SET memory_limit = '{settings.assemble_memory_limit}'")
     con.execute(f"SET temp_directory = '{spill}'")
     con.execute("SET preserve_insertion_order = false")

@@ -50,7 +50,7 @@ class Spool:
 
     def __init__(self, directory: str | os.PathLike[str], max_bytes: int = 256 << 20, fsync: bool = False) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # unsent events: owner-only
         self.max_bytes = max_bytes
         self.fsync = fsync
         self._lock = threading.Lock()

@@ -147,7 +147,7 @@ def ui(port: Annotated[int, typer.Option()] = 3000) -> None:
     """The Dagster UI on this project's definitions."""
     settings = _settings()
     dagster_home = settings.home_dir / "dagster"
-    dagster_home.mkdir(parents=True, exist_ok=True)
+    dagster_home.mkdir(mode=0o700, parents=True, exist_ok=True)
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "TRAJLAKE_HOME": str(settings.home_dir)}
     dagster = Path(sys.executable).with_name("dagster")
     command = [str(dagster) if dagster.exists() else "dagster", "dev", "-m", "dagster_project.definitions",
