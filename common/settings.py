@@ -146,6 +146,23 @@ class Settings(BaseSettings):
     quality_max_duplicate_rate: float = Field(
         0.5, ge=0, le=1, description="TRAJLAKE_QUALITY_MAX_DUPLICATE_RATE: asset-check limit on shadowed sessions."
     )
+    max_dead_letter_rate: float = Field(
+        0.01, ge=0, le=1, description="TRAJLAKE_MAX_DEAD_LETTER_RATE: asset-check limit on dead letters per record."
+    )
+    max_missing_seq_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="TRAJLAKE_MAX_MISSING_SEQ_RATE: asset-check limit on closed sessions with sequence gaps "
+        "(a gap means events were lost upstream of Kafka).",
+    )
+    max_score_drift: float = Field(
+        0.15,
+        ge=0,
+        le=1,
+        description="TRAJLAKE_MAX_SCORE_DRIFT: asset-check limit on the change of mean quality between the two "
+        "latest days with sessions.",
+    )
 
     @field_validator("kafka_extra", "catalog_properties", mode="before")
     @classmethod

@@ -2,7 +2,7 @@
 
 from dagster import Definitions
 
-from dagster_project.defs import fleet, lakehouse, lifecycle, quality
+from dagster_project.defs import fleet, lakehouse, lifecycle, operations, quality, streaming
 from dagster_project.defs.fleet import FleetResource
 from dagster_project.resources import LakehouseResource
 
@@ -11,5 +11,7 @@ defs = Definitions.merge(
     lakehouse.defs,
     quality.defs,
     lifecycle.defs,
+    streaming.defs,
+    operations.defs,
     Definitions(resources={"lakehouse": LakehouseResource(), "fleet": FleetResource()}),
 )

@@ -9,12 +9,16 @@ from typing import Any
 
 from dagster import (
     AssetExecutionContext,
+    AssetSelection,
     Config,
     ConfigurableResource,
+    DefaultScheduleStatus,
     Definitions,
     MaterializeResult,
     MetadataValue,
+    ScheduleDefinition,
     asset,
+    define_asset_job,
 )
 
 from common.settings import Settings
@@ -50,16 +54,26 @@ class FleetResource(ConfigurableResource):
     workers: int = 1
 
     def launch(
-        self, settings: Settings, sessions: int, labels_path: Path | None, seed: int | None = None
+        self,
+        settings: Settings,
+        sessions: int,
+        labels_path: Path | None,
+        seed: int | None = None,
+        backend: str | None = None,
+        cheat_rate: float | None = None,
     ) -> FleetReport:
-        """Run one batch of ``sessions`` sessions; events go to Kafka, labels to ``labels_path``."""
+        """Run one batch of ``sessions`` sessions; events go to Kafka, labels to ``labels_path``.
+
+        ``seed``, ``backend`` and ``cheat_rate`` override the resource's defaults for this batch
+        (a campaign's run config).
+        """
         return run_fleet(
             settings,
-            backend=self.backend,
+            backend=backend or self.backend,
             sessions=sessions,
             concurrency=self.concurrency,
             seed=self.seed if seed is None else seed,
-            cheat_rate=self.cheat_rate,
+            cheat_rate=self.cheat_rate if cheat_rate is None else cheat_rate,
             labels_path=labels_path,
             perturb=self.perturb,
             fallback=self.fallback,
@@ -75,6 +89,8 @@ class SandboxRunsConfig(Config):
 
     sessions: int = 20
     seed: int | None = None
+    backend: str | None = None
+    cheat_rate: float | None = None
     write_labels: bool = True
 
 
@@ -95,7 +111,7 @@ def sandbox_runs(
     if config.write_labels:
         labels = settings.home_dir / "fleet" / "labels" / f"{context.run_id}.jsonl"
     with transient_retries():
-        report = fleet.launch(settings, config.sessions, labels, config.seed)
+        report = fleet.launch(settings, config.sessions, labels, config.seed, config.backend, config.cheat_rate)
     context.log.info(report.summary())
     metadata: dict[str, Any] = dict(report.metadata())
     metadata["sessions_by_status"] = MetadataValue.json(report.by_status)
@@ -105,6 +121,20 @@ def sandbox_runs(
     return MaterializeResult(metadata=metadata)
 
 
-defs = Definitions(assets=[sandbox_runs])
+#: A fleet campaign: batches of sessions launched on a schedule, each configured by its run config
+#: (``ops.sandbox_runs.config``: sessions, seed, backend, cheat_rate). Off until switched on in the UI.
+fleet_campaign = define_asset_job(
+    "fleet_campaign",
+    selection=AssetSelection.assets(sandbox_runs),
+    config={"ops": {"sandbox_runs": {"config": {"sessions": 50}}}},
+)
+fleet_campaign_schedule = ScheduleDefinition(
+    job=fleet_campaign,
+    cron_schedule="0 * * * *",
+    execution_timezone="UTC",
+    default_status=DefaultScheduleStatus.STOPPED,
+)
 
-__all__ = ["FleetResource", "SandboxRunsConfig", "defs", "sandbox_runs"]
+defs = Definitions(assets=[sandbox_runs], jobs=[fleet_campaign], schedules=[fleet_campaign_schedule])
+
+__all__ = ["FleetResource", "SandboxRunsConfig", "defs", "fleet_campaign", "sandbox_runs"]

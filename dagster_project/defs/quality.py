@@ -1,17 +1,27 @@
-"""Quality assets: scores, flags and duplicates, their checks, and the nightly training-set export."""
+"""Quality assets: scores, flags and duplicates, their checks, and the nightly training-set export.
+
+The quality tables are eager: they follow every new assembly. The nightly job selects the
+export *and* the quality tables it reads, so a run refreshes scores first; the blocking
+``scores_in_range`` check then gates the export inside that run, and ``export_count`` checks
+what was written against what the lakehouse says is exportable.
+"""
 
 import json
 from collections.abc import Iterator
-from datetime import date
+from datetime import date, timedelta
 
 import polars as pl
 from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
+    AssetCheckSpec,
     AssetExecutionContext,
+    AssetSelection,
     AssetSpec,
+    AutomationCondition,
     DailyPartitionsDefinition,
     Definitions,
+    FreshnessPolicy,
     MaterializeResult,
     MetadataValue,
     asset,
@@ -61,6 +71,10 @@ def _distribution(scores: pl.DataFrame, column: str) -> dict[str, float]:
             group_name=QUALITY_GROUP,
             kinds={"iceberg", "polars"},
             description="Completion, validity, novelty and quality per session; failure cause, retry advice.",
+            automation_condition=AutomationCondition.eager(),
+            freshness_policy=FreshnessPolicy.time_window(
+                fail_window=timedelta(minutes=30), warn_window=timedelta(minutes=10)
+            ),
         ),
         AssetSpec(
             "flags",
@@ -68,6 +82,7 @@ def _distribution(scores: pl.DataFrame, column: str) -> dict[str, float]:
             group_name=QUALITY_GROUP,
             kinds={"iceberg"},
             description="Graded cheat flags (security, behavioural) and behaviour anomalies, with evidence.",
+            automation_condition=AutomationCondition.eager(),
         ),
         AssetSpec(
             "duplicates",
@@ -75,6 +90,7 @@ def _distribution(scores: pl.DataFrame, column: str) -> dict[str, float]:
             group_name=QUALITY_GROUP,
             kinds={"iceberg"},
             description="Exact and MinHash-LSH near-duplicate clusters with their representative.",
+            automation_condition=AutomationCondition.eager(),
         ),
     ]
 )
@@ -168,6 +184,57 @@ def duplicate_rate(lakehouse: LakehouseResource) -> AssetCheckResult:
     )
 
 
+def export_count_result(settings: Settings, day: date, records: int, min_quality: float) -> AssetCheckResult:
+    """Records an export wrote for ``day`` against the sessions the lakehouse holds exportable for it.
+
+    A difference means sessions were lost or quarantined on the way out (or the selection and
+    the scores disagree), so the check fails with both numbers.
+    """
+    row = _frame(
+        settings,
+        "SELECT count(*) AS exportable FROM scores s JOIN trajectories t USING (session_id) "
+        f"WHERE s.exportable AND s.quality >= {float(min_quality)!r} "
+        f"AND CAST(t.started_at AS DATE) = DATE '{day.isoformat()}'",
+    ).row(0, named=True)
+    return AssetCheckResult(
+        check_name="export_count",
+        passed=records == row["exportable"],
+        severity=AssetCheckSeverity.ERROR,
+        metadata={"records": records, "exportable": row["exportable"], "day": day.isoformat()},
+    )
+
+
+@asset_check(
+    asset="scores",
+    description="Mean quality of the latest day with sessions moves less than TRAJLAKE_MAX_SCORE_DRIFT from the day "
+    "before (a detector, task pack or policy regression).",
+)
+def score_drift(lakehouse: LakehouseResource) -> AssetCheckResult:
+    """Compare the mean quality of the two latest days that have scored sessions."""
+    settings = lakehouse.settings()
+    days = _frame(
+        settings,
+        "SELECT CAST(t.started_at AS DATE) AS day, avg(s.quality) AS mean_quality, count(*) AS sessions "
+        "FROM scores s JOIN trajectories t USING (session_id) GROUP BY 1 ORDER BY 1 DESC LIMIT 2",
+    )
+    if days.height < 2:
+        return AssetCheckResult(passed=True, metadata={"days_compared": days.height})
+    latest, previous = days.row(0, named=True), days.row(1, named=True)
+    drift = float(latest["mean_quality"]) - float(previous["mean_quality"])
+    return AssetCheckResult(
+        passed=abs(drift) <= settings.max_score_drift,
+        severity=AssetCheckSeverity.WARN,
+        metadata={
+            "drift": round(drift, 4),
+            "limit": settings.max_score_drift,
+            "latest_day": str(latest["day"]),
+            "latest_mean_quality": round(float(latest["mean_quality"]), 4),
+            "previous_day": str(previous["day"]),
+            "previous_mean_quality": round(float(previous["mean_quality"]), 4),
+        },
+    )
+
+
 @asset(
     deps=["scores", "flags", "duplicates"],
     partitions_def=daily_partitions,
@@ -175,27 +242,36 @@ def duplicate_rate(lakehouse: LakehouseResource) -> AssetCheckResult:
     kinds={"json"},
     description="The day's exportable trajectories as an hf chat training set plus manifest "
     "(under $TRAJLAKE_HOME/exports/hf/<day>).",
+    check_specs=[
+        AssetCheckSpec(
+            "export_count", asset="training_set", description="Records written equal the day's exportable sessions."
+        )
+    ],
 )
 def training_set(context: AssetExecutionContext, lakehouse: LakehouseResource) -> MaterializeResult:
-    """Export the partition's day."""
+    """Export the partition's day and check the records written against the exportable count."""
     settings = lakehouse.settings()
     day = date.fromisoformat(context.partition_key)
     out_dir = settings.home_dir / "exports" / "hf" / day.isoformat()
     with transient_retries():
-        stats = export_training_set(settings, "hf", out_dir, day=day)
+        # the partition's own directory: re-materializing replaces the day's export
+        stats = export_training_set(settings, "hf", out_dir, day=day, force=True)
     return MaterializeResult(
+        check_results=[export_count_result(settings, day, stats.records, settings.quality_min)],
         metadata={
             "records": stats.records,
             "out_dir": MetadataValue.path(stats.out_dir),
             "manifest": MetadataValue.path(stats.manifest),
             "files": MetadataValue.json(json.loads(json.dumps(stats.files))),
             "export_id": stats.export_id,
-        }
+        },
     )
 
 
-# partitioned by the selected asset's daily partitions
-nightly_training_set_job = define_asset_job("nightly_training_set", selection=["training_set"])
+# Partitioned by the export's daily partitions; the (unpartitioned) quality tables it reads run first.
+nightly_training_set_job = define_asset_job(
+    "nightly_training_set", selection=AssetSelection.assets("training_set").upstream(depth=1)
+)
 # 02:30 UTC: the previous day's partition, after late sessions have closed (idle deadline 15 min).
 nightly_training_set_schedule = build_schedule_from_partitioned_job(
     nightly_training_set_job, hour_of_day=2, minute_of_hour=30
@@ -203,7 +279,7 @@ nightly_training_set_schedule = build_schedule_from_partitioned_job(
 
 defs = Definitions(
     assets=[quality_tables, training_set],
-    asset_checks=[scores_in_range, flag_rate, duplicate_rate],
+    asset_checks=[scores_in_range, flag_rate, duplicate_rate, score_drift],
     jobs=[nightly_training_set_job],
     schedules=[nightly_training_set_schedule],
 )

@@ -16,7 +16,8 @@ from warehouse.sql import run_query
 #: must be a deliberate change to this snapshot.
 GRAPH_SNAPSHOT = {
     "sandbox_runs": [],
-    "raw_events": ["sandbox_runs"],
+    "event_topic": ["sandbox_runs"],
+    "raw_events": ["event_topic"],
     "trajectories": ["raw_events"],
     "steps": ["raw_events"],
     "scores": ["steps", "trajectories"],
@@ -35,12 +36,27 @@ def test_definitions_graph_snapshot() -> None:
         for key in graph.get_all_asset_keys()
     }
     assert deps == GRAPH_SNAPSHOT
-    checks = sorted(f"{key.asset_key.to_user_string()}:{key.name}" for c in defs.asset_checks for key in c.check_keys)
-    assert checks == ["duplicates:duplicate_rate", "flags:flag_rate", "scores:scores_in_range"]
-    assert sorted(job.name for job in defs.jobs) == ["lakehouse_lifecycle", "nightly_training_set"]
+    checks = sorted(f"{key.asset_key.to_user_string()}:{key.name}" for key in graph.asset_check_keys)
+    assert checks == [
+        "duplicates:duplicate_rate",
+        "flags:flag_rate",
+        "raw_events:dead_letter_rate",
+        "scores:score_drift",
+        "scores:scores_in_range",
+        "training_set:export_count",
+        "trajectories:sequence_gaps",
+        "trajectories:stuck_sessions",
+    ]
+    assert sorted(job.name for job in defs.jobs) == ["fleet_campaign", "lakehouse_lifecycle", "nightly_training_set"]
     assert sorted(schedule.name for schedule in defs.schedules) == [
+        "fleet_campaign_schedule",
         "lakehouse_lifecycle_schedule",
         "nightly_training_set_schedule",
+    ]
+    assert sorted(sensor.name for sensor in defs.sensors) == [
+        "ingest_observer",
+        "lakehouse_automation",
+        "record_run_failures",
     ]
     assert set(defs.resources) == {"lakehouse", "fleet"}
 

@@ -1,0 +1,179 @@
+"""What a long-running ingest looks like from outside: consumer lag, throughput, dead-letter rate.
+
+``trajlake ingest --follow`` (one or many processes in one consumer group) is the streaming
+consumer; Dagster only observes it. An observation reads two things, neither of which
+ingest has to cooperate for: the topic's high watermarks from Kafka, and the next offset
+per partition that the newest ``raw_events`` and ``dead_letters`` snapshots recorded (the
+exactly-once bookkeeping, not Kafka's committed offsets, which ingest does not rely on).
+Lag is the difference. Rates come from two observations (``rates``), so the observer keeps
+the previous one (a Dagster sensor keeps it in its cursor).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+from pyiceberg.table.snapshots import Snapshot
+
+from common.broker import resolve_bootstrap
+from common.errors import KafkaUnavailable
+from common.settings import Settings
+from pipelines.ingest import recorded_offsets
+from warehouse.catalog import open_catalog
+from warehouse.tables import DEAD_LETTERS, RAW_EVENTS, ensure_table
+
+
+@dataclass
+class IngestObservation:
+    """One look at the topic and the lakehouse's position in it.
+
+    Attributes:
+        observed_at: wall-clock seconds.
+        high_watermarks: partition → Kafka's high watermark.
+        committed: partition → next offset recorded by the newest ``raw_events`` commit.
+        raw_events_snapshot: id of ``raw_events``' current snapshot (``None`` before the first).
+        events: rows in ``raw_events`` (from snapshot summaries, no scan).
+        dead_letters: rows in ``dead_letters``.
+    """
+
+    observed_at: float
+    high_watermarks: dict[int, int]
+    committed: dict[int, int]
+    raw_events_snapshot: int | None
+    events: int
+    dead_letters: int
+    lag: dict[int, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lag = {p: max(0, hw - self.committed.get(p, 0)) for p, hw in self.high_watermarks.items()}
+
+    @property
+    def total_lag(self) -> int:
+        """Records in the topic not yet in the lakehouse (an upper bound: the broker's watermark may lag)."""
+        return sum(self.lag.values())
+
+    def to_json(self) -> str:
+        """Serialized form (a sensor cursor)."""
+        return json.dumps({k: v for k, v in asdict(self).items() if k != "lag"})
+
+    @classmethod
+    def from_json(cls, text: str | None) -> IngestObservation | None:
+        """The observation serialized by :meth:`to_json`, or ``None`` for a missing or foreign cursor."""
+        if not text:
+            return None
+        try:
+            data = json.loads(text)
+            return cls(
+                observed_at=float(data["observed_at"]),
+                high_watermarks={int(k): int(v) for k, v in data["high_watermarks"].items()},
+                committed={int(k): int(v) for k, v in data["committed"].items()},
+                raw_events_snapshot=data["raw_events_snapshot"],
+                events=int(data["events"]),
+                dead_letters=int(data["dead_letters"]),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+
+@dataclass(frozen=True)
+class IngestRates:
+    """Rates between two observations."""
+
+    seconds: float
+    events_per_s: float
+    dead_letters_per_s: float
+    dead_letter_rate: float
+
+
+def rates(previous: IngestObservation | None, current: IngestObservation) -> IngestRates | None:
+    """Events/s, dead letters/s and the dead-letter share since ``previous`` (``None`` without one)."""
+    if previous is None or current.observed_at <= previous.observed_at:
+        return None
+    seconds = current.observed_at - previous.observed_at
+    events = max(0, current.events - previous.events)
+    dead = max(0, current.dead_letters - previous.dead_letters)
+    return IngestRates(
+        seconds=seconds,
+        events_per_s=events / seconds,
+        dead_letters_per_s=dead / seconds,
+        dead_letter_rate=dead / (events + dead) if events + dead else 0.0,
+    )
+
+
+def _total_records(snapshot: Snapshot | None) -> int:
+    """Rows in the table as of ``snapshot``, from its summary (no scan)."""
+    return int(snapshot.summary.get("total-records", 0)) if snapshot is not None and snapshot.summary else 0
+
+
+def high_watermarks(settings: Settings, timeout: float = 10.0) -> dict[int, int]:
+    """Kafka's high watermark per partition of the event topic.
+
+    Raises:
+        KafkaUnavailable: the broker did not answer within ``timeout``.
+        BrokerNotRunning: no broker configured or running.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": resolve_bootstrap(settings),
+            "group.id": f"{settings.consumer_group}-observer",
+            "enable.auto.commit": False,
+            **settings.kafka_extra,
+        }
+    )
+    try:
+        metadata = consumer.list_topics(settings.topic, timeout=timeout)
+        topic = metadata.topics.get(settings.topic)
+        if topic is None or topic.error is not None:
+            return {}
+        marks = {}
+        for partition in sorted(topic.partitions):
+            _, high = consumer.get_watermark_offsets(TopicPartition(settings.topic, partition), timeout=timeout)
+            marks[partition] = int(high)
+        return marks
+    except Exception as exc:  # librdkafka raises KafkaException for timeouts and transport errors
+        raise KafkaUnavailable(f"topic {settings.topic}: no watermarks within {timeout:.0f} s ({exc})") from exc
+    finally:
+        consumer.close()
+
+
+def observe_ingest(settings: Settings) -> IngestObservation:
+    """Observe the event topic and the lakehouse's position in it now.
+
+    Raises:
+        KafkaUnavailable: Kafka did not answer.
+    """
+    catalog = open_catalog(settings)
+    raw = ensure_table(catalog, settings, RAW_EVENTS.name)
+    dead = ensure_table(catalog, settings, DEAD_LETTERS.name)
+    raw_snapshot, dead_snapshot = raw.current_snapshot(), dead.current_snapshot()
+    return IngestObservation(
+        observed_at=time.time(),
+        high_watermarks=high_watermarks(settings),
+        committed=recorded_offsets(raw, settings.topic),
+        raw_events_snapshot=raw_snapshot.snapshot_id if raw_snapshot else None,
+        events=_total_records(raw_snapshot),
+        dead_letters=_total_records(dead_snapshot),
+    )
+
+
+def observation_metadata(current: IngestObservation, change: IngestRates | None) -> dict[str, Any]:
+    """Flat numbers and per-partition maps, as a person would plot them."""
+    values: dict[str, Any] = {
+        "consumer_lag": current.total_lag,
+        "lag_by_partition": {str(p): n for p, n in sorted(current.lag.items())},
+        "committed_offsets": {str(p): n for p, n in sorted(current.committed.items())},
+        "high_watermarks": {str(p): n for p, n in sorted(current.high_watermarks.items())},
+        "events_total": current.events,
+        "dead_letters_total": current.dead_letters,
+    }
+    if change is not None:
+        values.update(
+            events_per_s=round(change.events_per_s, 2),
+            dead_letters_per_s=round(change.dead_letters_per_s, 3),
+            dead_letter_rate=round(change.dead_letter_rate, 5),
+        )
+    return values
