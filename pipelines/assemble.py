@@ -7,6 +7,21 @@ rows. Recomputing whole sessions makes the result independent of arrival order
 and of duplicates (events are deduplicated by ``event_id``). A session without
 a ``session_end`` is ``running`` until its last event is older than the idle
 deadline, then ``timeout``; a late event reopens it and the next run amends it.
+
+One bad value never stops assembly for everyone (the choice: keep the original, NULL the
+wide column). A number that cannot be a measurement (NaN, ±inf, or a magnitude beyond
+:data:`MAX_MAGNITUDE`) stays as it was in ``raw_events`` but is NULL in ``steps`` and
+``trajectories``; sums are exact (HUGEINT for counts, DECIMAL for cost) and a sum beyond
+int64 is NULL too. Such a session still lands, and the ``quarantine`` table names it with
+``action = 'nulled'`` and the field. A session that still cannot be assembled (an error
+nobody foresaw) is found by bisecting its chunk, left out with ``action = 'skipped'`` and
+its error, and counted; every other session of the chunk lands.
+
+Concurrency: a run holds the catalog's ``assemble`` lock (``warehouse.locks``, a row in
+the SQL catalog's database, so it holds across machines), so a second run waits and
+then finds nothing new; each replace commit is conditioned on the snapshot it was
+planned from and re-planned (existing rows looked up again) when tiering or
+maintenance committed in between.
 """
 
 from __future__ import annotations
@@ -16,19 +31,23 @@ import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.expressions import In
+from pyiceberg.expressions import In, Reference
+from pyiceberg.expressions.literals import literal
 from pyiceberg.table import Table
 
 from common.settings import Settings
+from pipelines.quarantine import Quarantined, record_quarantine
 from warehouse.catalog import open_catalog
+from warehouse.locks import job_lock
 from warehouse.snapshots import current_files, files_added_since
 from warehouse.sql import connect, parquet_source
 from warehouse.tables import RAW_EVENTS, STEPS, TRAJECTORIES, ensure_table
-from warehouse.transactions import transaction
+from warehouse.transactions import retry_on_conflict, transaction
 
 log = logging.getLogger("trajlake.assemble")
 
@@ -60,8 +79,13 @@ CREATE OR REPLACE TEMP TABLE ev AS
 SELECT * EXCLUDE (filename, file_row_number)
 FROM {source} ANTI JOIN losers USING (filename, file_row_number)
 WHERE session_id BETWEEN $low AND $high
-  AND session_id IN (SELECT session_id FROM affected WHERE chunk = $chunk)
+  AND session_id IN (SELECT session_id FROM {members})
 """
+
+#: Largest magnitude a measured number may have (seconds, milliseconds, dollars, …); beyond it, or
+#: not finite, it is NULL in the wide tables. 1e15 ms is 31,000 years; 1e15 dollars, more than exists.
+MAX_MAGNITUDE = 1e15
+_INT64 = "BETWEEN -9223372036854775808 AND 9223372036854775807"
 
 _TRAJECTORIES_SQL = """
 WITH tools AS (
@@ -91,7 +115,7 @@ agg AS (
         max(ts) AS last_event_at,
         count(*) AS n_events,
         max(seq) AS max_seq,
-        max(seq) + 1 - count(DISTINCT seq) AS n_missing_seq,
+        max(seq)::HUGEINT + 1 - count(DISTINCT seq) AS n_missing_seq,
         count(*) FILTER (event_type = 'agent_action') AS n_steps,
         count(*) FILTER (event_type = 'env_feedback' AND coalesce(env_feedback.exit_code, 0) <> 0) AS n_tool_errors,
         count(DISTINCT agent_action.tool_name) AS n_distinct_tools,
@@ -102,9 +126,10 @@ agg AS (
             AS n_files_outside_workspace,
         count(*) FILTER (event_type = 'network_request') AS n_network_requests,
         count(*) FILTER (event_type = 'network_request' AND NOT network_request.allowed) AS n_network_denied,
-        coalesce(sum(agent_input.input_tokens), 0) AS input_tokens,
-        coalesce(sum(agent_input.cached_tokens), 0) AS cached_tokens,
-        coalesce(sum(agent_action.output_tokens), 0) AS output_tokens,
+        -- HUGEINT: two int64 values can already overflow int64; range-checked below
+        coalesce(sum(agent_input.input_tokens::HUGEINT), 0) AS input_tokens,
+        coalesce(sum(agent_input.cached_tokens::HUGEINT), 0) AS cached_tokens,
+        coalesce(sum(agent_action.output_tokens::HUGEINT), 0) AS output_tokens,
         -- exact decimal sum: float addition depends on arrival order
         coalesce(sum(agent_action.cost_usd::DECIMAL(38, 12)), 0)::DOUBLE AS cost_usd,
         greatest(max(session_end.cpu_seconds), max(resource_sample.cpu_seconds)) AS cpu_seconds,
@@ -135,16 +160,26 @@ SELECT
          WHEN last_event_at < $as_of - to_microseconds($idle_us) THEN 'idle_timeout' END AS exit_reason,
     started_at, ended_at, last_event_at,
     epoch(coalesce(ended_at, last_event_at) - started_at) AS duration_s,
-    n_events, max_seq, n_missing_seq, n_steps, n_tool_errors, n_distinct_tools,
+    n_events, max_seq, CASE WHEN n_missing_seq {int64} THEN n_missing_seq::BIGINT END AS n_missing_seq,
+    n_steps, n_tool_errors, n_distinct_tools,
     coalesce(tools.tool_counts, MAP {}) AS tool_counts,
     n_file_writes, n_file_deletes, n_files_outside_workspace, n_network_requests, n_network_denied,
-    input_tokens, cached_tokens, output_tokens, cost_usd, cpu_seconds, peak_memory_bytes, peak_processes,
+    CASE WHEN input_tokens {int64} THEN input_tokens::BIGINT END AS input_tokens,
+    CASE WHEN cached_tokens {int64} THEN cached_tokens::BIGINT END AS cached_tokens,
+    CASE WHEN output_tokens {int64} THEN output_tokens::BIGINT END AS output_tokens,
+    cost_usd, cpu_seconds, peak_memory_bytes, peak_processes,
     disk_write_bytes, timeout_s, instruction, eval_passed, tests_total, tests_passed, reward,
     coalesce(eval_passed, false) AS completed,
-    $now AS assembled_at
+    $now AS assembled_at,
+    list_filter([
+        CASE WHEN NOT n_missing_seq {int64} THEN 'n_missing_seq=' || n_missing_seq END,
+        CASE WHEN NOT input_tokens {int64} THEN 'input_tokens=' || input_tokens END,
+        CASE WHEN NOT cached_tokens {int64} THEN 'cached_tokens=' || cached_tokens END,
+        CASE WHEN NOT output_tokens {int64} THEN 'output_tokens=' || output_tokens END
+    ], lambda x: x IS NOT NULL) AS _overflows
 FROM agg LEFT JOIN tools USING (session_id)
 ORDER BY agg.session_id
-"""
+""".replace("{int64}", _INT64)
 
 _STEPS_SQL = """
 WITH actions AS (
@@ -186,6 +221,8 @@ class AssembleStats:
     full_rebuild: bool = False
     raw_snapshot_id: int | None = None
     chunks: int = 0  # passes over the affected sessions (bounded events each)
+    nulled_sessions: int = 0  # landed with out-of-range values NULLed (quarantine action 'nulled')
+    skipped_sessions: int = 0  # could not be assembled at all (quarantine action 'skipped')
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
@@ -193,14 +230,143 @@ class AssembleStats:
         return dict(self.__dict__)
 
 
-def _replace_sessions(table: Table, rows: pa.Table, properties: dict[str, str], existing: list[str]) -> None:
-    """Replace the rows of the sessions in ``rows`` (delete ``existing`` + append, one commit)."""
-    with transaction(table) as tx:
-        if table.current_snapshot() is not None and existing:
-            tx.delete(In("session_id", existing))
-        tx.append(rows, snapshot_properties=properties)
-        if properties:
-            tx.set_properties(properties)
+def _float_fields(schema: pa.Schema) -> list[tuple[str, str]]:
+    """``(struct column, field)`` of every floating-point payload field of ``raw_events``."""
+    return [
+        (column.name, child.name)
+        for column in schema
+        if pa.types.is_struct(column.type)
+        for child in column.type
+        if pa.types.is_floating(child.type)
+    ]
+
+
+_FLOATS = _float_fields(RAW_EVENTS.arrow_schema())
+
+
+def _bad(expr: str) -> str:
+    return f"({expr} IS NOT NULL AND NOT (isfinite({expr}) AND abs({expr}) <= {MAX_MAGNITUDE}))"
+
+
+def _sanitize_values(con: duckdb.DuckDBPyConnection) -> list[Quarantined]:
+    """NULL every non-finite or out-of-range float of ``ev`` in place; one record per offending event.
+
+    The common case (nothing wrong) costs one scan of ``ev``; the rewrite runs only when needed.
+    """
+    checks = [f"CASE WHEN {_bad(f'{c}.{f}')} THEN '{c}.{f}=' || CAST({c}.{f} AS VARCHAR) END" for c, f in _FLOATS]
+    found = con.execute(
+        f"SELECT session_id, event_id, list_filter([{', '.join(checks)}], lambda x: x IS NOT NULL) FROM ev "
+        f"WHERE {' OR '.join(_bad(f'{c}.{f}') for c, f in _FLOATS)}"
+    ).fetchall()
+    if not found:
+        return []
+    replaced = []
+    schema = RAW_EVENTS.arrow_schema()
+    for column in sorted({c for c, _ in _FLOATS}):
+        fields = [
+            f"{child.name} := "
+            + (f"CASE WHEN {_bad(f'{column}.{child.name}')} THEN NULL ELSE {column}.{child.name} END"
+               if pa.types.is_floating(child.type) else f"{column}.{child.name}")
+            for child in schema.field(column).type
+        ]  # fmt: skip
+        replaced.append(f"CASE WHEN {column} IS NULL THEN NULL ELSE struct_pack({', '.join(fields)}) END AS {column}")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE ev AS SELECT * REPLACE ({', '.join(replaced)}) FROM ev")
+    return [
+        Quarantined(session_id, "assemble", "out_of_range_value", "nulled", "; ".join(values), event_id)
+        for session_id, event_id, values in found
+    ]
+
+
+def _as_table_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``rows`` with the table's columns in the table's order and types (helper columns dropped)."""
+    return rows.select(schema.names).cast(schema)
+
+
+def _compute(
+    con: duckdb.DuckDBPyConnection, source: str, members: str, bounds: dict[str, Any], params: dict[str, Any]
+) -> tuple[pa.Table, pa.Table, list[Quarantined]]:
+    """Trajectory and step rows of the sessions in ``members`` (a SQL relation of ``session_id``)."""
+    con.execute(_DEDUP_SQL.format(source=source, members=members), bounds)
+    try:
+        records = _sanitize_values(con)
+        trajectory_rows = con.sql(_TRAJECTORIES_SQL, params=params).to_arrow_table()
+        overflows = trajectory_rows.column("_overflows").to_pylist()
+        for session_id, values in zip(trajectory_rows.column("session_id").to_pylist(), overflows, strict=True):
+            if values:
+                records.append(Quarantined(session_id, "assemble", "sum_overflow", "nulled", "; ".join(values)))
+        trajectory_rows = _as_table_rows(trajectory_rows, TRAJECTORIES.arrow_schema())
+        step_rows = _as_table_rows(con.sql(_STEPS_SQL).to_arrow_table(), STEPS.arrow_schema())
+    finally:
+        con.execute("DROP TABLE IF EXISTS ev")
+    return trajectory_rows, step_rows, records
+
+
+#: Errors that one session's data can cause; anything else (I/O, interrupts) stops the run as before.
+_DATA_ERRORS: tuple[type[BaseException], ...] = (duckdb.Error, pa.ArrowException, ValueError, OverflowError)
+
+
+def _is_data_error(exc: BaseException) -> bool:
+    # binder/parser/catalog errors are bugs in our SQL, not in a session: they must stop the run
+    bugs = (duckdb.IOException, duckdb.InterruptException, duckdb.BinderException, duckdb.ParserException,
+            duckdb.CatalogException)  # fmt: skip
+    return isinstance(exc, _DATA_ERRORS) and not isinstance(exc, bugs)
+
+
+def _compute_bisecting(
+    con: duckdb.DuckDBPyConnection, source: str, session_ids: list[str], params: dict[str, Any], error: BaseException
+) -> tuple[list[pa.Table], list[pa.Table], list[Quarantined]]:
+    """Rows of ``session_ids`` (whose chunk failed with ``error``), splitting until each bad session is alone."""
+    if len(session_ids) == 1:
+        detail = f"{type(error).__name__}: {' '.join(str(error).split())}"
+        log.warning("session %s cannot be assembled, quarantined: %s", session_ids[0], detail)
+        return [], [], [Quarantined(session_ids[0], "assemble", "assembly_failed", "skipped", detail)]
+    trajectories: list[pa.Table] = []
+    steps: list[pa.Table] = []
+    records: list[Quarantined] = []
+    half = len(session_ids) // 2
+    for part in (session_ids[:half], session_ids[half:]):
+        con.execute("CREATE OR REPLACE TEMP TABLE part AS SELECT unnest($ids::VARCHAR[]) AS session_id", {"ids": part})
+        try:
+            t, st, q = _compute(con, source, "part", {"low": part[0], "high": part[-1]}, params)
+            trajectories.append(t)
+            steps.append(st)
+            records += q
+        except Exception as exc:
+            if not _is_data_error(exc):
+                raise
+            t_parts, s_parts, q = _compute_bisecting(con, source, part, params, exc)
+            trajectories += t_parts
+            steps += s_parts
+            records += q
+    return trajectories, steps, records
+
+
+def _replace_sessions(
+    con: duckdb.DuckDBPyConnection, table: Table, rows: pa.Table, properties: dict[str, str], chunk: int
+) -> None:
+    """Replace the rows of chunk ``chunk``'s sessions with ``rows`` (delete + append, one commit).
+
+    The rows to delete are looked up from the table's state the commit is planned on; when
+    another writer (tiering, compaction) committed in between, the commit fails and is planned
+    again from the new state, never re-applied blindly.
+    """
+    attempts = 0
+
+    def attempt() -> None:
+        nonlocal attempts
+        if attempts:
+            table.refresh()
+        attempts += 1
+        existing = _existing_ids(con, table, chunk)
+        with transaction(table) as tx:
+            if table.current_snapshot() is not None and existing:
+                # by field: a type checker sees only the pydantic fields of pyiceberg's predicates
+                tx.delete(In(term=Reference("session_id"), literals={literal(v) for v in existing}))
+            tx.append(rows, snapshot_properties=properties)
+            if properties:
+                tx.set_properties(properties)
+
+    retry_on_conflict(f"replace assembled sessions in {table.name()[-1]}", attempt)
 
 
 def _existing_ids(con: duckdb.DuckDBPyConnection, table: Table, chunk: int) -> list[str]:
@@ -229,9 +395,21 @@ def assemble(
         catalog: Iceberg catalog; opened from settings by default.
         as_of: the "now" for idle-timeout decisions; wall clock by default.
         full: recompute every session instead of the new ones.
+
+    Returns:
+        :class:`AssembleStats`, with the sessions quarantined (``nulled_sessions``, ``skipped_sessions``).
+
+    Raises:
+        LockBusy: another assembly held the lock for as long as we waited.
+        CommitConflict: a commit kept conflicting with concurrent writers.
     """
-    started = time.monotonic()
     catalog = catalog or open_catalog(settings)
+    with job_lock(settings, catalog, "assemble"):
+        return _assemble(settings, catalog, as_of, full)
+
+
+def _assemble(settings: Settings, catalog: Catalog, as_of: datetime | None, full: bool) -> AssembleStats:
+    started = time.monotonic()
     raw = ensure_table(catalog, settings, RAW_EVENTS.name)
     trajectories = ensure_table(catalog, settings, TRAJECTORIES.name)
     steps = ensure_table(catalog, settings, STEPS.name)
@@ -286,20 +464,35 @@ def assemble(
     stats.chunks = len(bounds)
     con.execute(_LOSERS_SQL.format(source=source))
     params = {"as_of": as_of, "idle_us": int(settings.session_idle_timeout_s * 1_000_000), "now": datetime.now(UTC)}
+    run_id = str(all_raw.snapshot_id)
     for chunk, low, high in bounds:
-        con.execute(_DEDUP_SQL.format(source=source), {"low": low, "high": high, "chunk": chunk})
-        trajectory_rows = con.sql(_TRAJECTORIES_SQL, params=params).to_arrow_table()
-        trajectory_rows = trajectory_rows.cast(TRAJECTORIES.arrow_schema())
-        step_rows = con.sql(_STEPS_SQL).to_arrow_table().cast(STEPS.arrow_schema())
-        con.execute("DROP TABLE ev")
+        try:
+            trajectory_rows, step_rows, records = _compute(
+                con, source, "affected WHERE chunk = $chunk", {"low": low, "high": high, "chunk": chunk}, params
+            )
+        except Exception as exc:
+            if not _is_data_error(exc):
+                raise
+            # One session's data broke the chunk: find it (them) by halving, keep every other session.
+            ids = [sid for (sid,) in con.execute(
+                "SELECT session_id FROM affected WHERE chunk = $chunk ORDER BY session_id", {"chunk": chunk}
+            ).fetchall()]  # fmt: skip
+            t_parts, s_parts, records = _compute_bisecting(con, source, ids, params, exc)
+            trajectory_rows = pa.concat_tables([TRAJECTORIES.arrow_schema().empty_table(), *t_parts])
+            step_rows = pa.concat_tables([STEPS.arrow_schema().empty_table(), *s_parts])
         # Steps first: if we die between the commits, the trajectories watermark has not moved and
         # the next run recomputes (and replaces) the same sessions in both tables.
-        _replace_sessions(steps, step_rows, {}, _existing_ids(con, steps, chunk))
+        _replace_sessions(con, steps, step_rows, {}, chunk)
+        recomputed = [sid for (sid,) in con.execute(
+            "SELECT session_id FROM affected WHERE chunk = $chunk", {"chunk": chunk}
+        ).fetchall()]  # fmt: skip
+        record_quarantine(catalog, settings, records, run_id, replace_stage="assemble", recomputed=recomputed)
         last = chunk == stats.chunks - 1
-        _replace_sessions(trajectories, trajectory_rows, properties if last else {},
-                          _existing_ids(con, trajectories, chunk))  # fmt: skip
+        _replace_sessions(con, trajectories, trajectory_rows, properties if last else {}, chunk)
         stats.trajectories_written += trajectory_rows.num_rows
         stats.steps_written += step_rows.num_rows
+        stats.nulled_sessions += len({r.session_id for r in records if r.action == "nulled"})
+        stats.skipped_sessions += len({r.session_id for r in records if r.action == "skipped"})
         del trajectory_rows, step_rows
     stats.seconds = time.monotonic() - started
     log.info("assembled %d sessions (%d steps) from %d new files", stats.sessions, stats.steps_written, len(new_files))

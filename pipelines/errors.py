@@ -15,3 +15,15 @@ class ExportError(PipelineError, TerminalError):
 
 class LabelsError(PipelineError, TerminalError):
     """The labels file is missing, unreadable or has no overlap with the scored sessions."""
+
+
+class RecordError(ExportError):
+    """One session's export record cannot be built (too deep, too large, not representable as JSON).
+
+    Attributes:
+        reason: a short code for the ``quarantine`` table (``too_deep``, ``too_large``, ``unrepresentable``).
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason

@@ -6,13 +6,27 @@ nightly partition). Every text field is redacted again (``producers.redact``) be
 is where data leaves the lakehouse. Files are written only inside the chosen directory; the
 manifest lists source snapshot ids, filters, counts, scorer version and each file's sha256, and
 a row goes to the ``exports`` table.
+
+The output directory: system directories (``/``, ``/etc``, ``/usr``, ``$HOME`` itself, …) are
+refused, and so is a directory that is not empty unless ``force`` (then only the export's own
+files are replaced). While an export writes, it holds ``flock`` on the directory, so two exports
+into one directory run one after the other and the manifest always describes the data file
+next to it. Every file is written under a unique temporary name created exclusively
+(``O_CREAT | O_EXCL | O_NOFOLLOW``, relative to the directory's descriptor), then renamed into
+place: a planted symlink is never followed, and a failure leaves no temporary file behind.
+
+A session whose record cannot be built (arguments nested deeper than
+:data:`MAX_NESTING`, a record over :data:`MAX_RECORD_BYTES`, a value JSON cannot hold) is left
+out, counted in the manifest and recorded in the ``quarantine`` table; the others are exported.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,7 +39,8 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 
 from common.settings import Settings
-from pipelines.errors import ExportError
+from pipelines.errors import ExportError, RecordError
+from pipelines.quarantine import Quarantined, record_quarantine
 from producers.redact import redact_array, redact_text
 from quality import SCORER_VERSION
 from warehouse.catalog import open_catalog
@@ -35,6 +50,14 @@ from warehouse.tables import DUPLICATES, EXPORTS, FLAGS, SCORES, STEPS, TRAJECTO
 FORMATS = ("hf", "openai", "sharegpt", "rl")
 SYSTEM_PROMPT = "You are an agent working in a sandbox. Use the tools to complete the task."
 TOOLS = ("bash", "read_file", "write_file", "run_tests")
+#: Deepest nesting of a step's parsed arguments that an export accepts (deeper: the session is quarantined).
+MAX_NESTING = 64
+#: Largest JSON-lines record (bytes) an export writes (larger: the session is quarantined).
+MAX_RECORD_BYTES = 64 << 20
+#: Directories an export never writes into (exactly these), and trees it never writes under.
+_SYSTEM_DIRS = frozenset({"/", "/home", "/root", "/tmp", "/var", "/opt", "/srv", "/mnt", "/media", "/boot"})
+_SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/dev", "/proc", "/sys", "/run", "/boot",
+                 "/var/lib", "/var/run", "/var/log")  # fmt: skip
 
 
 @dataclass
@@ -46,6 +69,7 @@ class ExportStats:
     out_dir: str = ""
     sessions: int = 0
     records: int = 0
+    quarantined: int = 0  # sessions left out (see the ``quarantine`` table, stage ``export``)
     files: dict[str, str] = field(default_factory=dict)
     manifest: str = ""
     seconds: float = 0.0
@@ -95,9 +119,28 @@ def _normalized_arguments(raw: str | None, command: str | None) -> str:
         parsed = json.loads(raw) if raw else None
     except json.JSONDecodeError:
         parsed = None
+    except RecursionError:
+        raise RecordError(
+            "too_deep", f"arguments nested deeper than Python can parse ({len(raw or '')} chars)"
+        ) from None
+    if isinstance(parsed, dict | list) and _nesting(parsed) > MAX_NESTING:
+        raise RecordError("too_deep", f"arguments nested deeper than {MAX_NESTING} levels")
     if not isinstance(parsed, dict) or parsed == {"command": "..."}:
         parsed = {"command": command or ""}
     return redact_text(json.dumps(parsed, sort_keys=True))
+
+
+def _nesting(value: Any) -> int:
+    """Depth of nested lists/dicts in ``value``, counted without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth > MAX_NESTING:
+                break
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def chat_messages(session: dict[str, Any], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -229,6 +272,93 @@ def _sessions(
         yield session, grouped.pop(session["session_id"], [])
 
 
+def _refused_directory(path: Path, settings: Settings) -> str | None:
+    """Why ``path`` (resolved) must not receive an export, or None."""
+    text = str(path)
+    if text in _SYSTEM_DIRS or any(text == tree or text.startswith(tree + "/") for tree in _SYSTEM_TREES):
+        return "a system directory"
+    if path == Path.home().resolve():
+        return "your home directory itself; choose a directory inside it"
+    if path == settings.home_dir.resolve():
+        return "TRAJLAKE_HOME itself; choose a directory inside it"
+    return None
+
+
+def _open_out_dir(out_dir: Path | str, settings: Settings) -> tuple[Path, int]:
+    """Create (if needed) and open the export directory; returns its resolved path and a descriptor.
+
+    Raises:
+        ExportError: a system directory, an existing file, or a directory that cannot be created.
+    """
+    root = Path(out_dir).expanduser()
+    resolved = root.resolve()
+    why = _refused_directory(resolved, settings)
+    if why:
+        raise ExportError(f"refusing to export into {resolved}: {why}")
+    if resolved.exists() and not resolved.is_dir():
+        raise ExportError(f"--out {root}: exists and is not a directory")
+    try:
+        resolved.mkdir(mode=0o700, parents=True, exist_ok=True)  # an export is owner-only
+        return resolved, os.open(resolved, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ExportError(f"--out {root}: cannot create or open the directory ({exc.strerror or exc})") from exc
+
+
+class _ExclusiveFile:
+    """A file written under a unique temporary name in a directory, then renamed to ``name``.
+
+    The temporary file is created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` relative to the
+    directory's descriptor: nothing pre-planted (a symlink, a file of the same name) is
+    opened. ``rename`` replaces ``name`` itself, never what a symlink there points to.
+    """
+
+    def __init__(self, dir_fd: int, name: str) -> None:
+        self.dir_fd, self.name = dir_fd, name
+        self.tmp_name = f".{name}.{uuid.uuid4().hex}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        self.handle = os.fdopen(os.open(self.tmp_name, flags, 0o600, dir_fd=dir_fd), "w", encoding="utf-8")
+
+    def commit(self) -> None:
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+        os.replace(self.tmp_name, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+
+    def discard(self) -> None:
+        self.handle.close()
+        try:
+            os.unlink(self.tmp_name, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            pass
+
+
+def _write_file(dir_fd: int, name: str, text: str) -> None:
+    out = _ExclusiveFile(dir_fd, name)
+    try:
+        out.handle.write(text)
+        out.commit()
+    except BaseException:
+        out.discard()
+        raise
+
+
+def _record_line(fmt: str, session: dict[str, Any], steps: list[dict[str, Any]]) -> str:
+    """The JSON line of one session.
+
+    Raises:
+        RecordError: the record is too deep, too large or not representable as JSON.
+    """
+    try:
+        line = json.dumps(to_record(fmt, session, steps), ensure_ascii=False, default=str) + "\n"
+    except RecursionError:
+        raise RecordError("too_deep", "record nested deeper than Python can serialize") from None
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise RecordError("unrepresentable", f"{type(exc).__name__}: {exc}") from exc
+    if len(line) > MAX_RECORD_BYTES:  # characters ≤ bytes: a cheap first check
+        raise RecordError("too_large", f"record of {len(line)} characters exceeds {MAX_RECORD_BYTES} bytes")
+    return line
+
+
 def export_training_set(
     settings: Settings,
     fmt: str,
@@ -238,6 +368,7 @@ def export_training_set(
     catalog: Catalog | None = None,
     file_name: str | None = None,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    force: bool = False,
 ) -> ExportStats:
     """Write ``out_dir/<file>.jsonl`` and ``out_dir/manifest.json``, and record the export.
 
@@ -250,31 +381,91 @@ def export_training_set(
         catalog: Iceberg catalog; opened from settings by default.
         file_name: data file name inside ``out_dir`` (default ``<fmt>.jsonl``).
         clock: the export time (tests).
+        force: write into a directory that is not empty (replacing the export's own files).
+
+    Returns:
+        :class:`ExportStats`; ``quarantined`` counts sessions left out (``quarantine`` table).
 
     Raises:
-        ExportError: unknown format, or a path outside ``out_dir``.
+        ExportError: unknown format, a path outside ``out_dir``, a refused or non-empty directory,
+            ``out_dir`` is a file, or a file could not be written.
     """
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     started = time.monotonic()
     catalog = catalog or open_catalog(settings)
     min_quality = settings.quality_min if min_quality is None else min_quality
-    root = Path(out_dir).expanduser()
-    root.mkdir(parents=True, exist_ok=True)
-    data_path = safe_path(root, file_name or f"{fmt}.jsonl")
-    manifest_path = safe_path(root, "manifest.json")
+    root, dir_fd = _open_out_dir(out_dir, settings)
+    try:
+        data_path = safe_path(root, file_name or f"{fmt}.jsonl")
+        if data_path.parent != root:
+            raise ExportError(f"refusing to write {file_name!r}: not a plain file name inside {root}")
+        manifest_path = safe_path(root, "manifest.json")
+        fcntl.flock(dir_fd, fcntl.LOCK_EX)  # a second export into this directory waits for this one
+        if not force and os.listdir(dir_fd):
+            raise ExportError(f"{root} is not empty; choose an empty directory or pass --force to replace the export")
+        stats = ExportStats(export_id=uuid.uuid4().hex, format=fmt, out_dir=str(root))
+        try:
+            manifest_text, snapshots = _write_export(settings, catalog, fmt, min_quality, day, dir_fd, data_path,
+                                                     manifest_path, stats, clock)  # fmt: skip
+        except OSError as exc:
+            raise ExportError(f"cannot write the export into {root}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(dir_fd)  # also releases the flock
+    row = {
+        "export_id": stats.export_id,
+        "created_at": datetime.fromisoformat(json.loads(manifest_text)["created_at"]),
+        "format": fmt,
+        "out_dir": stats.out_dir,
+        "partition": day.isoformat() if day else None,
+        "min_quality": min_quality,
+        "sessions": stats.sessions,
+        "records": stats.records,
+        "scorer_version": json.loads(manifest_text)["scorer_version"],
+        "files": json.dumps(stats.files, sort_keys=True),
+        "manifest_sha256": hashlib.sha256(manifest_text.encode()).hexdigest(),
+        "source_snapshots": json.dumps(snapshots, sort_keys=True),
+    }
+    ensure_table(catalog, settings, EXPORTS.name).append(pa.Table.from_pylist([row], schema=EXPORTS.arrow_schema()))
+    stats.seconds = time.monotonic() - started
+    return stats
+
+
+def _write_export(
+    settings: Settings,
+    catalog: Catalog,
+    fmt: str,
+    min_quality: float,
+    day: date | None,
+    dir_fd: int,
+    data_path: Path,
+    manifest_path: Path,
+    stats: ExportStats,
+    clock: Callable[[], datetime],
+) -> tuple[str, dict[str, int | None]]:
+    """Write the data file and then the manifest (each through :class:`_ExclusiveFile`); returns the manifest."""
     snapshots = _snapshot_ids(catalog, settings)
-    stats = ExportStats(export_id=uuid.uuid4().hex, format=fmt, out_dir=str(root.resolve()))
     digest = hashlib.sha256()
-    tmp = data_path.with_name(data_path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
+    quarantined: list[Quarantined] = []
+    out = _ExclusiveFile(dir_fd, data_path.name)
+    try:
         for session, steps in _sessions(settings, catalog, min_quality, day):
-            line = json.dumps(to_record(fmt, session, steps), ensure_ascii=False, default=str) + "\n"
-            handle.write(line)
+            try:
+                line = _record_line(fmt, session, steps)
+            except RecordError as exc:
+                quarantined.append(Quarantined(session["session_id"], "export", exc.reason, "skipped", str(exc)))
+                continue
+            out.handle.write(line)
             digest.update(line.encode("utf-8"))
             stats.sessions += 1
             stats.records += 1
-    tmp.replace(data_path)
+        out.commit()
+    except BaseException:
+        out.discard()
+        raise
+    stats.quarantined = len(quarantined)
+    if quarantined:
+        record_quarantine(catalog, settings, quarantined, run_id=stats.export_id)
     stats.files = {data_path.name: digest.hexdigest()}
     created = clock()
     manifest = {
@@ -283,30 +474,14 @@ def export_training_set(
         "format": fmt,
         "files": [{"path": name, "sha256": sha, "records": stats.records} for name, sha in stats.files.items()],
         "filters": {"exportable": True, "min_quality": min_quality, "day": day.isoformat() if day else None},
-        "counts": {"sessions": stats.sessions, "records": stats.records},
+        "counts": {"sessions": stats.sessions, "records": stats.records, "quarantined": stats.quarantined},
         "scorer_version": _scorer_version(settings, catalog),
         "source_snapshots": snapshots,
     }
     manifest_text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-    manifest_path.write_text(manifest_text, encoding="utf-8")
+    _write_file(dir_fd, manifest_path.name, manifest_text)
     stats.manifest = str(manifest_path)
-    row = {
-        "export_id": stats.export_id,
-        "created_at": created,
-        "format": fmt,
-        "out_dir": stats.out_dir,
-        "partition": day.isoformat() if day else None,
-        "min_quality": min_quality,
-        "sessions": stats.sessions,
-        "records": stats.records,
-        "scorer_version": manifest["scorer_version"],
-        "files": json.dumps(stats.files, sort_keys=True),
-        "manifest_sha256": hashlib.sha256(manifest_text.encode()).hexdigest(),
-        "source_snapshots": json.dumps(snapshots, sort_keys=True),
-    }
-    ensure_table(catalog, settings, EXPORTS.name).append(pa.Table.from_pylist([row], schema=EXPORTS.arrow_schema()))
-    stats.seconds = time.monotonic() - started
-    return stats
+    return manifest_text, snapshots
 
 
 def _scorer_version(settings: Settings, catalog: Catalog) -> str:

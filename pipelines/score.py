@@ -18,14 +18,16 @@ from datetime import UTC, datetime
 import polars as pl
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
 
 from common.settings import Settings
 from quality.config import QualityConfig
 from quality.scoring import QualityResult, score_sessions
 from warehouse.catalog import open_catalog
+from warehouse.locks import job_lock
 from warehouse.sql import open_views
 from warehouse.tables import DUPLICATES, FLAGS, SCORES, TRAJECTORIES, TableSpec, ensure_table
-from warehouse.transactions import transaction
+from warehouse.transactions import retry_on_conflict, transaction
 
 log = logging.getLogger("trajlake.score")
 
@@ -126,8 +128,20 @@ def score_all(settings: Settings, catalog: Catalog | None = None, force: bool = 
         force: rescore even when nothing changed since the last run.
 
     Returns:
-        :class:`ScoreStats` (``skipped`` when the last run already covered this snapshot and version).
+        :class:`ScoreStats` (``skipped`` when the last run already covered this snapshot and version;
+        ``sessions == 0`` when there are no trajectories yet: nothing is written).
+
+    Raises:
+        LockBusy: another scoring run held the catalog's ``score`` lock for as long as we waited.
     """
+    catalog = catalog or open_catalog(settings)
+    # One scoring run at a time across every process and machine sharing the catalog: a
+    # second run waits, then finds the scores up to date (or, with force, replaces them).
+    with job_lock(settings, catalog, "score"):
+        return _score_all(settings, catalog, force)
+
+
+def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
     started = time.monotonic()
     catalog = catalog or open_catalog(settings)
     config = quality_config(settings)
@@ -147,6 +161,9 @@ def score_all(settings: Settings, catalog: Catalog | None = None, force: bool = 
         stats.seconds = time.monotonic() - started
         return stats
     inputs = load_inputs(settings, catalog)
+    if inputs["trajectories"].height == 0:  # an empty lakehouse: nothing to score (and no error)
+        stats.seconds = time.monotonic() - started
+        return stats
     result = score_sessions(**inputs, config=config)
     write_results(settings, catalog, result, config, stats.trajectories_snapshot_id)
     summarize(result, stats)
@@ -166,6 +183,22 @@ def write_results(
         properties = (
             {SCORED_SNAPSHOT: str(snapshot_id), SCORED_VERSION: config.scorer_version} if spec is SCORES else {}
         )
+        _overwrite(table, rows, properties)
+
+
+def _overwrite(table: Table, rows: pa.Table, properties: dict[str, str]) -> None:
+    """Replace every row of ``table`` with ``rows`` in one commit, planned again if another writer committed first.
+
+    Raises:
+        CommitConflict: the table kept changing under every attempt.
+    """
+    attempts = 0
+
+    def attempt() -> None:
+        nonlocal attempts
+        if attempts:
+            table.refresh()  # compaction (``trajlake maintain``) may have rewritten the files meanwhile
+        attempts += 1
         with transaction(table) as tx:
             if table.current_snapshot() is None:  # nothing to replace (overwrite would warn)
                 tx.append(rows, snapshot_properties=properties)
@@ -176,6 +209,8 @@ def write_results(
                     tx.overwrite(rows, snapshot_properties=properties)
             if properties:
                 tx.set_properties(properties)
+
+    retry_on_conflict(f"replace {table.name()[-1]}", attempt)
 
 
 def summarize(result: QualityResult, stats: ScoreStats) -> None:

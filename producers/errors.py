@@ -35,3 +35,7 @@ class SandboxKilled(SandboxError):
 
 class ImageConflict(FleetError, TerminalError):
     """An image version already exists with different content (a version's directory is immutable)."""
+
+
+class NonFiniteNumberError(ProducerError, TerminalError):
+    """An event carries NaN or ±infinity where a measurement belongs (refused at emit, never sent)."""

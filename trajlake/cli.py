@@ -26,7 +26,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="trajlake: ag
 broker_app = typer.Typer(no_args_is_help=True, help="The embedded Kafka-compatible broker.")
 app.add_typer(broker_app, name="broker")
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long (no wrapping at 80 columns)
 out = Console(highlight=False, soft_wrap=True)
 
 
@@ -203,6 +203,9 @@ def score(force: Annotated[bool, typer.Option(help="Rescore even if nothing chan
     from pipelines.score import score_all
 
     stats = score_all(_settings(), force=force)
+    if not stats.skipped and stats.sessions == 0:
+        out.print("nothing to score: there are no trajectories yet (run `trajlake assemble` first)")
+        return
     if stats.skipped:
         out.print(f"scores up to date (trajectories snapshot {stats.trajectories_snapshot_id}, {stats.scorer_version})")
         return
@@ -221,16 +224,19 @@ def export(
     out_dir: Annotated[Path, typer.Option("--out", help="Directory to write (nothing is written outside it).")],
     min_quality: Annotated[float | None, typer.Option(help="Quality threshold (TRAJLAKE_QUALITY_MIN).")] = None,
     day: Annotated[datetime | None, typer.Option(help="Only sessions started on this UTC day.")] = None,
+    force: Annotated[bool, typer.Option(help="Write into a non-empty directory (replaces its export).")] = False,
 ) -> None:
     """Export exportable trajectories as a training set plus manifest.json."""
     from pipelines.export import export_training_set
 
     stats = export_training_set(
-        _settings(), format.value, out_dir, min_quality=min_quality, day=day.date() if day else None
+        _settings(), format.value, out_dir, min_quality=min_quality, day=day.date() if day else None, force=force
     )
     for name, sha in stats.files.items():
         out.print(f"{out_dir / name}  sha256 {sha}", markup=False)
     out.print(f"exported {stats.records} trajectories ({stats.format}) to {stats.out_dir}; manifest {stats.manifest}")
+    if stats.quarantined:
+        out.print(f"  {stats.quarantined} sessions could not be exported (see the quarantine view)", markup=False)
 
 
 @quality_app.command("evaluate")

@@ -19,3 +19,7 @@ class QueryError(WarehouseError, TerminalError):
 
 class CommitConflict(WarehouseError, TransientError):
     """An Iceberg commit lost a race with another writer after all retries."""
+
+
+class LockBusy(WarehouseError, TransientError):
+    """Another run of the same job held its lock for longer than we waited."""

@@ -351,8 +351,8 @@ def maintain(
     as_of = as_of or datetime.now(UTC)
     orphan_min_age = orphan_min_age if orphan_min_age is not None else timedelta(hours=settings.orphan_min_age_hours)
     reports: list[TableReport] = []
-    with lifecycle_lock(settings):
-        catalog = catalog or open_catalog(settings)
+    catalog = catalog or open_catalog(settings)
+    with lifecycle_lock(settings, catalog=catalog):
         tables = [ensure_table(catalog, settings, name) for name in TABLES]
         tables += [ensure_cold_table(catalog, settings, name) for name in TIERED_TABLES]
         cold_raw = ensure_cold_table(catalog, settings, RAW_EVENTS.name)

@@ -293,6 +293,28 @@ EXPORTS = register(
         properties=_PARQUET,
     )
 )
+# Sessions a stage could not take as they are (pipelines/quarantine.py): ``action`` says whether the
+# session still landed with the offending values NULLed (``nulled``) or was left out (``skipped``).
+QUARANTINE = register(
+    TableSpec(
+        name="quarantine",
+        view="quarantine",
+        schema=pa.schema(
+            [
+                ("session_id", pa.string()),
+                ("stage", pa.string()),
+                ("reason", pa.string()),
+                ("action", pa.string()),
+                ("detail", pa.string()),
+                ("event_id", pa.string()),
+                ("run_id", pa.string()),
+                ("quarantined_at", _TS),
+            ]
+        ),
+        sort_by=["session_id"],
+        properties=_PARQUET,
+    )
+)
 
 
 def table_identifier(settings: Settings, name: str) -> tuple[str, str]:

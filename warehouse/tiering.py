@@ -26,27 +26,29 @@ count them once:
   Known limit: an event arriving after its session was tiered is kept in ``events``
   (and tiered later) but does not amend the cold trajectory.
 
-Tiering and maintenance take :func:`lifecycle_lock` so they never interleave on
-one machine (compaction rewriting a copied-but-not-deleted hot file would give its
-rows a new identity); deployments with several machines serialise them in Dagster.
+Tiering and maintenance take :func:`lifecycle_lock` so they never interleave
+(compaction rewriting a copied-but-not-deleted hot file would give its rows a new
+identity); the lock is a row in the SQL catalog's database, so it holds across
+machines sharing a PostgreSQL catalog (``warehouse.locks``). Every commit is also
+conditioned on the snapshot it was planned from and re-planned after a conflict.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
 import signal
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import And, BooleanExpression, In, LessThan, NotEqualTo, Reference
 from pyiceberg.expressions.literals import literal
 from pyiceberg.table import Table
@@ -54,7 +56,8 @@ from pyiceberg.table import Table
 from common.errors import TransientError
 from common.settings import Settings
 from warehouse.catalog import open_catalog
-from warehouse.errors import WarehouseError
+from warehouse.errors import LockBusy, WarehouseError
+from warehouse.locks import job_lock
 from warehouse.snapshots import LiveFile, arrow_row_bytes, live_files, read_data_files, size_bundles
 from warehouse.tables import RAW_EVENTS, STEPS, TABLES, TRAJECTORIES, ensure_table
 from warehouse.transactions import retry_on_conflict, transaction
@@ -123,27 +126,31 @@ def tiered_files(cold_raw: Table) -> set[str]:
 
 
 @contextmanager
-def lifecycle_lock(settings: Settings, wait_s: float = 600.0) -> Iterator[None]:
-    """Exclusive lock shared by tiering and maintenance on this ``TRAJLAKE_HOME``.
+def lifecycle_lock(settings: Settings, wait_s: float = 600.0, catalog: Catalog | None = None) -> Iterator[None]:
+    """Exclusive lock shared by tiering and maintenance on this catalog (every machine; ``warehouse.locks``).
 
     Raises:
         TieringError: another lifecycle job held the lock for ``wait_s`` seconds.
     """
-    path = settings.home_dir / "lifecycle.lock"
-    with open(path, "a+") as handle:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TieringError(f"{path}: another tier/maintain run holds the lock") from None
-                time.sleep(0.2)
+    with ExitStack() as stack:
         try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            stack.enter_context(job_lock(settings, catalog or open_catalog(settings), "lifecycle", wait_s))
+        except LockBusy as exc:
+            raise TieringError(f"another tier/maintain run holds the lock: {exc}") from exc
+        yield
+
+
+def _append_planned(table: Table, rows: pa.Table) -> None:
+    """Append rows chosen from ``table``'s state as loaded; a concurrent commit fails it (re-run: idempotent).
+
+    Raises:
+        TieringError: ``table`` changed since the rows were chosen (a later run picks up where this one stopped).
+    """
+    try:
+        with transaction(table) as tx:
+            tx.append(rows)
+    except CommitFailedException as exc:
+        raise TieringError(f"{'.'.join(table.name())} changed while tiering; run `trajlake tier` again") from exc
 
 
 def _fault(point: str) -> None:
@@ -210,7 +217,7 @@ def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stat
             parts = [hot_steps.scan(row_filter=_in("session_id", c)).to_arrow() for c in _chunks(todo)]
             steps = _sorted(pa.concat_tables(parts), STEPS.name)
             if steps.num_rows:
-                cold_steps.append(steps.cast(cold_steps.schema().as_arrow()))
+                _append_planned(cold_steps, steps.cast(cold_steps.schema().as_arrow()))
                 stats.steps_copied += steps.num_rows
     _fault("tier_after_copy_steps")
     # Phase 1b: the trajectories.
@@ -220,7 +227,7 @@ def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stat
         mask = pc.invert(pc.is_in(closed.column("session_id"), value_set=pa.array(sorted(done), pa.string())))
         rows = _sorted(closed.filter(mask), TRAJECTORIES.name)
         if rows.num_rows:
-            cold_traj.append(rows.cast(cold_traj.schema().as_arrow()))
+            _append_planned(cold_traj, rows.cast(cold_traj.schema().as_arrow()))
             stats.sessions_copied += rows.num_rows
     _fault("tier_after_copy_trajectories")
     # Phase 2: delete from hot every old session the cold tier holds (also finishes a crashed run).
@@ -346,8 +353,8 @@ def tier(settings: Settings, catalog: Catalog | None = None, as_of: datetime | N
     as_of = as_of or datetime.now(UTC)
     boundary_day = _day(as_of - timedelta(days=settings.hot_retention_days))
     stats = TierStats(boundary=_day_name(boundary_day))
-    with lifecycle_lock(settings):
-        catalog = catalog or open_catalog(settings)
+    catalog = catalog or open_catalog(settings)
+    with lifecycle_lock(settings, catalog=catalog):
         _tier_sessions(catalog, settings, boundary_day, stats)
         _tier_raw(catalog, settings, boundary_day, stats)
     stats.seconds = time.monotonic() - started

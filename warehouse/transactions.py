@@ -15,6 +15,10 @@ Two costs of pyiceberg's ``Transaction`` grow with what ingest commits many time
   one partition (a day, for ingest's batches). Here both conversions are cached per
   (table, schema id, Arrow schema), and a table whose rows share one partition value is
   written as it is; rows spanning several values are split as pyiceberg does.
+
+Every commit is conditioned on the snapshot it was planned from (``AssertRefSnapshotId``):
+a writer that lost a race gets ``CommitFailedException`` and plans again from the new state
+(:func:`retry_on_conflict`), instead of pyiceberg re-appending the same rows on top.
 """
 
 from __future__ import annotations
@@ -136,9 +140,31 @@ def data_files(metadata: TableMetadata, rows: pa.Table, io: FileIO, write_uuid: 
 
 
 class Transaction(_Transaction):
-    """A pyiceberg transaction with cached staged metadata and a leaner ``append`` (see module doc)."""
+    """A pyiceberg transaction with cached staged metadata and a leaner ``append`` (see module doc).
+
+    Its commits are conditioned on the snapshot they were planned from: when another writer
+    committed in between, the commit fails with ``CommitFailedException`` instead of being
+    re-applied to the new state (see :meth:`_rebuild_snapshot_updates`). Plan again from the
+    table's new state (:func:`retry_on_conflict`), or pass ``replay_on_conflict=True`` for a
+    commit whose outcome does not depend on what the table held (appending new unique rows).
+    """
 
     _staged: tuple[object, object, TableMetadata] | None = None
+
+    def __init__(self, table: Table, autocommit: bool = False, replay_on_conflict: bool = False) -> None:
+        super().__init__(table, autocommit=autocommit)
+        self._replay_on_conflict = replay_on_conflict
+
+    def _rebuild_snapshot_updates(self) -> None:
+        # pyiceberg >= 0.12 answers a lost race by re-running the snapshot producers on the new
+        # state: a fast append is re-appended as it is, so two runs that each planned "replace
+        # these sessions" from the same old snapshot both land (600 rows for 300 sessions). A
+        # plan made against a state that no longer exists is refused; the caller re-plans.
+        if not self._replay_on_conflict:
+            raise CommitFailedException(
+                f"{'.'.join(self._table.name())} changed since this commit was planned; re-plan from its new state"
+            )
+        super()._rebuild_snapshot_updates()
 
     @property
     def table_metadata(self) -> TableMetadata:
@@ -177,9 +203,15 @@ class Transaction(_Transaction):
                 append_files.append_data_file(data_file)
 
 
-def transaction(table: Table) -> Transaction:
-    """Start a transaction on ``table`` (use as a context manager; it commits on exit)."""
-    return Transaction(table)
+def transaction(table: Table, replay_on_conflict: bool = False) -> Transaction:
+    """Start a transaction on ``table`` (use as a context manager; it commits on exit).
+
+    Args:
+        table: the table, as loaded when the commit was planned.
+        replay_on_conflict: let pyiceberg re-apply the commit on top of a concurrent one; only for
+            commits whose result does not depend on the table's state (see :class:`Transaction`).
+    """
+    return Transaction(table, replay_on_conflict=replay_on_conflict)
 
 
 #: Attempts of a commit that keeps losing optimistic-concurrency races before giving up.

@@ -1,0 +1,104 @@
+"""The ``quarantine`` table: sessions a stage could not take as they are, with the reason.
+
+One bad session never stops a stage for every other session. Assembly and export record
+here what they did instead (``warehouse.tables.QUARANTINE``):
+
+* ``action = 'nulled'``: the session landed, with the offending values NULL in the wide
+  tables (a non-finite or out-of-range number, a sum beyond int64); the raw event keeps
+  the original value.
+* ``action = 'skipped'``: the session could not be assembled or exported at all; it is
+  left out of that stage's output and counted.
+
+Assembly replaces a session's ``assemble`` rows whenever it recomputes the session (a
+fixed session leaves the quarantine); export rows accumulate, one set per export id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.expressions import And, EqualTo, In, Reference
+from pyiceberg.expressions.literals import literal
+
+from common.settings import Settings
+from warehouse.snapshots import current_files
+from warehouse.sql import connect, parquet_source
+from warehouse.tables import QUARANTINE, ensure_table
+from warehouse.transactions import retry_on_conflict, transaction
+
+#: Longest ``detail`` kept (error messages can quote whole values).
+DETAIL_CHARS = 500
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """One quarantine record: which session, at which stage, why, and what was done."""
+
+    session_id: str
+    stage: str
+    reason: str
+    action: str
+    detail: str
+    event_id: str | None = None
+
+
+def quarantine_rows(records: Iterable[Quarantined], run_id: str, now: datetime | None = None) -> pa.Table:
+    """The ``quarantine`` table rows of ``records``."""
+    now = now or datetime.now(UTC)
+    rows = [
+        {
+            "session_id": r.session_id, "stage": r.stage, "reason": r.reason, "action": r.action,
+            "detail": r.detail[:DETAIL_CHARS], "event_id": r.event_id, "run_id": run_id, "quarantined_at": now,
+        }
+        for r in records
+    ]  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=QUARANTINE.arrow_schema())
+
+
+def record_quarantine(
+    catalog: Catalog,
+    settings: Settings,
+    records: list[Quarantined],
+    run_id: str,
+    replace_stage: str | None = None,
+    recomputed: list[str] | None = None,
+) -> None:
+    """Append ``records``; with ``replace_stage``, first drop that stage's rows of the ``recomputed`` sessions.
+
+    Raises:
+        CommitConflict: the table kept changing under every attempt.
+    """
+    recomputed = recomputed or []
+
+    def attempt() -> None:
+        table = ensure_table(catalog, settings, QUARANTINE.name)
+        stale: list[str] = []
+        files = current_files(table).paths
+        if replace_stage and recomputed and files:
+            con = connect()
+            try:
+                con.execute("CREATE TEMP TABLE recomputed AS SELECT unnest($ids) AS session_id", {"ids": recomputed})
+                stale = [
+                    sid
+                    for (sid,) in con.execute(
+                        f"SELECT DISTINCT session_id FROM {parquet_source(files)} "
+                        "WHERE stage = $stage AND session_id IN (SELECT session_id FROM recomputed)",
+                        {"stage": replace_stage},
+                    ).fetchall()
+                ]
+            finally:
+                con.close()
+        if not stale and not records:
+            return
+        with transaction(table) as tx:
+            if stale:
+                stage = EqualTo(term=Reference("stage"), value=literal(replace_stage))
+                tx.delete(And(stage, In(term=Reference("session_id"), literals={literal(s) for s in stale})))
+            if records:
+                tx.append(quarantine_rows(records, run_id))
+
+    retry_on_conflict("record quarantined sessions", attempt)
