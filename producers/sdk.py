@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import time
 import uuid
@@ -44,7 +43,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from producers.errors import DeliveryError, NonFiniteNumberError
+from producers.errors import DeliveryError
 from producers.redact import redact_value
 from producers.spool import Spool, SpooledEvent
 from schemas.registry import encode_event
@@ -80,29 +79,6 @@ def producer_config(bootstrap: str, extra: dict[str, str] | None = None) -> dict
     }
     config.update(extra or {})
     return config
-
-
-def check_finite(event: Event) -> None:
-    """Refuse an event whose payload holds NaN or ±infinity: no measurement has those values.
-
-    Avro encodes them, but they would poison every sum downstream; refusing them here gives the
-    sandbox host a clear error at the line that produced the value.
-
-    Raises:
-        NonFiniteNumberError: naming the event type and the field.
-    """
-    stack: list[tuple[str, Any]] = [("payload", event.get("payload"))]
-    while stack:
-        where, value = stack.pop()
-        if isinstance(value, float) and not math.isfinite(value):
-            raise NonFiniteNumberError(
-                f"{event.get('event_type')} event of session {event.get('session_id')}: {where} is {value}; "
-                "send a finite number or null"
-            )
-        if isinstance(value, dict):
-            stack.extend((f"{where}.{k}", v) for k, v in value.items())
-        elif isinstance(value, list | tuple):
-            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
 
 
 class EventProducer:
@@ -172,7 +148,9 @@ class EventProducer:
         return cls(resolve_bootstrap(settings), settings.topic, host_id, extra_config=settings.kafka_extra, **kwargs)
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        event_id = msg.headers()[0][1].decode() if msg.headers() else "?"
+        headers = msg.headers()  # at run time a list of (name, bytes) pairs, event_id first
+        first = headers[0][1] if isinstance(headers, list) and headers else None
+        event_id = first.decode() if isinstance(first, bytes) else "?"
         if err is not None and self._spool is not None:
             # Purged (we moved it out of the queue during an outage) or timed out: keep it on disk.
             self._spool.append((msg.key() or b"").decode(), event_id, msg.value() or b"")
@@ -274,13 +252,7 @@ class EventProducer:
             self.spooled += 1
 
     def encode(self, event: Event) -> bytes:
-        """Redact (if enabled) and encode one event.
-
-        Raises:
-            NonFiniteNumberError: a payload number is NaN or ±infinity.
-            EncodeError: the event does not fit the schema.
-        """
-        check_finite(event)
+        """Redact (if enabled) and encode one event."""
         if self.redact:
             event = redact_value(event)
         return encode_event(event, self.schema_version)
@@ -289,7 +261,6 @@ class EventProducer:
         """Encode and enqueue one complete event; returns its ``event_id``.
 
         Raises:
-            NonFiniteNumberError: a payload number is NaN or ±infinity (nothing is sent).
             EncodeError: the event does not fit the schema.
             DeliveryError: the local queue stays full for 30 s (Kafka unreachable).
         """

@@ -29,23 +29,25 @@ LOOP_PENALTY = 0.4
 STEPS_PENALTY = 0.3
 CONFIRMING_SEVERITIES = ("critical", "high")
 
-SCORES_SCHEMA = {
-    "session_id": pl.Utf8,
-    "task_id": pl.Utf8,
-    "task_type": pl.Utf8,
-    "completion": pl.Float64,
-    "validity": pl.Float64,
-    "novelty": pl.Float64,
-    "quality": pl.Float64,
-    "has_loop": pl.Boolean,
-    "steps_z": pl.Float64,
-    "n_cheat_flags": pl.Int64,
-    "security_flagged": pl.Boolean,
-    "failure_cause": pl.Utf8,
-    "retry_advice": pl.Utf8,
-    "exportable": pl.Boolean,
-    "scorer_version": pl.Utf8,
-}
+SCORES_SCHEMA = pl.Schema(
+    {
+        "session_id": pl.Utf8,
+        "task_id": pl.Utf8,
+        "task_type": pl.Utf8,
+        "completion": pl.Float64,
+        "validity": pl.Float64,
+        "novelty": pl.Float64,
+        "quality": pl.Float64,
+        "has_loop": pl.Boolean,
+        "steps_z": pl.Float64,
+        "n_cheat_flags": pl.Int64,
+        "security_flagged": pl.Boolean,
+        "failure_cause": pl.Utf8,
+        "retry_advice": pl.Utf8,
+        "exportable": pl.Boolean,
+        "scorer_version": pl.Utf8,
+    }
+)
 
 
 @dataclass
@@ -174,7 +176,7 @@ def score_sessions(
         .select(list(SCORES_SCHEMA))
         .cast(SCORES_SCHEMA)
         .sort("session_id")
-    )  # type: ignore[arg-type]
+    )
     return QualityResult(
         scores=_decode(scores, keys, ["session_id"]).sort("session_id"),
         flags=_decode(flags.cast(FLAGS_SCHEMA), keys, ["session_id"]).sort("session_id", "flag"),  # type: ignore[arg-type]

@@ -387,9 +387,9 @@ def run_fleet(
         )
         target: EventSink = producer
     elif hasattr(sink, "emit") and hasattr(sink, "send"):
-        target = sink  # type: ignore[assignment]
+        target = sink
     else:
-        target = CallableSink(sink)  # type: ignore[arg-type]
+        target = CallableSink(sink)
     labels = LabelWriter(labels_path)
     started = time.monotonic()
     try:

@@ -18,7 +18,7 @@ same events (and ingest keeps them once). Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -100,7 +100,7 @@ def import_paths(
     Raises:
         ImportFormatError: any file cannot be imported (nothing is sent then).
     """
-    converted: list[tuple[Path, str, Sequence[Event]]] = []
+    converted: list[tuple[Path, str, list[Event]]] = []
     for path in paths:
         path = Path(path)
         events = import_trajectory(path, format)

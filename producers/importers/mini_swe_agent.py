@@ -21,6 +21,7 @@ from producers.importers._common import (
     SourceFile,
     digest,
     end_status,
+    object_of,
     text_of,
     unix_micros,
 )
@@ -88,8 +89,8 @@ def convert(source: SourceFile) -> list[Event]:
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise ImportFormatError(source.path, "mini-swe-agent trajectory without a 'messages' list of objects")
     messages = [m for m in messages if not m.get("is_demo")]
-    info = data.get("info") if isinstance(data.get("info"), dict) else {}
-    config = info.get("config") if isinstance(info.get("config"), dict) else {}
+    info = object_of(data.get("info"))
+    config = object_of(info.get("config"))
     instance_id = str(data.get("instance_id") or source.path.name.split(".")[0])
     instruction = next((text_of(m.get("content")) for m in messages if m.get("role") == "user"), None)
     if instruction is None:
@@ -113,10 +114,10 @@ def convert(source: SourceFile) -> list[Event]:
     turn = 0
     for index, message in enumerate(messages):
         role = message.get("role")
-        extra = message.get("extra") if isinstance(message.get("extra"), dict) else {}
+        extra = object_of(message.get("extra"))
         ts = stamps[index]
         if role == "assistant":
-            response = extra.get("response") if isinstance(extra.get("response"), dict) else {}
+            response = object_of(extra.get("response"))
             usage = response.get("usage") or {}
             builder.advance(previous_ts)
             message_id = str(response.get("id") or f"turn-{turn}")

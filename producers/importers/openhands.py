@@ -23,6 +23,7 @@ from producers.importers._common import (
     digest,
     end_status,
     iso_micros,
+    object_of,
     text_of,
 )
 from producers.sdk import Event
@@ -92,11 +93,11 @@ def convert(source: SourceFile) -> list[Event]:
     for index, record in enumerate(records):
         ts = stamps[index]
         kind, observation = record.get("action"), record.get("observation")
-        args = record.get("args") if isinstance(record.get("args"), dict) else {}
+        args = object_of(record.get("args"))
         if record.get("source") == "user" and kind == "message" and index != first_user:
             new_context.append(text_of(args.get("content")))
         elif record.get("source") == "agent" and kind and kind not in _NOT_STEPS:
-            metadata = record.get("tool_call_metadata") if isinstance(record.get("tool_call_metadata"), dict) else {}
+            metadata = object_of(record.get("tool_call_metadata"))
             response = metadata.get("model_response") or {}
             usage = response.get("usage") or {}
             response_id = str(response.get("id") or f"event-{record['id']}")
@@ -130,7 +131,7 @@ def convert(source: SourceFile) -> list[Event]:
             last_state = str((record.get("extras") or {}).get("agent_state") or "")
         elif observation and observation != "null" and record.get("cause") in actions:
             event_id, action_ts, call_id = actions[record["cause"]]
-            extras = record.get("extras") if isinstance(record.get("extras"), dict) else {}
+            extras = object_of(record.get("extras"))
             exit_code = (extras.get("metadata") or {}).get("exit_code")
             builder.advance(ts)
             content = text_of(record.get("content"))

@@ -27,6 +27,7 @@ from producers.importers._common import (
     apportion,
     digest,
     end_status,
+    object_of,
     text_of,
 )
 from producers.sdk import Event
@@ -131,18 +132,18 @@ def convert(source: SourceFile) -> list[Event]:
     if not lists or not all(isinstance(item, dict) for item in [*steps, *history]):
         reason = "SWE-agent trajectory whose 'trajectory'/'history' are not lists of objects"
         raise ImportFormatError(source.path, reason)
-    info = data.get("info") if isinstance(data.get("info"), dict) else {}
+    info = object_of(data.get("info"))
     replay = _as_dict(data.get("replay_config"))
     version = "v1" if replay or any("message_type" in h for h in history) else "v0"
     history = [h for h in history if not h.get("is_demo")]  # in-context demonstrations are not this run
-    problem = replay.get("problem_statement") if isinstance(replay.get("problem_statement"), dict) else {}
+    problem = object_of(replay.get("problem_statement"))
     instruction = next((text_of(h.get("content")) for h in history if h.get("role") == "user"), None)
     instruction = instruction or text_of(problem.get("text")) or None
     if instruction is None:
         raise ImportFormatError(source.path, "no non-demo user message or problem statement with the task")
     system = next((text_of(h.get("content")) for h in history if h.get("role") == "system"), "")
     model = ((replay.get("agent") or {}).get("model") or {}).get("name") or companion_model(source.path)
-    stats = info.get("model_stats") if isinstance(info.get("model_stats"), dict) else {}
+    stats = object_of(info.get("model_stats"))
 
     builder = RunBuilder(source, FRAMEWORK, f"swe-agent-traj-{version}", {
         "task_id": str(problem.get("id") or source.path.stem),
