@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 import uuid
@@ -43,7 +44,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from producers.errors import DeliveryError
+from producers.errors import DeliveryError, NonFiniteNumberError
 from producers.redact import redact_value
 from producers.spool import Spool, SpooledEvent
 from schemas.registry import encode_event
@@ -79,6 +80,29 @@ def producer_config(bootstrap: str, extra: dict[str, str] | None = None) -> dict
     }
     config.update(extra or {})
     return config
+
+
+def check_finite(event: Event) -> None:
+    """Refuse an event whose payload holds NaN or ±infinity: no measurement has those values.
+
+    Avro encodes them, but they would poison every sum downstream; refusing them here gives the
+    sandbox host a clear error at the line that produced the value.
+
+    Raises:
+        NonFiniteNumberError: naming the event type and the field.
+    """
+    stack: list[tuple[str, Any]] = [("payload", event.get("payload"))]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise NonFiniteNumberError(
+                f"{event.get('event_type')} event of session {event.get('session_id')}: {where} is {value}; "
+                "send a finite number or null"
+            )
+        if isinstance(value, dict):
+            stack.extend((f"{where}.{k}", v) for k, v in value.items())
+        elif isinstance(value, list | tuple):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
 
 
 class EventProducer:
@@ -252,7 +276,13 @@ class EventProducer:
             self.spooled += 1
 
     def encode(self, event: Event) -> bytes:
-        """Redact (if enabled) and encode one event."""
+        """Redact (if enabled) and encode one event.
+
+        Raises:
+            NonFiniteNumberError: a payload number is NaN or ±infinity.
+            EncodeError: the event does not fit the schema.
+        """
+        check_finite(event)
         if self.redact:
             event = redact_value(event)
         return encode_event(event, self.schema_version)
@@ -261,6 +291,7 @@ class EventProducer:
         """Encode and enqueue one complete event; returns its ``event_id``.
 
         Raises:
+            NonFiniteNumberError: a payload number is NaN or ±infinity (nothing is sent).
             EncodeError: the event does not fit the schema.
             DeliveryError: the local queue stays full for 30 s (Kafka unreachable).
         """

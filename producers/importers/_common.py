@@ -72,7 +72,29 @@ def read_source(path: Path | str) -> SourceFile:
     except json.JSONDecodeError as exc:
         reason = f"not valid JSON (truncated or corrupt?): {exc.msg} at line {exc.lineno}"
         raise ImportFormatError(path, reason) from exc
+    except RecursionError:  # the C parser recurses per nesting level
+        raise ImportFormatError(path, f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+    check_nesting(path, data)
     return SourceFile(path, hashlib.sha256(raw).hexdigest(), data)
+
+
+#: Deepest nesting of lists/objects an imported file may have (real runs nest about ten levels).
+MAX_JSON_DEPTH = 200
+
+
+def check_nesting(path: Path, data: Any) -> None:
+    """Refuse ``data`` nested deeper than :data:`MAX_JSON_DEPTH` (walked without recursion).
+
+    Raises:
+        ImportFormatError: the nesting is deeper than the cap.
+    """
+    stack = [(data, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                raise ImportFormatError(path, f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
 
 
 def text_of(content: Any) -> str:
