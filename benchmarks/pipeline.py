@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import Consumer
 
-from common.broker import ensure_topic, start_broker, stop_broker, wait_for_kafka
+from common.broker import ensure_topic, resolve_bootstrap, start_broker, stop_broker, wait_for_kafka
 from common.settings import Settings, load_settings
 from pipelines.decode import BatchDecoder, with_coordinates
 from pipelines.ingest import IngestWorker, consumer_config, event_row
@@ -93,14 +93,14 @@ def bench_home(home: Path | None = None, kafka: bool = True) -> Iterator[Setting
             stack.callback(stop_broker, settings)
             settings = load_settings(home=home, topic=settings.topic, kafka_bootstrap=state.bootstrap)
         if kafka:
-            wait_for_kafka(settings.kafka_bootstrap)
-            ensure_topic(settings.kafka_bootstrap, settings.topic, settings.topic_partitions)
+            wait_for_kafka(resolve_bootstrap(settings))
+            ensure_topic(resolve_bootstrap(settings), settings.topic, settings.topic_partitions)
         yield settings
 
 
 def produce_encoded(settings: Settings, records: list[tuple[str, str, bytes]]) -> float:
     """Send pre-encoded records and wait for acks; returns seconds taken."""
-    producer = EventProducer(settings.kafka_bootstrap, settings.topic, "bench-host")
+    producer = EventProducer(resolve_bootstrap(settings), settings.topic, "bench-host")
     started = time.perf_counter()
     for session_id, event_id, value in records:
         producer.send(session_id, event_id, value)
@@ -115,7 +115,7 @@ def _consume_all(
 
     Returns seconds from the first record received to the last batch handled, and bytes.
     """
-    config = consumer_config(settings.model_copy(update={"consumer_group": group}), settings.kafka_bootstrap)
+    config = consumer_config(settings.model_copy(update={"consumer_group": group}), resolve_bootstrap(settings))
     consumer = Consumer(config)
     consumer.subscribe([settings.topic])
     seen = n_bytes = 0
@@ -301,7 +301,10 @@ def bench_query(events: int = 1_000_000, home: Path | None = None) -> dict[str, 
     with bench_home(home, kafka=False) as settings:
         load_raw_events(settings, events)
         con = open_views(settings)
-        session_id = con.execute("SELECT session_id FROM events USING SAMPLE 1 ROWS").fetchone()[0]
+        sampled = con.execute("SELECT session_id FROM events USING SAMPLE 1 ROWS").fetchone()
+        if sampled is None:
+            raise RuntimeError("the events view is empty after loading raw events")
+        session_id = sampled[0]
         aggregate = "SELECT event_type, count(*), count(DISTINCT session_id) FROM events GROUP BY event_type"
         lookup = f"SELECT * FROM events WHERE session_id = '{session_id}' ORDER BY seq"
 
@@ -462,7 +465,7 @@ def bench_memory(events: int = 1_000_000, home: Path | None = None) -> dict[str,
         topics = {}
         for size in (small, events):
             topic = f"{settings.topic}-{size}"
-            ensure_topic(settings.kafka_bootstrap, topic, settings.topic_partitions)
+            ensure_topic(resolve_bootstrap(settings), topic, settings.topic_partitions)
             produce_encoded(settings.model_copy(update={"topic": topic}), encoded_events(size))
             topics[size] = topic
         small_rss, _ = _ingest_peak_rss(settings, topics[small], f"mem-{small}")
@@ -592,7 +595,8 @@ def bench_replay(
         deadline = time.monotonic() + 1800
         while ingest.poll() is None and time.monotonic() < deadline:  # until every event is in raw_events
             snapshot = raw.refresh().current_snapshot()
-            if snapshot is not None and int(snapshot.summary.get("total-records", 0)) >= produced:
+            summary = snapshot.summary if snapshot is not None else None
+            if summary is not None and int(summary.get("total-records", 0)) >= produced:
                 break
             time.sleep(0.5)
         ingest_s = time.perf_counter() - started
@@ -679,15 +683,18 @@ def bench_freshness(
         table = ensure_table(open_catalog(settings), settings, RAW_EVENTS.name)
 
         def consume_plain() -> None:
-            config = consumer_config(settings.model_copy(update={"consumer_group": f"fresh-{uuid.uuid4().hex[:6]}"}),
-                                     settings.kafka_bootstrap, follow=True)  # fmt: skip
+            group = f"fresh-{uuid.uuid4().hex[:6]}"
+            config = consumer_config(
+                settings.model_copy(update={"consumer_group": group}), resolve_bootstrap(settings), follow=True
+            )
             consumer = Consumer({**config, "fetch.min.bytes": 1, "fetch.wait.max.ms": 10})
             consumer.subscribe([settings.topic])
             while not done.is_set():
                 for message in consumer.consume(num_messages=1000, timeout=0.1):
                     if message.error() is None:
-                        event_id = dict(message.headers() or []).get("event_id", b"").decode()
-                        delivered.setdefault(event_id, time.perf_counter())
+                        event_id = dict(message.headers() or []).get("event_id")
+                        if isinstance(event_id, bytes):
+                            delivered.setdefault(event_id.decode(), time.perf_counter())
             consumer.close()
 
         def poll_table() -> None:
@@ -712,8 +719,9 @@ def bench_freshness(
             thread.start()
         try:
             time.sleep(8)  # the ingest process starts and joins its group before traffic begins
-            producer = EventProducer(settings.kafka_bootstrap, settings.topic, "fresh-host",
-                                     extra_config={"linger.ms": "5"})  # fmt: skip
+            producer = EventProducer(
+                resolve_bootstrap(settings), settings.topic, "fresh-host", extra_config={"linger.ms": "5"}
+            )
             start = time.perf_counter()
             for i, (session_id, event_id, value) in enumerate(records):
                 due = start + i / rate
