@@ -56,7 +56,7 @@ class Spool:
         self._lock = threading.Lock()
         self._log_path = self.directory / LOG_NAME
         self._head_path = self.directory / HEAD_NAME
-        self._log = open(self._log_path, "ab+")  # noqa: SIM115 - held open for the spool's lifetime
+        self._log = open(self._log_path, "ab+")  # held open for the spool's lifetime
         self._head = self._read_head()
         self._size = self._recover_tail()
 

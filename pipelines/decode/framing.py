@@ -112,7 +112,7 @@ def read_container_safely(container: bytes, expected_rows: int) -> pa.Table | st
     """The decoded table, or the error text when decoding failed; never raises."""
     try:
         return read_container(container, expected_rows)
-    except BaseException as exc:  # noqa: BLE001 - Rust panics surface as BaseException subclasses
+    except BaseException as exc:  # Rust panics surface as BaseException subclasses
         return f"{type(exc).__name__}: {exc}"
 
 

@@ -71,7 +71,7 @@ def handle(
         if header.get("write") is not None:
             events, reply["files"] = write_files(events, header["target"], header["write"])
         return reply, _reply_parts(events), _slices(events)
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which decodes the batch itself
+    except Exception as exc:  # reported to the parent, which decodes the batch itself
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, 0, []
 
 

@@ -124,7 +124,7 @@ class TrafficProfile:
     lost_tail_rate: float = 0.003
     transient_failure_rate: float = 0.01
     offload_bytes: int = 65_536
-    steps: dict[str, tuple[float, float]] = {  # noqa: RUF012 - read-only defaults
+    steps: dict[str, tuple[float, float]] = {  # read-only defaults
         "solver": (16, 0.4),
         "flailer": (45, 0.3),
         "guesser": (2.5, 0.3),

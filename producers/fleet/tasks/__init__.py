@@ -137,6 +137,6 @@ def _load() -> None:
 
 
 # Register the families (the modules import the helpers above, so this comes last).
-from producers.fleet.tasks import bugfix, data_cli, implement  # noqa: E402, F401, I001
+from producers.fleet.tasks import bugfix, data_cli, implement  # noqa: E402, F401
 
 __all__ = ["FAMILIES", "IMAGES", "TaskInstance", "make_task", "task_for", "unit_tests"]

@@ -1,4 +1,3 @@
-# ruff: noqa: E501  (this module is mostly source-code templates of generated task files)
 """``bugfix`` tasks: a module with one bug; fix it so the tests pass (tests are not to be edited)."""
 
 from __future__ import annotations

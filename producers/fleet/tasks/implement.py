@@ -1,4 +1,3 @@
-# ruff: noqa: E501  (this module is mostly source-code templates of generated task files)
 """``implement`` tasks: implement a function from SPEC.md (the stub raises NotImplementedError)."""
 
 from __future__ import annotations

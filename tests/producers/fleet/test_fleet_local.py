@@ -40,7 +40,7 @@ def test_no_network_and_every_attempt_recorded(tmp_path, image):
         assert denied.exit_code != 0 and "denied" in denied.output
         allowed = sandbox.run(
             "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://rates.internal/r').read())\""
-        )  # noqa: E501
+        )
         assert allowed.exit_code == 0 and '{"ok": 1}' in allowed.output
         attempts = sandbox.gateway.drain()
         assert [(a.host, a.allowed) for a in attempts] == [("example.com", False), ("rates.internal", True)]
