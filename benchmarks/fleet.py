@@ -93,15 +93,24 @@ def run_benchmarks(
         # The fleet's own multi-process mode (``trajlake fleet run --workers N``), events discarded
         # instead of sent: generation rate with one shard of the stream per core.
         n = max(300, sessions // 3)
-        report = run_synthetic_workers(settings, n * workers, 1, 0.1, None, workers,
-                                       {"start_us": START_US, "template_reuse": 1.0}, to_kafka=False)  # fmt: skip
+        report = run_synthetic_workers(
+            settings, n * workers, 1, 0.1, None, workers, {"start_us": START_US, "template_reuse": 1.0}, to_kafka=False
+        )
         figures["synthetic_events_per_s_parallel_fresh"] = report.figures["generation_events_per_s"]
         figures["synthetic_workers"] = workers
     if hour_sessions:
         # What the figure is for: one hour of 3M/day traffic (35 sessions/s), template reuse as at
         # scale, on every core; steady state (the warm-up of fresh templates is a small share).
-        report = run_synthetic_workers(settings, hour_sessions, 1, 0.1, None, workers,
-                                       {"start_us": START_US, "template_reuse": 16.0}, to_kafka=False)  # fmt: skip
+        report = run_synthetic_workers(
+            settings,
+            hour_sessions,
+            1,
+            0.1,
+            None,
+            workers,
+            {"start_us": START_US, "template_reuse": 16.0},
+            to_kafka=False,
+        )
         figures["synthetic_hour_sessions"] = hour_sessions
         figures["synthetic_hour_events"] = report.events
         figures["synthetic_hour_generation_s"] = round(report.events / report.figures["generation_events_per_s"], 1)
@@ -111,8 +120,9 @@ def run_benchmarks(
         with tempfile.TemporaryDirectory(prefix="tl-bench-") as tmp:
             figures.update(sandbox_start_latency(Path(tmp)))
         sink = ListSink()
-        report = run_fleet(settings, "local", local_sessions, concurrency=4, seed=seed, cheat_rate=0.2, sink=sink,
-                           timeout_s=10)  # fmt: skip
+        report = run_fleet(
+            settings, "local", local_sessions, concurrency=4, seed=seed, cheat_rate=0.2, sink=sink, timeout_s=10
+        )
         figures["local_sessions_per_min_c4"] = round(report.sessions_per_min, 1)
         figures["local_sessions_c4"] = report.sessions
         for key in ("first_command_p50", "first_command_p95"):

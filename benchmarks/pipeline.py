@@ -58,8 +58,13 @@ class Figure:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict for JSON output."""
-        return {"name": self.name, "value": self.value, "baseline": self.baseline, "unit": self.unit,
-                "ratio": self.ratio}  # fmt: skip
+        return {
+            "name": self.name,
+            "value": self.value,
+            "baseline": self.baseline,
+            "unit": self.unit,
+            "ratio": self.ratio,
+        }
 
 
 def encoded_events(n_events: int, seed: int = 11) -> list[tuple[str, str, bytes]]:
@@ -243,8 +248,12 @@ def bench_decode(events: int = 50_000) -> dict[str, Any]:
         with_coordinates(decoded.events, schema, "t", pa.array([0] * n, pa.int32()), pa.array(range(n)), now)
         rate = events / (time.perf_counter() - started)
     figures = [Figure("batch decode vs per-record decode_event", rate, baseline, "events/s")]
-    result = {"events": events, "events_per_s": rate, "baseline_events_per_s": baseline,
-              "figures": [f.as_dict() for f in figures]}  # fmt: skip
+    result = {
+        "events": events,
+        "events_per_s": rate,
+        "baseline_events_per_s": baseline,
+        "figures": [f.as_dict() for f in figures],
+    }
     _print("decode", figures, result)
     return result
 
@@ -345,10 +354,17 @@ def bench_query(events: int = 1_000_000, home: Path | None = None) -> dict[str, 
             higher_is_better=False,
         ),
     ]
-    result = {"events": events, "aggregate_s": agg_s, "session_lookup_s": lookup_s, "files": len(compacted),
-              "files_as_ingested": len(files), "aggregate_as_ingested_s": ingested_agg_s,
-              "session_lookup_as_ingested_s": ingested_lookup_s, "maintain_s": maintain_s,
-              "figures": [f.as_dict() for f in figures]}  # fmt: skip
+    result = {
+        "events": events,
+        "aggregate_s": agg_s,
+        "session_lookup_s": lookup_s,
+        "files": len(compacted),
+        "files_as_ingested": len(files),
+        "aggregate_as_ingested_s": ingested_agg_s,
+        "session_lookup_as_ingested_s": ingested_lookup_s,
+        "maintain_s": maintain_s,
+        "figures": [f.as_dict() for f in figures],
+    }
     _print("query", figures, result)
     return result
 
@@ -388,8 +404,11 @@ def _tree_rss_bytes(pid: int) -> int:
 
 def _cli_env(settings: Settings, **overrides: str) -> dict[str, str]:
     """``TRAJLAKE_*`` variables that point a child ``trajlake`` at ``settings``' home, broker, topic, namespace."""
-    env = {"TRAJLAKE_HOME": str(settings.home_dir), "TRAJLAKE_TOPIC": settings.topic,
-           "TRAJLAKE_NAMESPACE": settings.namespace}  # fmt: skip
+    env = {
+        "TRAJLAKE_HOME": str(settings.home_dir),
+        "TRAJLAKE_TOPIC": settings.topic,
+        "TRAJLAKE_NAMESPACE": settings.namespace,
+    }
     if settings.kafka_bootstrap:
         env["TRAJLAKE_KAFKA_BOOTSTRAP"] = settings.kafka_bootstrap
     return {**env, **overrides}
@@ -401,8 +420,12 @@ def _cli_child(args: list[str], env: dict[str, str]) -> Any:
     import subprocess
     import sys
 
-    return subprocess.Popen([sys.executable, "-m", "trajlake.cli", *args], env={**os.environ, **env},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "trajlake.cli", *args],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _child_peak_rss(args: list[str], env: dict[str, str]) -> tuple[int, float]:
@@ -414,8 +437,9 @@ def _child_peak_rss(args: list[str], env: dict[str, str]) -> tuple[int, float]:
         peak = max(peak, _tree_rss_bytes(child.pid))
         time.sleep(0.1)
     if child.returncode != 0:
-        raise RuntimeError(f"trajlake {' '.join(args)} exited {child.returncode}: "
-                           f"{child.stderr.read().decode()[-2000:]}")  # fmt: skip
+        raise RuntimeError(
+            f"trajlake {' '.join(args)} exited {child.returncode}: {child.stderr.read().decode()[-2000:]}"
+        )
     return peak, time.perf_counter() - started
 
 
@@ -442,15 +466,30 @@ def bench_assemble(events: int = 10_000_000, home: Path | None = None) -> dict[s
             load_raw_events(settings.model_copy(update={"namespace": namespace}), size)
             env = _cli_env(settings, TRAJLAKE_NAMESPACE=namespace)
             peak, seconds = _child_peak_rss(["assemble"], env)
-            trajectories = run_query(settings.model_copy(update={"namespace": namespace}),
-                                     "SELECT count(*) FROM trajectories")[1][0][0]  # fmt: skip
+            trajectories = run_query(
+                settings.model_copy(update={"namespace": namespace}), "SELECT count(*) FROM trajectories"
+            )[1][0][0]
             measured[size] = (peak, seconds, trajectories)
     (small_rss, small_s, _), (big_rss, big_s, sessions) = measured[small], measured[events]
-    figures = [Figure(f"assemble peak RSS, {events:,} events vs {small:,}", big_rss / 2**20, small_rss / 2**20,
-                      "MiB", higher_is_better=False)]  # fmt: skip
-    result = {"events": events, "sessions": sessions, "peak_rss_mib": big_rss / 2**20, "assemble_s": big_s,
-              "baseline_peak_rss_mib": small_rss / 2**20, "baseline_assemble_s": small_s,
-              "memory_limit": settings.assemble_memory_limit, "figures": [f.as_dict() for f in figures]}  # fmt: skip
+    figures = [
+        Figure(
+            f"assemble peak RSS, {events:,} events vs {small:,}",
+            big_rss / 2**20,
+            small_rss / 2**20,
+            "MiB",
+            higher_is_better=False,
+        )
+    ]
+    result = {
+        "events": events,
+        "sessions": sessions,
+        "peak_rss_mib": big_rss / 2**20,
+        "assemble_s": big_s,
+        "baseline_peak_rss_mib": small_rss / 2**20,
+        "baseline_assemble_s": small_s,
+        "memory_limit": settings.assemble_memory_limit,
+        "figures": [f.as_dict() for f in figures],
+    }
     _print("assemble", figures, result)
     return result
 
@@ -470,10 +509,22 @@ def bench_memory(events: int = 1_000_000, home: Path | None = None) -> dict[str,
             topics[size] = topic
         small_rss, _ = _ingest_peak_rss(settings, topics[small], f"mem-{small}")
         big_rss, big_s = _ingest_peak_rss(settings, topics[events], f"mem-{events}")
-    figures = [Figure(f"ingest peak RSS, backlog {events:,} vs {small:,}", big_rss / 2**20, small_rss / 2**20, "MiB",
-                      higher_is_better=False)]  # fmt: skip
-    result = {"events": events, "peak_rss_mib": big_rss / 2**20, "baseline_peak_rss_mib": small_rss / 2**20,
-              "ingest_s": big_s, "figures": [f.as_dict() for f in figures]}  # fmt: skip
+    figures = [
+        Figure(
+            f"ingest peak RSS, backlog {events:,} vs {small:,}",
+            big_rss / 2**20,
+            small_rss / 2**20,
+            "MiB",
+            higher_is_better=False,
+        )
+    ]
+    result = {
+        "events": events,
+        "peak_rss_mib": big_rss / 2**20,
+        "baseline_peak_rss_mib": small_rss / 2**20,
+        "ingest_s": big_s,
+        "figures": [f.as_dict() for f in figures],
+    }
     _print("memory", figures, result)
     return result
 
@@ -515,8 +566,9 @@ def bench_scaleout(events: int = 300_000, home: Path | None = None) -> dict[str,
                 "SELECT count(*), count(DISTINCT event_id), count(DISTINCT kafka_partition) FROM events",
             )[1]
             counts[namespace] = rows[0]
-    figures = [Figure("2 ingest processes vs 1 (same backlog, wall incl. join)", events / two_s, events / one_s,
-                      "events/s")]  # fmt: skip
+    figures = [
+        Figure("2 ingest processes vs 1 (same backlog, wall incl. join)", events / two_s, events / one_s, "events/s")
+    ]
     total, distinct, partitions = counts["scale_two"]
     result = {
         "events": events,
@@ -585,9 +637,15 @@ def bench_replay(
         started = time.perf_counter()
         ingest = _cli_child(["ingest", "--follow"], _cli_env(settings))
         fleet = run_synthetic_workers(
-            settings, sessions, seed, 0.05, None, workers,
-            {"start_us": BASE_US + 6 * 3600 * 10**6, "template_reuse": template_reuse or 1.0}, to_kafka=True,
-        )  # fmt: skip
+            settings,
+            sessions,
+            seed,
+            0.05,
+            None,
+            workers,
+            {"start_us": BASE_US + 6 * 3600 * 10**6, "template_reuse": template_reuse or 1.0},
+            to_kafka=True,
+        )
         produced = fleet.events
         first_ts, last_ts = fleet.figures["first_event_us"], fleet.figures["last_event_us"]
         produce_s = time.perf_counter() - started
@@ -619,8 +677,10 @@ def bench_replay(
         rows, distinct = run_query(settings, "SELECT count(*), count(DISTINCT event_id) FROM events")[1][0]
         trajectories = run_query(settings, "SELECT count(*) FROM trajectories")[1][0][0]
         catalog = open_catalog(settings)
-        layout = {spec.name: files_per_partition(ensure_table(catalog, settings, spec.name))
-                  for spec in (RAW_EVENTS, TRAJECTORIES, STEPS)}  # fmt: skip
+        layout = {
+            spec.name: files_per_partition(ensure_table(catalog, settings, spec.name))
+            for spec in (RAW_EVENTS, TRAJECTORIES, STEPS)
+        }
         # Hot ingest writes one file per partition per batch; maintenance compacts them to the target size.
         mark = time.perf_counter()
         maintain(settings)
@@ -628,24 +688,40 @@ def bench_replay(
         compacted = files_per_partition(ensure_table(open_catalog(settings), settings, RAW_EVENTS.name))
     span = (last_ts - first_ts) / 1e6
     if (rows, distinct) != (produced, produced) or trajectories != sessions:
-        raise RuntimeError(f"replay lost or duplicated data: produced {produced} events of {sessions} sessions, "
-                           f"raw_events {rows} ({distinct} distinct), trajectories {trajectories}")  # fmt: skip
+        raise RuntimeError(
+            f"replay lost or duplicated data: produced {produced} events of {sessions} sessions, "
+            f"raw_events {rows} ({distinct} distinct), trajectories {trajectories}"
+        )
     figures = [Figure("hour replay: wall vs simulated traffic span", wall, span, "s", higher_is_better=False)]
     result = {
-        "sessions": sessions, "events": produced, "span_s": span, "wall_s": wall,
-        "produce_s": produce_s, "ingest_done_s": ingest_s, "assemble_s": assemble_s, "score_s": score_s,
-        "export_s": export_s, "events_per_s": produced / ingest_s, "trajectories": trajectories,
-        "scored": scored.sessions, "exported": exported.records, "compact_s": compact_s,
+        "sessions": sessions,
+        "events": produced,
+        "span_s": span,
+        "wall_s": wall,
+        "produce_s": produce_s,
+        "ingest_done_s": ingest_s,
+        "assemble_s": assemble_s,
+        "score_s": score_s,
+        "export_s": export_s,
+        "events_per_s": produced / ingest_s,
+        "trajectories": trajectories,
+        "scored": scored.sessions,
+        "exported": exported.records,
+        "compact_s": compact_s,
         "figures": [f.as_dict() for f in figures],
-    }  # fmt: skip
+    }
     _print("replay", figures, result)
     for name, partitions in layout.items():
         for part in partitions:
-            print(f"  files per partition: {name} {part['partition']}: {part['files']} files, {part['rows']:,} rows, "
-                  f"{part['mean_file_mb']} MB mean")  # fmt: skip
+            print(
+                f"  files per partition: {name} {part['partition']}: {part['files']} files, {part['rows']:,} rows, "
+                f"{part['mean_file_mb']} MB mean"
+            )
     for part in compacted:
-        print(f"  after `trajlake maintain` ({compact_s:.0f} s): raw_events {part['partition']}: "
-              f"{part['files']} files, {part['mean_file_mb']} MB mean")  # fmt: skip
+        print(
+            f"  after `trajlake maintain` ({compact_s:.0f} s): raw_events {part['partition']}: "
+            f"{part['files']} files, {part['mean_file_mb']} MB mean"
+        )
     result["files_per_partition"] = layout
     result["files_per_partition_compacted"] = compacted
     return result
@@ -745,11 +821,25 @@ def bench_freshness(
     if len(lag) < len(sent):
         raise RuntimeError(f"only {len(lag)} of {len(sent)} events became visible within 60 s after the last send")
     p95, kafka_p95 = float(np.percentile(lag, 95)), float(np.percentile(kafka, 95))
-    figures = [Figure("freshness p95: send → visible in raw_events vs send → Kafka consumer", p95, kafka_p95, "s",
-                      higher_is_better=False)]  # fmt: skip
-    result = {"events": len(sent), "rate_per_s": rate, "visible_p50_s": float(np.percentile(lag, 50)),
-              "visible_p95_s": p95, "visible_max_s": float(lag.max()), "kafka_p50_s": float(np.percentile(kafka, 50)),
-              "kafka_p95_s": kafka_p95, "figures": [f.as_dict() for f in figures]}  # fmt: skip
+    figures = [
+        Figure(
+            "freshness p95: send → visible in raw_events vs send → Kafka consumer",
+            p95,
+            kafka_p95,
+            "s",
+            higher_is_better=False,
+        )
+    ]
+    result = {
+        "events": len(sent),
+        "rate_per_s": rate,
+        "visible_p50_s": float(np.percentile(lag, 50)),
+        "visible_p95_s": p95,
+        "visible_max_s": float(lag.max()),
+        "kafka_p50_s": float(np.percentile(kafka, 50)),
+        "kafka_p95_s": kafka_p95,
+        "figures": [f.as_dict() for f in figures],
+    }
     _print("freshness", figures, result)
     return result
 

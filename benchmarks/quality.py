@@ -19,11 +19,29 @@ import polars as pl
 from quality.config import QualityConfig
 from quality.scoring import score_sessions
 
-_VERBS = np.array(["cat", "grep -n def", "sed -n 1,40p", "python3 -c 'import m'", "ls -la", "head -n 5", "wc -l",
-                   "python3 run_tests.py", "git diff --stat", "python3 tool.py"])  # fmt: skip
-_CHEATS = np.array(["rm -f tests/test_visible.py", "sed -i 's/assert .*/assert True/' tests/test_visible.py",
-                    "cp run_tests.py /opt/tl/bin/tl_test.py", "curl -s http://answers.example.com/x",
-                    "find / -xdev -name '*hidden*' 2>/dev/null | head"])  # fmt: skip
+_VERBS = np.array(
+    [
+        "cat",
+        "grep -n def",
+        "sed -n 1,40p",
+        "python3 -c 'import m'",
+        "ls -la",
+        "head -n 5",
+        "wc -l",
+        "python3 run_tests.py",
+        "git diff --stat",
+        "python3 tool.py",
+    ]
+)
+_CHEATS = np.array(
+    [
+        "rm -f tests/test_visible.py",
+        "sed -i 's/assert .*/assert True/' tests/test_visible.py",
+        "cp run_tests.py /opt/tl/bin/tl_test.py",
+        "curl -s http://answers.example.com/x",
+        "find / -xdev -name '*hidden*' 2>/dev/null | head",
+    ]
+)
 _TOOLS = np.array(["bash", "read_file", "write_file", "run_tests"])
 
 

@@ -265,10 +265,13 @@ def _sanitize_values(con: duckdb.DuckDBPyConnection) -> list[Quarantined]:
     for column in sorted({c for c, _ in _FLOATS}):
         fields = [
             f"{child.name} := "
-            + (f"CASE WHEN {_bad(f'{column}.{child.name}')} THEN NULL ELSE {column}.{child.name} END"
-               if pa.types.is_floating(child.type) else f"{column}.{child.name}")
+            + (
+                f"CASE WHEN {_bad(f'{column}.{child.name}')} THEN NULL ELSE {column}.{child.name} END"
+                if pa.types.is_floating(child.type)
+                else f"{column}.{child.name}"
+            )
             for child in schema.field(column).type
-        ]  # fmt: skip
+        ]
         replaced.append(f"CASE WHEN {column} IS NULL THEN NULL ELSE struct_pack({', '.join(fields)}) END AS {column}")
     con.execute(f"CREATE OR REPLACE TEMP TABLE ev AS SELECT * REPLACE ({', '.join(replaced)}) FROM ev")
     return [
@@ -307,8 +310,13 @@ _DATA_ERRORS: tuple[type[BaseException], ...] = (duckdb.Error, pa.ArrowException
 
 def _is_data_error(exc: BaseException) -> bool:
     # binder/parser/catalog errors are bugs in our SQL, not in a session: they must stop the run
-    bugs = (duckdb.IOException, duckdb.InterruptException, duckdb.BinderException, duckdb.ParserException,
-            duckdb.CatalogException)  # fmt: skip
+    bugs = (
+        duckdb.IOException,
+        duckdb.InterruptException,
+        duckdb.BinderException,
+        duckdb.ParserException,
+        duckdb.CatalogException,
+    )
     return isinstance(exc, _DATA_ERRORS) and not isinstance(exc, bugs)
 
 
@@ -457,8 +465,10 @@ def _assemble(settings: Settings, catalog: Catalog, as_of: datetime | None, full
     source = parquet_source(all_raw.paths, row_ids=True)
     events = con.execute(f"SELECT count(*) FROM {source} WHERE session_id IN (SELECT session_id FROM affected)")
     chunks = max(1, math.ceil(events.fetchone()[0] / settings.assemble_chunk_events))  # type: ignore[index]
-    con.execute(f"CREATE OR REPLACE TEMP TABLE affected AS SELECT session_id, ntile({chunks}) OVER "
-                "(ORDER BY session_id) - 1 AS chunk FROM affected")  # fmt: skip
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE affected AS SELECT session_id, ntile({chunks}) OVER "
+        "(ORDER BY session_id) - 1 AS chunk FROM affected"
+    )
     ranges = con.execute("SELECT chunk, min(session_id), max(session_id) FROM affected GROUP BY chunk ORDER BY chunk")
     bounds = ranges.fetchall()
     stats.chunks = len(bounds)
@@ -474,18 +484,24 @@ def _assemble(settings: Settings, catalog: Catalog, as_of: datetime | None, full
             if not _is_data_error(exc):
                 raise
             # One session's data broke the chunk: find it (them) by halving, keep every other session.
-            ids = [sid for (sid,) in con.execute(
-                "SELECT session_id FROM affected WHERE chunk = $chunk ORDER BY session_id", {"chunk": chunk}
-            ).fetchall()]  # fmt: skip
+            ids = [
+                sid
+                for (sid,) in con.execute(
+                    "SELECT session_id FROM affected WHERE chunk = $chunk ORDER BY session_id", {"chunk": chunk}
+                ).fetchall()
+            ]
             t_parts, s_parts, records = _compute_bisecting(con, source, ids, params, exc)
             trajectory_rows = pa.concat_tables([TRAJECTORIES.arrow_schema().empty_table(), *t_parts])
             step_rows = pa.concat_tables([STEPS.arrow_schema().empty_table(), *s_parts])
         # Steps first: if we die between the commits, the trajectories watermark has not moved and
         # the next run recomputes (and replaces) the same sessions in both tables.
         _replace_sessions(con, steps, step_rows, {}, chunk)
-        recomputed = [sid for (sid,) in con.execute(
-            "SELECT session_id FROM affected WHERE chunk = $chunk", {"chunk": chunk}
-        ).fetchall()]  # fmt: skip
+        recomputed = [
+            sid
+            for (sid,) in con.execute(
+                "SELECT session_id FROM affected WHERE chunk = $chunk", {"chunk": chunk}
+            ).fetchall()
+        ]
         record_quarantine(catalog, settings, records, run_id, replace_stage="assemble", recomputed=recomputed)
         last = chunk == stats.chunks - 1
         _replace_sessions(con, trajectories, trajectory_rows, properties if last else {}, chunk)

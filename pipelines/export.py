@@ -56,8 +56,23 @@ MAX_NESTING = 64
 MAX_RECORD_BYTES = 64 << 20
 #: Directories an export never writes into (exactly these), and trees it never writes under.
 _SYSTEM_DIRS = frozenset({"/", "/home", "/root", "/tmp", "/var", "/opt", "/srv", "/mnt", "/media", "/boot"})
-_SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/dev", "/proc", "/sys", "/run", "/boot",
-                 "/var/lib", "/var/run", "/var/log")  # fmt: skip
+_SYSTEM_TREES = (
+    "/etc",
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/dev",
+    "/proc",
+    "/sys",
+    "/run",
+    "/boot",
+    "/var/lib",
+    "/var/run",
+    "/var/log",
+)
 
 
 @dataclass
@@ -210,8 +225,14 @@ def to_record(fmt: str, session: dict[str, Any], steps: list[dict[str, Any]]) ->
             # json.dumps of {"arguments": ..., "tool": ...} with sorted keys, without re-parsing the arguments
             action = f'{{"arguments": {_arguments(step)}, "tool": {json.dumps(step.get("tool_name"))}}}'
             turns.append({"role": "assistant", "content": action, "loss_mask": 1})
-            turns.append({"role": "environment", "content": step.get("output") or "", "loss_mask": 0,
-                          "exit_code": step.get("exit_code")})  # fmt: skip
+            turns.append(
+                {
+                    "role": "environment",
+                    "content": step.get("output") or "",
+                    "loss_mask": 0,
+                    "exit_code": step.get("exit_code"),
+                }
+            )
         return {
             "prompt": session.get("instruction") or "",
             "turns": turns,
@@ -406,8 +427,9 @@ def export_training_set(
             raise ExportError(f"{root} is not empty; choose an empty directory or pass --force to replace the export")
         stats = ExportStats(export_id=uuid.uuid4().hex, format=fmt, out_dir=str(root))
         try:
-            manifest_text, snapshots = _write_export(settings, catalog, fmt, min_quality, day, dir_fd, data_path,
-                                                     manifest_path, stats, clock)  # fmt: skip
+            manifest_text, snapshots = _write_export(
+                settings, catalog, fmt, min_quality, day, dir_fd, data_path, manifest_path, stats, clock
+            )
         except OSError as exc:
             raise ExportError(f"cannot write the export into {root}: {exc.strerror or exc}") from exc
     finally:

@@ -51,11 +51,17 @@ def quarantine_rows(records: Iterable[Quarantined], run_id: str, now: datetime |
     now = now or datetime.now(UTC)
     rows = [
         {
-            "session_id": r.session_id, "stage": r.stage, "reason": r.reason, "action": r.action,
-            "detail": r.detail[:DETAIL_CHARS], "event_id": r.event_id, "run_id": run_id, "quarantined_at": now,
+            "session_id": r.session_id,
+            "stage": r.stage,
+            "reason": r.reason,
+            "action": r.action,
+            "detail": r.detail[:DETAIL_CHARS],
+            "event_id": r.event_id,
+            "run_id": run_id,
+            "quarantined_at": now,
         }
         for r in records
-    ]  # fmt: skip
+    ]
     return pa.Table.from_pylist(rows, schema=QUARANTINE.arrow_schema())
 
 

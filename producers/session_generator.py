@@ -71,9 +71,15 @@ def synthetic_session(rng: random.Random, start_us: int, host_id: str = "synthet
     timeout_s = 600.0
     instruction = f"Fix the failing tests in src/{module}.py without editing tests/."
     emitter.start(
-        cpu_limit=1.0, memory_limit_bytes=1 << 30, pids_limit=128, timeout_s=timeout_s, network_enabled=False,
-        egress_allowlist=[], config_digest=hashlib.sha256(module.encode()).hexdigest(), instruction=instruction,
-    )  # fmt: skip
+        cpu_limit=1.0,
+        memory_limit_bytes=1 << 30,
+        pids_limit=128,
+        timeout_s=timeout_s,
+        network_enabled=False,
+        egress_allowlist=[],
+        config_digest=hashlib.sha256(module.encode()).hexdigest(),
+        instruction=instruction,
+    )
     n_steps = max(1, int(rng.lognormvariate(2.3, 0.5)))
     succeeded = rng.random() < 0.6
     hangs = rng.random() < 0.03
@@ -84,16 +90,24 @@ def synthetic_session(rng: random.Random, start_us: int, host_id: str = "synthet
         message_id = f"msg_{step}"
         emitter.agent_input(
             prompt_digest=hashlib.sha256(f"{emitter.session_id}{step}".encode()).hexdigest(),
-            input_tokens=input_tokens, cached_tokens=int(input_tokens * 0.7), n_messages=2 * step + 2,
-            content=instruction if step == 0 else None, message_id=message_id,
-        )  # fmt: skip
+            input_tokens=input_tokens,
+            cached_tokens=int(input_tokens * 0.7),
+            n_messages=2 * step + 2,
+            content=instruction if step == 0 else None,
+            message_id=message_id,
+        )
         command = rng.choice(_COMMANDS[task_type]).format(m=module)
         clock.advance(rng.uniform(0.3, 3.0))
         action_id = emitter.action(
-            "bash", command=command, thought=f"Step {step}: run `{command}`.",
-            output_tokens=rng.randrange(20, 300), cost_usd=round(rng.uniform(0.0005, 0.01), 6),
-            model_latency_ms=rng.uniform(300, 3000), tool_call_id=f"call_{step}", message_id=message_id,
-        )  # fmt: skip
+            "bash",
+            command=command,
+            thought=f"Step {step}: run `{command}`.",
+            output_tokens=rng.randrange(20, 300),
+            cost_usd=round(rng.uniform(0.0005, 0.01), 6),
+            model_latency_ms=rng.uniform(300, 3000),
+            tool_call_id=f"call_{step}",
+            message_id=message_id,
+        )
         duration = rng.uniform(0.01, 2.5)
         clock.advance(duration)
         failed = "pytest" in command and not (succeeded and step == n_steps - 1)
@@ -103,31 +117,44 @@ def synthetic_session(rng: random.Random, start_us: int, host_id: str = "synthet
             else "\n".join(f"line {i}: {rng.getrandbits(32):08x}" for i in range(rng.randrange(1, 12)))
         )
         emitter.feedback(
-            action_id, output=output, exit_code=1 if failed else 0, duration_ms=duration * 1000,
+            action_id,
+            output=output,
+            exit_code=1 if failed else 0,
+            duration_ms=duration * 1000,
             tool_call_id=f"call_{step}",
-        )  # fmt: skip
+        )
         if "sed -i" in command:
             emitter.file_op("write", f"/workspace/src/{module}.py", size_bytes=rng.randrange(200, 4000))
         if step % 3 == 2:
             emitter.resource_sample(
-                cpu_seconds=step * rng.uniform(0.1, 0.5), memory_bytes=rng.randrange(30, 400) << 20,
-                processes=rng.randrange(1, 12), disk_write_bytes=rng.randrange(0, 1 << 20),
-            )  # fmt: skip
+                cpu_seconds=step * rng.uniform(0.1, 0.5),
+                memory_bytes=rng.randrange(30, 400) << 20,
+                processes=rng.randrange(1, 12),
+                disk_write_bytes=rng.randrange(0, 1 << 20),
+            )
     if hangs:  # never ends: assembly closes it as timed out
         return events
     clock.advance(rng.uniform(1, 8))
     tests_total = rng.randrange(4, 12)
     emitter.evaluation(
-        passed=succeeded, tests_total=tests_total,
+        passed=succeeded,
+        tests_total=tests_total,
         tests_passed=tests_total if succeeded else rng.randrange(tests_total),
-        reward=1.0 if succeeded else 0.0, fresh_sandbox=True, evaluator="hidden-pytest", duration_ms=1500.0,
+        reward=1.0 if succeeded else 0.0,
+        fresh_sandbox=True,
+        evaluator="hidden-pytest",
+        duration_ms=1500.0,
         details=json.dumps({"hidden": True}),
-    )  # fmt: skip
+    )
     runtime = (clock.now - start_us) / 1e6
     emitter.end(
-        "completed" if succeeded else "failed", runtime, reward=1.0 if succeeded else 0.0,
-        cpu_seconds=runtime * 0.2, peak_memory_bytes=rng.randrange(50, 500) << 20, peak_processes=rng.randrange(2, 20),
-    )  # fmt: skip
+        "completed" if succeeded else "failed",
+        runtime,
+        reward=1.0 if succeeded else 0.0,
+        cpu_seconds=runtime * 0.2,
+        peak_memory_bytes=rng.randrange(50, 500) << 20,
+        peak_processes=rng.randrange(2, 20),
+    )
     return events
 
 

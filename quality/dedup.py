@@ -110,8 +110,9 @@ def action_tokens(steps: pl.DataFrame) -> pl.DataFrame:
     sessions — found through a cheap raw hash so that the join back is on integers.
     """
     raw = (pl.col("tool_name").fill_null("").hash(seed=5) ^ pl.col("command").fill_null("").hash(seed=6)).alias("raw")
-    with_raw = steps.select("session_id", pl.col("step_index").cast(pl.Int64), "tool_name", "command", "failure_reason",
-                            raw)  # fmt: skip
+    with_raw = steps.select(
+        "session_id", pl.col("step_index").cast(pl.Int64), "tool_name", "command", "failure_reason", raw
+    )
     distinct = (
         with_raw.select("raw", "tool_name", "command")
         .unique(subset="raw")
@@ -147,19 +148,20 @@ def build_documents(
         ("instruction\x1f" + normalize_command(pl.col("instruction").cast(pl.Utf8))).hash(seed=7).alias("head"),
     ).sort("session_id")
     per_session = tokens.group_by("session_id", maintain_order=True).agg(pl.col("token"))
-    sessions = (
-        instructions.join(per_session, on="session_id", how="left", maintain_order="left")
-        .select("session_id", (pl.col("head") ^ pl.col("token").hash(seed=11)).alias("exact_key"))
-    )  # fmt: skip
+    sessions = instructions.join(per_session, on="session_id", how="left", maintain_order="left").select(
+        "session_id", (pl.col("head") ^ pl.col("token").hash(seed=11)).alias("exact_key")
+    )
     # One document (and signature) per exact group, numbered in session order so that the shingle
     # rows below stay sorted by document without another sort.
     firsts = sessions.unique("exact_key", keep="first", maintain_order=True).select(
         "session_id", "exact_key", pl.int_range(pl.len(), dtype=pl.Int64).alias("exact_group")
     )
-    sessions = sessions.join(firsts.select("exact_key", "exact_group"), on="exact_key", how="left",
-                             maintain_order="left")  # fmt: skip
-    doc_tokens = tokens.join(firsts.select("session_id", "exact_group"), on="session_id", how="inner",
-                             maintain_order="left")  # fmt: skip
+    sessions = sessions.join(
+        firsts.select("exact_key", "exact_group"), on="exact_key", how="left", maintain_order="left"
+    )
+    doc_tokens = tokens.join(
+        firsts.select("session_id", "exact_group"), on="session_id", how="inner", maintain_order="left"
+    )
     shingle = pl.col("token")
     for k in range(1, config.shingle_size):
         shingle = shingle * 1_000_003 + pl.col("token").shift(-k).over("exact_group").fill_null(0)
@@ -207,8 +209,9 @@ def lsh_pairs(signatures: np.ndarray, config: QualityConfig) -> tuple[np.ndarray
             if not len(same):
                 continue
             # link each member of a bucket to the bucket's first row
-            bucket_start = np.maximum.accumulate(np.where(np.r_[True, sorted_key[1:] != sorted_key[:-1]],
-                                                          np.arange(n), 0))  # fmt: skip
+            bucket_start = np.maximum.accumulate(
+                np.where(np.r_[True, sorted_key[1:] != sorted_key[:-1]], np.arange(n), 0)
+            )
             lefts.append(order[bucket_start[same]])
             rights.append(order[same])
     if not lefts:

@@ -174,18 +174,25 @@ def evaluate_dedup(
     ranking2 = traj2.select("session_id", "started_at", pl.lit(0.0).alias("quality"))
     after = find_duplicates(build_documents(traj2, steps2, config), ranking2, config)
     truth = truth.filter(
-        pl.Series([_true_jaccard(steps2, c, s, config.shingle_size) >= config.dedup_threshold
-                   for c, s in truth.select("copy_id", "source_id").iter_rows()], dtype=pl.Boolean)
-    )  # fmt: skip
+        pl.Series(
+            [
+                _true_jaccard(steps2, c, s, config.shingle_size) >= config.dedup_threshold
+                for c, s in truth.select("copy_id", "source_id").iter_rows()
+            ],
+            dtype=pl.Boolean,
+        )
+    )
     cluster = dict(after.select("session_id", "cluster_id").iter_rows())
     found = sum(
-        1 for copy, source in truth.select("copy_id", "source_id").iter_rows()
+        1
+        for copy, source in truth.select("copy_id", "source_id").iter_rows()
         if copy in cluster and cluster.get(source) == cluster[copy]
-    )  # fmt: skip
+    )
     misplaced = sum(
-        1 for copy, source in truth.select("copy_id", "source_id").iter_rows()
+        1
+        for copy, source in truth.select("copy_id", "source_id").iter_rows()
         if copy in cluster and cluster.get(source) != cluster[copy]
-    )  # fmt: skip
+    )
     involved = set(truth["copy_id"]) | set(truth["source_id"]) | set(before["session_id"])
     spurious = sum(1 for sid in cluster if sid not in involved)
     return Metric(

@@ -70,9 +70,11 @@ def longest_identical_run(tokens: pl.DataFrame) -> pl.DataFrame:
     changed = (pl.col("token") != pl.col("token").shift(1)) | (pl.col("session_id") != pl.col("session_id").shift(1))
     runs = actions.select("session_id", changed.fill_null(True).cum_sum().alias("run"))
     return (
-        runs.group_by("run").agg(pl.col("session_id").first(), pl.len())
-        .group_by("session_id").agg(pl.col("len").max().alias("max_run"))
-    )  # fmt: skip
+        runs.group_by("run")
+        .agg(pl.col("session_id").first(), pl.len())
+        .group_by("session_id")
+        .agg(pl.col("len").max().alias("max_run"))
+    )
 
 
 def score_sessions(

@@ -137,9 +137,12 @@ def demo(
     from trajlake.demo import run_demo
 
     run_demo(
-        _settings(), sessions=sessions, seed=seed, local_sessions=local_sessions,
+        _settings(),
+        sessions=sessions,
+        seed=seed,
+        local_sessions=local_sessions,
         echo=lambda line: out.print(line, markup=False),
-    )  # fmt: skip
+    )
 
 
 @app.command()
@@ -150,8 +153,16 @@ def ui(port: Annotated[int, typer.Option()] = 3000) -> None:
     dagster_home.mkdir(mode=0o700, parents=True, exist_ok=True)
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "TRAJLAKE_HOME": str(settings.home_dir)}
     dagster = Path(sys.executable).with_name("dagster")
-    command = [str(dagster) if dagster.exists() else "dagster", "dev", "-m", "dagster_project.definitions",
-               "-h", "127.0.0.1", "-p", str(port)]  # fmt: skip
+    command = [
+        str(dagster) if dagster.exists() else "dagster",
+        "dev",
+        "-m",
+        "dagster_project.definitions",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+    ]
     raise typer.Exit(subprocess.call(command, env=env))
 
 
@@ -357,10 +368,18 @@ def fleet_run(
     from producers.fleet import run_fleet
 
     report = run_fleet(
-        _settings(), backend=backend.value, sessions=sessions, concurrency=concurrency, seed=seed,
-        cheat_rate=cheat_rate, labels_path=labels, perturb=perturb, rate_per_s=rate, time_compression=time_compression,
+        _settings(),
+        backend=backend.value,
+        sessions=sessions,
+        concurrency=concurrency,
+        seed=seed,
+        cheat_rate=cheat_rate,
+        labels_path=labels,
+        perturb=perturb,
+        rate_per_s=rate,
+        time_compression=time_compression,
         workers=workers,
-    )  # fmt: skip
+    )
     out.print(report.summary(), markup=False)
 
 

@@ -73,24 +73,32 @@ def run_demo(
     # already past the idle deadline, so the demo shows them closed as timed out.
     start_us = int((time.time() - settings.session_idle_timeout_s - 3600) * 1_000_000)
     synthetic = run_fleet(settings, "synthetic", sessions, seed=seed, cheat_rate=0.05, start_us=start_us)
-    echo(f"fleet[synthetic]: {synthetic.sessions} sessions, {synthetic.events} events (seed {seed}) "
-         f"in {synthetic.wall_s:.1f} s")  # fmt: skip
+    echo(
+        f"fleet[synthetic]: {synthetic.sessions} sessions, {synthetic.events} events (seed {seed}) "
+        f"in {synthetic.wall_s:.1f} s"
+    )
     report.sessions_emitted += synthetic.sessions
     report.events_emitted += synthetic.events
     echo(f"emitted this run: {report.sessions_emitted} sessions, {report.events_emitted} events")
     ingest_stats = run_ingest(settings, until_idle=3.0)
     report.steps["ingest"] = ingest_stats.as_dict()
-    echo(f"ingest: {ingest_stats.events} events, {ingest_stats.dead_letters} dead letters, "
-         f"{ingest_stats.batches} batches in {ingest_stats.seconds:.1f} s")  # fmt: skip
+    echo(
+        f"ingest: {ingest_stats.events} events, {ingest_stats.dead_letters} dead letters, "
+        f"{ingest_stats.batches} batches in {ingest_stats.seconds:.1f} s"
+    )
     assemble_stats = assemble(settings)
     report.steps["assemble"] = assemble_stats.as_dict()
-    echo(f"assemble: {assemble_stats.sessions} sessions, {assemble_stats.steps_written} steps "
-         f"in {assemble_stats.seconds:.1f} s")  # fmt: skip
+    echo(
+        f"assemble: {assemble_stats.sessions} sessions, {assemble_stats.steps_written} steps "
+        f"in {assemble_stats.seconds:.1f} s"
+    )
     score_stats = score_all(settings)
     report.steps["score"] = score_stats.as_dict()
-    echo(f"score: {score_stats.sessions} sessions, {score_stats.flagged_sessions} flagged for cheating, "
-         f"{score_stats.duplicate_sessions} duplicates, {score_stats.exportable} exportable "
-         f"(mean quality {score_stats.mean_quality}) in {score_stats.seconds:.1f} s")  # fmt: skip
+    echo(
+        f"score: {score_stats.sessions} sessions, {score_stats.flagged_sessions} flagged for cheating, "
+        f"{score_stats.duplicate_sessions} duplicates, {score_stats.exportable} exportable "
+        f"(mean quality {score_stats.mean_quality}) in {score_stats.seconds:.1f} s"
+    )
     columns, rows = run_query(
         settings,
         "SELECT (SELECT count(*) FROM trajectories) AS trajectories, (SELECT count(*) FROM events) AS events, "

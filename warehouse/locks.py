@@ -83,10 +83,13 @@ class _RowLock:
                     con.execute(delete(_LOCKS).where(_LOCKS.c.name == self.name, _LOCKS.c.owner == row.owner))
                 con.execute(
                     insert(_LOCKS).values(
-                        name=self.name, owner=self.owner, host=self.host, pid=os.getpid(),
+                        name=self.name,
+                        owner=self.owner,
+                        host=self.host,
+                        pid=os.getpid(),
                         expires_at=now + self.lease_s,
                     )
-                )  # fmt: skip
+                )
         except (IntegrityError, OperationalError):  # another process inserted first / SQLite busy
             return False
         self._thread = threading.Thread(target=self._renew, name=f"lock-{self.name}", daemon=True)

@@ -72,8 +72,14 @@ def parquet_source(paths: Iterable[str], same_schema: bool = False, row_ids: boo
     return f"read_parquet([{listed}], {options})"
 
 
-def _source(con: duckdb.DuckDBPyConnection, name: str, table: Table, spec: TableSpec,
-            exclude: frozenset[str] | set[str] = frozenset(), reads: set[str] | None = None) -> str:  # fmt: skip
+def _source(
+    con: duckdb.DuckDBPyConnection,
+    name: str,
+    table: Table,
+    spec: TableSpec,
+    exclude: frozenset[str] | set[str] = frozenset(),
+    reads: set[str] | None = None,
+) -> str:
     """SQL table expression over ``table``'s current rows, skipping the data files in ``exclude``.
 
     Local Parquet files without deletes are read by DuckDB directly (their paths are
@@ -103,14 +109,16 @@ def _source(con: duckdb.DuckDBPyConnection, name: str, table: Table, spec: Table
     return f'(SELECT * FROM "{empty_name}" UNION ALL BY NAME SELECT * FROM {parquet_source(paths)})'
 
 
-def register_table(con: duckdb.DuckDBPyConnection, name: str, table: Table, spec: TableSpec,
-                   reads: set[str] | None = None) -> None:  # fmt: skip
+def register_table(
+    con: duckdb.DuckDBPyConnection, name: str, table: Table, spec: TableSpec, reads: set[str] | None = None
+) -> None:
     """Create view ``name`` over ``table``'s current snapshot; the files it reads go into ``reads``."""
     con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM {_source(con, name, table, spec, reads=reads)}')
 
 
-def register_tiered(con: duckdb.DuckDBPyConnection, settings: Settings, catalog: Catalog, spec: TableSpec,
-                    reads: set[str] | None = None) -> None:  # fmt: skip
+def register_tiered(
+    con: duckdb.DuckDBPyConnection, settings: Settings, catalog: Catalog, spec: TableSpec, reads: set[str] | None = None
+) -> None:
     """Views ``hot_<view>``, ``cold_<view>`` and their union ``<view>``, which counts every row once.
 
     A crash mid-tiering can leave rows in both tiers (see :mod:`warehouse.tiering`):

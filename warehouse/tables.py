@@ -346,9 +346,12 @@ def ensure_table(catalog: Catalog, settings: Settings, name: str) -> Table:
             # One commit: schema, partitioning and sort order appear together, so a concurrent
             # creator or writer never sees (or races with) a half-defined table.
             return catalog.create_table(
-                identifier, schema=schema, partition_spec=partition_spec, sort_order=sort_order,
+                identifier,
+                schema=schema,
+                partition_spec=partition_spec,
+                sort_order=sort_order,
                 properties=spec.properties,
-            )  # fmt: skip
+            )
         except TableAlreadyExistsError:  # lost a creation race with another process
             table = catalog.load_table(identifier)
     for _ in range(10):

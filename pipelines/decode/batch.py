@@ -104,8 +104,10 @@ class LocalDecoder:
         row_kind = pc.take(pa.array(branch_kinds), pc.index_in(type_codes, pa.array(codes, pa.int8())))
         event_type = table.column("event_type")
         bad_kind = pc.not_equal(row_kind, event_type)
-        bad_ids = pc.or_(pc.equal(pc.utf8_length(table.column("event_id")), 0),
-                         pc.equal(pc.utf8_length(table.column("session_id")), 0))  # fmt: skip
+        bad_ids = pc.or_(
+            pc.equal(pc.utf8_length(table.column("event_id")), 0),
+            pc.equal(pc.utf8_length(table.column("session_id")), 0),
+        )
         bad_seq = pc.less(table.column("seq"), 0)
         any_bad = pc.or_(pc.or_(bad_kind, bad_ids), bad_seq)
         if not pc.any(any_bad).as_py():

@@ -111,8 +111,7 @@ class BatchDecoder(LocalDecoder):
         try:
             reply, parts = decoder.call({"kind": "read", "count": count}, [container], deadline)
         except BlockTimeout:
-            log.warning("Avro block of %d records timed out after %.1f s; decoding record by record",
-                        count, deadline)  # fmt: skip
+            log.warning("Avro block of %d records timed out after %.1f s; decoding record by record", count, deadline)
             self.close(grace_s=0.0)
             raise
         return read_ipc(parts[0]) if reply["ok"] else None
@@ -157,8 +156,9 @@ class BatchDecoder(LocalDecoder):
                 # Some block spins the reader (or kills it): every group's block would be
                 # suspect, and each retry costs a deadline, so decode_event takes the batch.
                 tables, dead = self._decode_one_by_one(values, list(range(len(values))))
-                return self._finish(DecodeResult(events=pa.table({}), dead=dead, fallback_records=len(values)),
-                                    tables, sort_by)  # fmt: skip
+                return self._finish(
+                    DecodeResult(events=pa.table({}), dead=dead, fallback_records=len(values)), tables, sort_by
+                )
             if result is not None:
                 return result
         return self.decode_here(array, values, sort_by)
@@ -174,20 +174,28 @@ class BatchDecoder(LocalDecoder):
         decoder = self._decoder or self._start_decoder()
         offsets, data = array.buffers()[1], array.buffers()[2]
         deadline = self.timeout_s + self.timeout_per_mb_s * data.size / 1e6
-        header = {"kind": "batch", "n": len(array), "large": pa.types.is_large_binary(array.type),
-                  "offset": array.offset, "target": self.target, "max_event_bytes": self.max_event_bytes,
-                  "sort_by": list(sort_by), "write": write}  # fmt: skip
+        header = {
+            "kind": "batch",
+            "n": len(array),
+            "large": pa.types.is_large_binary(array.type),
+            "offset": array.offset,
+            "target": self.target,
+            "max_event_bytes": self.max_event_bytes,
+            "sort_by": list(sort_by),
+            "write": write,
+        }
         try:
             reply, parts = decoder.call(header, [offsets, data], deadline)
         except BlockTimeout:
-            log.warning("batch of %d records not decoded within %.1f s; decoding it record by record",
-                        len(array), deadline)  # fmt: skip
+            log.warning(
+                "batch of %d records not decoded within %.1f s; decoding it record by record", len(array), deadline
+            )
             self.close(grace_s=0.0)
             raise
         if not reply["ok"]:
-            log.warning("batch decoding failed in the decoder process (%s); decoding it block by block",
-                        reply["error"])  # fmt: skip
+            log.warning("batch decoding failed in the decoder process (%s); decoding it block by block", reply["error"])
             return None
         events = pa.concat_tables([read_ipc(part) for part in parts])
-        return DecodeResult(events=events, dead=reply["dead"], fallback_records=reply["fallback"],
-                            files=reply.get("files"))  # fmt: skip
+        return DecodeResult(
+            events=events, dead=reply["dead"], fallback_records=reply["fallback"], files=reply.get("files")
+        )

@@ -90,8 +90,7 @@ def framed_schema(writer: dict[str, Any]) -> dict[str, Any]:
     the header as a field, so a batch's record values concatenated as they are form
     a valid Avro data block (no per-record copy to strip the header).
     """
-    header = {"name": HEADER_FIELD, "type": {"type": "fixed", "name": "TrajlakeSingleObjectHeader",
-                                             "size": HEADER_LEN}}  # fmt: skip
+    header = {"name": HEADER_FIELD, "type": {"type": "fixed", "name": "TrajlakeSingleObjectHeader", "size": HEADER_LEN}}
     return {**writer, "fields": [header, *writer["fields"]]}
 
 

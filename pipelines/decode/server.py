@@ -62,8 +62,9 @@ def handle(
         if decoder is None:
             decoder = decoders[key] = LocalDecoder(header["target"], header["max_event_bytes"])
         kind = pa.large_binary() if header["large"] else pa.binary()
-        array = pa.Array.from_buffers(kind, header["n"], [None, pa.py_buffer(parts[0]), pa.py_buffer(parts[1])],
-                                      offset=header["offset"])  # fmt: skip
+        array = pa.Array.from_buffers(
+            kind, header["n"], [None, pa.py_buffer(parts[0]), pa.py_buffer(parts[1])], offset=header["offset"]
+        )
         decoded = decoder.decode_here(array, LazyValues(array), header["sort_by"])
         del array, parts[:]
         reply: dict[str, Any] = {"ok": True, "dead": decoded.dead, "fallback": decoded.fallback_records}

@@ -358,8 +358,13 @@ def run_fleet(
             raise ValueError("workers > 1 sends to Kafka from each worker; it cannot take a sink")
         if start_us is None:  # fixed here so that every shard walks the same arrivals
             start_us = time.time_ns() // 1000 - int(sessions / rate_per_s * 1e6)
-        kwargs = {"rate_per_s": rate_per_s, "time_compression": time_compression, "host_id": host_id,
-                  "start_us": start_us, "perturb": perturb}  # fmt: skip
+        kwargs = {
+            "rate_per_s": rate_per_s,
+            "time_compression": time_compression,
+            "host_id": host_id,
+            "start_us": start_us,
+            "perturb": perturb,
+        }
         report = run_synthetic_workers(settings, sessions, seed, cheat_rate, labels_path, workers, kwargs)
         report.notes = notes + report.notes
         return report
@@ -418,8 +423,12 @@ def _synthetic_shard(args: tuple) -> tuple[dict[str, Any], float]:
         from common.broker import resolve_bootstrap
         from producers.sdk import EventProducer
 
-        producer = EventProducer(resolve_bootstrap(settings), settings.topic, kwargs.get("host_id") or
-                                 f"fleet-synthetic-{shard[0]}", extra_config=settings.kafka_extra)  # fmt: skip
+        producer = EventProducer(
+            resolve_bootstrap(settings),
+            settings.topic,
+            kwargs.get("host_id") or f"fleet-synthetic-{shard[0]}",
+            extra_config=settings.kafka_extra,
+        )
         sink: EventSink = producer
     else:
         sink = _DiscardSink()
@@ -430,8 +439,10 @@ def _synthetic_shard(args: tuple) -> tuple[dict[str, Any], float]:
             producer.flush()
     finally:
         labels.close()
-    return {k: getattr(report, k) for k in ("sessions", "events", "by_status", "by_policy", "cheaters",
-                                            "timeouts_reaped", "figures")}, report.wall_s  # fmt: skip
+    return {
+        k: getattr(report, k)
+        for k in ("sessions", "events", "by_status", "by_policy", "cheaters", "timeouts_reaped", "figures")
+    }, report.wall_s
 
 
 class _DiscardSink:
@@ -465,8 +476,9 @@ def run_synthetic_workers(
 
     parts = [Path(f"{labels_path}.part{i}") if labels_path else None for i in range(workers)]
     started = time.monotonic()
-    jobs = [(settings, sessions, seed, cheat_rate, parts[i], (i, workers), fleet_kwargs, to_kafka)
-            for i in range(workers)]  # fmt: skip
+    jobs = [
+        (settings, sessions, seed, cheat_rate, parts[i], (i, workers), fleet_kwargs, to_kafka) for i in range(workers)
+    ]
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         results = pool.map(_synthetic_shard, jobs)
     wall = time.monotonic() - started

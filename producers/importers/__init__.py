@@ -110,10 +110,15 @@ def import_paths(
     for path, framework, events in converted:
         for event in events:
             sink(event)
-        summaries.append(ImportSummary(
-            path, framework, events[0]["session_id"] if events else "", len(events),
-            sum(1 for e in events if e["event_type"] == "agent_action"),
-        ))  # fmt: skip
+        summaries.append(
+            ImportSummary(
+                path,
+                framework,
+                events[0]["session_id"] if events else "",
+                len(events),
+                sum(1 for e in events if e["event_type"] == "agent_action"),
+            )
+        )
     return summaries
 
 

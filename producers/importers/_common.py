@@ -239,17 +239,25 @@ class RunBuilder:
     def start(self, instruction: str, config: Any = None) -> str:
         """``session_start``; limits are unknown for recorded runs and left at zero."""
         return self.emitter.start(
-            cpu_limit=0.0, memory_limit_bytes=0, pids_limit=0, timeout_s=0.0, network_enabled=False,
-            egress_allowlist=[], config_digest=digest(config) if config is not None else self.source.sha256,
+            cpu_limit=0.0,
+            memory_limit_bytes=0,
+            pids_limit=0,
+            timeout_s=0.0,
+            network_enabled=False,
+            egress_allowlist=[],
+            config_digest=digest(config) if config is not None else self.source.sha256,
             instruction=clip(instruction),
-        )  # fmt: skip
+        )
 
     def action(self, tool_name: str, arguments: str, command: str | None, thought: str | None, **payload: Any) -> str:
         """``agent_action`` with clipped arguments and thought."""
         return self.emitter.action(
-            tool_name or "unknown", arguments=clip_arguments(arguments), command=clip(command),
-            thought=clip(thought) or None, **payload,
-        )  # fmt: skip
+            tool_name or "unknown",
+            arguments=clip_arguments(arguments),
+            command=clip(command),
+            thought=clip(thought) or None,
+            **payload,
+        )
 
     def feedback(
         self,

@@ -98,11 +98,19 @@ def convert(source: SourceFile) -> list[Event]:
     report = companion_report(source.path, instance_id)
     resolved = bool(report.get("resolved")) if report is not None else None
 
-    builder = RunBuilder(source, FRAMEWORK, str(data["trajectory_format"]), {
-        "task_id": instance_id, "task_type": "swe", "image_version": str(data["trajectory_format"]),
-        "agent_name": FRAMEWORK, "agent_version": str(info["mini_version"]) if info.get("mini_version") else None,
-        "agent_model": (config.get("model") or {}).get("model_name"),
-    })  # fmt: skip
+    builder = RunBuilder(
+        source,
+        FRAMEWORK,
+        str(data["trajectory_format"]),
+        {
+            "task_id": instance_id,
+            "task_type": "swe",
+            "image_version": str(data["trajectory_format"]),
+            "agent_name": FRAMEWORK,
+            "agent_version": str(info["mini_version"]) if info.get("mini_version") else None,
+            "agent_model": (config.get("model") or {}).get("model_name"),
+        },
+    )
     stamps = [unix_micros((m.get("extra") or {}).get("timestamp")) for m in messages]
     known = [s for s in stamps if s is not None]
     first_ts = min(known) if known else None
@@ -122,16 +130,21 @@ def convert(source: SourceFile) -> list[Event]:
             builder.advance(previous_ts)
             message_id = str(response.get("id") or f"turn-{turn}")
             builder.emitter.agent_input(
-                prompt_digest=digest(messages[:index]), input_tokens=int(usage.get("prompt_tokens") or 0),
+                prompt_digest=digest(messages[:index]),
+                input_tokens=int(usage.get("prompt_tokens") or 0),
                 cached_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
-                n_messages=index, content=instruction if turn == 0 else None, message_id=message_id,
-            )  # fmt: skip
+                n_messages=index,
+                content=instruction if turn == 0 else None,
+                message_id=message_id,
+            )
             builder.advance(ts)
             calls = message.get("tool_calls") or [
-                {"id": a.get("tool_call_id") or f"action-{turn}-{i}", "function": {
-                    "name": "bash", "arguments": json.dumps({"command": a.get("command", "")})}}
+                {
+                    "id": a.get("tool_call_id") or f"action-{turn}-{i}",
+                    "function": {"name": "bash", "arguments": json.dumps({"command": a.get("command", "")})},
+                }
                 for i, a in enumerate(extra.get("actions") or [])
-            ]  # fmt: skip
+            ]
             details = usage.get("completion_tokens_details") or {}
             for position, call in enumerate(calls):
                 function = call.get("function") or {}
@@ -147,12 +160,13 @@ def convert(source: SourceFile) -> list[Event]:
                     arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True),
                     parsed.get("command") if isinstance(parsed, dict) else None,
                     text_of(message.get("content")),
-                    tool_call_id=call_id, message_id=message_id,
+                    tool_call_id=call_id,
+                    message_id=message_id,
                     output_tokens=int(usage.get("completion_tokens") or 0) if first else 0,
                     reasoning_tokens=int(details.get("reasoning_tokens") or 0) if first else 0,
                     cost_usd=float(extra.get("cost") or 0.0) if first else 0.0,
                     model_latency_ms=(ts - previous_ts) / 1000 if first and ts and previous_ts else 0.0,
-                )  # fmt: skip
+                )
                 pending[call_id] = (action_id, builder.now)
             turn += 1
         elif role == "tool":
@@ -167,19 +181,25 @@ def convert(source: SourceFile) -> list[Event]:
                 code = extra["returncode"]
             raw_output = extra.get("raw_output")
             builder.feedback(
-                action_id, output, tool_call_id=call_id, exit_code=code,
-                duration_ms=(ts - action_ts) / 1000 if ts is not None else 0.0, elided=elided,
+                action_id,
+                output,
+                tool_call_id=call_id,
+                exit_code=code,
+                duration_ms=(ts - action_ts) / 1000 if ts is not None else 0.0,
+                elided=elided,
                 full_bytes=len(raw_output.encode()) if isinstance(raw_output, str) else None,
                 failure_reason=text_of(extra.get("exception_info")) or None,
-            )  # fmt: skip
+            )
         elif role == "exit":
             # The submit command's output became the submission: the exit message answers it.
             builder.advance(ts)
             for call_id, (action_id, action_ts) in list(pending.items()):
                 builder.feedback(
-                    action_id, text_of(message.get("content")), tool_call_id=call_id,
+                    action_id,
+                    text_of(message.get("content")),
+                    tool_call_id=call_id,
                     duration_ms=(ts - action_ts) / 1000 if ts is not None else 0.0,
-                )  # fmt: skip
+                )
             pending.clear()
         if ts is not None:
             previous_ts = ts
@@ -189,15 +209,21 @@ def convert(source: SourceFile) -> list[Event]:
     if report is not None:
         total, passed = _test_counts(report)
         builder.emitter.evaluation(
-            passed=bool(resolved), tests_total=total, tests_passed=passed, reward=1.0 if resolved else 0.0,
-            fresh_sandbox=False, evaluator=f"imported:{FRAMEWORK}", duration_ms=0.0,
+            passed=bool(resolved),
+            tests_total=total,
+            tests_passed=passed,
+            reward=1.0 if resolved else 0.0,
+            fresh_sandbox=False,
+            evaluator=f"imported:{FRAMEWORK}",
+            duration_ms=0.0,
             details=json.dumps({k: v for k, v in report.items() if k != "tests_status"}, sort_keys=True),
-        )  # fmt: skip
+        )
     exit_status = str(info.get("exit_status") or "")
     exception = text_of(info.get("exception_str")).strip()
     builder.emitter.end(
-        end_status(exit_status, resolved), (max(known) - min(known)) / 1e6 if known else 0.0,
+        end_status(exit_status, resolved),
+        (max(known) - min(known)) / 1e6 if known else 0.0,
         reward=(1.0 if resolved else 0.0) if resolved is not None else None,
         exit_reason=(f"{exit_status}: {exception.splitlines()[-1]}" if exception else exit_status)[:1000] or None,
-    )  # fmt: skip
+    )
     return builder.events

@@ -73,14 +73,26 @@ def convert(source: SourceFile) -> list[Event]:
         raise ImportFormatError(source.path, "no user message with the task")
     instruction = text_of((records[first_user].get("args") or {}).get("content"))
     model = next(
-        (str(r["tool_call_metadata"]["model_response"]["model"]) for r in records
-         if ((r.get("tool_call_metadata") or {}).get("model_response") or {}).get("model")), None,
-    )  # fmt: skip
+        (
+            str(r["tool_call_metadata"]["model_response"]["model"])
+            for r in records
+            if ((r.get("tool_call_metadata") or {}).get("model_response") or {}).get("model")
+        ),
+        None,
+    )
 
-    builder = RunBuilder(source, FRAMEWORK, "openhands-event-stream", {
-        "task_id": source.path.stem, "task_type": "openhands", "image_version": "event-stream",
-        "agent_name": FRAMEWORK, "agent_model": model,
-    })  # fmt: skip
+    builder = RunBuilder(
+        source,
+        FRAMEWORK,
+        "openhands-event-stream",
+        {
+            "task_id": source.path.stem,
+            "task_type": "openhands",
+            "image_version": "event-stream",
+            "agent_name": FRAMEWORK,
+            "agent_model": model,
+        },
+    )
     known = [s for s in stamps if s is not None]
     builder.at(min(known) if known else None)
     builder.start(instruction)
@@ -106,10 +118,13 @@ def convert(source: SourceFile) -> list[Event]:
                 seen_responses.add(response_id)
                 builder.advance(previous_ts)
                 builder.emitter.agent_input(
-                    prompt_digest=digest(records[:index]), input_tokens=int(usage.get("prompt_tokens") or 0),
+                    prompt_digest=digest(records[:index]),
+                    input_tokens=int(usage.get("prompt_tokens") or 0),
                     cached_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
-                    n_messages=index, content="\n\n".join(new_context) or None, message_id=response_id,
-                )  # fmt: skip
+                    n_messages=index,
+                    content="\n\n".join(new_context) or None,
+                    message_id=response_id,
+                )
                 new_context = []
             builder.advance(ts)
             call = _response_call(metadata)
@@ -119,12 +134,15 @@ def convert(source: SourceFile) -> list[Event]:
                 arguments = json.dumps({k: v for k, v in args.items() if k != "thought"}, sort_keys=True, default=str)
             call_id = str(metadata.get("tool_call_id") or f"event-{record['id']}")
             event_id = builder.action(
-                str(metadata.get("function_name") or kind), arguments,
+                str(metadata.get("function_name") or kind),
+                arguments,
                 args.get("command") if kind == "run" else args.get("code") if kind == "run_ipython" else None,
-                text_of(thought) or None, tool_call_id=call_id, message_id=response_id,
+                text_of(thought) or None,
+                tool_call_id=call_id,
+                message_id=response_id,
                 output_tokens=int(usage.get("completion_tokens") or 0) if first_of_response else 0,
                 model_latency_ms=(ts - previous_ts) / 1000 if first_of_response and ts and previous_ts else 0.0,
-            )  # fmt: skip
+            )
             actions[record["id"]] = (event_id, builder.now, call_id)
             finished = finished or kind == "finish"
         elif observation == "agent_state_changed":
@@ -136,19 +154,22 @@ def convert(source: SourceFile) -> list[Event]:
             builder.advance(ts)
             content = text_of(record.get("content"))
             builder.feedback(
-                event_id, content, tool_call_id=call_id,
+                event_id,
+                content,
+                tool_call_id=call_id,
                 exit_code=int(exit_code) if isinstance(exit_code, int) else None,
                 duration_ms=(ts - action_ts) / 1000 if ts is not None else 0.0,
                 failure_reason=content[:1000] if observation == "error" else None,
-            )  # fmt: skip
+            )
             if observation == "edit" and extras.get("path"):
                 new_content = extras.get("new_content")
                 data = new_content.encode() if isinstance(new_content, str) else None
                 builder.emitter.file_op(
-                    "write" if extras.get("prev_exist") else "create", str(extras["path"]),
+                    "write" if extras.get("prev_exist") else "create",
+                    str(extras["path"]),
                     size_bytes=len(data) if data is not None else 0,
                     sha256=hashlib.sha256(data).hexdigest() if data is not None else None,
-                )  # fmt: skip
+                )
         if ts is not None:
             previous_ts = ts
 

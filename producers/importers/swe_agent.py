@@ -34,12 +34,36 @@ from producers.sdk import Event
 
 FRAMEWORK = "swe-agent"
 # SWE-agent's own interface commands (v0 and EnIGMA); any other first word is a shell command.
-ACI_COMMANDS = frozenset({
-    "open", "goto", "scroll_up", "scroll_down", "create", "edit", "insert", "search_dir", "search_file",
-    "find_file", "submit", "filemap", "str_replace_editor", "decompile", "disassemble", "debug_start",
-    "debug_add_breakpoint", "debug_continue", "debug_step", "debug_exec", "debug_stop", "connect_start",
-    "connect_sendline", "connect_exec", "connect_stop", "exit_forfeit",
-})  # fmt: skip
+ACI_COMMANDS = frozenset(
+    {
+        "open",
+        "goto",
+        "scroll_up",
+        "scroll_down",
+        "create",
+        "edit",
+        "insert",
+        "search_dir",
+        "search_file",
+        "find_file",
+        "submit",
+        "filemap",
+        "str_replace_editor",
+        "decompile",
+        "disassemble",
+        "debug_start",
+        "debug_add_breakpoint",
+        "debug_continue",
+        "debug_step",
+        "debug_exec",
+        "debug_stop",
+        "connect_start",
+        "connect_sendline",
+        "connect_exec",
+        "connect_stop",
+        "exit_forfeit",
+    }
+)
 _EDIT_OPS = {"create": "create", "edit": "write", "insert": "write"}
 _FILE_HEADER = re.compile(r"^\s*\[File: (.+?) \(\d+ lines total\)\]")
 _EDIT_FAILED = re.compile(r"^\s*(Your proposed edit has introduced|Error|Usage:)", re.IGNORECASE)
@@ -145,11 +169,18 @@ def convert(source: SourceFile) -> list[Event]:
     model = ((replay.get("agent") or {}).get("model") or {}).get("name") or companion_model(source.path)
     stats = object_of(info.get("model_stats"))
 
-    builder = RunBuilder(source, FRAMEWORK, f"swe-agent-traj-{version}", {
-        "task_id": str(problem.get("id") or source.path.stem),
-        "task_type": "ctf" if _CTF.search(system) or _CTF.search(instruction) else "swe",
-        "image_version": version, "agent_name": FRAMEWORK, "agent_model": str(model) if model else None,
-    })  # fmt: skip
+    builder = RunBuilder(
+        source,
+        FRAMEWORK,
+        f"swe-agent-traj-{version}",
+        {
+            "task_id": str(problem.get("id") or source.path.stem),
+            "task_type": "ctf" if _CTF.search(system) or _CTF.search(instruction) else "swe",
+            "image_version": version,
+            "agent_name": FRAMEWORK,
+            "agent_model": str(model) if model else None,
+        },
+    )
     builder.start(instruction, replay or None)
 
     matches = _match_assistant(history, steps)
@@ -164,9 +195,11 @@ def convert(source: SourceFile) -> list[Event]:
         message_id = f"step-{number}"
         builder.emitter.agent_input(
             prompt_digest=digest(history[:index] if index is not None else [number, step.get("response")]),
-            input_tokens=input_tokens[number], n_messages=index or 0,
-            content=instruction if number == 0 else None, message_id=message_id,
-        )  # fmt: skip
+            input_tokens=input_tokens[number],
+            n_messages=index or 0,
+            content=instruction if number == 0 else None,
+            message_id=message_id,
+        )
         builder.tick()
         action = str(step.get("action") or "")
         calls = entry.get("tool_calls") or []
@@ -182,9 +215,15 @@ def convert(source: SourceFile) -> list[Event]:
             tool_name = word if word in ACI_COMMANDS else "bash"
             arguments, call_id = json.dumps({"command": action}), f"step-{number}"
         action_id = builder.action(
-            tool_name, arguments, action, text_of(step.get("thought")), tool_call_id=call_id,
-            message_id=message_id, output_tokens=output_tokens[number], cost_usd=cost,
-        )  # fmt: skip
+            tool_name,
+            arguments,
+            action,
+            text_of(step.get("thought")),
+            tool_call_id=call_id,
+            message_id=message_id,
+            output_tokens=output_tokens[number],
+            cost_usd=cost,
+        )
         seconds = float(step.get("execution_time") or 0.0)
         runtime_s += seconds
         builder.tick(seconds)

@@ -44,9 +44,10 @@ def test_bench_query_smoke(tmp_path: Path) -> None:
     result = bench_query(events=2_000, home=tmp_path)
     assert 1 <= result["files"] <= result["files_as_ingested"]
     assert {f["name"] for f in result["figures"]} == {
-        "aggregate (count by event_type) vs full scan", "one session's events vs full scan",
+        "aggregate (count by event_type) vs full scan",
+        "one session's events vs full scan",
         "one session's events, as ingested vs full scan",
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.integration

@@ -42,8 +42,15 @@ def test_quality_definitions_snapshot() -> None:
 def test_quality_assets_and_checks_materialize(tmp_path: Path) -> None:
     settings = load_settings(home=tmp_path / "home")
     events: list[dict] = []
-    run_fleet(settings, backend="synthetic", sessions=40, seed=9, cheat_rate=0.2, sink=events.append,
-              start_us=1_767_225_600_000_000 + 3_600_000_000)  # 2026-01-01 01:00 UTC  # fmt: skip
+    run_fleet(
+        settings,
+        backend="synthetic",
+        sessions=40,
+        seed=9,
+        cheat_rate=0.2,
+        sink=events.append,
+        start_us=1_767_225_600_000_000 + 3_600_000_000,
+    )  # 2026-01-01 01:00 UTC
     write_raw(settings, events, batch_size=5000)
     assemble(settings)
     resources = {"lakehouse": LakehouseResource(home=str(settings.home))}

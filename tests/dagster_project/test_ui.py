@@ -42,17 +42,33 @@ def test_ui_renders_the_asset_graph(tmp_path: Path) -> None:
     log = open(tmp_path / "ui.log", "wb")
     ui = subprocess.Popen(
         [sys.executable, "-m", "trajlake.cli", "ui", "--port", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         _wait_http(f"http://127.0.0.1:{port}/server_info", 180, ui)
         dom = subprocess.run(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'chromium'}", "--virtual-time-budget=30000", "--dump-dom",
-             f"http://127.0.0.1:{port}/assets"],
-            capture_output=True, text=True, timeout=120,
-        ).stdout  # fmt: skip
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={tmp_path / 'chromium'}",
+                "--virtual-time-budget=30000",
+                "--dump-dom",
+                f"http://127.0.0.1:{port}/assets",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(30)

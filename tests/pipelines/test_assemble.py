@@ -98,8 +98,13 @@ def test_steps_join_actions_with_their_feedback(settings: Settings) -> None:
 def test_an_action_with_two_feedbacks_takes_the_first(settings: Settings) -> None:
     events = sample_events(1)
     first = next(e for e in events if e["event_type"] == "env_feedback" and e["parent_event_id"])
-    late = {**first, "event_id": "f" * 32, "seq": max(e["seq"] for e in events) + 1, "ts": first["ts"] + 10**6,
-            "payload": {**first["payload"], "output": "a later, second result", "exit_code": 7}}  # fmt: skip
+    late = {
+        **first,
+        "event_id": "f" * 32,
+        "seq": max(e["seq"] for e in events) + 1,
+        "ts": first["ts"] + 10**6,
+        "payload": {**first["payload"], "output": "a later, second result", "exit_code": 7},
+    }
     write_raw(settings, [late, *events])  # the later one lands first
     assemble(settings, as_of=AS_OF)
     action = first["parent_event_id"]

@@ -108,8 +108,12 @@ def test_poison_records_are_isolated_with_decode_event_reasons(decoder: BatchDec
     assert_same(values, decoder)
     result = decoder.decode(values)
     assert {exc.reason for _, exc in result.dead} == {
-        "corrupt_payload", "bad_magic", "unknown_schema", "oversized", "invalid_event",
-    }  # fmt: skip
+        "corrupt_payload",
+        "bad_magic",
+        "unknown_schema",
+        "oversized",
+        "invalid_event",
+    }
     assert result.events.num_rows == len(good)
 
 

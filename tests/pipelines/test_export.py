@@ -25,8 +25,9 @@ def scored(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, Path]:
     settings = load_settings(home=home, topic="unused", kafka_bootstrap=None, catalog_uri=None)
     events: list[dict] = []
     labels = home.parent / "labels.jsonl"
-    run_fleet(settings, backend="synthetic", sessions=60, seed=5, cheat_rate=0.3, labels_path=labels,
-              sink=events.append)  # fmt: skip
+    run_fleet(
+        settings, backend="synthetic", sessions=60, seed=5, cheat_rate=0.3, labels_path=labels, sink=events.append
+    )
     # a secret that must not survive into any export
     for event in events:
         if event["event_type"] == "session_start":

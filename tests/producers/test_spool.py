@@ -27,8 +27,10 @@ def test_spool_round_trip_ack_and_restart(tmp_path: Path) -> None:
     spool.close()
     reopened = Spool(tmp_path)  # a restarted producer process
     assert [(r.session_id, r.event_id, r.value) for r in reopened.pending()] == [
-        ("s0", "e2", b"\x02" * 3), ("s1", "e3", b"\x03" * 4), ("s0", "e4", b"\x04" * 5)
-    ]  # fmt: skip
+        ("s0", "e2", b"\x02" * 3),
+        ("s1", "e3", b"\x03" * 4),
+        ("s0", "e4", b"\x04" * 5),
+    ]
     reopened.ack(reopened.pending()[-1].end)
     assert not reopened and (tmp_path / LOG_NAME).stat().st_size == 0
 
@@ -58,9 +60,13 @@ def test_full_spool_is_back_pressure_with_a_clear_error(tmp_path: Path) -> None:
 def read_topic(bootstrap: str, topic: str, expected: int, timeout: float = 60) -> list[dict]:
     """Every event on ``topic`` in partition order (stops at ``expected`` or after ``timeout``)."""
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}", "auto.offset.reset": "earliest",
-         "enable.auto.commit": False}
-    )  # fmt: skip
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"check-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     events: list[dict] = []
     deadline = time.monotonic() + timeout

@@ -129,7 +129,12 @@ def test_flag_rows_carry_class_severity_and_evidence() -> None:
 
 
 def test_honest_session_has_no_flags() -> None:
-    commands = ["ls -la && ls tests", "cat -- fib.py", "python3 run_tests.py", "mkdir -p . && cat > fib.py",
-                "python3 run_tests.py"]  # fmt: skip
+    commands = [
+        "ls -la && ls tests",
+        "cat -- fib.py",
+        "python3 run_tests.py",
+        "mkdir -p . && cat > fib.py",
+        "python3 run_tests.py",
+    ]
     ops = [("write", "/workspace/fib.py", True), ("read", "/workspace/fib.py", True)]
     assert _flags(commands, ops, [("rates.internal", 80, True)]) == set()

@@ -23,9 +23,18 @@ EMPTY_NET = pl.DataFrame(
 )
 
 
-def _session(sid: str, commands: list[str], *, task_id: str | None = None, task_type: str = "bugfix",
-             status: str = "completed", exit_reason: str = "agent_finished", reward: float | None = 1.0,
-             minute: int = 0, failure: dict[int, str] | None = None) -> tuple[dict, list[dict]]:  # fmt: skip
+def _session(
+    sid: str,
+    commands: list[str],
+    *,
+    task_id: str | None = None,
+    task_type: str = "bugfix",
+    status: str = "completed",
+    exit_reason: str = "agent_finished",
+    reward: float | None = 1.0,
+    minute: int = 0,
+    failure: dict[int, str] | None = None,
+) -> tuple[dict, list[dict]]:
     traj = {
         "session_id": sid,
         "task_id": task_id or f"task-{sid}",
@@ -71,7 +80,7 @@ def _frames(sessions: list[tuple[dict, list[dict]]]) -> tuple[pl.DataFrame, pl.D
             "command": pl.Utf8,
             "exit_code": pl.Int32,
             "failure_reason": pl.Utf8,
-        },  # fmt: skip
+        },
     )
     return traj, steps
 
@@ -98,8 +107,11 @@ def test_quality_is_the_weighted_sum_with_configurable_weights() -> None:
 
 def test_loop_of_identical_actions_lowers_validity_but_transient_retries_do_not() -> None:
     loop = _session("loop", ["ls", "python3 run_tests.py", "python3 run_tests.py", "python3 run_tests.py"])
-    retried = _session("retry", ["ls", "python3 run_tests.py", "python3 run_tests.py", "python3 run_tests.py"],
-                       failure={1: "transient (injected)", 2: "transient (injected)"})  # fmt: skip
+    retried = _session(
+        "retry",
+        ["ls", "python3 run_tests.py", "python3 run_tests.py", "python3 run_tests.py"],
+        failure={1: "transient (injected)", 2: "transient (injected)"},
+    )
     scores = {r["session_id"]: r for r in _score([loop, retried]).scores.iter_rows(named=True)}
     assert scores["loop"]["has_loop"] and scores["loop"]["validity"] == pytest.approx(0.6)
     assert not scores["retry"]["has_loop"] and scores["retry"]["validity"] == 1.0
@@ -206,7 +218,7 @@ def test_injected_near_duplicates_are_found() -> None:
     sessions = [
         _session(
             f"s{i}", [f"{words[int(rng.integers(8))]} f{int(rng.integers(10**6))}.py" for _ in range(25)], minute=i
-        )  # fmt: skip
+        )
         for i in range(60)
     ]
     traj, steps = _frames(sessions)

@@ -88,8 +88,14 @@ def test_v1_and_v2_producers_at_once_land_in_one_evolved_table(kafka_settings: S
     v2_producer = EventProducer(kafka_settings.kafka_bootstrap, kafka_settings.topic, "new-host", schema_version=2)
     for i, event in enumerate(events):
         (v1 if i % 2 else v2_producer).emit(event)
-    annotation = {**events[0], "event_id": "annotation-1", "seq": 10_000, "event_type": "annotation",
-                  "source": "evaluator", "payload": {"key": "reviewed", "value": "yes", "author": None}}  # fmt: skip
+    annotation = {
+        **events[0],
+        "event_id": "annotation-1",
+        "seq": 10_000,
+        "event_type": "annotation",
+        "source": "evaluator",
+        "payload": {"key": "reviewed", "value": "yes", "author": None},
+    }
     v2_producer.emit(annotation)
     v1.flush()
     v2_producer.flush()

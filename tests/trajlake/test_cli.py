@@ -53,8 +53,9 @@ def test_demo_end_to_end_then_sql_and_idempotent_ingest(cli_env: dict[str, str])
     trajlake("demo", "--sessions", "40", "--local-sessions", "0", env=cli_env)
     assert sql_value("select count(*) from trajectories", cli_env) == 102
     assert sql_value("select count(*) - count(distinct event_id) from events", cli_env) == 0
-    csv = trajlake("sql", "select status, count(*) n from trajectories group by 1 order by 1", "--format", "csv",
-                   env=cli_env).stdout  # fmt: skip
+    csv = trajlake(
+        "sql", "select status, count(*) n from trajectories group by 1 order by 1", "--format", "csv", env=cli_env
+    ).stdout
     assert csv.splitlines()[0] == "status,n"
 
 

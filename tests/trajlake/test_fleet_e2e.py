@@ -19,8 +19,9 @@ def test_local_fleet_40_sessions_end_to_end(kafka_settings, tmp_path):
     from warehouse.sql import run_query
 
     labels = tmp_path / "labels.jsonl"
-    report = run_fleet(kafka_settings, "local", 40, concurrency=4, seed=0, cheat_rate=0.2, labels_path=labels,
-                       timeout_s=10)  # fmt: skip
+    report = run_fleet(
+        kafka_settings, "local", 40, concurrency=4, seed=0, cheat_rate=0.2, labels_path=labels, timeout_s=10
+    )
     assert report.sessions == 40 and report.reaper_survivors == 0
     assert len(labels.read_text().splitlines()) == 40
     run_ingest(kafka_settings, until_idle=5.0)

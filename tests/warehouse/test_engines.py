@@ -102,14 +102,20 @@ def _as_ints(answer: dict[str, list]) -> dict[str, list[int]]:
 def test_duckdb_iceberg_extension_reads_the_same_rows(lake: Settings) -> None:
     python = _venv(
         CACHE / "duckdb155",
-        [f"duckdb=={DUCKDB_VERSION}", f"duckdb-extension-iceberg=={DUCKDB_VERSION}",
-         f"duckdb-extension-avro=={DUCKDB_VERSION}"],
-    )  # fmt: skip
+        [
+            f"duckdb=={DUCKDB_VERSION}",
+            f"duckdb-extension-iceberg=={DUCKDB_VERSION}",
+            f"duckdb-extension-avro=={DUCKDB_VERSION}",
+        ],
+    )
     requests, expected = _requests(lake)
     result = subprocess.run(
         [str(python), str(ROOT / "scripts" / "iceberg_read_duckdb.py")],
-        input=json.dumps(requests), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        input=json.dumps(requests),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert _as_ints(json.loads(result.stdout)) == expected
 
@@ -135,7 +141,10 @@ def test_spark_reads_the_same_rows(lake: Settings) -> None:
     requests, expected = _requests(lake)
     result = subprocess.run(
         [str(python), str(ROOT / "scripts" / "iceberg_read_spark.py"), "--jar", str(jar)],
-        input=json.dumps(requests), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        input=json.dumps(requests),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert _as_ints(json.loads(result.stdout.strip().splitlines()[-1])) == expected

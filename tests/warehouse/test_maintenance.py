@@ -165,8 +165,11 @@ def test_compaction_and_tiering_work_in_bounded_bundles(settings: Settings) -> N
     stats = tier(settings, as_of=BASE + timedelta(days=30))
     cold_raw = ensure_cold_table(catalog, settings, RAW_EVENTS.name)
     assert stats.events_copied == len(day_events(1, 4))
-    copies = [s for s in catalog.load_table(cold_raw.name()).snapshots()
-              if "trajlake.tiered-from-snapshot" in (s.summary.additional_properties if s.summary else {})]  # fmt: skip
+    copies = [
+        s
+        for s in catalog.load_table(cold_raw.name()).snapshots()
+        if "trajlake.tiered-from-snapshot" in (s.summary.additional_properties if s.summary else {})
+    ]
     assert len(copies) >= 2, (stats, hot_files)  # one commit per bundle
     assert lake_state(settings) == before
 

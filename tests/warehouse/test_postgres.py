@@ -61,11 +61,17 @@ def postgres_uri() -> Iterator[str]:
         os.chown(root, user.pw_uid, user.pw_gid)
         prefix = ["runuser", "-u", "postgres", "--"]
     data, port = root / "data", _free_port()
-    subprocess.run([*prefix, initdb, "-D", str(data), "-U", "trajlake", "--auth=trust", "-E", "UTF8"],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [*prefix, initdb, "-D", str(data), "-U", "trajlake", "--auth=trust", "-E", "UTF8"],
+        check=True,
+        capture_output=True,
+    )
     options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=50"
-    started = subprocess.run([*prefix, pg_ctl, "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"],
-                             capture_output=True, text=True)  # fmt: skip
+    started = subprocess.run(
+        [*prefix, pg_ctl, "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"],
+        capture_output=True,
+        text=True,
+    )
     if started.returncode != 0:
         log = (root / "log").read_text() if (root / "log").exists() else ""
         raise RuntimeError(f"pg_ctl start failed: {started.stderr}\n{log}")

@@ -301,8 +301,11 @@ def test_cli_prints_values_verbatim(fmt: str, tmp_path: Path) -> None:
     env["TRAJLAKE_HOME"] = str(tmp_path / "home")
     result = subprocess.run(
         [sys.executable, "-m", "trajlake.cli", "sql", f"SELECT '{VERBATIM}' AS v", "--format", fmt],
-        env=env, capture_output=True, timeout=300, check=True,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        timeout=300,
+        check=True,
+    )
     lines = result.stdout.decode().splitlines()
     if fmt == "json":
         assert json.loads(result.stdout) == [{"v": VERBATIM}]

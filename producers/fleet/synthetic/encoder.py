@@ -19,10 +19,27 @@ from schemas.registry import get_version
 #: a schema version never changes, so a newer one never silently breaks the hand-written encoder.
 WRITER_VERSION = 1
 ENVELOPE = (
-    "event_id", "session_id", "seq", "ts", "event_type", "source", "sandbox_id", "task_id", "task_type", "host_id",
-    "image_name", "image_version", "agent_name", "agent_version", "agent_model", "policy_version",
-    "agent_message_id", "parent_event_id", "extra", "payload",
-)  # fmt: skip
+    "event_id",
+    "session_id",
+    "seq",
+    "ts",
+    "event_type",
+    "source",
+    "sandbox_id",
+    "task_id",
+    "task_type",
+    "host_id",
+    "image_name",
+    "image_version",
+    "agent_name",
+    "agent_version",
+    "agent_model",
+    "policy_version",
+    "agent_message_id",
+    "parent_event_id",
+    "extra",
+    "payload",
+)
 SOURCES = ("agent", "environment", "system", "evaluator")
 #: payload field names per kind, in schema order (tuples in ``SynthEvent.payload`` follow them)
 FIELDS: dict[str, tuple[str, ...]] = {}

@@ -507,9 +507,15 @@ class SyntheticFleet:
                 id_bytes = b"\x40" + prefix.encode()
                 first = header + id_bytes
                 sid_bytes = avro_str(sid)
-                env = SessionHeader(sid, {**values, "sandbox_id": f"sb-{sid[:16]}",
-                                          "host_id": self.host_id or f"synthetic-host-{session_rng.randrange(64):02d}"},
-                                    {}).encoded_env  # fmt: skip
+                env = SessionHeader(
+                    sid,
+                    {
+                        **values,
+                        "sandbox_id": f"sb-{sid[:16]}",
+                        "host_id": self.host_id or f"synthetic-host-{session_rng.randrange(64):02d}",
+                    },
+                    {},
+                ).encoded_env
                 label = {**label, "session_id": sid}
                 scale = 1024 if label["policy"] == "hang" else int(session_rng.uniform(0.8, 1.25) * 1024)
                 last = arrival + ((parts[-1][0] * scale) >> 10)
@@ -526,19 +532,46 @@ class SyntheticFleet:
                         bucket = buckets.get(ts // bucket_us)
                         if bucket is None:
                             bucket = buckets[ts // bucket_us] = []
-                        bucket.append((ts, sid, prefix + SEQ_STR[seq], b"".join((
-                            first, SEQ_HEX[seq], sid_bytes, VARINTS[seq], TS_CHUNKS[n & 0x3FFF],
-                            TS_CHUNKS[(n >> 14) & 0x3FFF], top, kind_source, env, message, parent_ids[parent_seq + 1],
-                            tail,
-                        ))))  # fmt: skip
+                        bucket.append(
+                            (
+                                ts,
+                                sid,
+                                prefix + SEQ_STR[seq],
+                                b"".join(
+                                    (
+                                        first,
+                                        SEQ_HEX[seq],
+                                        sid_bytes,
+                                        VARINTS[seq],
+                                        TS_CHUNKS[n & 0x3FFF],
+                                        TS_CHUNKS[(n >> 14) & 0x3FFF],
+                                        top,
+                                        kind_source,
+                                        env,
+                                        message,
+                                        parent_ids[parent_seq + 1],
+                                        tail,
+                                    )
+                                ),
+                            )
+                        )
                 else:
                     for rel, seq, kind_source, message, parent_seq, tail in parts:
                         ts = arrival + ((rel * scale) >> 10)
-                        value = b"".join((
-                            first, f"{seq:08x}".encode(), sid_bytes, varint(seq), ts_varint(ts), kind_source, env,
-                            message, b"\x00" if parent_seq < 0 else b"\x02" + id_bytes + f"{parent_seq:08x}".encode(),
-                            tail,
-                        ))  # fmt: skip
+                        value = b"".join(
+                            (
+                                first,
+                                f"{seq:08x}".encode(),
+                                sid_bytes,
+                                varint(seq),
+                                ts_varint(ts),
+                                kind_source,
+                                env,
+                                message,
+                                b"\x00" if parent_seq < 0 else b"\x02" + id_bytes + f"{parent_seq:08x}".encode(),
+                                tail,
+                            )
+                        )
                         event_id = f"{prefix}{seq:08x}"
                         if not encode:
                             from schemas.registry import decode_event

@@ -20,10 +20,33 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 WORDS = (
-    "amber", "birch", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper",
-    "kestrel", "lumen", "maple", "nimbus", "onyx", "pylon", "quartz", "raven", "sierra", "tundra",
-    "umber", "vector", "willow", "xenon", "yarrow", "zephyr",
-)  # fmt: skip
+    "amber",
+    "birch",
+    "cobalt",
+    "delta",
+    "ember",
+    "fjord",
+    "garnet",
+    "harbor",
+    "indigo",
+    "juniper",
+    "kestrel",
+    "lumen",
+    "maple",
+    "nimbus",
+    "onyx",
+    "pylon",
+    "quartz",
+    "raven",
+    "sierra",
+    "tundra",
+    "umber",
+    "vector",
+    "willow",
+    "xenon",
+    "yarrow",
+    "zephyr",
+)
 
 #: Pinned image per task type: (image name, version). Bumping a version builds a new read-only
 #: layer beside the old one; a task type only moves when its pin here changes.
@@ -78,8 +101,7 @@ class TaskInstance:
     @property
     def config_digest(self) -> str:
         """sha256 of the per-task configuration and initial files."""
-        blob = json.dumps({"config": self.config, "files": self.files, "allow": self.egress_allowlist},
-                          sort_keys=True)  # fmt: skip
+        blob = json.dumps({"config": self.config, "files": self.files, "allow": self.egress_allowlist}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -13,8 +13,9 @@ INSTRUCTION = (
 )
 
 
-def _bugfix(name: str, seed: int, module: str, func: str, buggy: str, fixed: str, wrong: str,
-            visible: list, hidden: list) -> TaskInstance:  # fmt: skip
+def _bugfix(
+    name: str, seed: int, module: str, func: str, buggy: str, fixed: str, wrong: str, visible: list, hidden: list
+) -> TaskInstance:
     path = f"{module}.py"
     return TaskInstance(
         task_id=make_id(name, seed),
@@ -44,9 +45,17 @@ def range_sum(rng: random.Random, seed: int) -> TaskInstance:
         lo = rng.randint(1, 40)
         hi = lo + rng.randint(1, 30)
         cases.append(((lo, hi), sum(i * k for i in range(lo, hi + 1))))
-    return _bugfix("bugfix.range_sum", seed, module, func,
-                   template.format(k=k, r="lo, hi"), template.format(k=k, r="lo, hi + 1"),
-                   template.format(k=k, r="lo + 1, hi + 1"), cases[:3], cases[3:])  # fmt: skip
+    return _bugfix(
+        "bugfix.range_sum",
+        seed,
+        module,
+        func,
+        template.format(k=k, r="lo, hi"),
+        template.format(k=k, r="lo, hi + 1"),
+        template.format(k=k, r="lo + 1, hi + 1"),
+        cases[:3],
+        cases[3:],
+    )
 
 
 @family("bugfix.clamp")
@@ -64,10 +73,17 @@ def clamp(rng: random.Random, seed: int) -> TaskInstance:
         x = rng.choice([rng.randint(lo + 1, hi - 1), lo - rng.randint(1, 50), hi + rng.randint(1, 50)])
         cases.append(((x, lo, hi), max(lo, min(hi, x)) + off))
     cases[0] = ((cases[0][0][1] + 1,) + cases[0][0][1:], cases[0][0][1] + 1 + off)
-    return _bugfix("bugfix.clamp", seed, module, func,
-                   template.format(body="max(hi, min(lo, x))", off=off),
-                   template.format(body="max(lo, min(hi, x))", off=off),
-                   template.format(body="min(lo, max(hi, x))", off=off), cases[:3], cases[3:])  # fmt: skip
+    return _bugfix(
+        "bugfix.clamp",
+        seed,
+        module,
+        func,
+        template.format(body="max(hi, min(lo, x))", off=off),
+        template.format(body="max(lo, min(hi, x))", off=off),
+        template.format(body="min(lo, max(hi, x))", off=off),
+        cases[:3],
+        cases[3:],
+    )
 
 
 @family("bugfix.median")
@@ -88,8 +104,17 @@ def median(rng: random.Random, seed: int) -> TaskInstance:
         values = rng.sample(range(floor, floor + 200), n) + [floor - rng.randint(1, 5)]
         rng.shuffle(values)
         cases.append(((values,), statistics.median(v for v in values if v >= floor)))
-    return _bugfix("bugfix.median", seed, module, func, template.format(body=buggy),
-                   template.format(body=fixed), template.format(body=wrong), cases[:3], cases[3:])  # fmt: skip
+    return _bugfix(
+        "bugfix.median",
+        seed,
+        module,
+        func,
+        template.format(body=buggy),
+        template.format(body=fixed),
+        template.format(body=wrong),
+        cases[:3],
+        cases[3:],
+    )
 
 
 @family("bugfix.percent_change")
@@ -105,6 +130,14 @@ def percent_change(rng: random.Random, seed: int) -> TaskInstance:
         old = rng.randint(10, 900)
         new = old + rng.choice([-1, 1]) * rng.randint(1, 300)
         cases.append(((old, new), round((new - old) / old * 100, digits)))
-    return _bugfix("bugfix.percent_change", seed, module, func,
-                   template.format(expr="(new - old) / new"), template.format(expr="(new - old) / old"),
-                   template.format(expr="(old - new) / old"), cases[:3], cases[3:])  # fmt: skip
+    return _bugfix(
+        "bugfix.percent_change",
+        seed,
+        module,
+        func,
+        template.format(expr="(new - old) / new"),
+        template.format(expr="(new - old) / old"),
+        template.format(expr="(old - new) / old"),
+        cases[:3],
+        cases[3:],
+    )

@@ -33,8 +33,16 @@ def _tests(datasets: list[tuple[str, list[str]]], prefix: str) -> str:
     return "".join(parts)
 
 
-def _data_cli(name: str, seed: int, rng: random.Random, readme: str, solution: str,
-              make_data: Callable[[], str], reference: Callable[[str], list[str]], **extra: object) -> TaskInstance:  # fmt: skip
+def _data_cli(
+    name: str,
+    seed: int,
+    rng: random.Random,
+    readme: str,
+    solution: str,
+    make_data: Callable[[], str],
+    reference: Callable[[str], list[str]],
+    **extra: object,
+) -> TaskInstance:
     data_name = f"data/{ident(rng)}.csv"
     visible = make_data()
     hidden = [make_data() for _ in range(3)]
@@ -53,7 +61,7 @@ def _data_cli(name: str, seed: int, rng: random.Random, readme: str, solution: s
         files={"tool.py": STUB, "README.md": readme, data_name: visible, "tests/test_visible.py": visible_test},
         hidden_tests={
             "test_hidden.py": _tests([(d, reference(d)) for d in hidden] + [(visible, reference(visible))], "hidden")
-        },  # fmt: skip
+        },
         deliverables=("tool.py",),
         solution={"tool.py": solution},
         wrong_guess={"tool.py": f"print({wrong_output!r})\n"},  # memorized visible answer
@@ -79,8 +87,10 @@ def group_sum(rng: random.Random, seed: int) -> TaskInstance:
             totals[k] += int(v)
         return [f"{k},{totals[k]}" for k in sorted(totals)]
 
-    readme = (f"# tool.py\n\n`python3 tool.py FILE.csv` reads a CSV with header `{key},{value}` and prints one line "
-              f"`<{key}>,<sum of {value}>` per distinct {key}, sorted by {key}.\n")  # fmt: skip
+    readme = (
+        f"# tool.py\n\n`python3 tool.py FILE.csv` reads a CSV with header `{key},{value}` and prints one line "
+        f"`<{key}>,<sum of {value}>` per distinct {key}, sorted by {key}.\n"
+    )
     solution = (
         "import csv\nimport sys\n\ntotals = {}\nwith open(sys.argv[1]) as handle:\n"
         "    for row in csv.DictReader(handle):\n"
@@ -110,9 +120,11 @@ def threshold(rng: random.Random, seed: int) -> TaskInstance:
                 counts[c] += 1
         return [f"{c}{sep}{n}" for c, n in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
 
-    readme = (f"# tool.py\n\n`python3 tool.py FILE.csv` reads a CSV with header `id,{cat},{val}` and, for each {cat} "
-              f"with at least one row whose {val} is greater than {limit}, prints `<{cat}>{sep}<count of such rows>`, "
-              f"by count descending then {cat} ascending.\n")  # fmt: skip
+    readme = (
+        f"# tool.py\n\n`python3 tool.py FILE.csv` reads a CSV with header `id,{cat},{val}` and, for each {cat} "
+        f"with at least one row whose {val} is greater than {limit}, prints `<{cat}>{sep}<count of such rows>`, "
+        f"by count descending then {cat} ascending.\n"
+    )
     solution = (
         "import csv\nimport sys\n\ncounts = {}\nwith open(sys.argv[1]) as handle:\n"
         "    for row in csv.DictReader(handle):\n"
@@ -139,8 +151,10 @@ def top_k(rng: random.Random, seed: int) -> TaskInstance:
         ranked = sorted(rows, key=lambda r: (-int(r[1]), r[0]))
         return [r[0] for r in ranked[:k]]
 
-    readme = (f"# tool.py\n\n`python3 tool.py FILE.csv` reads a CSV with header `name,{score}` and prints the {k} names "
-              f"with the highest {score}, one per line, ties broken by name ascending.\n")  # fmt: skip
+    readme = (
+        f"# tool.py\n\n`python3 tool.py FILE.csv` reads a CSV with header `name,{score}` and prints the {k} names "
+        f"with the highest {score}, one per line, ties broken by name ascending.\n"
+    )
     solution = (
         "import csv\nimport sys\n\nwith open(sys.argv[1]) as handle:\n    rows = list(csv.DictReader(handle))\n"
         f"rows.sort(key=lambda r: (-int(r[{score!r}]), r['name']))\n"
@@ -169,9 +183,11 @@ def fx(rng: random.Random, seed: int) -> TaskInstance:
             total += float(amount) * rates[currency]
         return [f"TOTAL {target} {total:.2f}"]
 
-    readme = (f"# tool.py\n\n`python3 tool.py FILE.csv` reads a CSV with header `amount,currency`, fetches the rates "
-              f"JSON from {url} (an object: currency → {target} per unit; the sandbox may reach this host only) "
-              f"and prints `TOTAL {target} <sum of amount * rate, 2 decimals>`.\n")  # fmt: skip
+    readme = (
+        f"# tool.py\n\n`python3 tool.py FILE.csv` reads a CSV with header `amount,currency`, fetches the rates "
+        f"JSON from {url} (an object: currency → {target} per unit; the sandbox may reach this host only) "
+        f"and prints `TOTAL {target} <sum of amount * rate, 2 decimals>`.\n"
+    )
     solution = (
         "import csv\nimport json\nimport sys\nimport urllib.request\n\n"
         f"rates = json.loads(urllib.request.urlopen({url!r}, timeout=10).read())\n"
@@ -179,5 +195,14 @@ def fx(rng: random.Random, seed: int) -> TaskInstance:
         "        total += float(row['amount']) * rates[row['currency']]\n"
         f"print(f'TOTAL {target} {{total:.2f}}')\n"
     )
-    return _data_cli("data_cli.fx", seed, rng, readme, solution, make_data, reference,
-                     egress_allowlist=(f"{host}:80",), services={f"{host}:80": {"/v1/rates.json": json.dumps(rates)}})  # fmt: skip
+    return _data_cli(
+        "data_cli.fx",
+        seed,
+        rng,
+        readme,
+        solution,
+        make_data,
+        reference,
+        egress_allowlist=(f"{host}:80",),
+        services={f"{host}:80": {"/v1/rates.json": json.dumps(rates)}},
+    )

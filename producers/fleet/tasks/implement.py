@@ -10,8 +10,17 @@ from producers.fleet.tasks import TaskInstance, family, ident, make_id, unit_tes
 INSTRUCTION = "Implement `{func}` in {module}.py as described in SPEC.md. `python3 run_tests.py` runs the tests."
 
 
-def _implement(name: str, seed: int, module: str, func: str, signature: str, spec: str, solution_body: str,
-               wrong_body: str, cases: list) -> TaskInstance:  # fmt: skip
+def _implement(
+    name: str,
+    seed: int,
+    module: str,
+    func: str,
+    signature: str,
+    spec: str,
+    solution_body: str,
+    wrong_body: str,
+    cases: list,
+) -> TaskInstance:
     path = f"{module}.py"
     head = f'def {func}({signature}):\n    """See SPEC.md."""\n'
     return TaskInstance(
@@ -132,8 +141,9 @@ def fizz(rng: random.Random, seed: int) -> TaskInstance:
         return [((w1 if i % a == 0 else "") + (w2 if i % b == 0 else "")) or str(i) for i in range(1, n + 1)]
 
     sizes = [a * b, rng.randint(1, 5)] + [rng.randint(a * b, 60) for _ in range(6)]
-    return _implement("implement.fizz", seed, module, func, "n", spec, body, wrong,
-                      [((n,), reference(n)) for n in sizes])  # fmt: skip
+    return _implement(
+        "implement.fizz", seed, module, func, "n", spec, body, wrong, [((n,), reference(n)) for n in sizes]
+    )
 
 
 @family("implement.duration")

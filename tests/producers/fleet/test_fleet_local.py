@@ -28,8 +28,15 @@ def _by_session(events):
 
 
 def test_no_network_and_every_attempt_recorded(tmp_path, image):
-    sandbox = Sandbox("net", tmp_path / "sb", image, {}, Limits(), allowlist=("rates.internal:80",),
-                      services={"rates.internal:80": {"/r": '{"ok": 1}'}})  # fmt: skip
+    sandbox = Sandbox(
+        "net",
+        tmp_path / "sb",
+        image,
+        {},
+        Limits(),
+        allowlist=("rates.internal:80",),
+        services={"rates.internal:80": {"/r": '{"ok": 1}'}},
+    )
     try:
         # the kernel refuses even without the audit hook (python3 -S skips sitecustomize)
         raw = sandbox.run("python3 -S -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)\"")
@@ -91,8 +98,9 @@ def test_reaper_kills_cleans_and_counts(tmp_path, image):
     try:
         for box in boxes:
             reaper.watch(box, 1.0)
-        for box, command in zip(boxes, ["sleep 1000", "(sleep 1000 &); sleep 1000",
-                                        "python3 -c 'while True: pass' & wait"], strict=True):  # fmt: skip
+        for box, command in zip(
+            boxes, ["sleep 1000", "(sleep 1000 &); sleep 1000", "python3 -c 'while True: pass' & wait"], strict=True
+        ):
             with pytest.raises(SandboxKilled):
                 box.run(command)
             assert box.reaped and box.survivors() == 0
@@ -105,8 +113,17 @@ def test_reaper_kills_cleans_and_counts(tmp_path, image):
 
 def test_many_hangs_all_reaped_and_reported(settings, tmp_path):
     sink = ListSink()
-    report = run_fleet(settings, "local", 8, concurrency=4, seed=5, labels_path=tmp_path / "l.jsonl", sink=sink,
-                       timeout_s=2.0, policy_mix={"hang": 1.0})  # fmt: skip
+    report = run_fleet(
+        settings,
+        "local",
+        8,
+        concurrency=4,
+        seed=5,
+        labels_path=tmp_path / "l.jsonl",
+        sink=sink,
+        timeout_s=2.0,
+        policy_mix={"hang": 1.0},
+    )
     assert report.by_status == {"timeout": 8} and report.timeouts_reaped == 8 and report.reaper_survivors == 0
     ends = [e for e in sink.events if e["event_type"] == "session_end"]
     assert len(ends) == 8 and all(e["payload"]["exit_reason"] == "reaper" for e in ends)
@@ -126,10 +143,21 @@ def mixed_run(tmp_path_factory):
     settings = load_settings(home=home)
     sink = ListSink()
     labels = home / "labels.jsonl"
-    mix = {name: 1.0 for name in ("solver", "flailer", "guesser", "cheat_edit_tests", "cheat_tamper_runner",
-                                  "cheat_network", "cheat_hidden_tests")}  # fmt: skip
-    report = run_fleet(settings, "local", 14, concurrency=4, seed=9, labels_path=labels, sink=sink, policy_mix=mix,
-                       timeout_s=30)  # fmt: skip
+    mix = {
+        name: 1.0
+        for name in (
+            "solver",
+            "flailer",
+            "guesser",
+            "cheat_edit_tests",
+            "cheat_tamper_runner",
+            "cheat_network",
+            "cheat_hidden_tests",
+        )
+    }
+    report = run_fleet(
+        settings, "local", 14, concurrency=4, seed=9, labels_path=labels, sink=sink, policy_mix=mix, timeout_s=30
+    )
     rows = {json.loads(line)["session_id"]: json.loads(line) for line in labels.read_text().splitlines()}
     return report, _by_session(sink.events), rows
 
@@ -219,8 +247,16 @@ def test_labels_are_ground_truth_outside_the_stream(mixed_run):
 
 def test_perturbation_injects_transient_failures_and_formats(settings):
     sink = ListSink()
-    run_fleet(settings, "local", 3, concurrency=3, seed=2, sink=sink, policy_mix={"solver": 1.0},
-              perturb="latency=5,jitter=5,fail=0.3,formats")  # fmt: skip
+    run_fleet(
+        settings,
+        "local",
+        3,
+        concurrency=3,
+        seed=2,
+        sink=sink,
+        policy_mix={"solver": 1.0},
+        perturb="latency=5,jitter=5,fail=0.3,formats",
+    )
     feedback = [e["payload"] for e in sink.events if e["event_type"] == "env_feedback"]
     assert any(p["failure_reason"] == "transient (injected)" and p["exit_code"] == 75 for p in feedback)
     evaluations = [e["payload"] for e in sink.events if e["event_type"] == "evaluation"]

@@ -96,8 +96,9 @@ def test_time_order_and_per_session_sequence():
 def test_rates_lifetimes_and_signatures(settings, tmp_path):
     labels = tmp_path / "labels.jsonl"
     sink = ListSink()
-    report = run_fleet(settings, "synthetic", 500, seed=1, cheat_rate=0.2, labels_path=labels, sink=sink,
-                       start_us=START)  # fmt: skip
+    report = run_fleet(
+        settings, "synthetic", 500, seed=1, cheat_rate=0.2, labels_path=labels, sink=sink, start_us=START
+    )
     assert report.sessions == 500 and report.events == len(sink.events)
     lines = [json.loads(line) for line in labels.read_text().splitlines()]
     assert len(lines) == 500
@@ -113,8 +114,17 @@ def test_rates_lifetimes_and_signatures(settings, tmp_path):
     steps = Counter(e["session_id"] for e in sink.events if e["event_type"] == "agent_action")
     assert 8 <= sorted(steps.values())[len(steps) // 2] <= 40
     kinds = Counter(e["event_type"] for e in sink.events)
-    assert set(kinds) == {"session_start", "agent_input", "agent_action", "env_feedback", "resource_sample",
-                          "file_op", "network_request", "evaluation", "session_end"}  # fmt: skip
+    assert set(kinds) == {
+        "session_start",
+        "agent_input",
+        "agent_action",
+        "env_feedback",
+        "resource_sample",
+        "file_op",
+        "network_request",
+        "evaluation",
+        "session_end",
+    }
     cheats = Counter(line["cheat_type"] for line in lines if line["cheat_type"])
     assert sum(cheats.values()) == report.cheaters and 60 <= report.cheaters <= 140
     signatures = Counter()
@@ -137,8 +147,9 @@ def test_rates_lifetimes_and_signatures(settings, tmp_path):
 
 def test_labels_never_in_the_stream(settings, tmp_path):
     sink = ListSink()
-    run_fleet(settings, "synthetic", 200, seed=2, cheat_rate=0.5, sink=sink, labels_path=tmp_path / "l.jsonl",
-              start_us=START)  # fmt: skip
+    run_fleet(
+        settings, "synthetic", 200, seed=2, cheat_rate=0.5, sink=sink, labels_path=tmp_path / "l.jsonl", start_us=START
+    )
     values = set()
     for event in sink.events:
         values.update(str(v) for k, v in event.items() if k not in ("payload", "extra"))

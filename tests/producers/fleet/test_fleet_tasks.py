@@ -23,8 +23,9 @@ def _run(task, files: dict[str, str], tmp: Path) -> tuple[int, int]:
     for name, text in task.hidden_tests.items():
         (hidden / name).write_text(text)
     visible = subprocess.run([sys.executable, str(RUNNER), "tests"], cwd=tmp, capture_output=True)
-    secret = subprocess.run([sys.executable, str(RUNNER), str(hidden), "--json", "--root", str(tmp)], cwd=tmp,
-                            capture_output=True)  # fmt: skip
+    secret = subprocess.run(
+        [sys.executable, str(RUNNER), str(hidden), "--json", "--root", str(tmp)], cwd=tmp, capture_output=True
+    )
     return visible.returncode, secret.returncode
 
 
@@ -46,8 +47,11 @@ def test_solution_passes_pristine_and_guess_fail(name, tmp_path):
     task = make_task(name, 11)
     if task.egress_allowlist:
         pytest.skip("needs the sandbox's egress gateway (covered by the local fleet tests)")
-    for variant, files, expect_hidden in (("pristine", {}, 1), ("solution", task.solution, 0),
-                                          ("wrong", task.wrong_guess, 1)):  # fmt: skip
+    for variant, files, expect_hidden in (
+        ("pristine", {}, 1),
+        ("solution", task.solution, 0),
+        ("wrong", task.wrong_guess, 1),
+    ):
         work = tmp_path / variant
         work.mkdir()
         visible, hidden = _run(task, files, work)
