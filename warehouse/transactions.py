@@ -81,13 +81,17 @@ def _task_schema(metadata: TableMetadata, arrow_schema: pa.Schema) -> Schema:
     downcast = Config().get_bool(DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE) or False
     table_schema = metadata.schema()
     _check_pyarrow_schema_compatible(
-        table_schema, provided_schema=arrow_schema, downcast_ns_timestamp_to_us=downcast,
+        table_schema,
+        provided_schema=arrow_schema,
+        downcast_ns_timestamp_to_us=downcast,
         format_version=metadata.format_version,
-    )  # fmt: skip
+    )
     schema = pyarrow_to_schema(
-        arrow_schema, name_mapping=table_schema.name_mapping, downcast_ns_timestamp_to_us=downcast,
+        arrow_schema,
+        name_mapping=table_schema.name_mapping,
+        downcast_ns_timestamp_to_us=downcast,
         format_version=metadata.format_version,
-    )  # fmt: skip
+    )
     if len(_TASK_SCHEMAS) >= _TASK_SCHEMAS_LIMIT:
         _TASK_SCHEMAS.clear()
     _TASK_SCHEMAS[key] = schema
@@ -133,8 +137,9 @@ def data_files(metadata: TableMetadata, rows: pa.Table, io: FileIO, write_uuid: 
     tasks: list[WriteTask] = []
     for key, part in _partitions(metadata, rows):
         for batches in bin_pack_arrow_table(part, target):
-            task = WriteTask(write_uuid=write_uuid, task_id=len(tasks), record_batches=batches, schema=task_schema,
-                             partition_key=key)  # fmt: skip
+            task = WriteTask(
+                write_uuid=write_uuid, task_id=len(tasks), record_batches=batches, schema=task_schema, partition_key=key
+            )
             tasks.append(task)
     return list(write_file(io=io, table_metadata=metadata, tasks=iter(tasks)))
 
