@@ -94,8 +94,3 @@ def redact_value(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return type(value)(redact_value(v) for v in value)
     return value
-
-
-def contains_secret(text: str) -> bool:
-    """True when :func:`redact_text` would change ``text``."""
-    return redact_text(text) != text

@@ -272,9 +272,3 @@ def detect_cheats(steps: pl.DataFrame, file_ops: pl.DataFrame, network: pl.DataF
         .cast(FLAGS_SCHEMA)  # type: ignore[arg-type]
         .sort("session_id", "flag")
     )
-
-
-def flag_cheat_type(flag: str) -> str | None:
-    """The fleet cheat type a flag detects (``None`` for flags without a fleet counterpart)."""
-    rule = FLAG_RULES.get(flag)
-    return rule.cheat_type if rule else None

@@ -53,10 +53,6 @@ class Documents:
         """Exact group index per session."""
         return self.sessions["exact_group"].to_numpy()
 
-    def session_signatures(self) -> np.ndarray:
-        """Signature per session (rows of equal documents share one)."""
-        return self.signatures[self.exact_group]
-
 
 def normalize_command(expr: pl.Expr) -> pl.Expr:
     """Lower-case, hex ids replaced, whitespace collapsed."""

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pyarrow as pa
-from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
     BinaryType,
@@ -107,8 +105,3 @@ def raw_events_schema(version: SchemaVersion | None = None) -> Schema:
     columns = [NestedField(fid, name, _avro_type(avro, ids, named), required=False) for name, avro, fid in top]
     columns += [NestedField(ids.next(), name, typ, required=False) for name, typ in INGEST_COLUMNS]
     return Schema(*columns)
-
-
-def raw_events_arrow_schema(version: SchemaVersion | None = None) -> pa.Schema:
-    """Arrow schema matching :func:`raw_events_schema` (field ids included)."""
-    return schema_to_pyarrow(raw_events_schema(version))

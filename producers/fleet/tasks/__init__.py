@@ -143,19 +143,13 @@ def make_task(name: str, seed: int) -> TaskInstance:
     Raises:
         KeyError: unknown family.
     """
-    _load()
     return FAMILIES[name](random.Random(f"{name}:{seed}"), seed)
 
 
 def task_for(seed: int, index: int) -> TaskInstance:
     """The ``index``-th task of a fleet run seeded with ``seed`` (families round-robin)."""
-    _load()
     names = sorted(FAMILIES)
     return make_task(names[index % len(names)], seed * 1_000_003 + index)
-
-
-def _load() -> None:
-    """Families register on import of this package (kept for callers that import early)."""
 
 
 # Register the families (the modules import the helpers above, so this comes last).
