@@ -14,6 +14,7 @@ from pipelines.assemble import assemble
 from tests.helpers import BASE, day_events, lake_state, tier_split, write_raw
 from warehouse.catalog import open_catalog
 from warehouse.maintenance import maintain
+from warehouse.sql import run_query
 from warehouse.tiering import ensure_cold_table, tier
 
 pytestmark = pytest.mark.integration
@@ -73,6 +74,9 @@ def test_tier_and_maintain_on_s3(s3_settings: Settings, s3_client: object) -> No
     assert lake_state(settings) == before
     split = tier_split(settings)
     assert split["cold_events"] > 0 and split["cold_trajectories"] == 6
+    # User SQL runs on a locked connection (no external access): the s3:// tier stays readable there.
+    query = "SELECT (SELECT count(*) FROM cold_events), (SELECT count(*) FROM cold_trajectories)"
+    assert run_query(settings, query)[1] == [(split["cold_events"], 6)]
     cold = ensure_cold_table(open_catalog(settings), settings, "raw_events")
     assert cold.location().startswith(f"s3://{BUCKET}/")
     assert all(t.file.file_path.startswith("s3://") for t in cold.scan().plan_files())
