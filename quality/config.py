@@ -12,7 +12,8 @@ class QualityConfig:
     """Weights, thresholds and dedup parameters.
 
     Attributes:
-        w_completion / w_validity / w_novelty: quality = weighted sum (background §4.3: 0.5/0.3/0.2).
+        w_completion / w_validity / w_novelty: quality = weighted sum (defaults 0.5/0.3/0.2: completion
+            counts most, then validity, then novelty).
         min_quality: trajectories below this are not exportable.
         behavioural_weight: quality multiplier for sessions with a behavioural cheat flag
             (down-weighted, not dropped).

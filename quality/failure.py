@@ -1,4 +1,4 @@
-"""Why a session did not succeed, and whether rerunning it can help (background §4.1).
+"""Why a session did not succeed, and whether rerunning it can help.
 
 Environment failures (the sandbox or host broke, the session was lost) are worth a rerun;
 capability failures (wrong answer, gave up, cheated) are not — rerunning only burns compute

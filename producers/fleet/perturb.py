@@ -1,4 +1,4 @@
-"""Environment perturbation (background §5.5): latency and jitter, transient failures, format drift.
+"""Environment perturbation: latency and jitter, transient failures, format drift.
 
 A sandbox that always answers instantly, never fails and always prints the same format trains
 agents that break on real systems. ``Perturbation`` injects, per command, a delay (latency plus
