@@ -107,6 +107,11 @@ agg AS (
         arg_min(agent_version, struct_pack(seq, event_id)) AS agent_version,
         arg_min(agent_model, struct_pack(seq, event_id)) AS agent_model,
         arg_min(policy_version, struct_pack(seq, event_id)) AS policy_version,
+        -- the task family (fleet template, benchmark instance of an import): novelty compares within it
+        coalesce(arg_min(extra['task_family'], struct_pack(seq, event_id)) FILTER (extra['task_family'] IS NOT NULL),
+                 arg_min(task_id, struct_pack(seq, event_id))) AS task_family,
+        TRY_CAST(arg_max(extra['processes_started'], struct_pack(seq, event_id))
+                 FILTER (event_type = 'session_end') AS BIGINT) AS processes_started,
         arg_max(session_end.status, struct_pack(seq, event_id)) FILTER (event_type = 'session_end') AS end_status,
         arg_max(session_end.exit_reason, struct_pack(seq, event_id))
             FILTER (event_type = 'session_end') AS end_reason,
@@ -169,6 +174,7 @@ SELECT
     CASE WHEN output_tokens {int64} THEN output_tokens::BIGINT END AS output_tokens,
     cost_usd, cpu_seconds, peak_memory_bytes, peak_processes,
     disk_write_bytes, timeout_s, instruction, eval_passed, tests_total, tests_passed, reward,
+    task_family, processes_started,
     coalesce(eval_passed, false) AS completed,
     $now AS assembled_at,
     list_filter([

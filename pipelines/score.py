@@ -1,14 +1,17 @@
-"""``trajlake score``: trajectories, steps and events → the ``scores``, ``flags`` and ``duplicates`` tables.
+"""``trajlake score``: trajectories, steps and events → the scores, flags, duplicates and profiles tables.
 
 Reads the DuckDB views into Arrow/polars, runs :func:`quality.scoring.score_sessions`, and
-replaces the three tables in one pass. Scoring is recomputed over every session because novelty
-and duplicate clusters depend on the other trajectories of a task; a run is skipped when
-neither the trajectories snapshot nor the scorer version changed since the last one (both are
-recorded in the ``scores`` table properties).
+replaces the four tables in one pass. Scoring is recomputed over every session because novelty
+and duplicate clusters depend on the other trajectories of a family; a run is skipped when
+neither the trajectories snapshot nor the scoring configuration changed since the last one.
+The configuration is compared by digest (scorer version, weights, thresholds and the governance
+table: :meth:`quality.config.QualityConfig.digest`), so changing a weight rescores; the
+configuration itself is recorded in the ``scores`` table properties for export manifests.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import warnings
@@ -26,25 +29,63 @@ from quality.scoring import QualityResult, score_sessions
 from warehouse.catalog import open_catalog
 from warehouse.locks import job_lock
 from warehouse.sql import open_views
-from warehouse.tables import DUPLICATES, FLAGS, SCORES, TRAJECTORIES, TableSpec, ensure_table
+from warehouse.tables import DUPLICATES, FLAGS, PROFILES, SCORES, TRAJECTORIES, TableSpec, ensure_table
 from warehouse.transactions import retry_on_conflict, transaction
 
 log = logging.getLogger("trajlake.score")
 
 SCORED_SNAPSHOT = "trajlake.scored-trajectories-snapshot"
 SCORED_VERSION = "trajlake.scorer-version"
+SCORED_DIGEST = "trajlake.scoring-config-digest"
+SCORED_CONFIG = "trajlake.scoring-config"
 
 TRAJECTORY_QUERY = """
-SELECT session_id, task_id, task_type, status, exit_reason, started_at, duration_s, n_steps, n_file_writes,
-       cpu_seconds, peak_memory_bytes, peak_processes, n_network_requests, instruction, eval_passed, reward
+SELECT session_id, task_id, task_type, task_family, status, exit_reason, started_at, duration_s, n_steps,
+       n_file_writes, disk_write_bytes, cpu_seconds, peak_memory_bytes, peak_processes, processes_started,
+       n_network_requests, instruction, eval_passed, reward
 FROM trajectories
 """
+# Outputs only where a detector reads them (a test file's assertions), and only their head.
 STEP_QUERY = """
-SELECT session_id, step_index, action_event_id, tool_name, command, exit_code, failure_reason FROM steps
+SELECT session_id, step_index, action_event_id, tool_name, command, arguments, exit_code, failure_reason,
+       CASE WHEN contains(output, 'assert') AND regexp_matches(coalesce(command, ''), 'test')
+            THEN left(output, 20000) END AS output
+FROM steps
 """
 FILE_OP_QUERY = """
-SELECT session_id, event_id, file_op.op AS op, file_op.path AS path, file_op.in_workspace AS in_workspace
+SELECT session_id, seq, event_id, file_op.op AS op, file_op.path AS path, file_op.in_workspace AS in_workspace
 FROM events WHERE event_type = 'file_op'
+"""
+# Per-session context of the detectors: workspace root, egress allowlist and history policy from
+# session_start; the evaluation's details (deliverable, changes, tamper signal); an imported
+# run's submission (the output of the feedback its session_end names).
+SESSION_QUERY = """
+WITH start AS (
+    SELECT session_id,
+           arg_min(extra['workspace_root'], seq) AS workspace_root,
+           arg_min(session_start.egress_allowlist, seq) AS egress_allowlist,
+           arg_min(coalesce(extra['history_forbidden'], extra['repo_history']), seq) AS history_forbidden
+    FROM events WHERE event_type = 'session_start' GROUP BY session_id
+),
+evaluation AS (
+    SELECT session_id, arg_max(event_id, struct_pack(seq, event_id)) AS eval_event_id,
+           arg_max(CASE WHEN extra['evaluator_tampered'] IS NOT NULL
+                        THEN json_merge_patch(coalesce(evaluation.details, '{}'),
+                                              json_object('evaluator_tampered', extra['evaluator_tampered']))
+                        ELSE evaluation.details END, struct_pack(seq, event_id)) AS eval_details
+    FROM events WHERE event_type = 'evaluation' GROUP BY session_id
+),
+submitted AS (
+    SELECT session_id, arg_max(extra['submission_event_id'], seq) AS submission_event_id
+    FROM events WHERE event_type = 'session_end' AND extra['submission_event_id'] IS NOT NULL GROUP BY session_id
+)
+SELECT t.session_id, start.workspace_root, start.egress_allowlist, start.history_forbidden,
+       st.output AS submission, evaluation.eval_event_id, evaluation.eval_details
+FROM (SELECT session_id FROM trajectories) t
+LEFT JOIN start USING (session_id)
+LEFT JOIN evaluation USING (session_id)
+LEFT JOIN submitted USING (session_id)
+LEFT JOIN steps st ON st.session_id = t.session_id AND st.feedback_event_id = submitted.submission_event_id
 """
 NETWORK_QUERY = """
 SELECT session_id, event_id, network_request.host AS host, network_request.port AS port,
@@ -65,6 +106,7 @@ class ScoreStats:
     exportable: int = 0
     mean_quality: float | None = None
     scorer_version: str = ""
+    config_digest: str = ""
     skipped: bool = False
     trajectories_snapshot_id: int | None = None
     seconds: float = 0.0
@@ -75,14 +117,16 @@ class ScoreStats:
 
 
 def quality_config(settings: Settings) -> QualityConfig:
-    """The quality knobs from settings."""
+    """The quality knobs from settings (governance overrides from ``TRAJLAKE_QUALITY_GOVERNANCE`` when set)."""
     w_c, w_v, w_n = settings.quality_weights
+    overrides = getattr(settings, "quality_governance", None) or {}
     return QualityConfig(
         w_completion=w_c,
         w_validity=w_v,
         w_novelty=w_n,
         min_quality=settings.quality_min,
         behavioural_weight=settings.quality_behavioural_weight,
+        governance_overrides=dict(overrides),
         outlier_z=settings.quality_outlier_z,
         dedup_threshold=settings.dedup_threshold,
         dedup_bands=settings.dedup_bands,
@@ -90,8 +134,28 @@ def quality_config(settings: Settings) -> QualityConfig:
     )
 
 
+def scoring_manifest(settings: Settings, catalog: Catalog | None = None) -> dict[str, object]:
+    """The scoring configuration the current ``scores`` were computed with (for export manifests).
+
+    Falls back to the configuration in force now when nothing has been scored yet.
+    """
+
+    catalog = catalog or open_catalog(settings)
+    props = ensure_table(catalog, settings, SCORES.name).properties
+    recorded = props.get(SCORED_CONFIG)
+    if recorded:
+        try:
+            manifest = json.loads(recorded)
+            if isinstance(manifest, dict):
+                return {**manifest, "digest": props.get(SCORED_DIGEST)}
+        except ValueError:
+            log.warning("scores table carries an unreadable scoring configuration; reporting the current one")
+    config = quality_config(settings)
+    return {**config.manifest(), "digest": config.digest()}
+
+
 def load_inputs(settings: Settings, catalog: Catalog | None = None) -> dict[str, pl.DataFrame]:
-    """The four input frames (trajectories, steps, file_ops, network) from the views."""
+    """The input frames (trajectories, steps, file_ops, network, sessions) from the views."""
     con = open_views(settings, catalog)
     try:
         return {
@@ -101,6 +165,7 @@ def load_inputs(settings: Settings, catalog: Catalog | None = None) -> dict[str,
                 ("steps", STEP_QUERY),
                 ("file_ops", FILE_OP_QUERY),
                 ("network", NETWORK_QUERY),
+                ("sessions", SESSION_QUERY),
             )
         }
     finally:
@@ -148,7 +213,7 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
     trajectories = ensure_table(catalog, settings, TRAJECTORIES.name)
     scores_table = ensure_table(catalog, settings, SCORES.name)
     snapshot = trajectories.current_snapshot()
-    stats = ScoreStats(scorer_version=config.scorer_version)
+    stats = ScoreStats(scorer_version=config.scorer_version, config_digest=config.digest())
     stats.trajectories_snapshot_id = snapshot.snapshot_id if snapshot else None
     props = scores_table.properties
     if (
@@ -156,6 +221,7 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
         and snapshot is not None
         and props.get(SCORED_SNAPSHOT) == str(snapshot.snapshot_id)
         and props.get(SCORED_VERSION) == config.scorer_version
+        and props.get(SCORED_DIGEST) == stats.config_digest
     ):
         stats.skipped = True
         stats.seconds = time.monotonic() - started
@@ -175,14 +241,25 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
 def write_results(
     settings: Settings, catalog: Catalog, result: QualityResult, config: QualityConfig, snapshot_id: int | None
 ) -> None:
-    """Overwrite the three quality tables; the scores commit (last) records what it covered."""
+    """Overwrite the four quality tables; the scores commit (last) records what it covered and how."""
+
     now = datetime.now(UTC)
-    for spec, frame in ((FLAGS, result.flags), (DUPLICATES, result.duplicates), (SCORES, result.scores)):
+    covered = {
+        SCORED_SNAPSHOT: str(snapshot_id),
+        SCORED_VERSION: config.scorer_version,
+        SCORED_DIGEST: config.digest(),
+        SCORED_CONFIG: json.dumps(config.manifest(), sort_keys=True),
+    }
+    tables = (
+        (FLAGS, result.flags),
+        (DUPLICATES, result.duplicates),
+        (PROFILES, result.profiles),
+        (SCORES, result.scores),
+    )
+    for spec, frame in tables:
         table = ensure_table(catalog, settings, spec.name)
         rows = _arrow(frame, spec, config.scorer_version, now)
-        properties = (
-            {SCORED_SNAPSHOT: str(snapshot_id), SCORED_VERSION: config.scorer_version} if spec is SCORES else {}
-        )
+        properties = covered if spec is SCORES else {}
         _overwrite(table, rows, properties)
 
 

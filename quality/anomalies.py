@@ -15,18 +15,21 @@ import polars as pl
 
 from quality.cheats import FLAGS_SCHEMA
 
-#: Features per session (log1p scale for scoring).
-FEATURES = [
+#: Features per session from the trajectories table (runtime, CPU, peak memory, processes started,
+#: bytes written, outbound attempts: what a session did, compared within its task type).
+TRAJECTORY_FEATURES = [
     "n_steps",
     "duration_s",
     "n_file_writes",
+    "disk_write_bytes",
     "cpu_seconds",
     "peak_memory_bytes",
     "peak_processes",
+    "processes_started",
     "n_network_requests",
-    "error_rate",
-    "run_tests_share",
 ]
+#: Features per session (log1p scale for scoring); the last two come from the steps.
+FEATURES = [*TRAJECTORY_FEATURES, "error_rate", "run_tests_share"]
 MIN_GROUP = 20
 # Floor of the robust σ on the log scale: integer-valued features (often all equal) would
 # otherwise have MAD = 0 and make any difference infinitely anomalous.
@@ -37,19 +40,21 @@ def session_features(trajectories: pl.DataFrame, steps: pl.DataFrame) -> pl.Data
     """One row per session: ``session_id``, ``task_type`` and :data:`FEATURES`.
 
     Args:
-        trajectories: the ``trajectories`` columns session_id, task_type, n_steps, duration_s,
-            n_file_writes, cpu_seconds, peak_memory_bytes, peak_processes, n_network_requests.
+        trajectories: the ``trajectories`` columns session_id, task_type and :data:`TRAJECTORY_FEATURES`
+            (a missing feature column counts as 0).
         steps: session_id, tool_name, exit_code.
     """
     per_session = steps.group_by("session_id").agg(
         (pl.col("exit_code").fill_null(0) != 0).mean().alias("error_rate"),
         (pl.col("tool_name") == "run_tests").mean().alias("run_tests_share"),
     )
+    missing = [c for c in TRAJECTORY_FEATURES if c not in trajectories.columns]
     return (
-        trajectories.select(
+        trajectories.with_columns(*[pl.lit(None, pl.Float64).alias(c) for c in missing])
+        .select(
             "session_id",
             pl.col("task_type").fill_null("unknown"),
-            *[pl.col(c).cast(pl.Float64).fill_null(0.0) for c in FEATURES[:7]],
+            *[pl.col(c).cast(pl.Float64).fill_null(0.0) for c in TRAJECTORY_FEATURES],
         )
         .join(per_session, on="session_id", how="left")
         .with_columns(pl.col("error_rate").fill_null(0.0), pl.col("run_tests_share").fill_null(0.0))
@@ -138,4 +143,5 @@ def anomaly_flags(scored: pl.DataFrame, threshold: float) -> pl.DataFrame:
         pl.when(pl.col("score") > 2 * threshold).then(pl.lit("medium")).otherwise(pl.lit("low")).alias("severity"),
         pl.Series("evidence", evidence, dtype=pl.Utf8),
         pl.col("score").round(3),
+        pl.lit(False).alias("confirmed"),
     ).cast(FLAGS_SCHEMA)  # type: ignore[arg-type]

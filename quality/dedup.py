@@ -272,18 +272,26 @@ def find_duplicates(docs: Documents, ranking: pl.DataFrame, config: QualityConfi
 
 
 def novelty(docs: Documents, trajectories: pl.DataFrame, config: QualityConfig) -> pl.DataFrame:
-    """``session_id``, ``novelty`` = 1 − the highest similarity to an earlier trajectory of the same task.
+    """``session_id``, ``novelty`` = 1 − the highest similarity to an earlier trajectory of the same task family.
 
-    Compares with at most ``config.novelty_max_history`` earlier trajectories per task (the most
-    recent ones). The first trajectory of a task has novelty 1.
+    The family is ``task_family`` (the fleet's task template, the benchmark instance of an
+    imported run), else ``task_id``: fleet sessions each get their own task id, so comparing
+    within a task id would make every session novel. Compares with at most
+    ``config.novelty_max_history`` earlier trajectories per family (the most recent ones). The
+    first trajectory of a family has novelty 1.
     """
+    family = (
+        pl.coalesce(pl.col("task_family"), pl.col("task_id"))
+        if "task_family" in trajectories.columns
+        else pl.col("task_id")
+    )
     ordered = (
-        trajectories.select("session_id", "task_id", "started_at")
+        trajectories.select("session_id", family.alias("family"), "started_at")
         .join(docs.sessions.select("session_id", "exact_group"), on="session_id", how="left")
-        .sort("task_id", "started_at", "session_id", nulls_last=True)
+        .sort("family", "started_at", "session_id", nulls_last=True)
     )
     group = ordered["exact_group"].to_numpy()
-    task_rank = ordered.select(pl.int_range(pl.len()).over("task_id").alias("rank"))["rank"].to_numpy()
+    task_rank = ordered.select(pl.int_range(pl.len()).over("family").alias("rank"))["rank"].to_numpy()
     best = np.zeros(ordered.height)
     max_rank = int(task_rank.max()) if ordered.height else 0
     for offset in range(1, min(max_rank, config.novelty_max_history) + 1):

@@ -1,16 +1,16 @@
 """Scores per session and the whole quality run (flags → scores → duplicates) as one pure function.
 
-- completion: the evaluator's reward (else its pass/fail); 0 when cheating is confirmed (a
-  security flag, or a behavioural flag of severity ``high``).
+- completion: the evaluator's reward (else its pass/fail); 0 when a flag voids the verdict
+  (its governance says so, or its effect reached the evaluated deliverable: ``confirmed``).
 - validity: 1, minus ``LOOP_PENALTY`` for a loop of identical actions (transient environment
   failures excluded: a harness retry is not a loop), minus ``STEPS_PENALTY`` for a step count
   implausible for the task type (robust z beyond the outlier threshold); 0 when the session
   was ended by an infrastructure failure or the reaper, or has not ended.
-- novelty: 1 − the highest similarity to an earlier trajectory of the same task.
-- quality: ``w_c·completion + w_v·validity + w_n·novelty``, × ``behavioural_weight`` when a
-  behavioural cheat flag is present (down-weighted, not dropped).
+- novelty: 1 − the highest similarity to an earlier trajectory of the same task family.
+- quality: ``w_c·completion + w_v·validity + w_n·novelty``, × the smallest governance weight of the
+  session's flags (a suspicion is down-weighted, not dropped).
 - exportable: quality ≥ ``min_quality``, no security flag, ended, and not a non-representative
-  duplicate.
+  duplicate. The record carries the session's flags (``scores.flags``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from quality.failure import failure_causes
 
 LOOP_PENALTY = 0.4
 STEPS_PENALTY = 0.3
-CONFIRMING_SEVERITIES = ("critical", "high")
 
 SCORES_SCHEMA = pl.Schema(
     {
@@ -46,6 +45,9 @@ SCORES_SCHEMA = pl.Schema(
         "retry_advice": pl.Utf8,
         "exportable": pl.Boolean,
         "scorer_version": pl.Utf8,
+        "flags": pl.Utf8,
+        "task_family": pl.Utf8,
+        "config_digest": pl.Utf8,
     }
 )
 
@@ -83,6 +85,7 @@ def score_sessions(
     file_ops: pl.DataFrame,
     network: pl.DataFrame,
     config: QualityConfig | None = None,
+    sessions: pl.DataFrame | None = None,
 ) -> QualityResult:
     """Flags, scores, duplicates and behaviour profiles for every session in ``trajectories``.
 
@@ -92,7 +95,8 @@ def score_sessions(
         steps: session_id, step_index, action_event_id, tool_name, command, exit_code, failure_reason.
         file_ops: session_id, event_id, op, path, in_workspace.
         network: session_id, event_id, host, port, allowed.
-        config: weights and thresholds.
+        config: weights, thresholds and the governance table.
+        sessions: per-session context for the detectors (:data:`quality.cheats.SESSION_COLUMNS`).
 
     Returns:
         :class:`QualityResult`; ``scores`` has one row per session.
@@ -101,17 +105,43 @@ def score_sessions(
     # Work on integer session keys (sorted like the ids): string sorts, joins and group-bys over
     # millions of step rows dominate the run time otherwise. Outputs are decoded at the end.
     keys = trajectories.select("session_id").unique().sort("session_id").with_row_index("key")
+    if "task_family" not in trajectories.columns:
+        trajectories = trajectories.with_columns(pl.lit(None, pl.Utf8).alias("task_family"))
     trajectories, steps, file_ops, network = (_encode(f, keys) for f in (trajectories, steps, file_ops, network))
+    # the detectors' per-session context, with the task statement (a file it names is the task's subject)
+    statement = pl.col("instruction").cast(pl.Utf8) if "instruction" in trajectories.columns else pl.lit(None, pl.Utf8)
+    context = trajectories.select("session_id", statement.alias("instruction"))
+    if sessions is not None:
+        given = _encode(sessions.drop("instruction", strict=False), keys)
+        context = context.join(given, on="session_id", how="left")
     key_type = keys.schema["key"]
-    cheat_flags = detect_cheats(steps, file_ops, network).with_columns(pl.col("session_id").cast(key_type))
+    policies = config.policies()
+    cheat_flags = detect_cheats(steps, file_ops, network, context, config).with_columns(
+        pl.col("session_id").cast(key_type)
+    )
     features = robust_z(session_features(trajectories, steps))
     anomalies = anomaly_flags(features, config.outlier_z).with_columns(pl.col("session_id").cast(key_type))
     flags = pl.concat([cheat_flags, anomalies]).sort("session_id", "flag")
-    per_session_flags = cheat_flags.group_by("session_id").agg(
-        pl.len().alias("n_cheat_flags"),
-        (pl.col("flag_class") == "security").any().alias("security_flagged"),
-        (pl.col("flag_class") == "behavioural").any().alias("behavioural_flagged"),
-        pl.col("severity").is_in(CONFIRMING_SEVERITIES).any().alias("cheat_confirmed"),
+    governance = pl.DataFrame(
+        {
+            "flag": list(policies),
+            "weight": [p.weight for p in policies.values()],
+            "voids": [p.voids_verdict for p in policies.values()],
+        },
+        schema={"flag": pl.Utf8, "weight": pl.Float64, "voids": pl.Boolean},
+    )
+    per_session_flags = (
+        flags.join(governance, on="flag", how="left")
+        .group_by("session_id")
+        .agg(
+            (pl.col("flag_class") != "anomaly").sum().alias("n_cheat_flags"),
+            (pl.col("flag_class") == "security").any().alias("security_flagged"),
+            pl.col("weight").fill_null(1.0).min().alias("flag_weight"),
+            ((pl.col("flag_class") != "anomaly") & (pl.col("voids").fill_null(False) | pl.col("confirmed")))
+            .any()
+            .alias("cheat_confirmed"),
+            pl.col("flag").filter(pl.col("flag_class") != "anomaly").unique().sort().alias("flag_names"),
+        )
     )
     confirmed = per_session_flags.filter("cheat_confirmed")["session_id"]
     causes = failure_causes(trajectories, steps, confirmed)
@@ -122,7 +152,15 @@ def score_sessions(
 
     base = (
         trajectories.select(
-            "session_id", "task_id", "task_type", "status", "exit_reason", "started_at", "eval_passed", "reward"
+            "session_id",
+            "task_id",
+            "task_type",
+            "task_family",
+            "status",
+            "exit_reason",
+            "started_at",
+            "eval_passed",
+            "reward",
         )
         .join(per_session_flags, on="session_id", how="left")
         .join(causes, on="session_id", how="left")
@@ -132,7 +170,7 @@ def score_sessions(
         .with_columns(
             pl.col("n_cheat_flags").fill_null(0).cast(pl.Int64),
             pl.col("security_flagged").fill_null(False),
-            pl.col("behavioural_flagged").fill_null(False),
+            pl.col("flag_weight").fill_null(1.0),
             pl.col("cheat_confirmed").fill_null(False),
             (pl.col("max_run").fill_null(0) >= config.loop_run).alias("has_loop"),
         )
@@ -158,7 +196,7 @@ def score_sessions(
                 + config.w_validity * pl.col("validity")
                 + config.w_novelty * pl.col("novelty").fill_null(1.0)
             )
-            * pl.when(pl.col("behavioural_flagged")).then(config.behavioural_weight).otherwise(1.0)
+            * pl.col("flag_weight")
         )
         .round(6)
         .alias("quality"),
@@ -174,6 +212,8 @@ def score_sessions(
                 & ~pl.col("session_id").is_in(shadowed.implode())
             ).alias("exportable"),
             pl.lit(config.scorer_version).alias("scorer_version"),
+            pl.col("flag_names").fill_null([]).list.join(",").alias("flags"),
+            pl.lit(config.digest()).alias("config_digest"),
         )
         .select(list(SCORES_SCHEMA))
         .cast(SCORES_SCHEMA)

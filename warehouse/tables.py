@@ -145,6 +145,8 @@ TRAJECTORIES = TableSpec(
             ("reward", pa.float64()),
             ("completed", pa.bool_()),
             ("assembled_at", _TS),
+            ("task_family", pa.string()),
+            ("processes_started", pa.int64()),
         ]
     ),
     partition_by=[("started_at", DayTransform())],
@@ -224,6 +226,9 @@ SCORES = register(
                 ("exportable", pa.bool_()),
                 ("scorer_version", pa.string()),
                 ("scored_at", _TS),
+                ("flags", pa.string()),
+                ("task_family", pa.string()),
+                ("config_digest", pa.string()),
             ]
         ),
         sort_by=["session_id"],
@@ -244,9 +249,46 @@ FLAGS = register(
                 ("score", pa.float64()),
                 ("scorer_version", pa.string()),
                 ("scored_at", _TS),
+                ("confirmed", pa.bool_()),
             ]
         ),
         sort_by=["session_id", "flag"],
+        properties=_PARQUET,
+    )
+)
+# Behaviour profiles per task type (quality/anomalies.py): medians and p90 of the session features,
+# tool mix and exit-code distribution as JSON; rewritten per scoring run.
+PROFILES = register(
+    TableSpec(
+        name="profiles",
+        view="profiles",
+        schema=pa.schema(
+            [("task_type", pa.string()), ("sessions", pa.int64())]
+            + [
+                (f"{feature}_{stat}", pa.float64())
+                for feature in (
+                    "n_steps",
+                    "duration_s",
+                    "n_file_writes",
+                    "disk_write_bytes",
+                    "cpu_seconds",
+                    "peak_memory_bytes",
+                    "peak_processes",
+                    "processes_started",
+                    "n_network_requests",
+                    "error_rate",
+                    "run_tests_share",
+                )
+                for stat in ("p50", "p90")
+            ]
+            + [
+                ("tool_mix", pa.string()),
+                ("exit_codes", pa.string()),
+                ("scorer_version", pa.string()),
+                ("scored_at", _TS),
+            ]
+        ),
+        sort_by=["task_type"],
         properties=_PARQUET,
     )
 )

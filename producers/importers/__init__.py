@@ -6,7 +6,8 @@ evaluation, session_end) through ``SessionEmitter``:
 
 - ``swe_agent``: SWE-agent ``.traj`` (v0.x, v1.x function calling, EnIGMA CTF);
 - ``mini_swe_agent``: mini-swe-agent ``mini-swe-agent-1.x`` with a companion ``*.report.json``;
-- ``openhands``: OpenHands event lists.
+- ``openhands``: OpenHands event lists, and OpenHands evaluation output (``output.jsonl``,
+  one session per line).
 
 Ids derive from the file's sha256, so importing the same file twice gives the
 same events (and ingest keeps them once). Example::
@@ -26,6 +27,7 @@ from typing import Any
 
 from producers.importers import mini_swe_agent, openhands, swe_agent
 from producers.importers._common import ImportFormatError, read_source
+from producers.redact import redact_event
 from producers.sdk import Event
 
 # Detection order matters only for ambiguous input; the three shapes are disjoint.
@@ -65,12 +67,14 @@ def detect_format(path: Path | str) -> str:
     return _detect(source.path, source.data)
 
 
-def import_trajectory(path: Path | str, format: str = "auto") -> list[Event]:
+def import_trajectory(path: Path | str, format: str = "auto", redact: bool = True) -> list[Event]:
     """All events of the run recorded in ``path``, in emission order (``seq`` from 0).
 
     Args:
         path: the recorded run.
         format: ``auto`` (detect) or a framework name from ``FORMATS``.
+        redact: redact secrets in every event (``producers.redact``, as the producer does before
+            sending); off only to measure redaction itself.
 
     Raises:
         ImportFormatError: unknown format name, unreadable/corrupt file, or content that does not fit the format.
@@ -82,12 +86,13 @@ def import_trajectory(path: Path | str, format: str = "auto") -> list[Event]:
     if module is None:
         raise ImportFormatError(source.path, f"unknown format {format!r}; expected auto or one of {sorted(FORMATS)}")
     try:
-        return module.convert(source)
+        events = module.convert(source)
     except ImportFormatError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         # Shape surprises deep in a file are corrupt input, reported with the file instead of a traceback.
         raise ImportFormatError(source.path, f"does not fit the {format} format: {type(exc).__name__}: {exc}") from exc
+    return [redact_event(event) for event in events] if redact else events
 
 
 def import_paths(
@@ -96,6 +101,7 @@ def import_paths(
     """Convert every file first, then hand all events to ``sink`` (e.g. ``EventProducer.emit``).
 
     Converting before sending means one corrupt file stops the import before any event leaves.
+    Returns one summary per imported session (a JSON Lines file may hold several).
 
     Raises:
         ImportFormatError: any file cannot be imported (nothing is sent then).
@@ -108,17 +114,20 @@ def import_paths(
         converted.append((path, framework, events))
     summaries = []
     for path, framework, events in converted:
+        sessions: dict[str, list[Event]] = {}
         for event in events:
             sink(event)
-        summaries.append(
-            ImportSummary(
-                path,
-                framework,
-                events[0]["session_id"] if events else "",
-                len(events),
-                sum(1 for e in events if e["event_type"] == "agent_action"),
+            sessions.setdefault(event["session_id"], []).append(event)
+        for session_id, own in sessions.items():  # one file may hold many sessions (JSON Lines)
+            summaries.append(
+                ImportSummary(
+                    path,
+                    framework,
+                    session_id,
+                    len(own),
+                    sum(1 for e in own if e["event_type"] == "agent_action"),
+                )
             )
-        )
     return summaries
 
 

@@ -66,10 +66,14 @@ def read_source(path: Path | str) -> SourceFile:
     if not raw.strip():
         raise ImportFormatError(path, "file is empty")
     try:
-        data = json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ImportFormatError(path, f"not UTF-8 text (byte {exc.start})") from exc
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data" and text.lstrip().startswith("{"):
+            return SourceFile(path, hashlib.sha256(raw).hexdigest(), json_lines(path, text))
         reason = f"not valid JSON (truncated or corrupt?): {exc.msg} at line {exc.lineno}"
         raise ImportFormatError(path, reason) from exc
     except RecursionError:  # the C parser recurses per nesting level
@@ -95,6 +99,36 @@ def check_nesting(path: Path, data: Any) -> None:
             if depth > MAX_JSON_DEPTH:
                 raise ImportFormatError(path, f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
             stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+
+
+@dataclass(frozen=True)
+class JsonLines:
+    """A JSON Lines file: one record per non-empty line, each with the sha256 of its own bytes."""
+
+    records: list[tuple[str, Any]]
+
+
+def json_lines(path: Path, text: str) -> JsonLines:
+    """Parse JSON Lines (one object per line; blank lines skipped).
+
+    Raises:
+        ImportFormatError: a line is not valid JSON (names the line).
+    """
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ImportFormatError(
+                path, f"line {number} is not valid JSON (truncated or corrupt?): {exc.msg}"
+            ) from exc
+        except RecursionError:  # the C parser recurses per nesting level
+            raise ImportFormatError(path, f"line {number}: JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+        check_nesting(path, record)
+        records.append((hashlib.sha256(line.encode()).hexdigest(), record))
+    return JsonLines(records)
 
 
 def text_of(content: Any) -> str:
@@ -152,22 +186,26 @@ def unix_micros(value: Any) -> int | None:
         return None
 
 
-_ERROR_WORDS = re.compile(r"error|exception|format|crash", re.IGNORECASE)
+_ERROR_WORDS = re.compile(r"error|exception|crash", re.IGNORECASE)
 _TIMEOUT_WORDS = re.compile(r"timeout|time_limit|timelimit", re.IGNORECASE)
+_DONE_WORDS = re.compile(r"^\s*(?:submitted|submit|finish(?:ed)?|done|completed?|success)\b", re.IGNORECASE)
 
 
-def end_status(exit_status: str | None, resolved: bool | None) -> str:
-    """Map a framework's exit status and a known evaluation result to a trajlake session status.
+def end_status(exit_status: str | None, resolved: bool | None = None, exception: str | None = None) -> str:
+    """Map a framework's exit status (and the exception it ended on) to a trajlake session status.
 
-    ``completed`` only when an evaluation says the task was solved: a run that
-    merely submitted is not known to be right. Exit statuses naming an error,
-    exception or format failure map to ``error``, timeouts to ``timeout``, all
-    others (submitted, finished, cost/context limits, unresolved) to ``failed``.
-    The framework's own status is kept in ``exit_reason``.
+    ``completed`` when the agent finished and submitted (like a fleet agent that finished; whether it
+    was *right* is the evaluation's business, ``trajectories.completed``), or when an evaluation
+    says the task was solved. An exception or an exit status naming an error maps to ``error`` (a
+    model-API ``Timeout`` is an error of the API, not a deadline), other timeouts to ``timeout``,
+    everything else (cost/context/step limits, format failures, stops) to ``failed``. The
+    framework's own status is kept in ``exit_reason``.
     """
-    if resolved is True:
-        return "completed"
     text = exit_status or ""
+    if exception and exception.strip():
+        return "error"
+    if resolved is True or _DONE_WORDS.search(text):
+        return "completed"
     if _ERROR_WORDS.search(text):
         return "error"
     if _TIMEOUT_WORDS.search(text):
@@ -202,13 +240,22 @@ class RunBuilder:
 
     def __post_init__(self) -> None:
         namespace = uuid.uuid5(IMPORT_NAMESPACE, self.source.sha256)
+        self._namespace = namespace
         counter = itertools.count()
         self._now = SYNTHETIC_EPOCH_US
+        self._fixed_id: str | None = None
+
+        def new_id() -> str:
+            if self._fixed_id is not None:
+                fixed, self._fixed_id = self._fixed_id, None
+                return fixed
+            return uuid.uuid5(namespace, f"event/{next(counter)}").hex
+
         self.emitter = SessionEmitter(
             self.events.append,
             session_id=uuid.uuid5(namespace, "session").hex,
             clock=lambda: self._now,
-            id_factory=lambda: uuid.uuid5(namespace, f"event/{next(counter)}").hex,
+            id_factory=new_id,
             host_id="importer",
             image_name=f"imported/{self.framework}",
             extra={"source_format": self.source_format, "source_sha256": self.source.sha256},
@@ -236,18 +283,42 @@ class RunBuilder:
         """Advance the synthetic clock by ``seconds`` plus one tick."""
         self._now += int(max(seconds, 0.0) * 1_000_000) + SYNTHETIC_TICK_US
 
-    def start(self, instruction: str, config: Any = None) -> str:
-        """``session_start``; limits are unknown for recorded runs and left at zero."""
-        return self.emitter.start(
-            cpu_limit=0.0,
-            memory_limit_bytes=0,
-            pids_limit=0,
-            timeout_s=0.0,
-            network_enabled=False,
-            egress_allowlist=[],
-            config_digest=digest(config) if config is not None else self.source.sha256,
-            instruction=clip(instruction),
-        )
+    def start(
+        self, instruction: str, config: Any = None, *, workspace_root: str | None = None, task_family: str | None = None
+    ) -> str:
+        """``session_start``; limits are unknown for recorded runs and left at zero.
+
+        Args:
+            instruction: the task statement.
+            config: the framework's run configuration (its digest is recorded).
+            workspace_root: the framework's working directory (``/testbed``, ``/workspace``, …): the
+                agent's own workspace, where its writes are not "outside the workspace".
+            task_family: what novelty compares within (the benchmark instance).
+        """
+        extra = {"workspace_root": workspace_root} if workspace_root else {}
+        if task_family:
+            extra["task_family"] = task_family
+        payload = {
+            "cpu_limit": 0.0,
+            "memory_limit_bytes": 0,
+            "pids_limit": 0,
+            "timeout_s": 0.0,
+            "network_enabled": False,
+            "egress_allowlist": [],
+            "config_digest": digest(config) if config is not None else self.source.sha256,
+            "instruction": clip(instruction),
+        }
+        return self.emitter.emit("session_start", payload, "system", extra=extra or None)
+
+    def evaluation_after_end(self, key: Any, **payload: Any) -> str:
+        """An ``evaluation`` that arrived after the run (a report beside the file): emitted after ``session_end``.
+
+        Its event id derives from ``key`` (the report's content), not from its position, so
+        importing the run again once the report exists adds exactly this event: every earlier
+        event keeps its id and payload, and a changed report is a new evaluation, not a clash.
+        """
+        self._fixed_id = uuid.uuid5(self._namespace, f"evaluation/{digest(key)}").hex
+        return self.emitter.evaluation(**payload)
 
     def action(self, tool_name: str, arguments: str, command: str | None, thought: str | None, **payload: Any) -> str:
         """``agent_action`` with clipped arguments and thought."""

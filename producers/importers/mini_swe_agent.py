@@ -4,8 +4,14 @@ A step is one assistant message (one agent_input, one agent_action per tool
 call) plus the tool messages answering its calls (env_feedback with the exit
 code from ``extra.returncode`` or ``<returncode>``). The final ``exit`` message
 answers the submit command, whose output the agent turned into the submission.
-Per-turn tokens come from ``extra.response.usage``; success from a companion
-SWE-bench ``*.report.json`` when one sits next to the file.
+Per-turn tokens come from ``extra.response.usage``; the thought is the model's
+``reasoning_content`` (reasoning models) followed by its visible content. Success
+comes from a companion SWE-bench ``*.report.json`` when one sits next to the file:
+its ``evaluation`` event follows ``session_end`` and takes its id from the report's
+content, so a report that arrives after the run was imported adds one event on the
+next import and changes nothing else. ``session_end`` names the feedback holding
+the submission (``extra.submission_event_id``); the workspace root is the
+environment's ``cwd`` (``/testbed`` for SWE-bench).
 """
 
 from __future__ import annotations
@@ -78,6 +84,18 @@ def _tool_output(content: str) -> tuple[str, int | None, bool]:
     return output, int(code_match.group(1)) if code_match else None, any(tag in content for tag in _ELIDED)
 
 
+def _thought(message: dict[str, Any]) -> str:
+    """The model's reasoning (``reasoning_content``, also under ``provider_specific_fields``), then its content."""
+    reasoning = message.get("reasoning_content")
+    if not isinstance(reasoning, str) or not reasoning:
+        fields = message.get("provider_specific_fields")
+        reasoning = fields.get("reasoning_content") if isinstance(fields, dict) else None
+    content = text_of(message.get("content"))
+    if isinstance(reasoning, str) and reasoning:
+        return f"{reasoning}\n\n{content}" if content.strip() else reasoning
+    return content
+
+
 def convert(source: SourceFile) -> list[Event]:
     """All events of one mini-swe-agent run.
 
@@ -115,7 +133,11 @@ def convert(source: SourceFile) -> list[Event]:
     known = [s for s in stamps if s is not None]
     first_ts = min(known) if known else None
     builder.at(first_ts)
-    builder.start(instruction, config or None)
+    environment = object_of(config.get("environment"))
+    workspace = environment.get("cwd") or ("/testbed" if "__" in instance_id else None)
+    builder.start(instruction, config or None, workspace_root=workspace, task_family=instance_id)
+    submission = text_of(info.get("submission"))
+    submission_event: str | None = None
 
     pending: dict[str, tuple[str, int]] = {}  # tool_call_id -> (action event id, action time)
     previous_ts = first_ts
@@ -159,7 +181,7 @@ def convert(source: SourceFile) -> list[Event]:
                     str(function.get("name") or "bash"),
                     arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True),
                     parsed.get("command") if isinstance(parsed, dict) else None,
-                    text_of(message.get("content")),
+                    _thought(message),
                     tool_call_id=call_id,
                     message_id=message_id,
                     output_tokens=int(usage.get("completion_tokens") or 0) if first else 0,
@@ -193,22 +215,40 @@ def convert(source: SourceFile) -> list[Event]:
         elif role == "exit":
             # The submit command's output became the submission: the exit message answers it.
             builder.advance(ts)
+            content = text_of(message.get("content"))
             for call_id, (action_id, action_ts) in list(pending.items()):
-                builder.feedback(
+                feedback_id = builder.feedback(
                     action_id,
-                    text_of(message.get("content")),
+                    content,
                     tool_call_id=call_id,
                     duration_ms=(ts - action_ts) / 1000 if ts is not None else 0.0,
                 )
+                if submission and content == submission:
+                    submission_event = feedback_id
             pending.clear()
         if ts is not None:
             previous_ts = ts
 
     if not known:
         builder.tick()
+    exit_status = str(info.get("exit_status") or "")
+    exception = text_of(info.get("exception_str")).strip()
+    runtime_s = (max(known) - min(known)) / 1e6 if known else 0.0
+    exit_reason = (f"{exit_status}: {exception.splitlines()[-1]}" if exception else exit_status)[:1000] or None
+    # The reward is the evaluation's (below), never session_end's: a later report must not change this event.
+    payload = {
+        "status": end_status(exit_status, None, exception),
+        "runtime_s": runtime_s,
+        "reward": None,
+        "exit_reason": exit_reason,
+    }
+    end_extra = {"submission_event_id": submission_event} if submission_event else None
+    builder.emitter.emit("session_end", payload, "system", extra=end_extra)
     if report is not None:
         total, passed = _test_counts(report)
-        builder.emitter.evaluation(
+        builder.tick()
+        builder.evaluation_after_end(
+            report,
             passed=bool(resolved),
             tests_total=total,
             tests_passed=passed,
@@ -218,12 +258,4 @@ def convert(source: SourceFile) -> list[Event]:
             duration_ms=0.0,
             details=json.dumps({k: v for k, v in report.items() if k != "tests_status"}, sort_keys=True),
         )
-    exit_status = str(info.get("exit_status") or "")
-    exception = text_of(info.get("exception_str")).strip()
-    builder.emitter.end(
-        end_status(exit_status, resolved),
-        (max(known) - min(known)) / 1e6 if known else 0.0,
-        reward=(1.0 if resolved else 0.0) if resolved is not None else None,
-        exit_reason=(f"{exit_status}: {exception.splitlines()[-1]}" if exception else exit_status)[:1000] or None,
-    )
     return builder.events

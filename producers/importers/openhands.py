@@ -7,7 +7,15 @@ duration from the timestamp delta). One agent_input precedes each model
 response (``tool_call_metadata.model_response``, which also gives the token
 counts; several actions may share one response). Edit observations add a
 file_op. User messages after the first are carried into the next agent_input.
-OpenHands records no reward, so the session never ends ``completed``.
+An event list records no reward; the workspace root is the sandbox's ``/workspace``
+(or the working directory a command observation reports).
+
+OpenHands' evaluation output (``output.jsonl``: one object per line with
+``instance_id``, ``instruction``, ``history`` as ``[action, observation]`` pairs,
+``metrics``, ``error``, ``test_result``) gives one session per line, its ids derived
+from the line's bytes; a ``test_result`` that says whether the instance was solved
+(``result``, ``resolved``, ``success``, or ``report.resolved``) becomes an
+``evaluation`` after ``session_end``.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from typing import Any
 
 from producers.importers._common import (
     ImportFormatError,
+    JsonLines,
     RunBuilder,
     SourceFile,
     digest,
@@ -33,13 +42,57 @@ FRAMEWORK = "openhands"
 _NOT_STEPS = frozenset({"change_agent_state", "recall", "system"})
 
 
-def looks_like(data: Any) -> bool:
-    """Whether parsed JSON is an OpenHands event list."""
+def _is_event_list(data: Any) -> bool:
     return (
         isinstance(data, list)
         and bool(data)
         and all(isinstance(e, dict) and "id" in e and ("action" in e or "observation" in e) for e in data)
     )
+
+
+def _is_eval_output(data: Any) -> bool:
+    return (
+        isinstance(data, JsonLines)
+        and bool(data.records)
+        and all(isinstance(r, dict) and isinstance(r.get("history"), list) for _, r in data.records)
+    )
+
+
+def looks_like(data: Any) -> bool:
+    """Whether parsed JSON is an OpenHands event list or OpenHands evaluation output (JSON Lines)."""
+    return _is_event_list(data) or _is_eval_output(data)
+
+
+def _flatten_history(history: list[Any]) -> list[dict[str, Any]]:
+    """``[action, observation]`` pairs (older output) or plain events, as one event list with ids."""
+    events: list[dict[str, Any]] = []
+    for item in history:
+        pair = item if isinstance(item, list | tuple) else [item]
+        events.extend(e for e in pair if isinstance(e, dict))
+    known = [e["id"] for e in events if isinstance(e.get("id"), int)]
+    next_id = max(known, default=0) + 1
+    for event in events:
+        if "id" not in event:  # "No observation" placeholders carry no id
+            event["id"], next_id = next_id, next_id + 1
+    return [e for e in events if "action" in e or "observation" in e]
+
+
+def _verdict(test_result: Any) -> bool | None:
+    """Whether an instance was solved, from the shapes OpenHands' benchmarks write, or None."""
+    if isinstance(test_result, str):
+        try:
+            test_result = json.loads(test_result)
+        except ValueError:
+            return None
+    if not isinstance(test_result, dict):
+        return None
+    for key in ("result", "resolved", "success", "correct"):
+        if isinstance(test_result.get(key), bool):
+            return bool(test_result[key])
+    report = test_result.get("report")
+    if isinstance(report, dict) and isinstance(report.get("resolved"), bool):
+        return bool(report["resolved"])
+    return None
 
 
 def _response_call(metadata: dict[str, Any]) -> dict[str, Any] | None:
@@ -53,15 +106,55 @@ def _response_call(metadata: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def convert(source: SourceFile) -> list[Event]:
-    """All events of one OpenHands session.
+    """All events of one OpenHands session, or of every session of an evaluation output.
 
     Raises:
         ImportFormatError: not a list of events, bad timestamps, or no user message with the task.
     """
+    if _is_eval_output(source.data):
+        events: list[Event] = []
+        for sha, record in source.data.records:
+            events += _convert_output_record(SourceFile(source.path, sha, record))
+        return events
     records = source.data
-    if not looks_like(records):
+    if not _is_event_list(records):
         reason = "not an OpenHands event list (objects with 'id' and 'action'/'observation')"
         raise ImportFormatError(source.path, reason)
+    return _convert_events(source, records, {"task_id": source.path.stem, "task_type": FRAMEWORK})
+
+
+def _convert_output_record(source: SourceFile) -> list[Event]:
+    """One line of an OpenHands evaluation output."""
+    record = source.data
+    records = _flatten_history(record["history"])
+    if not records:
+        raise ImportFormatError(source.path, f"instance {record.get('instance_id')!r}: empty history")
+    instance = object_of(record.get("instance"))
+    metadata = object_of(record.get("metadata"))
+    task_id = str(record.get("instance_id") or instance.get("instance_id") or record.get("id") or instance.get("id"))
+    dataset = str(metadata.get("dataset") or "").strip().lower()
+    model = metadata.get("model_name") or ((metadata.get("llm_config") or {}).get("model"))
+    error = record.get("error")
+    overrides = {
+        "task_id": task_id,
+        "task_type": dataset or FRAMEWORK,
+        "instruction": record.get("instruction"),
+        "agent_model": str(model) if model else None,
+        "error": str(error) if error else None,
+        "verdict": _verdict(record.get("test_result")),
+        "test_result": record.get("test_result"),
+        "agent_version": str(metadata["agent_class"]) if metadata.get("agent_class") else None,
+    }
+    if not any(r.get("source") == "user" and r.get("action") == "message" for r in records):
+        records = [
+            {"id": -1, "source": "user", "action": "message", "args": {"content": record.get("instruction")}},
+            *records,
+        ]
+    return _convert_events(source, records, overrides)
+
+
+def _convert_events(source: SourceFile, records: list[dict[str, Any]], run: dict[str, Any]) -> list[Event]:
+    """The events of one session from its OpenHands event list; ``run`` holds what the caller knows about it."""
     try:
         stamps = [iso_micros(str(r["timestamp"])) if r.get("timestamp") else None for r in records]
     except ValueError as exc:
@@ -71,8 +164,8 @@ def convert(source: SourceFile) -> list[Event]:
     )
     if first_user is None:
         raise ImportFormatError(source.path, "no user message with the task")
-    instruction = text_of((records[first_user].get("args") or {}).get("content"))
-    model = next(
+    instruction = text_of(run.get("instruction") or (records[first_user].get("args") or {}).get("content"))
+    model = run.get("agent_model") or next(
         (
             str(r["tool_call_metadata"]["model_response"]["model"])
             for r in records
@@ -81,21 +174,31 @@ def convert(source: SourceFile) -> list[Event]:
         None,
     )
 
+    output = "test_result" in run
     builder = RunBuilder(
         source,
         FRAMEWORK,
-        "openhands-event-stream",
+        "openhands-eval-output" if output else "openhands-event-stream",
         {
-            "task_id": source.path.stem,
-            "task_type": "openhands",
-            "image_version": "event-stream",
+            "task_id": run["task_id"],
+            "task_type": run["task_type"],
+            "image_version": "eval-output" if output else "event-stream",
             "agent_name": FRAMEWORK,
+            "agent_version": run.get("agent_version"),
             "agent_model": model,
         },
     )
     known = [s for s in stamps if s is not None]
     builder.at(min(known) if known else None)
-    builder.start(instruction)
+    workspace = next(
+        (
+            str(r["extras"]["working_dir"])
+            for r in records
+            if isinstance(r.get("extras"), dict) and r["extras"].get("working_dir")
+        ),
+        "/workspace",
+    )
+    builder.start(instruction, workspace_root=workspace, task_family=run["task_id"] if output else None)
 
     actions: dict[Any, tuple[str, int, str]] = {}  # OpenHands id -> (event id, time, tool call id)
     seen_responses: set[str] = set()
@@ -175,6 +278,22 @@ def convert(source: SourceFile) -> list[Event]:
 
     builder.advance(max(known) if known else None)
     exit_status = "error" if last_state == "error" else "finish" if finished else last_state or "stopped"
+    error = run.get("error")
     runtime_s = (max(known) - min(known)) / 1e6 if known else 0.0
-    builder.emitter.end(end_status(exit_status, None), runtime_s, exit_reason=exit_status)
+    reason = f"{exit_status}: {error.strip().splitlines()[-1]}"[:1000] if error and error.strip() else exit_status
+    builder.emitter.end(end_status(exit_status, None, error), runtime_s, exit_reason=reason)
+    verdict = run.get("verdict")
+    if verdict is not None:
+        builder.tick()
+        builder.evaluation_after_end(
+            run.get("test_result"),
+            passed=verdict,
+            tests_total=1,
+            tests_passed=int(verdict),
+            reward=1.0 if verdict else 0.0,
+            fresh_sandbox=False,
+            evaluator=f"imported:{FRAMEWORK}",
+            duration_ms=0.0,
+            details=json.dumps({"test_result": run.get("test_result")}, sort_keys=True, default=str),
+        )
     return builder.events

@@ -181,7 +181,12 @@ def convert(source: SourceFile) -> list[Event]:
             "agent_model": str(model) if model else None,
         },
     )
-    builder.start(instruction, replay or None)
+    task_id = str(problem.get("id") or source.path.stem)
+    states = [_as_dict(step.get("state")) for step in steps]
+    workspace = next((str(state["working_dir"]) for state in states if state.get("working_dir")), None)
+    builder.start(instruction, replay or None, workspace_root=workspace, task_family=task_id)
+    submission = text_of(info.get("submission"))
+    submission_event: str | None = None
 
     matches = _match_assistant(history, steps)
     input_tokens = apportion(int(stats.get("tokens_sent") or 0), len(steps))
@@ -227,12 +232,17 @@ def convert(source: SourceFile) -> list[Event]:
         seconds = float(step.get("execution_time") or 0.0)
         runtime_s += seconds
         builder.tick(seconds)
-        builder.feedback(action_id, text_of(step.get("observation")), tool_call_id=call_id, duration_ms=seconds * 1000)
+        observation = text_of(step.get("observation"))
+        feedback_id = builder.feedback(action_id, observation, tool_call_id=call_id, duration_ms=seconds * 1000)
+        if submission and observation == submission:
+            submission_event = feedback_id
         file_op = _file_op(step, version)
         if file_op is not None:
             builder.emitter.file_op(*file_op)
 
     builder.tick()
     exit_status = str(info.get("exit_status") or "")
-    builder.emitter.end(end_status(exit_status, None), runtime_s, exit_reason=exit_status or None)
+    extra = {"submission_event_id": submission_event} if submission_event else None
+    payload = {"status": end_status(exit_status), "runtime_s": runtime_s, "exit_reason": exit_status or None}
+    builder.emitter.emit("session_end", payload, "system", extra=extra)
     return builder.events

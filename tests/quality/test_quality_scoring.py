@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -85,9 +86,10 @@ def _frames(sessions: list[tuple[dict, list[dict]]]) -> tuple[pl.DataFrame, pl.D
     return traj, steps
 
 
-def _score(sessions: list[tuple[dict, list[dict]]], **config: object):
+def _score(sessions: list[tuple[dict, list[dict]]], file_ops=None, context=None, **config: object):
     traj, steps = _frames(sessions)
-    return score_sessions(traj, steps, EMPTY_OPS, EMPTY_NET, QualityConfig(**config))  # type: ignore[arg-type]
+    ops = EMPTY_OPS if file_ops is None else pl.DataFrame(file_ops, schema=EMPTY_OPS.schema, orient="row")
+    return score_sessions(traj, steps, ops, EMPTY_NET, QualityConfig(**config), context)  # type: ignore[arg-type]
 
 
 SOLVE = ["cat a.py", "python3 run_tests.py", "mkdir -p . && cat > a.py", "python3 run_tests.py"]
@@ -126,25 +128,84 @@ def test_loop_of_identical_actions_lowers_validity_but_transient_retries_do_not(
         ("completed", "agent_finished", {3: "transient (injected)"}, "infrastructure_error", "rerun", 0.0),
         ("gave_up", "gave_up", None, "agent_gave_up", "do_not_rerun", 1.0),
         ("completed", "agent_finished", None, "wrong_answer", "do_not_rerun", 1.0),
+        # imported runs: the framework's exit status decides
+        (
+            "error",
+            "InternalServerError: litellm.InternalServerError: DeepseekException - [SSL: UNEXPECTED_EOF]",
+            None,
+            "infrastructure_error",
+            "rerun",
+            0.0,
+        ),
+        (
+            "error",
+            "Timeout: litellm.Timeout: Connection timed out after 600.0 seconds.",
+            None,
+            "infrastructure_error",
+            "rerun",
+            0.0,
+        ),
+        ("failed", "RateLimitError: 429 Too Many Requests", None, "infrastructure_error", "rerun", 0.0),
+        ("failed", "LimitsExceeded", None, "limit_reached", "rerun_with_higher_limits", 1.0),
+        ("failed", "exit_cost", None, "limit_reached", "rerun_with_higher_limits", 1.0),
+        ("completed", "Submitted", "unevaluated", "unevaluated", "evaluate", 1.0),
     ],
 )
 def test_failure_cause_and_retry_advice(status, exit_reason, failure, cause, advice, validity) -> None:
-    row = _score(
-        [_session("x", SOLVE, status=status, exit_reason=exit_reason, reward=0.0, failure=failure)]
-    ).scores.row(0, named=True)
+    unevaluated = failure == "unevaluated"
+    session = _session(
+        "x",
+        SOLVE,
+        status=status,
+        exit_reason=exit_reason,
+        reward=None if unevaluated else 0.0,
+        failure=None if unevaluated else failure,
+    )
+    if unevaluated:
+        session[0]["eval_passed"] = None
+    row = _score([session]).scores.row(0, named=True)
     assert (row["failure_cause"], row["retry_advice"], row["validity"]) == (cause, advice, validity)
 
 
-def test_confirmed_cheat_zeroes_completion_and_security_blocks_export() -> None:
+def test_graded_governance_suspicion_confirmed_cheat_and_security() -> None:
     honest = _session("honest", SOLVE)
-    cheat = _session("cheat", ["rm -f tests/test_visible.py", "python3 run_tests.py"])
-    escape = _session("escape", SOLVE + ["cp a.py /opt/tl/bin/tl_test.py"])
-    scores = {r["session_id"]: r for r in _score([honest, cheat, escape]).scores.iter_rows(named=True)}
-    assert scores["honest"]["completion"] == 1.0 and scores["honest"]["exportable"]
-    assert scores["cheat"]["completion"] == 0.0 and scores["cheat"]["failure_cause"] == "cheating"
-    # behavioural: down-weighted by behavioural_weight, still a scored row
-    assert scores["cheat"]["quality"] == pytest.approx(0.5 * (0.3 + 0.2))
+    suspect = _session("suspect", SOLVE)  # edits a pristine test, but the evaluator never runs it
+    forged = _session("forged", SOLVE)  # the evaluator says its verdict was tampered with
+    framework = _session("framework", SOLVE)  # a conftest.py inside the evaluated deliverable
+    escape = _session("escape", SOLVE + ["cp a.py /etc/cron.d/job"])
+    ops = [
+        ("suspect", "f1", "write", "/workspace/tests/test_visible.py", True),
+        ("framework", "f2", "create", "/workspace/conftest.py", True),
+    ]
+    context = pl.DataFrame(
+        {
+            "session_id": ["forged", "framework"],
+            "eval_details": [
+                json.dumps({"evaluator_tampered": ["forged result frame"]}),
+                json.dumps({"deliverable": {"conftest.py": "x", "a.py": "y"}}),
+            ],
+        }
+    )
+    sessions = [honest, suspect, forged, framework, escape]
+    scores = {r["session_id"]: r for r in _score(sessions, ops, context).scores.iter_rows(named=True)}
+    assert scores["honest"]["completion"] == 1.0 and scores["honest"]["exportable"] and scores["honest"]["flags"] == ""
+    # suspicion: the verdict stands, quality × the flag's weight, exported with the flag in the record
+    assert scores["suspect"]["completion"] == 1.0 and scores["suspect"]["failure_cause"] == "success"
+    assert scores["suspect"]["quality"] == pytest.approx(0.5 * 1.0)
+    assert scores["suspect"]["exportable"] and scores["suspect"]["flags"] == "edited_tests"
+    # confirmed: completion 0, cheating; security: never exported
+    assert scores["forged"]["completion"] == 0.0 and scores["forged"]["failure_cause"] == "cheating"
+    assert scores["forged"]["security_flagged"] and not scores["forged"]["exportable"]
+    assert scores["framework"]["completion"] == 0.0 and not scores["framework"]["security_flagged"]
     assert scores["escape"]["security_flagged"] and not scores["escape"]["exportable"]
+    # the weight is configuration, and part of the digest every row carries
+    lighter = {
+        r["session_id"]: r for r in _score(sessions, ops, context, behavioural_weight=0.8).scores.iter_rows(named=True)
+    }
+    assert lighter["suspect"]["quality"] == pytest.approx(0.8)
+    assert lighter["suspect"]["config_digest"] != scores["suspect"]["config_digest"]
+    custom = _score(sessions, ops, context, governance_overrides={"edited_tests": {"voids_verdict": True}})
+    assert custom.scores.filter(pl.col("session_id") == "suspect")["completion"][0] == 0.0
 
 
 def test_one_step_success_is_an_anomaly_and_a_typical_run_is_not() -> None:
@@ -224,3 +285,16 @@ def test_injected_near_duplicates_are_found() -> None:
     traj, steps = _frames(sessions)
     metric = evaluate_dedup(traj, steps, n=40, seed=3)
     assert metric.positives >= 30 and metric.recall is not None and metric.recall >= 0.95 and metric.fp == 0
+
+
+def test_novelty_compares_within_the_task_family_across_task_ids() -> None:
+    commands = [f"step {j} of the clamp fix" for j in range(30)]
+    first = _session("first", commands, task_id="bugfix.clamp-1a2b", minute=0)
+    again = _session("again", commands, task_id="bugfix.clamp-9f8e", minute=5)  # same template, another instance
+    elsewhere = _session("elsewhere", commands, task_id="implement.rle-77aa", minute=3)
+    traj, steps = _frames([first, again, elsewhere])
+    traj = traj.with_columns(pl.Series("task_family", ["bugfix.clamp", "bugfix.clamp", "implement.rle"]))
+    result = score_sessions(traj, steps, EMPTY_OPS, EMPTY_NET, QualityConfig())
+    novelty = dict(result.scores.select("session_id", "novelty").iter_rows())
+    assert novelty["first"] == 1.0 and novelty["elsewhere"] == 1.0 and novelty["again"] < 0.1
+    assert set(result.scores["task_family"]) == {"bugfix.clamp", "implement.rle"}
