@@ -44,7 +44,7 @@ from producers.fleet.synthetic.encoder import (
     ts_varint,
     varint,
 )
-from producers.fleet.tasks import FAMILIES, IMAGES, _load
+from producers.fleet.tasks import FAMILIES, IMAGES
 from schemas.registry import get_version
 
 WARM_TEMPLATES = 256
@@ -174,7 +174,6 @@ class SyntheticFleet:
         self._outputs = _output_pool(random.Random("outputs:0"))
         self.statuses: Counter[str] = Counter()
         self.policies: Counter[str] = Counter()
-        _load()
         self.families = sorted(FAMILIES)
 
     # ------------------------------------------------------------------ one session
