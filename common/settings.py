@@ -137,6 +137,11 @@ class Settings(BaseSettings):
         0.5, ge=0, le=1, description="TRAJLAKE_QUALITY_BEHAVIOURAL_WEIGHT: quality factor for behavioural flags."
     )
     quality_outlier_z: float = Field(3.5, gt=0, description="TRAJLAKE_QUALITY_OUTLIER_Z: robust z of anomalies.")
+    quality_governance: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="TRAJLAKE_QUALITY_GOVERNANCE: JSON per-flag overrides of the governance table "
+        '(quality/config.py), e.g. {"edited_tests": {"weight": 0.3}}; changing it rescores.',
+    )
     dedup_threshold: float = Field(0.8, gt=0, le=1, description="TRAJLAKE_DEDUP_THRESHOLD: near-dup Jaccard.")
     dedup_bands: int = Field(14, ge=1, description="TRAJLAKE_DEDUP_BANDS: LSH bands.")
     dedup_rows: int = Field(8, ge=1, description="TRAJLAKE_DEDUP_ROWS: LSH rows per band.")

@@ -202,6 +202,8 @@ def to_record(fmt: str, session: dict[str, Any], steps: list[dict[str, Any]]) ->
         "task_type": session["task_type"],
         "quality": session["quality"],
         "completion": session["completion"],
+        # suspicions are exported with the record (down-weighted, not dropped): the consumer decides
+        "flags": [flag for flag in (session.get("flags") or "").split(",") if flag],
     }
     if fmt == "hf":
         # a fixed key set per message so every row has one Arrow type in datasets
@@ -266,7 +268,7 @@ def _sessions(
         params["day"] = day
     con.execute(
         "CREATE TEMP TABLE chosen AS SELECT t.session_id, t.task_id, t.task_type, t.instruction, s.quality, "
-        f"s.completion FROM trajectories t JOIN scores s USING (session_id) WHERE {where}",
+        f"s.completion, s.flags FROM trajectories t JOIN scores s USING (session_id) WHERE {where}",
         params,
     )
     chosen = con.sql("SELECT * FROM chosen ORDER BY session_id").to_arrow_table()
@@ -498,12 +500,20 @@ def _write_export(
         "filters": {"exportable": True, "min_quality": min_quality, "day": day.isoformat() if day else None},
         "counts": {"sessions": stats.sessions, "records": stats.records, "quarantined": stats.quarantined},
         "scorer_version": _scorer_version(settings, catalog),
+        "scoring": _scoring(settings, catalog),
         "source_snapshots": snapshots,
     }
     manifest_text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
     _write_file(dir_fd, manifest_path.name, manifest_text)
     stats.manifest = str(manifest_path)
     return manifest_text, snapshots
+
+
+def _scoring(settings: Settings, catalog: Catalog) -> dict[str, object]:
+    """Weights, thresholds and the governance table the exported scores were computed with."""
+    from pipelines.score import scoring_manifest
+
+    return scoring_manifest(settings, catalog)
 
 
 def _scorer_version(settings: Settings, catalog: Catalog) -> str:

@@ -23,6 +23,7 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
+from common.errors import ConfigError
 from common.settings import Settings
 from quality.config import QualityConfig
 from quality.scoring import QualityResult, score_sessions
@@ -117,21 +118,27 @@ class ScoreStats:
 
 
 def quality_config(settings: Settings) -> QualityConfig:
-    """The quality knobs from settings (governance overrides from ``TRAJLAKE_QUALITY_GOVERNANCE`` when set)."""
+    """The quality knobs from settings (governance overrides from ``TRAJLAKE_QUALITY_GOVERNANCE``).
+
+    Raises:
+        ConfigError: the weights, thresholds or governance overrides are inconsistent.
+    """
     w_c, w_v, w_n = settings.quality_weights
-    overrides = getattr(settings, "quality_governance", None) or {}
-    return QualityConfig(
-        w_completion=w_c,
-        w_validity=w_v,
-        w_novelty=w_n,
-        min_quality=settings.quality_min,
-        behavioural_weight=settings.quality_behavioural_weight,
-        governance_overrides=dict(overrides),
-        outlier_z=settings.quality_outlier_z,
-        dedup_threshold=settings.dedup_threshold,
-        dedup_bands=settings.dedup_bands,
-        dedup_rows=settings.dedup_rows,
-    )
+    try:
+        return QualityConfig(
+            w_completion=w_c,
+            w_validity=w_v,
+            w_novelty=w_n,
+            min_quality=settings.quality_min,
+            behavioural_weight=settings.quality_behavioural_weight,
+            governance_overrides=dict(settings.quality_governance),
+            outlier_z=settings.quality_outlier_z,
+            dedup_threshold=settings.dedup_threshold,
+            dedup_bands=settings.dedup_bands,
+            dedup_rows=settings.dedup_rows,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"quality configuration: {exc}") from exc
 
 
 def scoring_manifest(settings: Settings, catalog: Catalog | None = None) -> dict[str, object]:
