@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import duckdb
 import pyarrow as pa
 from confluent_kafka import TopicPartition
+from pyiceberg.table.snapshots import Snapshot, Summary
 
+from common.broker import resolve_bootstrap
 from common.settings import Settings
 from pipelines.ingest import IngestWorker, event_row
 from producers.sdk import EventProducer
@@ -18,6 +22,9 @@ from warehouse.catalog import open_catalog
 from warehouse.sql import open_views, run_query
 from warehouse.tables import RAW_EVENTS, ensure_table
 
+if TYPE_CHECKING:
+    from dagster import AssetCheckResult, AssetChecksDefinition, ExecuteInProcessResult, MetadataValue
+
 BASE_US = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z
 
 
@@ -26,9 +33,9 @@ def sample_events(sessions: int, seed: int = 7) -> list[dict[str, Any]]:
     return [event for session in synthetic_sessions(sessions, seed=seed, start_us=BASE_US) for event in session]
 
 
-def produce(settings: Settings, events: list[dict[str, Any]], extra_values: list[bytes] = ()) -> None:
+def produce(settings: Settings, events: list[dict[str, Any]], extra_values: Sequence[bytes] = ()) -> None:
     """Send events (and raw ``extra_values``) to the settings' topic and wait for acks."""
-    producer = EventProducer(settings.kafka_bootstrap, settings.topic, "test-host")
+    producer = EventProducer(resolve_bootstrap(settings), settings.topic, "test-host")
     for event in events:
         producer.emit(event)
     for i, value in enumerate(extra_values):
@@ -87,11 +94,44 @@ def lake_state(settings: Settings) -> dict[str, list]:
     }
 
 
+def one_row(con: duckdb.DuckDBPyConnection, sql: str, parameters: object = None) -> tuple[Any, ...]:
+    """The first row ``sql`` returns (the test fails when it returns none)."""
+    row = con.execute(sql, parameters).fetchone()
+    assert row is not None, sql
+    return row
+
+
+def summary_of(snapshot: Snapshot | None) -> Summary:
+    """A snapshot's summary (the test fails when there is no snapshot or no summary)."""
+    assert snapshot is not None and snapshot.summary is not None
+    return snapshot.summary
+
+
+def plain(metadata: Mapping[str, MetadataValue]) -> dict[str, Any]:
+    """Dagster metadata as plain values (each entry's ``.value``), to compare with numbers and dicts."""
+    return {key: entry.value for key, entry in metadata.items()}
+
+
+def materialized(result: ExecuteInProcessResult) -> dict[str, dict[str, Any]]:
+    """The plain metadata of every asset a run materialized, by asset key."""
+    events = (event.materialization for event in result.get_asset_materialization_events())
+    return {materialization.asset_key.to_user_string(): plain(materialization.metadata) for materialization in events}
+
+
+def run_check(check: AssetChecksDefinition, **resources: object) -> AssetCheckResult:
+    """Evaluate an asset check directly (the test fails unless it returns one result)."""
+    from dagster import AssetCheckResult
+
+    result = check(**resources)
+    assert isinstance(result, AssetCheckResult)
+    return result
+
+
 def tier_split(settings: Settings) -> dict[str, int]:
     """Rows per tier view."""
     con = open_views(settings)
     return {
-        f"{tier}_{view}": con.execute(f"SELECT count(*) FROM {tier}_{view}").fetchone()[0]
+        f"{tier}_{view}": one_row(con, f"SELECT count(*) FROM {tier}_{view}")[0]
         for tier in ("hot", "cold")
         for view in ("events", "trajectories", "steps")
     }

@@ -9,7 +9,7 @@ from common.settings import Settings
 from dagster_project.definitions import defs
 from dagster_project.defs.lakehouse import lakehouse_assets
 from dagster_project.resources import KafkaConfig, LakehouseResource
-from tests.helpers import produce, sample_events
+from tests.helpers import materialized, produce, sample_events
 from warehouse.sql import run_query
 
 #: The whole definitions graph: renaming, dropping or rewiring an asset, check, job or schedule
@@ -47,18 +47,22 @@ def test_definitions_graph_snapshot() -> None:
         "trajectories:sequence_gaps",
         "trajectories:stuck_sessions",
     ]
-    assert sorted(job.name for job in defs.jobs) == ["fleet_campaign", "lakehouse_lifecycle", "nightly_training_set"]
-    assert sorted(schedule.name for schedule in defs.schedules) == [
+    assert sorted(job.name for job in defs.jobs or []) == [
+        "fleet_campaign",
+        "lakehouse_lifecycle",
+        "nightly_training_set",
+    ]
+    assert sorted(schedule.name for schedule in defs.schedules or []) == [
         "fleet_campaign_schedule",
         "lakehouse_lifecycle_schedule",
         "nightly_training_set_schedule",
     ]
-    assert sorted(sensor.name for sensor in defs.sensors) == [
+    assert sorted(sensor.name for sensor in defs.sensors or []) == [
         "ingest_observer",
         "lakehouse_automation",
         "record_run_failures",
     ]
-    assert set(defs.resources) == {"lakehouse", "fleet"}
+    assert set(defs.resources or {}) == {"lakehouse", "fleet"}
 
 
 @pytest.mark.integration
@@ -79,12 +83,7 @@ def test_assets_materialize_in_process(kafka_settings: Settings) -> None:
         },
     )
     assert result.success
-    materializations = {
-        event.asset_key.to_user_string(): event.materialization.metadata
-        for event in result.get_asset_materialization_events()
-    }
-    assert materializations["raw_events"]["row_count"].value == len(events)
-    assert materializations["trajectories"]["row_count"].value == 8
-    assert (
-        run_query(kafka_settings, "SELECT count(*) FROM steps")[1][0][0] == materializations["steps"]["row_count"].value
-    )
+    materializations = materialized(result)
+    assert materializations["raw_events"]["row_count"] == len(events)
+    assert materializations["trajectories"]["row_count"] == 8
+    assert run_query(kafka_settings, "SELECT count(*) FROM steps")[1][0][0] == materializations["steps"]["row_count"]

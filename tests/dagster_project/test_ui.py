@@ -51,7 +51,7 @@ def test_ui_renders_the_asset_graph(tmp_path: Path) -> None:
         _wait_http(f"http://127.0.0.1:{port}/server_info", 180, ui)
         dom = subprocess.run(
             [
-                CHROMIUM,
+                str(CHROMIUM),  # not None: the test is skipped without Chromium
                 "--headless",
                 "--no-sandbox",
                 "--disable-gpu",

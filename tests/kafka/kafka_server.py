@@ -352,8 +352,8 @@ def _probe_metadata(bootstrap: str, timeout: float) -> bool:
             "bootstrap.servers": bootstrap,
             "socket.connection.setup.timeout.ms": max(1000, int(timeout * 1000)),
             "log_level": 0,
-            "logger": _NullLogger(),
-        }
+        },
+        logger=_NullLogger(),
     )
     try:
         metadata = admin.list_topics(timeout=timeout)

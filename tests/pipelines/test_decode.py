@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import fastavro
@@ -63,7 +64,7 @@ def assert_same(values: list[bytes], decoder: BatchDecoder, max_bytes: int | Non
 
 
 @pytest.fixture(scope="module")
-def decoder() -> BatchDecoder:
+def decoder() -> Iterator[BatchDecoder]:
     # Isolated: some poison (a value holding two records) makes the Rust reader spin; the child is killed.
     with BatchDecoder(TARGET, MAX_BYTES, isolate=True, timeout_s=3.0) as isolated:
         yield isolated
@@ -171,7 +172,9 @@ def test_a_decoder_child_that_stops_reading_is_killed_and_replaced() -> None:
     assert sum(len(value) for value in good) > 256 * 1024
     with BatchDecoder(TARGET, 1 << 20, isolate=True, timeout_s=1.0, timeout_per_mb_s=0.0) as isolated:
         assert_same(good, isolated, max_bytes=1 << 20)  # warm: the child is up and has answered
+        assert isolated._decoder is not None
         stuck = isolated._decoder.pid
+        assert stuck is not None
         os.kill(stuck, signal.SIGSTOP)
         started = time.monotonic()
         assert_same(good, isolated, max_bytes=1 << 20)  # record by record after the deadline

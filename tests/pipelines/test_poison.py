@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
-from common.broker import admin_client
+from common.broker import admin_client, resolve_bootstrap
 from common.settings import Settings, load_settings
 from pipelines.ingest import IngestWorker
 from producers.sdk import EventProducer
@@ -71,7 +71,7 @@ def test_poison_is_dead_lettered_with_coordinates_and_good_events_land(
     # JSON nested 10k deep inside the arguments string: opaque text to ingest, kept verbatim.
     deep = with_arguments(tool_call, "[" * 10_000 + "]" * 10_000)
     poison = poison_records(events)
-    producer = EventProducer(settings.kafka_bootstrap, settings.topic, "poison-host")
+    producer = EventProducer(resolve_bootstrap(settings), settings.topic, "poison-host")
     step = len(events) // (len(poison) + 1)
     for i, (name, (value, _)) in enumerate(poison.items()):
         for event in events[i * step : (i + 1) * step]:
@@ -109,7 +109,7 @@ def test_huge_event_is_rejected_by_the_producer_or_dead_lettered_past_the_limit(
     events = sample_events(2, seed=22)
     tool_call = next(e for e in events if "arguments" in (e["payload"] or {}))
     huge = with_arguments(tool_call, "y" * (5 << 20))
-    default = EventProducer(kafka_settings.kafka_bootstrap, kafka_settings.topic, "huge-host")
+    default = EventProducer(resolve_bootstrap(kafka_settings), kafka_settings.topic, "huge-host")
     with pytest.raises(KafkaException) as rejected:  # librdkafka's 1 MB message.max.bytes, before any I/O
         default.emit(huge)
     assert rejected.value.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
@@ -124,12 +124,15 @@ def test_huge_event_is_rejected_by_the_producer_or_dead_lettered_past_the_limit(
         ],
     )
     try:
-        admin = admin_client(kafka_settings.kafka_bootstrap)  # kept referenced until the future resolves
+        admin = admin_client(resolve_bootstrap(kafka_settings))  # kept referenced until the future resolves
         admin.incremental_alter_configs([resource])[resource].result(30)
     except KafkaException as exc:
         pytest.skip(f"broker does not alter topic configs: {exc}")
     raised = EventProducer(
-        kafka_settings.kafka_bootstrap, kafka_settings.topic, "huge-host", extra_config={"message.max.bytes": 16 << 20}
+        resolve_bootstrap(kafka_settings),
+        kafka_settings.topic,
+        "huge-host",
+        extra_config={"message.max.bytes": str(16 << 20)},
     )
     raised.emit(huge)
     for event in events:

@@ -10,7 +10,7 @@ import pytest
 from common.broker import admin_client, ensure_topic, resolve_bootstrap, start_broker, stop_broker
 from common.settings import Settings, load_settings
 from pipelines.ingest import IngestWorker, recorded_incarnation, recorded_offsets, recorded_reset
-from tests.helpers import produce, sample_events
+from tests.helpers import produce, sample_events, summary_of
 from warehouse.catalog import open_catalog
 from warehouse.sql import run_query
 from warehouse.tables import DEAD_LETTERS, RAW_EVENTS, ensure_table
@@ -28,13 +28,13 @@ def counts(settings: Settings) -> tuple[int, int, int]:
 
 def recreate_topic(settings: Settings) -> None:
     """Delete the topic, wait until the broker forgets it, and create it again."""
-    admin = admin_client(settings.kafka_bootstrap)
+    admin = admin_client(resolve_bootstrap(settings))
     admin.delete_topics([settings.topic])[settings.topic].result(30)
     deadline = time.monotonic() + 60
     while settings.topic in admin.list_topics(timeout=5).topics:
         assert time.monotonic() < deadline, f"{settings.topic} still listed 60 s after deletion"
         time.sleep(0.2)
-    ensure_topic(settings.kafka_bootstrap, settings.topic, settings.topic_partitions)
+    ensure_topic(resolve_bootstrap(settings), settings.topic, settings.topic_partitions)
 
 
 def assert_reset_recorded(settings: Settings, epoch: int) -> None:
@@ -44,7 +44,7 @@ def assert_reset_recorded(settings: Settings, epoch: int) -> None:
         reset = recorded_reset(table, settings.topic)
         assert reset is not None and reset["epoch"] == epoch, (name, reset)
         assert recorded_incarnation(table, settings.topic).epoch == epoch
-        summary = table.current_snapshot().summary.additional_properties
+        summary = summary_of(table.current_snapshot()).additional_properties
         assert json.loads(summary[f"trajlake.reset.{settings.topic}"]) == reset or epoch < 1
 
 

@@ -73,8 +73,9 @@ def read_topic(bootstrap: str, topic: str, expected: int, timeout: float = 60) -
     try:
         while len(events) < expected and time.monotonic() < deadline:
             for message in consumer.consume(1000, timeout=0.5):
-                if message.error() is None:
-                    events.append(decode_event(message.value()))
+                value = message.value()
+                if message.error() is None and value is not None:
+                    events.append(decode_event(value))
     finally:
         consumer.close()
     return events

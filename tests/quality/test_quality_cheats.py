@@ -73,7 +73,7 @@ def _network(rows: list[tuple[str, int, bool]], session_id: str = "s1") -> pl.Da
 
 
 def _session(**context: object) -> pl.DataFrame:
-    row = {
+    row: dict[str, object] = {
         "session_id": "s1",
         "workspace_root": None,
         "egress_allowlist": [],

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from common.broker import resolve_bootstrap
 from common.settings import Settings
 from pipelines.ingest import IngestWorker
 from producers.sdk import EventProducer
@@ -84,8 +85,9 @@ def test_cli_schema_check(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_v1_and_v2_producers_at_once_land_in_one_evolved_table(kafka_settings: Settings) -> None:
     events = sample_events(6)
-    v1 = EventProducer(kafka_settings.kafka_bootstrap, kafka_settings.topic, "old-host", schema_version=1)
-    v2_producer = EventProducer(kafka_settings.kafka_bootstrap, kafka_settings.topic, "new-host", schema_version=2)
+    bootstrap = resolve_bootstrap(kafka_settings)
+    v1 = EventProducer(bootstrap, kafka_settings.topic, "old-host", schema_version=1)
+    v2_producer = EventProducer(bootstrap, kafka_settings.topic, "new-host", schema_version=2)
     for i, event in enumerate(events):
         (v1 if i % 2 else v2_producer).emit(event)
     annotation = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
+from pyiceberg.types import StructType
 
 from schemas.errors import BadMagic, CorruptPayload, EncodeError, InvalidEvent, OversizedEvent, UnknownFingerprint
 from schemas.iceberg import raw_events_schema
@@ -65,6 +66,7 @@ def test_iceberg_schema_has_typed_payload_columns() -> None:
     names = {field.name for field in schema.fields}
     assert {"event_id", "session_id", "seq", "ts", "agent_action", "env_feedback", "kafka_offset"} <= names
     action = schema.find_field("agent_action").field_type
+    assert isinstance(action, StructType)
     assert str({f.name: f for f in action.fields}["output_tokens"].field_type) == "long"
     assert str(schema.find_field("ts").field_type) == "timestamptz"
     ids = [f.field_id for f in schema.fields]

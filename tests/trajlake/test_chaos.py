@@ -14,6 +14,7 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
 _spec = importlib.util.spec_from_file_location("chaos", Path(__file__).resolve().parents[2] / "scripts" / "chaos.py")
+assert _spec is not None and _spec.loader is not None
 chaos = importlib.util.module_from_spec(_spec)
 sys.modules["chaos"] = chaos  # dataclasses resolve their module through sys.modules
 _spec.loader.exec_module(chaos)

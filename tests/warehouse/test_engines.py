@@ -23,7 +23,7 @@ import pytest
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from tests.helpers import BASE, day_events, write_raw
+from tests.helpers import BASE, day_events, one_row, write_raw
 from warehouse.catalog import open_catalog
 from warehouse.sql import open_views
 from warehouse.tables import ensure_table
@@ -89,7 +89,7 @@ def _requests(settings: Settings) -> tuple[dict[str, dict[str, str]], dict[str, 
                 table = ensure_cold_table(catalog, settings, TABLE_OF[view])
             key = f"{tier_name}_{view}"
             requests[key] = {"metadata": table.metadata_location, "select": select}
-            expected[key] = [int(v or 0) for v in con.execute(f"SELECT {select} FROM {key}").fetchone()]
+            expected[key] = [int(v or 0) for v in one_row(con, f"SELECT {select} FROM {key}")]
     for view in CHECKS:  # both tiers hold data, so agreement covers both
         assert expected[f"hot_{view}"][0] > 0 and expected[f"cold_{view}"][0] > 0, view
     return requests, expected

@@ -9,7 +9,7 @@ import pytest
 
 from common.settings import Settings
 from pipelines.ingest import IngestWorker, offsets_key, recorded_incarnation, recorded_offsets
-from tests.helpers import produce, sample_events
+from tests.helpers import produce, sample_events, summary_of
 from warehouse.catalog import open_catalog
 from warehouse.maintenance import expire_snapshots
 from warehouse.sql import run_query
@@ -39,7 +39,7 @@ def test_ingest_resumes_exactly_after_expiring_every_offset_carrying_snapshot(ka
         expired = expire_snapshots(table, datetime.now(UTC) + timedelta(hours=1), keep=set())
         table = table.refresh()
         assert expired >= 2 and len(table.snapshots()) == 1
-        assert offsets_key(kafka_settings.topic) not in table.current_snapshot().summary.additional_properties
+        assert offsets_key(kafka_settings.topic) not in summary_of(table.current_snapshot()).additional_properties
         assert (recorded_offsets(table, kafka_settings.topic), recorded_incarnation(table, kafka_settings.topic)) == (
             before[spec.name]
         )

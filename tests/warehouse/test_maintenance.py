@@ -15,7 +15,7 @@ from common.settings import Settings, load_settings
 from pipelines.assemble import ASSEMBLED_SNAPSHOT, assemble
 from pipelines.ingest import event_row, offsets_key, recorded_offsets
 from schemas.registry import decode_event, encode_event
-from tests.helpers import BASE, day_events, lake_state
+from tests.helpers import BASE, day_events, lake_state, materialized
 from warehouse.catalog import open_catalog
 from warehouse.maintenance import maintain, usage
 from warehouse.snapshots import arrow_row_bytes, live_files, read_data_files
@@ -125,13 +125,12 @@ def test_lifecycle_assets_materialize(settings: Settings) -> None:
     assemble(settings, as_of=BASE + timedelta(days=30))
     before = lake_state(settings)
     # Retention long enough back that 2026-01-01.. is old whatever today's date is.
-    result = materialize(lifecycle.defs.assets, resources={"lakehouse": LakehouseResource(home=str(settings.home))})
+    lakehouse = LakehouseResource(home=str(settings.home))
+    result = materialize([lifecycle.cold_tier, lifecycle.table_maintenance], resources={"lakehouse": lakehouse})
     assert result.success
-    metadata = {
-        e.asset_key.to_user_string(): e.materialization.metadata for e in result.get_asset_materialization_events()
-    }
-    assert metadata["cold_tier"]["sessions_copied"].value == 6
-    assert metadata["table_maintenance"]["files_after"].value <= metadata["table_maintenance"]["files_before"].value
+    metadata = materialized(result)
+    assert metadata["cold_tier"]["sessions_copied"] == 6
+    assert metadata["table_maintenance"]["files_after"] <= metadata["table_maintenance"]["files_before"]
     assert lake_state(settings) == before
 
 
@@ -187,7 +186,7 @@ def test_compaction_is_bounded_in_arrow_memory_and_writes_disjoint_session_range
     # ranges come from sampled quantiles and never split a session: about the bound, not exactly
     assert max(f.data_file.record_count for f in after) * row_bytes <= memory * 1.25
     # the files are disjoint ranges of sessions: each session's rows are in one file
-    where = {}
+    where: dict[str, str] = {}
     for entry in after:
         rows = read_data_files(catalog.load_table(raw.name()), [entry.data_file], columns=("session_id",))
         for session in set(rows.column("session_id").to_pylist()):

@@ -6,6 +6,7 @@ import json
 import socket
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -40,7 +41,7 @@ def s3_endpoint() -> Iterator[str]:
 
 
 @pytest.fixture
-def s3_client(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> object:
+def s3_client(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:  # boto3 ships no types
     """A boto3 client of the endpoint, with BUCKET created; AWS credentials set in the environment."""
     import boto3
 
@@ -64,7 +65,7 @@ def s3_settings(settings: Settings, s3_endpoint: str, s3_client: object, monkeyp
     return load_settings()
 
 
-def test_tier_and_maintain_on_s3(s3_settings: Settings, s3_client: object) -> None:
+def test_tier_and_maintain_on_s3(s3_settings: Settings, s3_client: Any) -> None:
     settings = s3_settings
     write_raw(settings, day_events(4, 2), batch_size=200)
     assemble(settings, as_of=BASE + timedelta(days=30))

@@ -6,7 +6,7 @@ import duckdb
 from pyiceberg.types import StringType
 
 from common.settings import Settings
-from tests.helpers import raw_rows
+from tests.helpers import one_row, raw_rows
 from warehouse.catalog import open_catalog
 from warehouse.sql import open_views
 from warehouse.tables import RAW_EVENTS, ensure_table
@@ -14,7 +14,7 @@ from warehouse.transactions import transaction
 
 
 def _view_sql(con: duckdb.DuckDBPyConnection, name: str) -> str:
-    return con.execute("SELECT sql FROM duckdb_views() WHERE view_name = ?", [name]).fetchone()[0]
+    return one_row(con, "SELECT sql FROM duckdb_views() WHERE view_name = ?", [name])[0]
 
 
 def test_one_schema_reads_files_directly_and_an_evolved_table_by_name(settings: Settings) -> None:

@@ -16,7 +16,7 @@ import pytest
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
 from producers.session_generator import synthetic_sessions
-from tests.helpers import BASE, BASE_US, day_events, lake_state, tier_split, write_raw
+from tests.helpers import BASE, BASE_US, day_events, lake_state, one_row, tier_split, write_raw
 from warehouse.catalog import open_catalog
 from warehouse.sql import local_path, open_views
 from warehouse.tables import RAW_EVENTS
@@ -59,7 +59,7 @@ def test_tier_moves_old_days_once_and_keeps_every_row(aged_lake: Settings) -> No
     assert split["cold_events"] == stats.events_copied > 0
     # The hot tables themselves no longer hold the old rows.
     con = open_views(settings)
-    assert con.execute("SELECT min(ts) FROM hot_events").fetchone()[0] >= BASE + timedelta(days=3)
+    assert one_row(con, "SELECT min(ts) FROM hot_events")[0] >= BASE + timedelta(days=3)
     # Cold files are zstd Parquet sorted by session, under the cold location.
     cold = ensure_cold_table(open_catalog(settings), settings, RAW_EVENTS.name)
     for task in cold.scan().plan_files():
@@ -101,9 +101,8 @@ def test_late_event_in_a_tiered_day_stays_visible(aged_lake: Settings) -> None:
     # The late session is not assembled yet, so its day waits in hot, still visible.
     assert "2026-01-01" in stats.days_deferred
     con = open_views(settings)
-    assert con.execute("SELECT count(*) FROM hot_events WHERE ts < $b", {"b": BASE + timedelta(days=1)}).fetchone()[
-        0
-    ] == len(late)
+    early = one_row(con, "SELECT count(*) FROM hot_events WHERE ts < $b", {"b": BASE + timedelta(days=1)})[0]
+    assert early == len(late)
     assert len(lake_state(settings)["events"]) == before + len(late)
     # Once assembled it moves like any other.
     assemble(settings, as_of=BASE + timedelta(days=30))
