@@ -420,10 +420,11 @@ def export_training_set(
     min_quality = settings.quality_min if min_quality is None else min_quality
     root, dir_fd = _open_out_dir(out_dir, settings)
     try:
-        data_path = safe_path(root, file_name or f"{fmt}.jsonl")
-        if data_path.parent != root:
-            raise ExportError(f"refusing to write {file_name!r}: not a plain file name inside {root}")
-        manifest_path = safe_path(root, "manifest.json")
+        # Names, not resolved paths: whatever is planted under them (a symlink) is replaced, never followed.
+        name = file_name or f"{fmt}.jsonl"
+        if "/" in name or "\0" in name or name in ("", ".", "..") or name == "manifest.json":
+            raise ExportError(f"refusing to write {name!r}: not a plain file name inside {root}")
+        data_path, manifest_path = root / name, root / "manifest.json"
         fcntl.flock(dir_fd, fcntl.LOCK_EX)  # a second export into this directory waits for this one
         if not force and os.listdir(dir_fd):
             raise ExportError(f"{root} is not empty; choose an empty directory or pass --force to replace the export")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +123,107 @@ def test_cli_score_export_and_evaluate(
     result = runner.invoke(app, ["quality", "evaluate", "--labels", str(labels), "--inject", "20"])
     assert result.exit_code == 0, result.output
     assert "any_cheat" in result.output and "near_duplicate" in result.output
+
+
+# ---- export paths through the CLI (issue 18.5) and the two CLI errors of issue 16 ----
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def small_lake(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """A scored lakehouse of a few sessions, written straight to raw events."""
+    from tests.helpers import sample_events
+
+    home = tmp_path_factory.mktemp("export-paths") / "home"
+    settings = load_settings(home=home, topic="unused", kafka_bootstrap=None, catalog_uri=None)
+    write_raw(settings, sample_events(6, seed=3))
+    assemble(settings)
+    score_all(settings)
+    return settings
+
+
+def cli(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m trajlake.cli ARGS`` as a user runs it."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
+    base.update(TRAJLAKE_HOME=str(home), PYTHONPATH=str(ROOT), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "trajlake.cli", *args], env=base, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+
+
+def one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert all(word in lines[0] for word in words), lines[0]
+
+
+@pytest.mark.parametrize("target", ["/", "/etc", "/usr", "/usr/local/share", "HOME"])
+def test_export_refuses_system_directories(small_lake: Settings, tmp_path: Path, target: str) -> None:
+    home = tmp_path / "user-home"
+    home.mkdir()
+    out = str(home) if target == "HOME" else target
+    before = sorted(os.listdir(out))
+    result = cli(small_lake.home, "export", "--format", "hf", "--out", out, "--force", env={"HOME": str(home)})
+    one_line_error(result, "refusing to export into")
+    assert sorted(os.listdir(out)) == before  # nothing written (no /hf.jsonl, no manifest)
+
+
+def test_export_refuses_a_non_empty_directory_without_force(small_lake: Settings, tmp_path: Path) -> None:
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    one_line_error(cli(small_lake.home, "export", "--format", "hf", "--out", str(out)), "not empty", "--force")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    result = cli(small_lake.home, "export", "--format", "hf", "--out", str(out), "--force")
+    assert result.returncode == 0, result.stderr
+    assert (out / "notes.txt").read_text() == "mine"  # --force replaces the export's files only
+    assert sorted(p.name for p in out.iterdir()) == ["hf.jsonl", "manifest.json", "notes.txt"]
+
+
+def test_export_to_an_existing_file_is_one_line(small_lake: Settings, tmp_path: Path) -> None:
+    target = tmp_path / "a-file"
+    target.write_text("keep")
+    one_line_error(cli(small_lake.home, "export", "--format", "hf", "--out", str(target)), "not a directory")
+    assert target.read_text() == "keep"
+
+
+def test_planted_symlinks_are_never_followed(small_lake: Settings, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim_tmp, victim_data = outside / "victim-tmp", outside / "victim-data"
+    victim_tmp.write_text("untouched tmp target")
+    victim_data.write_text("untouched data target")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "hf.jsonl.tmp").symlink_to(victim_tmp)
+    (out / "hf.jsonl").symlink_to(victim_data)
+    (out / "manifest.json").symlink_to(outside / "created-through-link")
+    result = cli(small_lake.home, "export", "--format", "hf", "--out", str(out), "--min-quality", "0", "--force")
+    assert result.returncode == 0, result.stderr
+    assert victim_tmp.read_text() == "untouched tmp target"
+    assert victim_data.read_text() == "untouched data target"
+    assert not (outside / "created-through-link").exists()
+    assert not (out / "hf.jsonl").is_symlink() and not (out / "manifest.json").is_symlink()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["files"][0]["sha256"] == hashlib.sha256((out / "hf.jsonl").read_bytes()).hexdigest()
+    assert manifest["counts"]["records"] > 0
+    # the planted link is left alone (it is not ours), and no temporary file of ours remains
+    leftovers = sorted(p.name for p in out.iterdir())
+    assert leftovers == ["hf.jsonl", "hf.jsonl.tmp", "manifest.json"]
+    assert (out / "hf.jsonl.tmp").is_symlink()
+
+
+def test_score_on_an_empty_lakehouse_says_so(tmp_path: Path) -> None:
+    result = cli(tmp_path / "empty", "score")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "nothing to score" in result.stdout
+
+
+@pytest.mark.integration
+def test_import_of_deeply_nested_json_is_one_line(tansu_broker: str, tmp_path: Path) -> None:
+    deep = tmp_path / "deep.traj"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    result = cli(tmp_path / "home", "import", str(deep), env={"TRAJLAKE_KAFKA_BOOTSTRAP": tansu_broker,
+                                                             "TRAJLAKE_TOPIC": f"deep-{tmp_path.name}"})  # fmt: skip
+    one_line_error(result, "nested deeper than")
