@@ -1,456 +1,69 @@
-"""Ingest: Kafka → Iceberg ``raw_events`` and ``dead_letters``, exactly once.
+"""The ingest worker: consume a batch, decode it, commit it to both tables, exactly once.
 
-A consumer-group worker collects a batch (bounded by rows, bytes and time),
-decodes it, and appends good events to ``raw_events`` and undecodable records
-(raw bytes, coordinates, reason) to ``dead_letters``. The snapshot that adds a
-batch records, in its summary properties and in the table properties of the
-same commit, the next offset per partition of the topic, max-merged so it never
-moves backwards. Every table tracks its own offsets.
-
-Exactly once follows from three rules:
+The rules that make it exactly once are the package's (:mod:`pipelines.ingest`); here the
+three of them meet:
 
 * on assignment a partition is positioned at the offset recorded in Iceberg
   (the lower of the two tables), never at Kafka's committed offset;
 * before committing, the worker re-reads the recorded offsets and drops rows
   below them (a zombie or a replay after a crash), inside the commit retry loop,
-  so a concurrent commit that wins the race is seen;
-* the Iceberg commit is atomic: rows and offsets land together or not at all
-  (and never replayed by pyiceberg's own retry, which would skip the re-read).
+  so a concurrent commit that wins the race is seen (:func:`~pipelines.ingest.commit.commit_rows`);
+* the Iceberg commit is atomic: rows and offsets land together or not at all.
 
-Kafka offsets are still committed afterwards, for lag monitoring only.
-
-Topic resets. Offsets only mean something within one incarnation of a topic: a
-deleted and recreated topic, or a restarted memory-only broker, numbers its
-records from 0 again. Every commit therefore also records the topic's Kafka
-topic id and an epoch (``trajlake.topic.<topic>``). When the broker reports
-another topic id, the worker starts that table's partitions from the beginning
-of the new incarnation under epoch + 1, records ``trajlake.reset.<topic>``
-(previous topic id and offsets, kept for audit) and counts the reset. Records
-of the new incarnation below the previous offsets of their partition plus
-``TRAJLAKE_RESET_DEDUPE_RECORDS`` (a bounded window) are checked against the
-``event_id``s already ingested for their sessions, so a producer re-sending
-history after the reset adds no duplicates.
-An offset below the partition's low watermark (records deleted by retention
-before ingest read them) is logged and counted as a gap, never skipped silently.
+Kafka offsets are still committed afterwards, for lag monitoring only. Three threads share
+the work: the main thread consumes, a decode thread waits for the decoder process, and a
+commit thread commits the batch before; each records its own phase time in
+``IngestStats.timings``.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import logging
 import os
-import random
 import signal
 import time
-from array import array
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    TopicCollection,
-    TopicPartition,
-)
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.expressions import In
-from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
-from pyiceberg.table.metadata import TableMetadata
 
 from common.broker import resolve_bootstrap
 from common.errors import KafkaUnavailable
 from common.settings import Settings
-from pipelines.decode import BatchDecoder, FileTarget, binary_array_over, with_coordinates
+from pipelines.decode import BatchDecoder, FileTarget, with_coordinates
+from pipelines.ingest.batch import Batch
+from pipelines.ingest.commit import Written, commit_rows, disable_library_retries, writer_metadata
+from pipelines.ingest.consumer import consumer_config
+from pipelines.ingest.offsets import (
+    batch_next_offsets,
+    merge_offsets,
+    recorded_incarnation,
+    recorded_offsets,
+    start_offsets,
+)
+from pipelines.ingest.recent_ids import RecentIds
+from pipelines.ingest.rows import dead_letter_row
+from pipelines.ingest.stats import IngestStats
 from pipelines.memory import bound_allocator, release_free_memory
-from schemas.registry import HEADER_LEN
 from warehouse.catalog import open_catalog
-from warehouse.errors import CommitConflict
-from warehouse.snapshots import current_files
-from warehouse.sql import connect, parquet_source
 from warehouse.tables import DEAD_LETTERS, RAW_EVENTS, ensure_table
-from warehouse.transactions import transaction
 
 log = logging.getLogger("trajlake.ingest")
 
-OFFSETS_PREFIX = "trajlake.offsets."
-INCARNATION_PREFIX = "trajlake.topic."
-RESET_PREFIX = "trajlake.reset."
-_ENVELOPE = (
-    "event_id", "session_id", "seq", "ts", "event_type", "source", "sandbox_id", "task_id", "task_type",
-    "host_id", "image_name", "image_version", "agent_name", "agent_version", "agent_model", "policy_version",
-    "agent_message_id", "parent_event_id", "extra", "schema_version",
-)  # fmt: skip
-
-
-def offsets_key(topic: str) -> str:
-    """Property key under which a table records its next offsets for ``topic``."""
-    return OFFSETS_PREFIX + topic
-
-
-def incarnation_key(topic: str) -> str:
-    """Property key of the topic incarnation (``{"epoch", "topic_id"}``) the offsets belong to."""
-    return INCARNATION_PREFIX + topic
-
-
-def reset_key(topic: str) -> str:
-    """Property key describing the latest detected reset of ``topic``."""
-    return RESET_PREFIX + topic
-
-
-@dataclass(frozen=True)
-class Incarnation:
-    """Which life of a topic recorded offsets refer to; epoch 0 and no id for tables older than this field."""
-
-    epoch: int = 0
-    topic_id: str | None = None
-
-    @classmethod
-    def parse(cls, text: str | None) -> Incarnation:
-        """Read the JSON property value; missing means epoch 0 of an unknown topic id."""
-        if not text:
-            return cls()
-        value = json.loads(text)
-        return cls(int(value.get("epoch", 0)), value.get("topic_id"))
-
-    def dumps(self) -> str:
-        """JSON property value."""
-        return json.dumps({"epoch": self.epoch, "topic_id": self.topic_id})
-
-
-def _newest_summary_with(table: Table, key: str) -> dict[str, str] | None:
-    snapshot = table.current_snapshot()
-    while snapshot is not None:
-        summary = snapshot.summary.additional_properties if snapshot.summary else {}
-        if key in summary:
-            return summary
-        parent = snapshot.parent_snapshot_id
-        snapshot = table.snapshot_by_id(parent) if parent is not None else None
-    return None
-
-
-def recorded_incarnation(table: Table, topic: str) -> Incarnation:
-    """The topic incarnation of the offsets ``table`` records for ``topic`` (highest epoch wins)."""
-    summary = _newest_summary_with(table, offsets_key(topic)) or {}
-    candidates = [
-        Incarnation.parse(table.properties.get(incarnation_key(topic))),
-        Incarnation.parse(summary.get(incarnation_key(topic))),
-    ]
-    return max(candidates, key=lambda inc: (inc.epoch, inc.topic_id is not None))
-
-
-def recorded_offsets(table: Table, topic: str) -> dict[int, int]:
-    """Next offset per partition that ``table`` has ingested from the current incarnation of ``topic``.
-
-    Max-merges the table property with the newest snapshot summary carrying the
-    key, so neither snapshot expiry nor a foreign commit (compaction) loses it;
-    a source recorded under an older epoch (before a topic reset) is ignored.
-    """
-    key, inc_key = offsets_key(topic), incarnation_key(topic)
-    epoch = recorded_incarnation(table, topic).epoch
-    merged: dict[int, int] = {}
-
-    def merge(source: dict[str, str]) -> None:
-        text = source.get(key)
-        if text and Incarnation.parse(source.get(inc_key)).epoch == epoch:
-            for partition, offset in json.loads(text).items():
-                merged[int(partition)] = max(merged.get(int(partition), 0), int(offset))
-
-    merge(dict(table.properties))
-    merge(_newest_summary_with(table, key) or {})
-    return merged
-
-
-def recorded_reset(table: Table, topic: str) -> dict[str, Any] | None:
-    """The latest reset of ``topic`` that ``table`` recorded, or None."""
-    text = table.properties.get(reset_key(topic))
-    return json.loads(text) if text else None
-
-
-# pyiceberg >= 0.12 retries a conflicting append itself by re-applying it to the new
-# table state; for ingest that replay would bypass the offset filter (a zombie's
-# stale rows would land after all), so ingest's tables turn it off and the
-# worker's own loop re-reads the offsets on every attempt.
-_NO_LIBRARY_RETRY = {"commit.retry.num-retries": "0"}
-
-
-def disable_library_retries(table: Table) -> Table:
-    """Make ``table`` surface commit conflicts to the caller instead of re-applying the append.
-
-    Raises:
-        CommitConflict: the property could not be set (the table keeps changing under us).
-    """
-    for _ in range(10):
-        if all(table.properties.get(k) == v for k, v in _NO_LIBRARY_RETRY.items()):
-            return table
-        try:
-            with transaction(table) as tx:
-                tx.set_properties(_NO_LIBRARY_RETRY)
-        except CommitFailedException:
-            time.sleep(0.05 * (1 + random.random()))
-        table = table.refresh()
-    raise CommitConflict(f"could not set {_NO_LIBRARY_RETRY} on {table.name()}")
-
-
-def event_row(event: dict[str, Any], topic: str, partition: int, offset: int, ingested_at: datetime) -> dict:
-    """The raw-events row of a decoded event: envelope, its payload struct, Kafka coordinates."""
-    row = {name: event[name] for name in _ENVELOPE}
-    row[event["event_type"]] = event["payload"]
-    row.update(kafka_topic=topic, kafka_partition=partition, kafka_offset=offset, ingested_at=ingested_at)
-    return row
+_DEAD_SYNC_SECONDS = 30.0
+_RAW_SORT = [("session_id", "ascending"), ("seq", "ascending")]
 
 
 def _fault(point: str) -> None:
     """Die abruptly at a named point when ``TRAJLAKE_FAULT`` says so (fault-injection tests)."""
     if os.environ.get("TRAJLAKE_FAULT") == point:
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-class RecentIds:
-    """The most recent ``capacity`` event ids written to raw_events, oldest evicted first.
-
-    Kafka-level exactly-once cannot see an event that a producer sends twice (a spool
-    replay of an event whose acknowledgement was lost, a re-import of a recorded run):
-    each copy is a new record. Events of one session share a partition and a re-send
-    follows its original closely, so a bounded window of recent ids, warmed from the
-    newest raw events at start, catches them without an index over the whole table.
-    Assembly deduplicates by ``event_id`` regardless, so the window bounds cost, not
-    correctness of trajectories.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._ids: set[str] = set()
-        # The same ids in arrival order, one list per batch, oldest first; a batch is a few
-        # thousand ids, so lookups and evictions are set operations in C, not a loop per id.
-        self._order: deque[list[str]] = deque()
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    def __contains__(self, event_id: object) -> bool:
-        return event_id in self._ids
-
-    def warm(self, table: Table) -> None:
-        """Load the newest ``capacity`` event ids of ``table`` (by ``ingested_at``)."""
-        files = current_files(table).paths
-        if not self.capacity or not files:
-            return
-        rows = (
-            connect()
-            .sql(
-                f"SELECT event_id FROM {parquet_source(files)} ORDER BY ingested_at DESC, kafka_offset DESC "
-                f"LIMIT {int(self.capacity)}"
-            )
-            .fetchall()
-        )
-        self._remember_ids([event_id for (event_id,) in reversed(rows)])
-
-    def unseen(self, event_ids: Sequence[str]) -> list[bool]:
-        """Per id: True when it is neither in the window nor earlier in ``event_ids``."""
-        if not self.capacity:
-            return [True] * len(event_ids)
-        ids = self._ids
-        if ids.isdisjoint(event_ids) and len(set(event_ids)) == len(event_ids):
-            return [True] * len(event_ids)  # the usual batch: nothing re-sent
-        seen: set[str] = set()
-        keep = []
-        for event_id in event_ids:
-            keep.append(event_id not in ids and event_id not in seen)
-            seen.add(event_id)
-        return keep
-
-    def remember(self, event_ids: Sequence[str]) -> None:
-        """Add the ids of committed events."""
-        if self.capacity:
-            self._remember_ids(list(event_ids))
-
-    def _remember_ids(self, event_ids: list[str]) -> None:
-        ids = self._ids
-        if not ids.isdisjoint(event_ids) or len(set(event_ids)) != len(event_ids):
-            event_ids = [event_id for event_id in dict.fromkeys(event_ids) if event_id not in ids]
-        if not event_ids:
-            return
-        ids.update(event_ids)
-        self._order.append(event_ids)
-        excess = len(ids) - self.capacity
-        while excess > 0:
-            oldest = self._order[0]
-            if len(oldest) <= excess:
-                self._order.popleft()
-                ids.difference_update(oldest)
-                excess -= len(oldest)
-            else:
-                ids.difference_update(oldest[:excess])
-                self._order[0] = oldest[excess:]
-                excess = 0
-
-
-@dataclass
-class IngestStats:
-    """What one ingest run did."""
-
-    events: int = 0
-    dead_letters: int = 0
-    skipped: int = 0  # records below the recorded offsets (replays, zombies)
-    batches: int = 0
-    commit_retries: int = 0
-    resets: int = 0  # table commits that started a new topic incarnation
-    reset_duplicates: int = 0  # re-sent events dropped after a reset (already ingested before it)
-    resent_duplicates: int = 0  # records whose event_id was already ingested (recent-id window)
-    gaps: int = 0  # partitions whose recorded offset fell below the low watermark (records lost to retention)
-    truncations: int = 0  # recorded offset past the high watermark on a broker without topic ids
-    reset_details: list[dict[str, Any]] = field(default_factory=list)
-    bytes: int = 0
-    seconds: float = 0.0
-    reasons: dict[str, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain dict for printing and asset metadata."""
-        return dict(self.__dict__)
-
-    def describe_resets(self) -> list[str]:
-        """One human line per detected reset or gap."""
-        lines = []
-        for detail in self.reset_details:
-            if detail.get("kind") == "truncated":
-                lines.append(
-                    f"suspected truncation: {detail['topic']} partition {detail['partition']} recorded offset "
-                    f"{detail['recorded']} > high watermark {detail['high']}, and the broker gives no topic id "
-                    "to confirm a reset; records below the recorded offset will be skipped"
-                )
-            elif detail.get("kind") == "gap":
-                lines.append(
-                    f"gap: {detail['topic']} partition {detail['partition']} recorded offset {detail['recorded']} "
-                    f"< low watermark {detail['low']} ({detail['low'] - detail['recorded']} records never ingested)"
-                )
-            else:
-                lines.append(
-                    f"topic reset: {detail['table']} {detail['topic']} epoch {detail['epoch']} "
-                    f"(topic id {detail['previous_topic_id']} -> {detail['topic_id']}; previous offsets "
-                    f"{detail['previous_offsets']}); restarted from the beginning of the new topic"
-                )
-        return lines
-
-
-@dataclass
-class _Batch:
-    """Records consumed for one commit, held as columns, not as ``Message`` objects.
-
-    Values are appended to one buffer as they arrive (the decoder takes it as an Arrow
-    binary array without another copy), and each message is released at once: a batch
-    costs its bytes plus ~30 bytes of coordinates per record.
-    """
-
-    data: bytearray = field(default_factory=bytearray)
-    ends: array = field(default_factory=lambda: array("q"))  # end of each value in ``data``
-    partitions: array = field(default_factory=lambda: array("i"))
-    offsets: array = field(default_factory=lambda: array("q"))
-    timestamps: array = field(default_factory=lambda: array("q"))  # Kafka timestamp (ms, 0 if none)
-    keys: list[bytes | None] = field(default_factory=list)
-    bytes: int = 0
-    started: float = 0.0
-
-    def __len__(self) -> int:
-        return len(self.ends)
-
-    def values(self) -> pa.BinaryArray:
-        """The record values as an Arrow binary array over the batch's buffer (no copy)."""
-        return binary_array_over(self.data, np.frombuffer(self.ends, dtype=np.int64))
-
-    def value(self, index: int) -> bytes:
-        start = self.ends[index - 1] if index else 0
-        return bytes(self.data[start : self.ends[index]])
-
-
-def consumer_config(settings: Settings, bootstrap: str, follow: bool = False) -> dict[str, Any]:
-    """librdkafka consumer settings: manual offsets, fast group join.
-
-    ``follow``: for a consumer that tails the topic for good, next to the producers; it
-    refetches politely once its prefetch is full (see below). ``TRAJLAKE_KAFKA_EXTRA`` wins.
-    """
-    return {
-        "bootstrap.servers": bootstrap,
-        "group.id": settings.consumer_group,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
-        # Short timeouts make the group join take ~3 s instead of ~23 s on the embedded broker.
-        "session.timeout.ms": 6000,
-        "heartbeat.interval.ms": 500,
-        "max.poll.interval.ms": 300_000,
-        "fetch.max.bytes": 16 << 20,
-        # Fewer, fuller fetches: ~1.6x the consume rate on a backlog, at most 100 ms added latency.
-        "fetch.min.bytes": 1 << 20,
-        "fetch.wait.max.ms": 100,
-        "max.partition.fetch.bytes": 8 << 20,
-        # Prefetch bounded well below a batch: a deep backlog must not grow resident memory.
-        "queued.max.messages.kbytes": 16 << 10,
-        # Once the prefetch above is full, librdkafka waits fetch.queue.backoff.ms before fetching
-        # again. Its default (1 s) idles a consumer that drains 16 MB in well under a second:
-        # draining a 200k backlog, 37k events/s against 56k with 100 ms. A follower, which tails
-        # the topic next to the producers, keeps the default: in the hour replay 10 ms made it
-        # poll so eagerly that the replay took 695 s instead of 532 s (one session), and 100 ms gained
-        # nothing there (715 s against 702 s with 1 s, same evening).
-        **({} if follow else {"fetch.queue.backoff.ms": 100}),
-        **settings.kafka_extra,
-    }
-
-
-_DEAD_SYNC_SECONDS = 30.0
-_RAW_SORT = [("session_id", "ascending"), ("seq", "ascending")]
-
-
-def _per_row(by_partition: dict[int, int], partitions: np.ndarray) -> np.ndarray:
-    """``by_partition[p]`` (0 when absent) for the partition of every row."""
-    if not len(partitions):
-        return np.zeros(0, dtype=np.int64)
-    lookup = np.zeros(max(int(partitions.max()), *by_partition, 0) + 1, dtype=np.int64)
-    for partition, value in by_partition.items():
-        lookup[partition] = value
-    return lookup[partitions]
-
-
-@dataclass
-class _Written:
-    """Raw events the decoder process already wrote as data files, not yet committed."""
-
-    files: list[DataFile]
-    keys: pa.Table  # KEY_COLUMNS of every row in the files
-
-
-def _writer_metadata(metadata: TableMetadata) -> TableMetadata:
-    """``metadata`` without its history: what writing data files needs, cheap to send to the decoder."""
-    return metadata.model_copy(update={"snapshots": [], "snapshot_log": [], "metadata_log": [], "refs": {},
-                                       "current_snapshot_id": None})  # fmt: skip
-
-
-def _coordinates(rows: pa.Table) -> pa.Array:
-    """One int64 per row identifying its Kafka record within a batch: partition and offset."""
-    partitions = rows.column("kafka_partition").to_numpy().astype(np.int64)
-    return pa.array((partitions << 48) | rows.column("kafka_offset").to_numpy())
-
-
-def _delete_files(table: Table, files: Sequence[DataFile]) -> None:
-    for data_file in files:
-        try:
-            table.io.delete(data_file.file_path)
-        except OSError as exc:  # an orphan at worst: maintenance removes it
-            log.warning("could not delete unused data file %s: %s", data_file.file_path, exc)
 
 
 class IngestWorker:
@@ -483,7 +96,7 @@ class IngestWorker:
         self.stats = IngestStats()
         self.assigned: set[int] = set()
         self.positions: dict[int, int] = {}  # next offset to read, per assigned partition
-        self._batch = _Batch()
+        self._batch = Batch()
         self._stop = False
         self._closing = False
         self.recent_ids = RecentIds(settings.ingest_dedupe_window)
@@ -515,9 +128,7 @@ class IngestWorker:
         return recorded_offsets(table, self.topic)
 
     def _start_offsets(self) -> dict[int, int]:
-        raw = self._current_offsets(self.raw_table)
-        dead = self._current_offsets(self.dead_table)
-        return {p: min(raw.get(p, 0), dead.get(p, 0)) for p in set(raw) | set(dead)}
+        return start_offsets(self._current_offsets(self.raw_table), self._current_offsets(self.dead_table))
 
     def _check_gaps(self, consumer: Consumer, start: dict[int, int], partitions: list[TopicPartition]) -> None:
         """Report recorded offsets outside the partition's log: below the low watermark (records lost
@@ -578,7 +189,7 @@ class IngestWorker:
         batch = self._batch
         return bool(batch.ends) and (
             len(batch.ends) >= self.settings.ingest_max_rows
-            or batch.bytes >= self.settings.ingest_max_bytes
+            or batch.n_bytes >= self.settings.ingest_max_bytes
             or time.monotonic() - batch.started >= self.settings.ingest_max_seconds
         )
 
@@ -587,43 +198,21 @@ class IngestWorker:
 
     def _add_many(self, messages: list[Message]) -> None:
         """Add the records among ``messages`` to the batch (errors are logged, partition EOFs ignored)."""
-        batch = self._batch
-        if not batch.ends:
-            batch.started = time.monotonic()
-        positions, data = self.positions, batch.data
-        ends, partitions, offsets, timestamps, keys = (
-            batch.ends, batch.partitions, batch.offsets, batch.timestamps, batch.keys
-        )  # fmt: skip
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    log.warning("consumer error: %s", error)
-                continue
-            value = message.value()
-            if value:
-                data += value
-            ends.append(len(data))
-            partition, offset = message.partition(), message.offset()
-            partitions.append(partition)
-            offsets.append(offset)
-            timestamps.append(message.timestamp()[1])
-            keys.append(message.key())
-            positions[partition] = offset + 1
-        batch.bytes = len(data)
+        if self._batch.add(messages, self.positions) and self.stats.timings.first_record_at is None:
+            self.stats.timings.first_record_at = time.perf_counter()
 
     def _refresh_tables(self) -> None:
         self.raw_table = self.raw_table.refresh()
         self.dead_table = self.dead_table.refresh()
 
-    def decode_batch(self, batch: _Batch, write: bool = False) -> tuple[pa.Table | _Written, pa.Table]:
+    def decode_batch(self, batch: Batch, write: bool = False) -> tuple[pa.Table | Written, pa.Table]:
         """Decode a batch into raw-events rows and dead-letter rows (Arrow, table-shaped).
 
         Decodes the whole batch at once (pipelines.decode), events sorted by (session, seq);
         both tables carry the Kafka coordinates of every row in ``kafka_partition`` /
         ``kafka_offset``. With ``write``, the decoder process writes the events as
         ``raw_events`` data files, and only the files and the rows' keys come back
-        (``_Written``), unless the batch had to be decoded here.
+        (``Written``), unless the batch had to be decoded here.
         """
         now = datetime.now(UTC)
         partitions = np.frombuffer(batch.partitions, dtype=np.int32)
@@ -631,193 +220,60 @@ class IngestWorker:
         target = None
         if write:
             table = self.raw_table
-            target = FileTarget(_writer_metadata(table.metadata), dict(table.io.properties), self.topic,
+            target = FileTarget(writer_metadata(table.metadata), dict(table.io.properties), self.topic,
                                 partitions, offsets, now)  # fmt: skip
         decoded = self.decoder.decode_array(batch.values(), sort_by=_RAW_SORT, write=target)
         if decoded.files is not None:
-            events: pa.Table | _Written = _Written(decoded.files, decoded.events)
+            events: pa.Table | Written = Written(decoded.files, decoded.events)
         else:
             events = with_coordinates(
                 decoded.events, self.raw_schema, self.topic, pa.array(partitions), pa.array(offsets), now
             )
-        dead_rows = [self._dead_row(batch, index, exc.reason, str(exc), now) for index, exc in decoded.dead]
+        dead_rows = [
+            dead_letter_row(batch, index, self.topic, exc.reason, str(exc), now) for index, exc in decoded.dead
+        ]
         return events, pa.Table.from_pylist(dead_rows, schema=self.dead_schema)
-
-    def _dead_row(self, batch: _Batch, index: int, reason: str, error: str, now: datetime) -> dict:
-        ts_ms = batch.timestamps[index]
-        value = batch.value(index)
-        return {
-            "kafka_topic": self.topic,
-            "kafka_partition": batch.partitions[index],
-            "kafka_offset": batch.offsets[index],
-            "kafka_timestamp": datetime.fromtimestamp(ts_ms / 1000, UTC) if ts_ms and ts_ms > 0 else None,
-            "raw_key": batch.keys[index],
-            "raw_value": value,
-            "value_bytes": len(value),
-            "reason": reason,
-            "error": error[:2000],
-            "schema_fingerprint": value[2:HEADER_LEN].hex() if value[:2] == b"\xc3\x01" else None,
-            "ingested_at": now,
-        }
 
     # -- committing ----------------------------------------------------------------
 
     def _commit_table(
         self,
         load: Callable[[], Table],
-        rows: pa.Table | _Written,
+        rows: pa.Table | Written,
         next_offsets: dict[int, int],
         sort_keys: list[tuple[str, str]],
         recent: RecentIds | None = None,
     ) -> tuple[Table, int, int]:
-        """Append the rows not yet recorded, with offsets, retrying commit conflicts.
+        """Append the rows not yet recorded, with offsets (:func:`~pipelines.ingest.commit.commit_rows`).
 
-        ``rows`` is shaped like the table and carries ``kafka_partition`` and
-        ``kafka_offset``, or is already written as data files (``_Written``: the files
-        and the key columns of their rows). Everything that decides what is new (offsets,
-        incarnation, reset window) is re-read from the table inside the retry loop, so a
-        peer's commit that wins the race is honoured. Written files are committed as they
-        are when every row is new (the usual case); otherwise the new rows are read back
-        and written again, and the files are deleted once that commit holds. Returns the
-        table after the commit, rows written and rows dropped (already recorded or re-sent).
+        Returns the table after the commit, rows written and rows dropped (already recorded or re-sent).
         """
-        delay = 0.05
-        key, inc_key = offsets_key(self.topic), incarnation_key(self.topic)
-        if isinstance(rows, pa.Table) and sort_keys and rows.num_rows:
-            rows = rows.sort_by(sort_keys)  # once: filtering below keeps the order
-        keys = rows.keys if isinstance(rows, _Written) else rows
-        partitions = keys.column("kafka_partition").to_numpy()
-        offsets = keys.column("kafka_offset").to_numpy()
-        for attempt in range(12):
-            table = load()
-            incarnation = recorded_incarnation(table, self.topic)
-            reset: dict[str, Any] | None = None
-            if self.topic_id and incarnation.topic_id and incarnation.topic_id != self.topic_id:
-                # The table's offsets belong to another life of the topic: they mean nothing here.
-                reset = {
-                    "kind": "reset",
-                    "table": ".".join(table.name()),
-                    "topic": self.topic,
-                    "epoch": incarnation.epoch + 1,
-                    "previous_topic_id": incarnation.topic_id,
-                    "topic_id": self.topic_id,
-                    "previous_offsets": {str(p): o for p, o in sorted(recorded_offsets(table, self.topic).items())},
-                    "detected_at": datetime.now(UTC).isoformat(),
-                }
-                recorded: dict[int, int] = {}
-                incarnation = Incarnation(reset["epoch"], self.topic_id)
-                window = reset
-            else:
-                recorded = recorded_offsets(table, self.topic)
-                incarnation = Incarnation(incarnation.epoch, self.topic_id or incarnation.topic_id)
-                window = recorded_reset(table, self.topic)
-                if window is not None and window.get("epoch") != incarnation.epoch:
-                    window = None
-            advanced = {p: o for p, o in next_offsets.items() if o > recorded.get(p, 0)}
-            if not advanced:  # everything here was committed already (by us before a crash, or a peer)
-                if isinstance(rows, _Written):
-                    _delete_files(table, rows.files)
-                return table, 0, keys.num_rows
-            keep = offsets >= _per_row(recorded, partitions)
-            n_fresh = int(keep.sum())
-            if window and n_fresh:
-                keep[np.flatnonzero(keep)] &= ~self._resent_before_reset(table, keys.filter(pa.array(keep)), window)
-            resent = 0
-            kept_ids: list[str] = []
-            if recent is not None and keep.any():
-                kept_ids = keys.filter(pa.array(keep)).column("event_id").to_pylist()
-                unseen = recent.unseen(kept_ids)
-                resent = unseen.count(False)
-                if resent:
-                    keep[np.flatnonzero(keep)] &= np.array(unseen, dtype=bool)
-                    kept_ids = list(itertools.compress(kept_ids, unseen))
-            n_kept = int(keep.sum())
-            merged = {**recorded, **advanced}
-            properties = {
-                key: json.dumps({str(p): o for p, o in sorted(merged.items())}),
-                inc_key: incarnation.dumps(),
-            }
-            if reset is not None:
-                properties[reset_key(self.topic)] = json.dumps(reset)
-            try:
-                with transaction(table) as tx:
-                    if isinstance(rows, _Written) and n_kept == keys.num_rows:
-                        tx.append_files(rows.files, snapshot_properties=properties)
-                    else:
-                        tx.append(self._kept_rows(table, rows, keep), snapshot_properties=properties)
-                    tx.set_properties(properties)
-            except CommitFailedException as exc:
-                self.stats.commit_retries += 1
-                log.info("commit conflict on %s (attempt %d): %s", table.name(), attempt + 1, exc)
-                time.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, 2.0)
-                continue
-            if isinstance(rows, _Written) and n_kept < keys.num_rows:
-                _delete_files(table, rows.files)  # their new rows were written again and committed
-            if reset is not None:
-                self.stats.resets += 1
-                self.stats.reset_details.append(reset)
-                log.warning("%s", IngestStats(reset_details=[reset]).describe_resets()[0])
-            if recent is not None:
-                recent.remember(kept_ids)
-            self.stats.resent_duplicates += resent
-            self.stats.reset_duplicates += n_fresh - n_kept - resent
-            return table, n_kept, keys.num_rows - n_kept
-        raise CommitConflict(f"could not commit to {table.name()} after 12 attempts")
+        started = time.perf_counter()
+        try:
+            return commit_rows(
+                load, rows, next_offsets, sort_keys, topic=self.topic, topic_id=self.topic_id, stats=self.stats,
+                reset_dedupe_records=self.settings.reset_dedupe_records, recent=recent,
+            )  # fmt: skip
+        finally:
+            self.stats.timings.commit_s += time.perf_counter() - started
 
-    @staticmethod
-    def _kept_rows(table: Table, rows: pa.Table | _Written, keep: np.ndarray) -> pa.Table:
-        """The rows that ``keep`` marks, as an Arrow table (read back from written files if need be)."""
-        if isinstance(rows, pa.Table):
-            return rows if keep.all() else rows.filter(pa.array(keep))
-        if not keep.any() or not rows.files:
-            return RAW_EVENTS.arrow_schema().empty_table()
-        written = pa.concat_tables(pq.read_table(table.io.new_input(f.file_path).open()) for f in rows.files).cast(
-            RAW_EVENTS.arrow_schema()
-        )
-        # Files group rows by partition value, so match rows by their Kafka coordinates.
-        wanted = rows.keys.filter(pa.array(keep))
-        mask = pc.is_in(_coordinates(written), value_set=_coordinates(wanted))
-        return written.filter(mask)
-
-    def _resent_before_reset(self, table: Table, rows: pa.Table, window: dict[str, Any]) -> np.ndarray:
-        """Mask of ``rows`` inside the post-reset window whose event ids ``table`` already holds.
-
-        The window is bounded: only the first records of each partition of the new
-        incarnation (the previous incarnation's offset plus ``reset_dedupe_records``:
-        room for a full re-send of the old history interleaved with new events) are
-        checked, and only against the rows of their own sessions.
-        """
-        duplicate = np.zeros(rows.num_rows, dtype=bool)
-        if "event_id" not in rows.column_names or table.current_snapshot() is None:
-            return duplicate  # dead letters carry no event id
-        previous = {int(p): int(o) + self.settings.reset_dedupe_records
-                    for p, o in window.get("previous_offsets", {}).items()}  # fmt: skip
-        partitions = rows.column("kafka_partition").to_numpy()
-        candidate = rows.column("kafka_offset").to_numpy() < _per_row(previous, partitions)
-        if not candidate.any():
-            return duplicate
-        candidates = rows.filter(pa.array(candidate))
-        sessions = sorted(set(candidates.column("session_id").to_pylist()))
-        present = table.scan(row_filter=In("session_id", sessions), selected_fields=("event_id",)).to_arrow()
-        known = pc.is_in(rows.column("event_id"), value_set=present.column("event_id").combine_chunks())
-        return candidate & known.to_numpy(zero_copy_only=False)
-
-    def _decode(self, batch: _Batch) -> tuple[dict[int, int], pa.Table | _Written, pa.Table]:
+    def _decode(self, batch: Batch) -> tuple[dict[int, int], pa.Table | Written, pa.Table]:
         """Decode one batch: its next offsets, raw-events rows and dead-letter rows.
 
         Runs on the decode thread, which only waits for the decoder process, while the
         commit thread commits the batch before.
         """
+        started = time.perf_counter()
         partitions = np.frombuffer(batch.partitions, dtype=np.int32)
         offsets = np.frombuffer(batch.offsets, dtype=np.int64)
-        next_offsets = {int(p): int(offsets[partitions == p].max()) + 1 for p in np.unique(partitions)}
+        next_offsets = batch_next_offsets(partitions, offsets)
         good, dead = self.decode_batch(batch, write=self.decoder.isolate)
         batch.data, batch.keys = bytearray(), []  # the batch's bytes go as soon as it is decoded
+        self.stats.timings.decode_s += time.perf_counter() - started
         return next_offsets, good, dead
 
     def _process(
-        self, batch: _Batch, decoding: Future[tuple[dict[int, int], pa.Table | _Written, pa.Table]]
+        self, batch: Batch, decoding: Future[tuple[dict[int, int], pa.Table | Written, pa.Table]]
     ) -> dict[int, int]:
         """Commit one decoded batch to dead_letters and raw_events; returns its next offsets.
 
@@ -830,8 +286,7 @@ class IngestWorker:
         """
         next_offsets, good, dead = decoding.result()
         _fault("before_commit")
-        for partition, offset in next_offsets.items():
-            self._dead_pending[partition] = max(self._dead_pending.get(partition, 0), offset)
+        self._dead_pending.update(merge_offsets(self._dead_pending, next_offsets))
         if dead.num_rows or time.monotonic() - self._dead_synced >= _DEAD_SYNC_SECONDS:
             # Dead letters first: if we die between the two commits, raw events' lower offsets
             # make the replay start early, and the dead-letter offsets drop the repeats.
@@ -844,12 +299,13 @@ class IngestWorker:
         self.stats.events += n_good
         self.stats.skipped += skipped
         self.stats.batches += 1
-        self.stats.bytes += batch.bytes
+        self.stats.bytes += batch.n_bytes
         for reason in dead.column("reason").to_pylist():
             self.stats.reasons[reason] = self.stats.reasons.get(reason, 0) + 1
         log.info("batch %d: %d events, %d dead letters, %d skipped", self.stats.batches, n_good, dead.num_rows, skipped)
         del good, dead
         release_free_memory()
+        self.stats.timings.last_commit_at = time.perf_counter()
         return next_offsets
 
     def _commit_dead(self, dead: pa.Table) -> None:
@@ -872,7 +328,7 @@ class IngestWorker:
         """
         batch = self._batch
         if batch.ends:
-            self._batch = _Batch()
+            self._batch = Batch()
             decoding = self._decoding.submit(self._decode, batch)
             self._wait_inflight()
             self._inflight = self._committer.submit(self._process, batch, decoding)
@@ -919,8 +375,10 @@ class IngestWorker:
         last_message = time.monotonic()
         try:
             while not self._stop:
+                polled = time.perf_counter()
                 messages = self.consumer.consume(num_messages=10_000, timeout=0.2)
                 self._add_many(messages)
+                self.stats.timings.consume_s += time.perf_counter() - polled
                 if messages:
                     last_message = time.monotonic()
                 if self._batch_full() or (not messages and self._batch.ends):

@@ -116,7 +116,7 @@ def test_decoder_written_files_hold_the_decoded_rows_and_a_partial_commit_rewrit
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipelines.ingest import _Written
+    from pipelines.ingest import Written
     from tests.helpers import hold_everything
 
     events = sample_events(6, seed=21)
@@ -129,7 +129,8 @@ def test_decoder_written_files_hold_the_decoded_rows_and_a_partial_commit_rewrit
         whole, _ = worker.decode_batch(batch, write=False)
     finally:
         worker.consumer.close()
-    assert isinstance(written, _Written) and written.files
+    assert isinstance(written, Written) and written.files
+    assert isinstance(whole, pa.Table)  # decoded here: the whole rows come back
     paths = [f.file_path.removeprefix("file://") for f in written.files]
     from_files = pa.concat_tables(pq.read_table(path) for path in paths).cast(worker.raw_schema)
     key = [("event_id", "ascending")]
@@ -156,7 +157,7 @@ def test_a_batch_of_new_rows_commits_the_decoders_files_and_a_replay_deletes_its
 ) -> None:
     import numpy as np
 
-    from pipelines.ingest import _Written
+    from pipelines.ingest import Written
     from tests.helpers import hold_everything
 
     events = sample_events(4, seed=22)
@@ -168,7 +169,7 @@ def test_a_batch_of_new_rows_commits_the_decoders_files_and_a_replay_deletes_its
         replay, _ = worker.decode_batch(worker._batch, write=True)
     finally:
         worker.consumer.close()
-    assert isinstance(written, _Written) and isinstance(replay, _Written)
+    assert isinstance(written, Written) and isinstance(replay, Written)
     partitions = written.keys.column("kafka_partition").to_numpy()
     offsets = written.keys.column("kafka_offset").to_numpy()
     ends = {int(p): int(offsets[partitions == p].max()) + 1 for p in np.unique(partitions)}

@@ -1,0 +1,51 @@
+"""The rows ingest writes: raw events from decoded events, dead letters from undecodable records."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from pipelines.ingest.batch import Batch
+from schemas.registry import HEADER_LEN
+
+ENVELOPE = (
+    "event_id", "session_id", "seq", "ts", "event_type", "source", "sandbox_id", "task_id", "task_type",
+    "host_id", "image_name", "image_version", "agent_name", "agent_version", "agent_model", "policy_version",
+    "agent_message_id", "parent_event_id", "extra", "schema_version",
+)  # fmt: skip
+
+
+def event_row(event: dict[str, Any], topic: str, partition: int, offset: int, ingested_at: datetime) -> dict[str, Any]:
+    """The raw-events row of a decoded event: envelope, its payload struct, Kafka coordinates."""
+    row = {name: event[name] for name in ENVELOPE}
+    row[event["event_type"]] = event["payload"]
+    row.update(kafka_topic=topic, kafka_partition=partition, kafka_offset=offset, ingested_at=ingested_at)
+    return row
+
+
+def dead_letter_row(batch: Batch, index: int, topic: str, reason: str, error: str, now: datetime) -> dict[str, Any]:
+    """The dead-letters row of the ``index``-th record of ``batch``: its raw bytes, coordinates and why.
+
+    Args:
+        batch: the batch holding the record.
+        index: the record's position in the batch.
+        topic: Kafka topic of the batch.
+        reason: the dead-letter reason (``DecodeError.reason``).
+        error: the error text (cut to 2,000 characters).
+        now: ingest time stamped on the row.
+    """
+    ts_ms = batch.timestamps[index]
+    value = batch.value(index)
+    return {
+        "kafka_topic": topic,
+        "kafka_partition": batch.partitions[index],
+        "kafka_offset": batch.offsets[index],
+        "kafka_timestamp": datetime.fromtimestamp(ts_ms / 1000, UTC) if ts_ms and ts_ms > 0 else None,
+        "raw_key": batch.keys[index],
+        "raw_value": value,
+        "value_bytes": len(value),
+        "reason": reason,
+        "error": error[:2000],
+        "schema_fingerprint": value[2:HEADER_LEN].hex() if value[:2] == b"\xc3\x01" else None,
+        "ingested_at": now,
+    }
