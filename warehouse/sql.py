@@ -35,6 +35,10 @@ from warehouse.tables import TABLES, TableSpec, ensure_table
 #: Keywords that make an ``EXPLAIN`` run its statement.
 _ANALYZE = {"ANALYZE", "ANALYSE"}
 
+#: Query nodes a read-only query may contain. DuckDB also parses ``COPY … TO``, ``INSERT``,
+#: ``UPDATE`` and ``DELETE`` as the body of a CTE inside a statement typed SELECT.
+_READ_NODES = {"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"}
+
 
 def connect(threads: int | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with UTC session time."""
@@ -243,6 +247,8 @@ def check_read_only(query: str) -> duckdb.Statement:
             _check_explain(parser, statement.query)
         elif statement.type != duckdb.StatementType.SELECT:
             raise QueryError(f"only read-only queries are allowed, got a {statement.type.name} statement")
+        else:
+            _check_nodes(parser, statement.query)
         return statement
     finally:
         parser.close()
@@ -267,6 +273,26 @@ def _check_explain(parser: duckdb.DuckDBPyConnection, text: str) -> None:
         raise QueryError(f"only EXPLAIN of one SELECT is allowed ({str(exc).splitlines()[0]})") from exc
     if len(inner) != 1 or inner[0].type != duckdb.StatementType.SELECT:
         raise QueryError("only EXPLAIN of one SELECT is allowed")
+    _check_nodes(parser, inner[0].query)
+
+
+def _check_nodes(parser: duckdb.DuckDBPyConnection, text: str) -> None:
+    """Refuse a SELECT whose syntax tree holds anything but reads (a ``COPY``/``DELETE``/… CTE)."""
+    row = parser.execute("SELECT json_serialize_sql(?)", [text]).fetchone()
+    tree = json.loads(row[0]) if row else {"error": True}
+    if tree.get("error") or len(tree.get("statements", [])) != 1:
+        raise QueryError(f"cannot check the query: {tree.get('error_message', 'not one SELECT')}")
+    stack: list[Any] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            kind = node.get("type")
+            if isinstance(kind, str) and kind.endswith("_NODE") and kind not in _READ_NODES:
+                what = kind.removesuffix("_NODE").removesuffix("_QUERY")
+                raise QueryError(f"only read-only queries are allowed, got a {what} inside")
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 def run_query(settings: Settings, query: str) -> tuple[list[str], list[tuple[Any, ...]]]:
