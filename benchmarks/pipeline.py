@@ -147,23 +147,6 @@ def _ok(message: Any) -> bool:
     return message.error() is None
 
 
-class _TimedWorker(IngestWorker):
-    """IngestWorker that stamps its first received record and its last commit."""
-
-    first: float | None = None
-    last: float = 0.0
-
-    def _add_many(self, messages: list[Any]) -> None:
-        if self.first is None and messages:
-            self.first = time.perf_counter()
-        super()._add_many(messages)
-
-    def _process(self, batch: Any, decoding: Any) -> dict[int, int]:
-        next_offsets = super()._process(batch, decoding)
-        self.last = time.perf_counter()
-        return next_offsets
-
-
 def bench_ingest(events: int = 200_000, home: Path | None = None, naive: bool = True) -> dict[str, Any]:
     """Kafka → Iceberg raw events: ingest vs the consume+decode floor and a naive pyiceberg baseline.
 
@@ -207,11 +190,11 @@ def bench_ingest(events: int = 200_000, home: Path | None = None, naive: bool = 
             naive_seconds, _ = _consume_all(settings, events, naive_batch, f"naive-{uuid.uuid4().hex[:6]}")
             result["naive_events_per_s"] = events / naive_seconds
 
-        worker = _TimedWorker(settings)
-        stats = worker.run(until_idle=2.0)
+        stats = IngestWorker(settings).run(until_idle=2.0)
         if stats.events != events:
             raise RuntimeError(f"ingest landed {stats.events} of {events} events ({stats.as_dict()})")
-        ingest_seconds = worker.last - (worker.first or worker.last)
+        # The worker's own timings: from its first received record to the end of its last batch commit.
+        ingest_seconds = stats.timings.first_record_to_last_commit_s
         rate = events / ingest_seconds
         figures = [
             Figure("ingest vs floor (consume+per-record decode, no sink)", rate, events / floor_seconds, "events/s")
@@ -225,6 +208,9 @@ def bench_ingest(events: int = 200_000, home: Path | None = None, naive: bool = 
             mb_per_s=n_bytes / 1e6 / ingest_seconds,
             floor_events_per_s=events / floor_seconds,
             batches=stats.batches,
+            consume_s=stats.timings.consume_s,
+            decode_s=stats.timings.decode_s,
+            commit_s=stats.timings.commit_s,
             figures=[f.as_dict() for f in figures],
         )
     _print("ingest", figures, result)
