@@ -279,8 +279,8 @@ def _check_explain(parser: duckdb.DuckDBPyConnection, text: str) -> None:
 def _check_nodes(parser: duckdb.DuckDBPyConnection, text: str) -> None:
     """Refuse a SELECT whose syntax tree holds anything but reads (a ``COPY``/``DELETE``/… CTE)."""
     row = parser.execute("SELECT json_serialize_sql(?)", [text]).fetchone()
-    tree = json.loads(row[0]) if row else {"error": True}
-    if tree.get("error") or len(tree.get("statements", [])) != 1:
+    tree: dict[str, Any] = json.loads(row[0]) if row else {"error": True}
+    if tree.get("error") or len(tree.get("statements") or []) != 1:
         raise QueryError(f"cannot check the query: {tree.get('error_message', 'not one SELECT')}")
     stack: list[Any] = [tree]
     while stack:
