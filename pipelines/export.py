@@ -41,7 +41,7 @@ from pyiceberg.catalog import Catalog
 from common.settings import Settings
 from pipelines.errors import ExportError, RecordError
 from pipelines.quarantine import Quarantined, record_quarantine
-from producers.redact import redact_array, redact_text
+from producers.redact import redact_array, redact_record, redact_value
 from quality import SCORER_VERSION
 from warehouse.catalog import open_catalog
 from warehouse.sql import open_views
@@ -142,7 +142,7 @@ def _normalized_arguments(raw: str | None, command: str | None) -> str:
         raise RecordError("too_deep", f"arguments nested deeper than {MAX_NESTING} levels")
     if not isinstance(parsed, dict) or parsed == {"command": "..."}:
         parsed = {"command": command or ""}
-    return redact_text(json.dumps(parsed, sort_keys=True))
+    return json.dumps(redact_value(parsed), sort_keys=True)  # parsed values: the result stays valid JSON
 
 
 def _nesting(value: Any) -> int:
@@ -372,7 +372,8 @@ def _record_line(fmt: str, session: dict[str, Any], steps: list[dict[str, Any]])
         RecordError: the record is too deep, too large or not representable as JSON.
     """
     try:
-        line = json.dumps(to_record(fmt, session, steps), ensure_ascii=False, default=str) + "\n"
+        # every string of the record once more, whatever the producer missed (parsed JSON stays JSON)
+        line = json.dumps(redact_record(to_record(fmt, session, steps)), ensure_ascii=False, default=str) + "\n"
     except RecursionError:
         raise RecordError("too_deep", "record nested deeper than Python can serialize") from None
     except (ValueError, TypeError, OverflowError) as exc:

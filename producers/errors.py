@@ -39,3 +39,7 @@ class ImageConflict(FleetError, TerminalError):
 
 class NonFiniteNumberError(ProducerError, TerminalError):
     """An event carries NaN or ±infinity where a measurement belongs (refused at emit, never sent)."""
+
+
+class RedactionError(ProducerError, TerminalError):
+    """A value cannot be redacted safely (nested deeper than the redactor walks); it is refused, never sent."""

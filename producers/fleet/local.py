@@ -28,6 +28,7 @@ from producers.fleet.evaluator import collect_deliverable, evaluate
 from producers.fleet.perturb import Perturbation
 from producers.fleet.sandbox import ImageStore, Limits, Reaper, Sandbox, SandboxKilled, image_tools
 from producers.fleet.tasks import TaskInstance, task_for
+from producers.redact import forget_secret_values, register_secret_values
 from producers.sdk import SessionEmitter
 
 AGENT_NAME = "scripted-agent"  # the same for every policy: the policy is ground truth, not an event field
@@ -181,6 +182,9 @@ class LocalFleet:
         env = {**task.config, **self.perturb.session_env(rng)}
         files = {**task.files, "run_tests.py": self._runner}
         started = time.monotonic()
+        task_secrets = {"TL_TASK_TOKEN": secrets.token_hex(16)}
+        # the redactor removes what the host injects wherever it shows up in this session's events
+        register_secret_values(task_secrets.values())
         sandbox = Sandbox(
             sandbox_id,
             self.sandbox_root,
@@ -188,7 +192,7 @@ class LocalFleet:
             files,
             limits,
             env=env,
-            secrets={"TL_TASK_TOKEN": secrets.token_hex(16)},
+            secrets=task_secrets,
             allowlist=task.egress_allowlist,
             services=task.services,
         )
@@ -260,6 +264,7 @@ class LocalFleet:
                 "first_command_ms": f"{sandbox.first_command_ms or 0:.3f}",
             },
         )
+        forget_secret_values(task_secrets.values())  # every event of the session has been emitted
         expected = "timeout" if policy == "hang" else (outcome.expected if outcome else "fail")
         labels.write(
             session_id=session_id,

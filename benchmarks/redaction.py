@@ -1,0 +1,304 @@
+"""Benchmark: redaction recall, false positives and cost (``trajlake bench redaction``).
+
+Three redactors on one corpus (``benchmarks.secret_corpus``):
+
+- ``ours``: ``producers.redact`` (injected values, token formats, names that say secret, parsed JSON);
+- ``detect-secrets``: Yelp's detector library through its ad-hoc API (``scan_line`` on every line of
+  every string, JSON strings parsed and re-serialized as for ours), with all its default plugins, and
+  without its two high-entropy plugins (which flag ordinary words in ad-hoc mode);
+- ``both``: ours, then detect-secrets without the entropy plugins.
+
+Recall: per kind and overall, the share of (field, secret) placements whose secret no longer occurs
+anywhere in the session's events. False positives: ``[REDACTED]`` markers a redactor puts into the
+recorded real runs, which hold no secret (each marker is a change to text that was not a secret).
+Cost: µs per event on the real runs' events (typical agent events: commands, code, outputs), against
+the same run's baseline of encoding the event without redaction.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.secret_corpus import (
+    FIELDS,
+    REAL_RUNS_DIR,
+    SecretCase,
+    corpus_sessions,
+    fake_cases,
+    injected_values,
+    leaks,
+    real_run_strings,
+    real_runs,
+    strings_of,
+)
+from producers.redact import REDACTED, forget_secret_values, redact_value, register_secret_values
+from producers.sdk import Event
+from schemas.registry import encode_event
+
+TextRedactor = Callable[[str], str]
+EventRedactor = Callable[[Event], Event]
+
+# The detect-secrets plugins that judge by entropy alone.
+_ENTROPY_PLUGINS = ("Base64HighEntropyString", "HexHighEntropyString")
+
+
+def _detect_secrets_text() -> TextRedactor:
+    """A text redactor replacing what detect-secrets' ``scan_line`` reports, line by line."""
+    from detect_secrets.core.scan import scan_line
+
+    def redact(text: str) -> str:
+        if not text:
+            return text
+        lines = text.split("\n")
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            found = {s.secret_value for s in scan_line(line) if s.secret_value}
+            for secret in sorted(found, key=len, reverse=True):
+                line = line.replace(secret, REDACTED)
+            lines[i] = line
+        return "\n".join(lines)
+
+    return redact
+
+
+def _walk(value: Any, text: TextRedactor) -> Any:
+    """Apply ``text`` to every string leaf; JSON strings are parsed, redacted and re-serialized."""
+    if isinstance(value, str):
+        stripped = value.strip()
+        if stripped[:1] in "{[" and stripped[-1:] in "}]":
+            try:
+                parsed = json.loads(stripped)
+            except ValueError:
+                return text(value)
+            redacted = _walk(parsed, text)
+            return value if redacted == parsed else json.dumps(redacted, ensure_ascii=False)
+        return text(value)
+    if isinstance(value, dict):
+        return {k: _walk(v, text) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_walk(v, text) for v in value)
+    return value
+
+
+@dataclass
+class MethodResult:
+    """One redactor's figures."""
+
+    name: str
+    found: dict[str, int] = field(default_factory=dict)  # kind → (field, secret) placements redacted
+    total: dict[str, int] = field(default_factory=dict)
+    false_positives: int = 0  # [REDACTED] markers put into the real runs' events
+    file_false_positives: int = 0  # ... into every string recorded in their files (histories, responses too)
+    changed_events: int = 0
+    fp_examples: list[str] = field(default_factory=list)
+    us_per_event: float | None = None
+
+    @property
+    def recall(self) -> float:
+        """Share of all placements redacted."""
+        return sum(self.found.values()) / max(1, sum(self.total.values()))
+
+    def kind_recall(self, kind: str) -> float:
+        """Share of one kind's placements redacted."""
+        return self.found.get(kind, 0) / max(1, self.total.get(kind, 0))
+
+
+@dataclass
+class RedactionReport:
+    """What ``trajlake bench redaction`` prints."""
+
+    kinds: list[str]
+    fields: tuple[str, ...]
+    real_events: int
+    real_strings: int
+    methods: list[MethodResult]
+    baseline_us_per_event: float
+    seconds: float
+    skipped: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """A table of recall per kind, then the totals per method."""
+        names = [m.name for m in self.methods]
+        width = max(len(k) for k in self.kinds) + 2
+        lines = [
+            f"redaction corpus: {len(self.kinds)} kinds of fake secrets x {len(self.fields)} fields "
+            f"({', '.join(self.fields)}); must-not-change side: {self.real_events} events of real runs",
+            "recall per kind".ljust(width) + "".join(n.rjust(18) for n in names),
+        ]
+        for kind in self.kinds:
+            lines.append(kind.ljust(width) + "".join(f"{m.kind_recall(kind):18.2f}" for m in self.methods))
+        lines.append("recall overall".ljust(width) + "".join(f"{m.recall:18.4f}" for m in self.methods))
+        lines.append("FP redactions".ljust(width) + "".join(f"{m.false_positives:18d}" for m in self.methods))
+        lines.append("FP in run files".ljust(width) + "".join(f"{m.file_false_positives:18d}" for m in self.methods))
+        lines.append("changed events".ljust(width) + "".join(f"{m.changed_events:18d}" for m in self.methods))
+        costs = "".join(f"{m.us_per_event:18.1f}" if m.us_per_event is not None else " " * 18 for m in self.methods)
+        lines.append("us/event".ljust(width) + costs)
+        ratios = "".join(
+            f"{m.us_per_event / self.baseline_us_per_event:17.2f}x" if m.us_per_event is not None else " " * 18
+            for m in self.methods
+        )
+        lines.append("vs encode".ljust(width) + ratios)
+        lines.append(f"baseline: encoding one real event without redaction {self.baseline_us_per_event:.1f} us")
+        for m in self.methods:
+            for example in m.fp_examples[:3]:
+                lines.append(f"  {m.name} FP: {example}")
+        for reason in self.skipped:
+            lines.append(f"  note: {reason[:160]}")
+        lines.append(f"({self.seconds:.1f} s)")
+        return "\n".join(lines)
+
+
+def _markers(events: list[Event]) -> int:
+    return sum(text.count(REDACTED) for text in strings_of(events))
+
+
+def _false_positives(result: MethodResult, redactor: EventRedactor, runs: list[list[Event]]) -> None:
+    for events in runs:
+        for event in events:
+            redacted = redactor(event)
+            if redacted == event:
+                continue
+            result.changed_events += 1
+            added = _markers([redacted]) - _markers([event])
+            result.false_positives += added
+            if len(result.fp_examples) < 5:
+                for text in strings_of(redacted):
+                    at = text.find(REDACTED)
+                    if at >= 0:
+                        result.fp_examples.append(repr(text[max(0, at - 60) : at + 30]))
+                        break
+
+
+def _recall(result: MethodResult, redactor: EventRedactor, cases: list[SecretCase]) -> None:
+    for case, _field, events in corpus_sessions(cases):
+        left = leaks(case, [redactor(e) for e in events])
+        result.total[case.kind] = result.total.get(case.kind, 0) + len(case.secrets)
+        result.found[case.kind] = result.found.get(case.kind, 0) + len(case.secrets) - len(left)
+
+
+def _per_event_us(redactor: EventRedactor, events: list[Event], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for event in events:
+            redactor(event)
+        best = min(best, time.perf_counter() - started)
+    return best / max(1, len(events)) * 1e6
+
+
+def _measure(
+    name: str,
+    redactor: EventRedactor,
+    cases: list[SecretCase],
+    runs: list[list[Event]],
+    timed: list[Event],
+    repeats: int,
+    file_strings: list[str],
+) -> MethodResult:
+    result = MethodResult(name)
+    _recall(result, redactor, cases)
+    _false_positives(result, redactor, runs)
+    # each recorded string on its own, as an event field would carry it
+    result.file_false_positives = sum(_markers([redactor({"s": s})]) - s.count(REDACTED) for s in file_strings)
+    if timed:
+        result.us_per_event = _per_event_us(redactor, timed, repeats)
+    return result
+
+
+def _measure_both(
+    cached: TextRedactor,
+    text: TextRedactor,
+    cases: list[SecretCase],
+    runs: list[list[Event]],
+    sample: list[Event],
+    repeats: int,
+    file_strings: list[str],
+) -> MethodResult:
+    """Ours, then detect-secrets (its current settings) on what ours left."""
+    both = _measure("ours+ds", lambda e: _walk(redact_value(e), cached), cases, runs, [], repeats, file_strings)
+    both.us_per_event = _per_event_us(lambda e: _walk(redact_value(e), text), sample, 1)
+    return both
+
+
+def run_redaction_benchmark(
+    seed: int = 0,
+    real_root: Path = REAL_RUNS_DIR,
+    detect_secrets: bool = True,
+    timing_events: int = 300,
+    repeats: int = 3,
+) -> RedactionReport:
+    """Measure recall, false positives and cost of each redactor.
+
+    Args:
+        seed: seed of the fake secrets.
+        real_root: the recorded real runs (the must-not-change side).
+        detect_secrets: also measure the detect-secrets library (slow: it scans line by line).
+        timing_events: real events timed for detect-secrets (ours is timed on all of them).
+        repeats: timing repetitions (the best is kept).
+    """
+    started = time.monotonic()
+    cases = fake_cases(seed)
+    runs, skipped = real_runs(real_root)
+    real_events = [e for events in runs for e in events]
+    values = injected_values(cases)
+    register_secret_values(values)  # as the fleet does for what it injects into a sandbox
+    file_strings = real_run_strings(real_root)
+    try:
+        results, notes = _run_methods(cases, runs, real_events, file_strings, detect_secrets, timing_events, repeats)
+    finally:
+        forget_secret_values(values)
+    baseline = _per_event_us(encode_event, real_events, repeats)
+    strings = sum(1 for _ in strings_of(real_events))
+    return RedactionReport(
+        kinds=[c.kind for c in cases],
+        fields=FIELDS,
+        real_events=len(real_events),
+        real_strings=strings,
+        skipped=skipped + notes,
+        methods=results,
+        baseline_us_per_event=baseline,
+        seconds=time.monotonic() - started,
+    )
+
+
+def _run_methods(
+    cases: list[SecretCase],
+    runs: list[list[Event]],
+    real_events: list[Event],
+    file_strings: list[str],
+    detect_secrets: bool,
+    timing_events: int,
+    repeats: int,
+) -> tuple[list[MethodResult], list[str]]:
+    """Each redactor's figures, and notes on what could not be measured."""
+    results = [_measure("ours", redact_value, cases, runs, real_events, repeats, file_strings)]
+    notes: list[str] = []
+    if detect_secrets:
+        try:
+            from detect_secrets.settings import default_settings, transient_settings
+        except ImportError:
+            notes.append("detect-secrets is not installed (pip install detect-secrets): not compared")
+            detect_secrets = False
+    if detect_secrets:
+        with default_settings() as settings:
+            plugins = [{"name": name} for name in settings.plugins]
+        precise = [p for p in plugins if p["name"] not in _ENTROPY_PLUGINS]
+        sample = real_events[:: max(1, len(real_events) // timing_events)]
+        for name, used in (("detect-secrets", plugins), ("ds-no-entropy", precise)):
+            with transient_settings({"plugins_used": used}):
+                text = _detect_secrets_text()
+                # corpus sessions and real runs repeat their ordinary strings: scan each once
+                cached = functools.lru_cache(maxsize=1 << 16)(text)
+                walk = functools.partial(_walk, text=cached)
+                results.append(_measure(name, walk, cases, runs, [], repeats, file_strings))
+                results[-1].us_per_event = _per_event_us(functools.partial(_walk, text=text), sample, 1)
+                if used is precise:
+                    results.append(_measure_both(cached, text, cases, runs, sample, repeats, file_strings))
+    return results, notes
