@@ -111,6 +111,12 @@ def assemble(
         f"assembled {stats.sessions} sessions ({stats.steps_written} steps) from {stats.new_files} new files "
         f"in {stats.seconds:.1f} s"
     )
+    if stats.nulled_sessions or stats.skipped_sessions:
+        out.print(
+            f"  quarantined: {stats.nulled_sessions} sessions with out-of-range values NULLed, "
+            f"{stats.skipped_sessions} left out (see the quarantine view)",
+            markup=False,
+        )
 
 
 @app.command()

@@ -155,3 +155,47 @@ def test_tiering_and_views_on_postgres(pg_settings: Settings) -> None:
     assert tier_split(pg_settings)["cold_trajectories"] == 4  # days 0 and 1 of 0..2
     catalog = open_catalog(pg_settings)
     assert (f"{pg_settings.namespace}_cold",) in catalog.list_namespaces()
+
+
+def test_two_machines_assembling_at_once_on_postgres_write_each_session_once(
+    pg_settings: Settings, tmp_path: Path
+) -> None:
+    """Two `trajlake assemble` with separate TRAJLAKE_HOMEs (no shared local lock) on one PostgreSQL catalog."""
+    import time
+
+    from tests.helpers import write_raw
+    from warehouse.locks import job_lock
+
+    write_raw(pg_settings, day_events(2, 6), batch_size=100)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
+    base.update(PYTHONPATH=str(ROOT), TRAJLAKE_CATALOG_URI=pg_settings.catalog_uri or "",
+                TRAJLAKE_NAMESPACE=pg_settings.namespace)  # fmt: skip
+    homes = [pg_settings.home, tmp_path / "machine-b"]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "trajlake.cli", "assemble"],
+            env={**base, "TRAJLAKE_HOME": str(home)},
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for home in homes
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+    con_rows = lake_state(pg_settings)["trajectories"]
+    assert len(con_rows) == len({row[0] for row in con_rows}) == 12
+    # a lease held by a holder on another machine blocks until it expires, then is taken over
+    catalog = open_catalog(pg_settings)
+    with job_lock(pg_settings, catalog, "score", lease_s=1.0):
+        pass
+    from sqlalchemy import text
+
+    with catalog.engine.begin() as con:  # type: ignore[attr-defined]
+        con.execute(text("INSERT INTO trajlake_locks VALUES (:n, 'other', 'machine-b', 1, :t)"),
+                    {"n": f"{pg_settings.namespace}:score", "t": time.time() + 2})  # fmt: skip
+    started = time.monotonic()
+    with job_lock(pg_settings, catalog, "score", wait_s=30):
+        assert 1.5 < time.monotonic() - started < 30
