@@ -457,7 +457,8 @@ def _assemble(settings: Settings, catalog: Catalog, as_of: datetime | None, full
             {"cutoff": as_of.timestamp() - settings.session_idle_timeout_s},
         )
     con.execute("CREATE OR REPLACE TEMP TABLE affected AS SELECT DISTINCT session_id FROM affected")
-    stats.sessions = con.execute("SELECT count(*) FROM affected").fetchone()[0]  # type: ignore[index]
+    affected = con.execute("SELECT count(*) FROM affected").fetchone()
+    stats.sessions = affected[0] if affected else 0
     properties = {ASSEMBLED_SNAPSHOT: str(all_raw.snapshot_id)}
     if stats.sessions == 0:
         if last != str(all_raw.snapshot_id):
@@ -469,8 +470,9 @@ def _assemble(settings: Settings, catalog: Catalog, as_of: datetime | None, full
     # so memory is bounded by a chunk, not by the backlog. The watermark moves with the last
     # chunk: after a crash the next run recomputes (and replaces) every affected session.
     source = parquet_source(all_raw.paths, row_ids=True)
-    events = con.execute(f"SELECT count(*) FROM {source} WHERE session_id IN (SELECT session_id FROM affected)")
-    chunks = max(1, math.ceil(events.fetchone()[0] / settings.assemble_chunk_events))  # type: ignore[index]
+    counted = con.execute(f"SELECT count(*) FROM {source} WHERE session_id IN (SELECT session_id FROM affected)")
+    events = counted.fetchone()
+    chunks = max(1, math.ceil((events[0] if events else 0) / settings.assemble_chunk_events))
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE affected AS SELECT session_id, ntile({chunks}) OVER "
         "(ORDER BY session_id) - 1 AS chunk FROM affected"

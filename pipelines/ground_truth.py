@@ -62,16 +62,16 @@ def evaluate_quality(settings: Settings, labels_path: Path, inject: int = 500, s
     labels = read_labels(Path(labels_path))
     con = open_views(settings)
     try:
-        flags = pl.from_arrow(con.sql("SELECT session_id, flag, flag_class FROM flags").to_arrow_table())
-        scored = pl.from_arrow(con.sql("SELECT session_id FROM scores").to_arrow_table())
+        flags = pl.DataFrame(con.sql("SELECT session_id, flag, flag_class FROM flags").to_arrow_table())
+        scored = pl.DataFrame(con.sql("SELECT session_id FROM scores").to_arrow_table())
     finally:
         con.close()
-    matched = labels.join(scored, on="session_id", how="semi")  # type: ignore[arg-type]
+    matched = labels.join(scored, on="session_id", how="semi")
     if matched.is_empty():
         raise LabelsError(
             f"none of the {labels.height} labelled sessions in {labels_path} is scored; run ingest, assemble, score"
         )
-    metrics = evaluate_cheats(flags, matched)  # type: ignore[arg-type]
+    metrics = evaluate_cheats(flags, matched)
     if inject > 0:
         inputs = load_inputs(settings)
         metrics.append(evaluate_dedup(inputs["trajectories"], inputs["steps"], inject, seed, quality_config(settings)))

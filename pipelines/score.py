@@ -166,7 +166,7 @@ def load_inputs(settings: Settings, catalog: Catalog | None = None) -> dict[str,
     con = open_views(settings, catalog)
     try:
         return {
-            name: pl.from_arrow(con.sql(query).to_arrow_table())  # type: ignore[misc]
+            name: pl.DataFrame(con.sql(query).to_arrow_table())
             for name, query in (
                 ("trajectories", TRAJECTORY_QUERY),
                 ("steps", STEP_QUERY),
@@ -307,4 +307,5 @@ def summarize(result: QualityResult, stats: ScoreStats) -> None:
     stats.duplicate_sessions = dups.filter(~pl.col("is_representative")).height
     stats.clusters = dups["cluster_id"].n_unique()
     stats.exportable = int(scores["exportable"].sum())
-    stats.mean_quality = round(float(scores["quality"].mean()), 4) if scores.height else None  # type: ignore[arg-type]
+    mean = scores["quality"].mean()
+    stats.mean_quality = round(float(mean), 4) if isinstance(mean, int | float) else None

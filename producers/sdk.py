@@ -190,8 +190,8 @@ class EventProducer:
     # -- outage spool --------------------------------------------------------------
 
     def _on_error(self, err: KafkaError) -> None:
-        if err.code() == KafkaError._ALL_BROKERS_DOWN:
-            log.warning("all Kafka brokers down; spooling events to %s", self._spool.directory)  # type: ignore[union-attr]
+        if err.code() == KafkaError._ALL_BROKERS_DOWN and self._spool is not None:  # registered only with a spool
+            log.warning("all Kafka brokers down; spooling events to %s", self._spool.directory)
             self._kafka_down = True
 
     def _enter_outage(self) -> None:

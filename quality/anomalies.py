@@ -144,4 +144,4 @@ def anomaly_flags(scored: pl.DataFrame, threshold: float) -> pl.DataFrame:
         pl.Series("evidence", evidence, dtype=pl.Utf8),
         pl.col("score").round(3),
         pl.lit(False).alias("confirmed"),
-    ).cast(FLAGS_SCHEMA)  # type: ignore[arg-type]
+    ).cast(FLAGS_SCHEMA)

@@ -56,15 +56,17 @@ SESSION_COLUMNS = [
     "instruction",
 ]
 
-FLAGS_SCHEMA = {
-    "session_id": pl.Utf8,
-    "flag": pl.Utf8,
-    "flag_class": pl.Utf8,
-    "severity": pl.Utf8,
-    "evidence": pl.Utf8,
-    "score": pl.Float64,
-    "confirmed": pl.Boolean,
-}
+FLAGS_SCHEMA = pl.Schema(
+    {
+        "session_id": pl.Utf8,
+        "flag": pl.Utf8,
+        "flag_class": pl.Utf8,
+        "severity": pl.Utf8,
+        "evidence": pl.Utf8,
+        "score": pl.Float64,
+        "confirmed": pl.Boolean,
+    }
+)
 
 DEFAULT_WORKSPACE = "/workspace"
 _WRITE_OPS = frozenset({"write", "create", "delete", "rename", "chmod", "modify", "truncate"})

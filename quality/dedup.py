@@ -25,13 +25,15 @@ from datasketch.minhash import _fmix
 
 from quality.config import QualityConfig
 
-DUPLICATES_SCHEMA = {
-    "session_id": pl.Utf8,
-    "cluster_id": pl.Utf8,
-    "is_representative": pl.Boolean,
-    "similarity": pl.Float64,
-    "method": pl.Utf8,
-}
+DUPLICATES_SCHEMA = pl.Schema(
+    {
+        "session_id": pl.Utf8,
+        "cluster_id": pl.Utf8,
+        "is_representative": pl.Boolean,
+        "similarity": pl.Float64,
+        "method": pl.Utf8,
+    }
+)
 _HEX = r"[0-9a-f]{8,}"
 
 

@@ -221,8 +221,8 @@ def score_sessions(
     )
     return QualityResult(
         scores=_decode(scores, keys, ["session_id"]).sort("session_id"),
-        flags=_decode(flags.cast(FLAGS_SCHEMA), keys, ["session_id"]).sort("session_id", "flag"),  # type: ignore[arg-type]
-        duplicates=_decode(duplicates.cast(DUPLICATES_SCHEMA), keys, ["session_id", "cluster_id"]).sort(  # type: ignore[arg-type]
+        flags=_decode(flags.cast(FLAGS_SCHEMA), keys, ["session_id"]).sort("session_id", "flag"),
+        duplicates=_decode(duplicates.cast(DUPLICATES_SCHEMA), keys, ["session_id", "cluster_id"]).sort(
             "cluster_id", "session_id"
         ),
         profiles=behaviour_profiles(features, steps, trajectories),

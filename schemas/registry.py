@@ -124,7 +124,7 @@ def encode_event(event: dict[str, Any], version: int | None = None) -> bytes:
     """
     schema = get_version(version) if version is not None else latest()
     kind = event.get("event_type")
-    record_name = schema.payload_kinds.get(kind)  # type: ignore[arg-type]
+    record_name = schema.payload_kinds.get(kind) if isinstance(kind, str) else None
     if record_name is None:
         raise EncodeError(f"event_type {kind!r} is not a payload kind of schema v{schema.version}")
     body = dict(event)

@@ -10,7 +10,7 @@ TAP, JSON) and of line endings. Decisions come from a seeded ``random.Random``: 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 TRANSIENT_EXIT = 75
 TRANSIENT_MESSAGES = (
@@ -53,20 +53,21 @@ class Perturbation:
             return cls()
         if spec.strip() == "default":
             return cls(latency_ms=30.0, jitter_ms=40.0, failure_rate=0.05, format_variation=True)
-        values: dict[str, float | bool] = {}
+        parsed = cls()
         for part in spec.split(","):
             key, _, value = part.strip().partition("=")
             if key in ("latency", "latency_ms"):
-                values["latency_ms"] = float(value)
+                parsed = replace(parsed, latency_ms=float(value))
             elif key in ("jitter", "jitter_ms"):
-                values["jitter_ms"] = float(value)
+                parsed = replace(parsed, jitter_ms=float(value))
             elif key in ("fail", "failure_rate"):
-                values["failure_rate"] = float(value)
+                parsed = replace(parsed, failure_rate=float(value))
             elif key in ("formats", "format_variation"):
-                values["format_variation"] = value.lower() not in ("0", "false", "no") if value else True
+                formats = value.lower() not in ("0", "false", "no") if value else True
+                parsed = replace(parsed, format_variation=formats)
             else:
                 raise ValueError(f"unknown perturbation {key!r} (latency=, jitter=, fail=, formats)")
-        return cls(**values)  # type: ignore[arg-type]
+        return parsed
 
     def delay_s(self, rng: random.Random) -> float:
         """Delay to inject before answering one command."""

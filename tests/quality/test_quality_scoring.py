@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -86,10 +87,10 @@ def _frames(sessions: list[tuple[dict, list[dict]]]) -> tuple[pl.DataFrame, pl.D
     return traj, steps
 
 
-def _score(sessions: list[tuple[dict, list[dict]]], file_ops=None, context=None, **config: object):
+def _score(sessions: list[tuple[dict, list[dict]]], file_ops=None, context=None, **config: Any):
     traj, steps = _frames(sessions)
     ops = EMPTY_OPS if file_ops is None else pl.DataFrame(file_ops, schema=EMPTY_OPS.schema, orient="row")
-    return score_sessions(traj, steps, ops, EMPTY_NET, QualityConfig(**config), context)  # type: ignore[arg-type]
+    return score_sessions(traj, steps, ops, EMPTY_NET, QualityConfig(**config), context)
 
 
 SOLVE = ["cat a.py", "python3 run_tests.py", "mkdir -p . && cat > a.py", "python3 run_tests.py"]

@@ -41,7 +41,8 @@ def _data_cli(
     solution: str,
     make_data: Callable[[], str],
     reference: Callable[[str], list[str]],
-    **extra: object,
+    egress_allowlist: tuple[str, ...] = (),
+    services: dict[str, dict[str, str]] | None = None,
 ) -> TaskInstance:
     data_name = f"data/{ident(rng)}.csv"
     visible = make_data()
@@ -66,7 +67,8 @@ def _data_cli(
         solution={"tool.py": solution},
         wrong_guess={"tool.py": f"print({wrong_output!r})\n"},  # memorized visible answer
         config={"TL_TASK_FAMILY": name, "TL_DATA_FILE": data_name},
-        **extra,  # type: ignore[arg-type]
+        egress_allowlist=egress_allowlist,
+        services=services or {},
     )
 
 
