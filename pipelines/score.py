@@ -49,12 +49,14 @@ FROM trajectories
 # Outputs only where a detector reads them (a test file's assertions), and only their head.
 STEP_QUERY = """
 SELECT session_id, step_index, action_event_id, tool_name, command, arguments, exit_code, failure_reason,
-       CASE WHEN contains(output, 'assert') AND regexp_matches(coalesce(command, ''), 'test')
+       CASE WHEN (contains(output, 'assert') AND regexp_matches(coalesce(command, ''), 'test'))
+                 OR contains(coalesce(command, ''), 'git')
             THEN left(output, 20000) END AS output
 FROM steps
 """
 FILE_OP_QUERY = """
-SELECT session_id, seq, event_id, file_op.op AS op, file_op.path AS path, file_op.in_workspace AS in_workspace
+SELECT session_id, seq, event_id, file_op.op AS op, file_op.path AS path, file_op.in_workspace AS in_workspace,
+       file_op.sha256 AS sha256
 FROM events WHERE event_type = 'file_op'
 """
 # Per-session context of the detectors: workspace root, egress allowlist and history policy from
@@ -65,7 +67,10 @@ WITH start AS (
     SELECT session_id,
            arg_min(extra['workspace_root'], seq) AS workspace_root,
            arg_min(session_start.egress_allowlist, seq) AS egress_allowlist,
-           arg_min(coalesce(extra['history_forbidden'], extra['repo_history']), seq) AS history_forbidden
+           arg_min(coalesce(extra['history_forbidden'], extra['repo_history']), seq) AS history_forbidden,
+           arg_min(extra['protected_files'], seq) AS protected_files,
+           arg_min(extra['deliverables'], seq) AS deliverables,
+           arg_min(extra['git_history_commit'], seq) AS history_commit
     FROM events WHERE event_type = 'session_start' GROUP BY session_id
 ),
 evaluation AS (
@@ -81,6 +86,7 @@ submitted AS (
     FROM events WHERE event_type = 'session_end' AND extra['submission_event_id'] IS NOT NULL GROUP BY session_id
 )
 SELECT t.session_id, start.workspace_root, start.egress_allowlist, start.history_forbidden,
+       start.protected_files, start.deliverables, start.history_commit,
        st.output AS submission, evaluation.eval_event_id, evaluation.eval_details
 FROM (SELECT session_id FROM trajectories) t
 LEFT JOIN start USING (session_id)

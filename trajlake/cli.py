@@ -478,6 +478,20 @@ def bench_quality_cmd(
     out.print(run_quality_benchmark(sessions).summary(), markup=False)
 
 
+@bench_app.command("judgement")
+def bench_judgement_cmd(
+    per_kind: Annotated[int, typer.Option(help="Local sessions of each cheating policy.")] = 3,
+    honest: Annotated[int, typer.Option(help="Scripted honest sessions (plus one hang).")] = 12,
+    seed: Annotated[int, typer.Option(help="Fleet seed (default: one never used in development).")] = 917_263,
+    real: Annotated[Path | None, typer.Option(help="Directory of real agent runs to import and judge.")] = None,
+) -> None:
+    """Cheat recall per kind at an unseen seed, false positives on honest sessions, flags on real runs."""
+    from benchmarks.judgement import DEFAULT_REAL, run_judgement
+
+    report = run_judgement(per_kind=per_kind, honest=honest, seed=seed, real_dir=real or DEFAULT_REAL)
+    out.print(report.summary(), markup=False)
+
+
 @bench_app.command("redaction")
 def bench_redaction_cmd(
     seed: Annotated[int, typer.Option(help="Seed of the fake secrets.")] = 0,
