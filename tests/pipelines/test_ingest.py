@@ -34,6 +34,9 @@ def test_ingest_lands_every_event_once_and_rerun_adds_nothing(kafka_settings: Se
     stats = IngestWorker(kafka_settings).run(until_idle=2)
     assert stats.events == len(events)
     assert counts(kafka_settings) == (len(events), len(events), 0)
+    timings = stats.timings  # the worker's own phase times (what `trajlake bench ingest` reads)
+    assert 0 < timings.first_record_to_last_commit_s <= stats.seconds
+    assert min(timings.consume_s, timings.decode_s, timings.commit_s) > 0
     again = IngestWorker(kafka_settings).run(until_idle=2)
     assert (again.events, again.dead_letters) == (0, 0)
     assert counts(kafka_settings) == (len(events), len(events), 0)
