@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from common.broker import resolve_bootstrap
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
 from pipelines.export import export_training_set
@@ -229,7 +230,7 @@ def test_poison_through_a_real_broker_leaves_the_others_whole(
     poison = {"cost_usd": math.nan, "model_latency_ms": math.inf, "output_tokens": INT64_MAX,
               "input_tokens": INT64_MAX, "duration_ms": -math.inf, "reward": math.nan, "cpu_seconds": 1e308,
               "ts": YEAR_9999_US, "text": "\x00\x1b", "arguments": DEEP, "seq_max": True}  # fmt: skip
-    producer = EventProducer(settings.kafka_bootstrap, settings.topic, "test-host")
+    producer = EventProducer(resolve_bootstrap(settings), settings.topic, "test-host")
     for event in events + poison_session(events, poison):
         producer.send(event["session_id"], event["event_id"], encode_event(event))  # raw bytes: no SDK check
     producer.flush(60)
