@@ -37,6 +37,10 @@ class ImageConflict(FleetError, TerminalError):
     """An image version already exists with different content (a version's directory is immutable)."""
 
 
+class TaskRepositoryError(FleetError):
+    """The host's git could not make a task workspace a repository (``producers.fleet.tasks.repo``)."""
+
+
 class NonFiniteNumberError(ProducerError, TerminalError):
     """An event carries NaN or ±infinity where a measurement belongs (refused at emit, never sent)."""
 

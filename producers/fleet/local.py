@@ -10,6 +10,7 @@ layer, and write the ground-truth label.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import secrets
@@ -24,10 +25,11 @@ from typing import Any
 
 from producers.fleet import EventSink, FleetReport, LabelWriter, percentiles
 from producers.fleet.agents import MODEL, POLICIES, AgentContext, AgentOutcome, cheat_type, choose_policy
-from producers.fleet.evaluator import collect_deliverable, evaluate
+from producers.fleet.evaluator import collect_deliverable, evaluate, protected_files
 from producers.fleet.perturb import Perturbation
 from producers.fleet.sandbox import ImageStore, Limits, Reaper, Sandbox, SandboxKilled, image_tools
 from producers.fleet.tasks import TaskInstance, task_for
+from producers.fleet.tasks.repo import init_repository
 from producers.redact import forget_secret_values, register_secret_values
 from producers.sdk import SessionEmitter
 
@@ -48,6 +50,11 @@ class SessionRecord:
     ready_ms: float
     first_command_ms: float | None
     runtime_s: float
+
+
+def _digests(files: dict[str, str]) -> dict[str, str]:
+    """sha256 of every pristine workspace file (relative path → digest)."""
+    return {rel: hashlib.sha256(text.encode()).hexdigest() for rel, text in sorted(files.items())}
 
 
 class LocalFleet:
@@ -197,6 +204,12 @@ class LocalFleet:
             services=task.services,
         )
         reaper.watch(sandbox, timeout_s)
+        try:
+            repo = init_repository(sandbox.workspace, task)  # the workspace is a git repository (fix in history)
+        except Exception:
+            sandbox.kill()
+            sandbox.cleanup()
+            raise
         emitter.emit(
             "session_start",
             {
@@ -213,6 +226,14 @@ class LocalFleet:
             extra={
                 "sandbox_ready_ms": f"{sandbox.ready_ms:.3f}",
                 "cgroup": str(sandbox.cgroup.active).lower(),
+                # what the judges compare against: the workspace root and the pristine tests/runner
+                "workspace_root": "/workspace",
+                "protected_files": json.dumps(protected_files(files), sort_keys=True),
+                "pristine_files": json.dumps(_digests(files), sort_keys=True),
+                "deliverables": json.dumps(list(task.deliverables)),
+                "git_head": repo.pristine_commit,
+                "git_history_ref": repo.leak_ref,
+                "git_history_commit": repo.fix_commit,
             },
         )
         ctx = AgentContext(emitter, sandbox, task, random.Random(rng.getrandbits(64)), self.perturb)
@@ -230,7 +251,7 @@ class LocalFleet:
         deliverable, ignored = collect_deliverable(task, sandbox.workspace, {"run_tests.py": self._runner})
         sandbox.cleanup()
         result = evaluate(task, deliverable, image, self.sandbox_root, reaper, ignored_changes=ignored)
-        emitter.evaluation(**result.payload())
+        emitter.emit("evaluation", result.payload(), "evaluator", extra=result.extra())
         if sandbox.reaped:
             status, exit_reason = "timeout", "reaper"
         elif crashed is not None or outcome is None:

@@ -186,7 +186,7 @@ class SyntheticFleet:
         family = self.families[rng.randrange(len(self.families))]
         task_type = family.split(".", 1)[0]
         image_name, image_version = IMAGES[task_type]
-        policy = choose_policy(rng, cheat_rate)
+        policy = choose_policy(rng, cheat_rate, cheaters=[p for p in CHEATERS if p in prof.steps])
         cheat = cheat_type(policy)
         session_id = f"{rng.getrandbits(128):032x}"
         module = f"{rng.choice(_WORDS)}_{rng.choice(_WORDS)}"

@@ -5,10 +5,13 @@ Three task types, each with its own pinned image: ``bugfix`` (fix a bug so the t
 tool). Each family's generator draws names, constants and data from ``random.Random(seed)``, so
 an answer cannot be memorized, and the same seed always gives the same instance.
 
-A ``TaskInstance`` carries the agent's workspace (source, visible tests), the hidden tests
-(only ever mounted in the evaluator's fresh sandbox), the deliverable paths the evaluator takes
-from the agent, a reference solution and a plausible wrong guess (used by the scripted agents),
-and optional egress allowlist with the internal services behind it.
+A ``TaskInstance`` carries the agent's workspace (source, visible tests), the hidden tests as
+structured cases (``HiddenCase``: an input the evaluator hands to the sandbox and an expected
+outcome that never leaves the host, see ``producers.fleet.evaluator``) and, for reading, the same
+cases as a test file; the deliverable paths the evaluator takes from the agent, a reference
+solution and a plausible wrong guess (used by the scripted agents), and optional egress allowlist
+with the internal services behind it. ``producers.fleet.tasks.repo`` turns a workspace into a git
+repository whose history also holds the fix (an honest agent never needs it).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 WORDS = (
     "amber",
@@ -51,10 +55,29 @@ WORDS = (
 #: Pinned image per task type: (image name, version). Bumping a version builds a new read-only
 #: layer beside the old one; a task type only moves when its pin here changes.
 IMAGES: dict[str, tuple[str, str]] = {
-    "bugfix": ("trajlake/py-bugfix", "1.0.0"),
-    "implement": ("trajlake/py-implement", "1.0.0"),
-    "data_cli": ("trajlake/data-cli", "1.0.0"),
-}
+    "bugfix": ("trajlake/py-bugfix", "1.1.0"),
+    "implement": ("trajlake/py-implement", "1.1.0"),
+    "data_cli": ("trajlake/data-cli", "1.1.0"),
+}  # 1.1.0: tl_test.py runs one hidden case per process and reports frames (host-side verdict)
+
+
+@dataclass(frozen=True)
+class HiddenCase:
+    """One hidden test: what the sandbox gets (``inputs``) and what only the host knows (``expected``).
+
+    Attributes:
+        test_id: the test's name (unique within the task).
+        kind: ``call`` (import ``inputs['module']``, call ``inputs['func'](*inputs['args'])``) or
+            ``cli`` (run ``inputs['script']`` on a file holding ``inputs['csv']``; the outcome is
+            its stdout lines).
+        inputs: JSON-serializable input of the case.
+        expected: JSON-serializable expected outcome (compared on the host, after a JSON round trip).
+    """
+
+    test_id: str
+    kind: str
+    inputs: dict[str, Any]
+    expected: Any
 
 
 @dataclass(frozen=True)
@@ -68,7 +91,7 @@ class TaskInstance:
         seed: the instance seed.
         instruction: the task statement given to the agent.
         files: the agent's workspace (relative path → text), visible tests included.
-        hidden_tests: evaluator-only test files (name → text).
+        hidden_tests: the hidden cases as a test file (name → text), for reading and local runs.
         deliverables: the only workspace paths copied to the evaluator.
         solution: a correct version of the deliverables.
         wrong_guess: a plausible but wrong version of the deliverables.
@@ -92,6 +115,7 @@ class TaskInstance:
     services: dict[str, dict[str, str]] = field(default_factory=dict)
     config: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 20.0
+    hidden_cases: tuple[HiddenCase, ...] = ()
 
     @property
     def image(self) -> tuple[str, str]:
@@ -137,6 +161,14 @@ def unit_tests(module: str, func: str, cases: list[tuple[tuple, object]], prefix
     return "\n".join(lines)
 
 
+def call_cases(module: str, func: str, cases: list[tuple[tuple, object]], prefix: str) -> tuple[HiddenCase, ...]:
+    """``unit_tests``' cases as structured hidden cases (same test ids)."""
+    return tuple(
+        HiddenCase(f"test_{prefix}_{i}", "call", {"module": module, "func": func, "args": list(args)}, expected)
+        for i, (args, expected) in enumerate(cases)
+    )
+
+
 def make_task(name: str, seed: int) -> TaskInstance:
     """The instance of family ``name`` for ``seed``.
 
@@ -155,4 +187,4 @@ def task_for(seed: int, index: int) -> TaskInstance:
 # Register the families (the modules import the helpers above, so this comes last).
 from producers.fleet.tasks import bugfix, data_cli, implement  # noqa: E402, F401
 
-__all__ = ["FAMILIES", "IMAGES", "TaskInstance", "make_task", "task_for", "unit_tests"]
+__all__ = ["FAMILIES", "IMAGES", "HiddenCase", "TaskInstance", "call_cases", "make_task", "task_for", "unit_tests"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import statistics
 
-from producers.fleet.tasks import TaskInstance, family, ident, make_id, unit_tests
+from producers.fleet.tasks import TaskInstance, call_cases, family, ident, make_id, unit_tests
 
 INSTRUCTION = (
     "The tests in tests/ fail. Fix the bug in {module}.py so that `python3 run_tests.py` passes. "
@@ -25,6 +25,7 @@ def _bugfix(
         instruction=INSTRUCTION.format(module=module),
         files={path: buggy, "tests/test_visible.py": unit_tests(module, func, visible, "visible")},
         hidden_tests={"test_hidden.py": unit_tests(module, func, hidden + visible, "hidden")},
+        hidden_cases=call_cases(module, func, hidden + visible, "hidden"),
         deliverables=(path,),
         solution={path: fixed},
         wrong_guess={path: wrong},

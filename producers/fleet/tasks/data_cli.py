@@ -13,7 +13,7 @@ import random
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
-from producers.fleet.tasks import WORDS, TaskInstance, family, ident, make_id
+from producers.fleet.tasks import WORDS, HiddenCase, TaskInstance, family, ident, make_id
 
 STUB = 'import sys\n\n\ndef main(argv):\n    """See README.md."""\n    raise SystemExit("not implemented")\n\n\nif __name__ == "__main__":\n    main(sys.argv[1:])\n'
 HARNESS = (
@@ -39,6 +39,7 @@ def _data_cli(
     rng: random.Random,
     readme: str,
     solution: str,
+    wrong: str,
     make_data: Callable[[], str],
     reference: Callable[[str], list[str]],
     egress_allowlist: tuple[str, ...] = (),
@@ -51,7 +52,11 @@ def _data_cli(
         HARNESS + f"\n\ndef test_visible_data():\n    with open({data_name!r}) as handle:\n"
         f"        assert run_tool(handle.read()) == {reference(visible)!r}\n"
     )
-    wrong_output = "\n".join(reference(visible))
+    hidden_sets = hidden + [visible]
+    cases = tuple(
+        HiddenCase(f"test_hidden_{i}", "cli", {"script": "tool.py", "csv": d}, reference(d))
+        for i, d in enumerate(hidden_sets)
+    )
     return TaskInstance(
         task_id=make_id(name, seed),
         task_type="data_cli",
@@ -60,12 +65,11 @@ def _data_cli(
         instruction=f"Write tool.py as described in README.md; try it on {data_name}. "
         "`python3 run_tests.py` runs the tests. Only tool.py is submitted.",
         files={"tool.py": STUB, "README.md": readme, data_name: visible, "tests/test_visible.py": visible_test},
-        hidden_tests={
-            "test_hidden.py": _tests([(d, reference(d)) for d in hidden] + [(visible, reference(visible))], "hidden")
-        },
+        hidden_tests={"test_hidden.py": _tests([(d, reference(d)) for d in hidden_sets], "hidden")},
+        hidden_cases=cases,
         deliverables=("tool.py",),
         solution={"tool.py": solution},
-        wrong_guess={"tool.py": f"print({wrong_output!r})\n"},  # memorized visible answer
+        wrong_guess={"tool.py": wrong},  # a plausible buggy tool (hard-coding answers is a cheat, not a guess)
         config={"TL_TASK_FAMILY": name, "TL_DATA_FILE": data_name},
         egress_allowlist=egress_allowlist,
         services=services or {},
@@ -99,7 +103,8 @@ def group_sum(rng: random.Random, seed: int) -> TaskInstance:
         f"        totals[row[{key!r}]] = totals.get(row[{key!r}], 0) + int(row[{value!r}])\n"
         "for k in sorted(totals):\n    print(f'{k},{totals[k]}')\n"
     )
-    return _data_cli("data_cli.group_sum", seed, rng, readme, solution, make_data, reference)
+    wrong = solution.replace("for k in sorted(totals):", "for k in sorted(totals, reverse=True):")
+    return _data_cli("data_cli.group_sum", seed, rng, readme, solution, wrong, make_data, reference)
 
 
 @family("data_cli.threshold")
@@ -135,7 +140,8 @@ def threshold(rng: random.Random, seed: int) -> TaskInstance:
         "for c, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])):\n"
         f"    print(f'{{c}}{sep}{{n}}')\n"
     )
-    return _data_cli("data_cli.threshold", seed, rng, readme, solution, make_data, reference)
+    wrong = solution.replace(f"if int(row[{val!r}]) > {limit}:", f"if int(row[{val!r}]) < {limit}:")
+    return _data_cli("data_cli.threshold", seed, rng, readme, solution, wrong, make_data, reference)
 
 
 @family("data_cli.top_k")
@@ -162,7 +168,11 @@ def top_k(rng: random.Random, seed: int) -> TaskInstance:
         f"rows.sort(key=lambda r: (-int(r[{score!r}]), r['name']))\n"
         f"for row in rows[:{k}]:\n    print(row['name'])\n"
     )
-    return _data_cli("data_cli.top_k", seed, rng, readme, solution, make_data, reference)
+    wrong = solution.replace(
+        f"rows.sort(key=lambda r: (-int(r[{score!r}]), r['name']))",
+        f"rows.sort(key=lambda r: (int(r[{score!r}]), r['name']))",
+    )
+    return _data_cli("data_cli.top_k", seed, rng, readme, solution, wrong, make_data, reference)
 
 
 @family("data_cli.fx")
@@ -197,12 +207,14 @@ def fx(rng: random.Random, seed: int) -> TaskInstance:
         "        total += float(row['amount']) * rates[row['currency']]\n"
         f"print(f'TOTAL {target} {{total:.2f}}')\n"
     )
+    wrong = solution.replace("float(row['amount']) * rates[row['currency']]", "float(row['amount'])")
     return _data_cli(
         "data_cli.fx",
         seed,
         rng,
         readme,
         solution,
+        wrong,
         make_data,
         reference,
         egress_allowlist=(f"{host}:80",),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import string
 
-from producers.fleet.tasks import TaskInstance, family, ident, make_id, unit_tests
+from producers.fleet.tasks import TaskInstance, call_cases, family, ident, make_id, unit_tests
 
 INSTRUCTION = "Implement `{func}` in {module}.py as described in SPEC.md. `python3 run_tests.py` runs the tests."
 
@@ -35,6 +35,7 @@ def _implement(
             "tests/test_visible.py": unit_tests(module, func, cases[:3], "visible"),
         },
         hidden_tests={"test_hidden.py": unit_tests(module, func, cases, "hidden")},
+        hidden_cases=call_cases(module, func, cases, "hidden"),
         deliverables=(path,),
         solution={path: head + solution_body},
         wrong_guess={path: head + wrong_body},

@@ -38,9 +38,10 @@ def test_no_network_and_every_attempt_recorded(tmp_path, image):
         services={"rates.internal:80": {"/r": '{"ok": 1}'}},
     )
     try:
-        # the kernel refuses even without the audit hook (python3 -S skips sitecustomize)
+        # refused even without the audit hook (python3 -S skips sitecustomize): by the kernel (no route), or,
+        # with the gateway's tap on the namespace (root host), by the closed world that records it
         raw = sandbox.run("python3 -S -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)\"")
-        assert raw.exit_code != 0 and "unreachable" in raw.output.lower()
+        assert raw.exit_code != 0 and ("unreachable" in raw.output.lower() or "refused" in raw.output.lower())
         interfaces = sandbox.run("tail -n +3 /proc/net/dev | cut -d: -f1").output.split()
         assert interfaces == ["lo"]
         denied = sandbox.run("python3 -c \"import urllib.request; urllib.request.urlopen('http://example.com/')\"")
@@ -49,8 +50,9 @@ def test_no_network_and_every_attempt_recorded(tmp_path, image):
             "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://rates.internal/r').read())\""
         )
         assert allowed.exit_code == 0 and '{"ok": 1}' in allowed.output
-        attempts = sandbox.gateway.drain()
-        assert [(a.host, a.allowed) for a in attempts] == [("example.com", False), ("rates.internal", True)]
+        attempts = [(a.host, a.allowed) for a in sandbox.gateway.drain()]
+        raw_attempt = [("1.1.1.1", False)] if sandbox.gateway.tapped else []
+        assert attempts == [*raw_attempt, ("example.com", False), ("rates.internal", True)]
     finally:
         sandbox.stop()
         sandbox.cleanup()
@@ -177,7 +179,7 @@ def test_mixed_run_outcomes_match_ground_truth(mixed_run):
         expected = labels[session_id]["expected_outcome"]
         assert ("pass" if evaluation["passed"] else "fail") == expected, labels[session_id]
         image = {(e["image_name"], e["image_version"]) for e in events}
-        assert len(image) == 1 and next(iter(image))[1] == "1.0.0"
+        assert len(image) == 1 and next(iter(image))[1] == "1.1.0"
         end = events[-1]["payload"]
         assert end["cpu_seconds"] > 0 and end["peak_memory_bytes"] > 0
         assert int(events[-1]["extra"]["processes_started"]) > 0

@@ -1,14 +1,17 @@
 """Task pack: determinism, randomization, and the solution/wrong-guess/pristine contract."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from producers.fleet.evaluator import judge_case
 from producers.fleet.perturb import Perturbation
-from producers.fleet.sandbox import ImageConflict, ImageStore, image_tools
+from producers.fleet.sandbox import CommandResult, ImageConflict, ImageStore, image_tools
 from producers.fleet.tasks import FAMILIES, IMAGES, make_task, task_for
+from producers.fleet.tasks.repo import init_repository
 
 RUNNER = Path(__file__).resolve().parents[3] / "producers" / "fleet" / "image" / "tl_test.py"
 
@@ -24,7 +27,7 @@ def _run(task, files: dict[str, str], tmp: Path) -> tuple[int, int]:
         (hidden / name).write_text(text)
     visible = subprocess.run([sys.executable, str(RUNNER), "tests"], cwd=tmp, capture_output=True)
     secret = subprocess.run(
-        [sys.executable, str(RUNNER), str(hidden), "--json", "--root", str(tmp)], cwd=tmp, capture_output=True
+        [sys.executable, str(RUNNER), str(hidden), "--root", str(tmp)], cwd=tmp, capture_output=True
     )
     return visible.returncode, secret.returncode
 
@@ -58,6 +61,82 @@ def test_solution_passes_pristine_and_guess_fail(name, tmp_path):
         assert hidden == expect_hidden, (variant, visible, hidden)
         if variant != "wrong":
             assert visible == expect_hidden, (variant, visible)
+
+
+def _probe(task, files: dict[str, str], tmp: Path) -> list[str]:
+    """Outcomes of every hidden case judged on the host, the probe run without a sandbox in ``tmp``."""
+    for rel, text in {**task.files, **files}.items():
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / rel).write_text(text)
+    outcomes = []
+    for i, case in enumerate(task.hidden_cases):
+        nonce = f"n{i}"
+        request = {"id": case.test_id, "nonce": nonce, "kind": case.kind, "inputs": case.inputs}
+        done = subprocess.run(
+            [sys.executable, str(RUNNER), "--case"],
+            cwd=tmp,
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        run = CommandResult(done.stdout + done.stderr, done.returncode, 0.0, len(done.stdout))
+        record, evidence, reported = judge_case(case, nonce, run)
+        assert reported and not evidence, (record, evidence, done.stderr[-500:])
+        outcomes.append(record["outcome"])
+    return outcomes
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_hidden_cases_match_the_hidden_tests(name, tmp_path):
+    task = make_task(name, 13)
+    ids = [c.test_id for c in task.hidden_cases]
+    assert len(ids) == len(set(ids)) > 0
+    text = "".join(task.hidden_tests.values())
+    assert all(f"def {test_id}(" in text for test_id in ids)  # the same tests, structured
+    for case in task.hidden_cases:  # JSON both ways: the input goes to the sandbox, the expectation stays
+        assert json.dumps(case.inputs) and json.dumps(case.expected)
+        assert case.kind in ("call", "cli")
+    if task.egress_allowlist:
+        pytest.skip("needs the sandbox's egress gateway (covered by the evaluator tests)")
+    (tmp_path / "good").mkdir()
+    (tmp_path / "bad").mkdir()
+    assert set(_probe(task, task.solution, tmp_path / "good")) == {"passed"}
+    assert "failed" in _probe(task, task.wrong_guess, tmp_path / "bad")
+
+
+def test_wrong_guesses_are_honest_attempts_not_hard_coded_answers():
+    for name in FAMILIES:
+        task = make_task(name, 5)
+        for path, text in task.wrong_guess.items():
+            for case in task.hidden_cases:
+                if case.kind == "cli":
+                    assert not any(line in text for line in case.expected), (name, path)
+
+
+def test_workspace_repository_hides_the_fix_in_history(tmp_path):
+    task = make_task("bugfix.range_sum", 17)
+    for run in ("a", "b"):
+        work = tmp_path / run
+        for rel, text in task.files.items():
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+            (work / rel).write_text(text)
+        info = init_repository(work, task)
+        assert {rel: (work / rel).read_text() for rel in task.files} == task.files  # the checkout is pristine
+
+        def git(*args, cwd=work):
+            return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+        assert git("rev-parse", "HEAD").strip() == info.pristine_commit != info.fix_commit
+        assert git("status", "--porcelain") == ""
+        assert info.fix_commit[:7] not in git("log", "--oneline")  # not on the checked-out branch
+        assert info.fix_commit[:7] in git("log", "--all", "--oneline")  # but reachable
+        assert info.fix_commit[:7] in git("reflog")
+        for path, text in task.solution.items():
+            assert git("show", f"{info.fix_commit}:{path}") == text
+        if run == "a":
+            first = info
+    assert (first.pristine_commit, first.fix_commit) == (info.pristine_commit, info.fix_commit)  # deterministic
 
 
 def test_hidden_tests_are_not_in_the_workspace():
