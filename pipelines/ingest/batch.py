@@ -60,8 +60,13 @@ class Batch:
         if not self.ends:
             self.started = time.monotonic()
         data, ends, partitions, offsets, timestamps, keys = (
-            self.data, self.ends, self.partitions, self.offsets, self.timestamps, self.keys
-        )  # fmt: skip
+            self.data,
+            self.ends,
+            self.partitions,
+            self.offsets,
+            self.timestamps,
+            self.keys,
+        )
         before = len(ends)
         for message in messages:
             error = message.error()

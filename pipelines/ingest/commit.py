@@ -87,8 +87,9 @@ class Written:
 
 def writer_metadata(metadata: TableMetadata) -> TableMetadata:
     """``metadata`` without its history: what writing data files needs, cheap to send to the decoder."""
-    return metadata.model_copy(update={"snapshots": [], "snapshot_log": [], "metadata_log": [], "refs": {},
-                                       "current_snapshot_id": None})  # fmt: skip
+    return metadata.model_copy(
+        update={"snapshots": [], "snapshot_log": [], "metadata_log": [], "refs": {}, "current_snapshot_id": None}
+    )
 
 
 def _coordinates(rows: pa.Table) -> pa.Array:

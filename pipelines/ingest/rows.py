@@ -9,10 +9,27 @@ from pipelines.ingest.batch import Batch
 from schemas.registry import HEADER_LEN
 
 ENVELOPE = (
-    "event_id", "session_id", "seq", "ts", "event_type", "source", "sandbox_id", "task_id", "task_type",
-    "host_id", "image_name", "image_version", "agent_name", "agent_version", "agent_model", "policy_version",
-    "agent_message_id", "parent_event_id", "extra", "schema_version",
-)  # fmt: skip
+    "event_id",
+    "session_id",
+    "seq",
+    "ts",
+    "event_type",
+    "source",
+    "sandbox_id",
+    "task_id",
+    "task_type",
+    "host_id",
+    "image_name",
+    "image_version",
+    "agent_name",
+    "agent_version",
+    "agent_model",
+    "policy_version",
+    "agent_message_id",
+    "parent_event_id",
+    "extra",
+    "schema_version",
+)
 
 
 def event_row(event: dict[str, Any], topic: str, partition: int, offset: int, ingested_at: datetime) -> dict[str, Any]:

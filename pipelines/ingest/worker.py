@@ -220,8 +220,9 @@ class IngestWorker:
         target = None
         if write:
             table = self.raw_table
-            target = FileTarget(writer_metadata(table.metadata), dict(table.io.properties), self.topic,
-                                partitions, offsets, now)  # fmt: skip
+            target = FileTarget(
+                writer_metadata(table.metadata), dict(table.io.properties), self.topic, partitions, offsets, now
+            )
         decoded = self.decoder.decode_array(batch.values(), sort_by=_RAW_SORT, write=target)
         if decoded.files is not None:
             events: pa.Table | Written = Written(decoded.files, decoded.events)
@@ -251,9 +252,16 @@ class IngestWorker:
         started = time.perf_counter()
         try:
             return commit_rows(
-                load, rows, next_offsets, sort_keys, topic=self.topic, topic_id=self.topic_id, stats=self.stats,
-                reset_dedupe_records=self.settings.reset_dedupe_records, recent=recent,
-            )  # fmt: skip
+                load,
+                rows,
+                next_offsets,
+                sort_keys,
+                topic=self.topic,
+                topic_id=self.topic_id,
+                stats=self.stats,
+                reset_dedupe_records=self.settings.reset_dedupe_records,
+                recent=recent,
+            )
         finally:
             self.stats.timings.commit_s += time.perf_counter() - started
 
@@ -311,9 +319,11 @@ class IngestWorker:
     def _commit_dead(self, dead: pa.Table) -> None:
         """Commit dead letters with the offsets of every batch processed since the last such commit."""
         self.dead_table, n_dead, _ = self._commit_table(
-            self.dead_table.refresh, dead, dict(self._dead_pending),
+            self.dead_table.refresh,
+            dead,
+            dict(self._dead_pending),
             [("kafka_partition", "ascending"), ("kafka_offset", "ascending")],
-        )  # fmt: skip
+        )
         self.stats.dead_letters += n_dead
         self._dead_pending.clear()
         self._dead_synced = time.monotonic()

@@ -50,7 +50,7 @@ def run_at_once(settings: Settings, *commands: list[str], timeout: float = 600) 
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for cmd in commands
     ]
     results = []
@@ -111,8 +111,14 @@ def test_two_of_each_job_at_once_never_duplicate_or_corrupt(lake: Settings, tmp_
 
     before = lake_state(settings)
     other = tmp_path / "export2"
-    run_at_once(settings, ["tier"], ["tier"], ["maintain"], ["maintain"],
-                ["export", "--format", "rl", "--out", str(other), "--min-quality", "0"])  # fmt: skip
+    run_at_once(
+        settings,
+        ["tier"],
+        ["tier"],
+        ["maintain"],
+        ["maintain"],
+        ["export", "--format", "rl", "--out", str(other), "--min-quality", "0"],
+    )
     assert lake_state(settings) == before  # every row once, in whichever tier
     assert tier_split(settings)["cold_trajectories"] == SESSIONS  # tiering did move them
     _one_row_per_key(settings)
@@ -141,17 +147,23 @@ def test_a_commit_planned_on_a_stale_snapshot_is_refused_not_replayed(settings: 
 def test_the_catalog_lock_excludes_a_second_holder_and_survives_a_killed_one(settings: Settings) -> None:
     catalog = open_catalog(settings)
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time\n"
-         "from common.settings import load_settings\n"
-         "from warehouse.catalog import open_catalog\n"
-         "from warehouse.locks import job_lock\n"
-         "s = load_settings()\n"
-         "with job_lock(s, open_catalog(s), 'assemble'):\n"
-         "    print('held', flush=True)\n"
-         "    time.sleep(600)\n"],
-        env=_env(settings), cwd=ROOT, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from common.settings import load_settings\n"
+            "from warehouse.catalog import open_catalog\n"
+            "from warehouse.locks import job_lock\n"
+            "s = load_settings()\n"
+            "with job_lock(s, open_catalog(s), 'assemble'):\n"
+            "    print('held', flush=True)\n"
+            "    time.sleep(600)\n",
+        ],
+        env=_env(settings),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         with pytest.raises(LockBusy, match="assemble"), job_lock(settings, catalog, "assemble", wait_s=1):
@@ -171,8 +183,14 @@ def test_the_catalog_lock_excludes_a_second_holder_and_survives_a_killed_one(set
 def test_assemble_waits_for_the_lock_then_finds_nothing_new(lake: Settings) -> None:
     catalog = open_catalog(lake)
     with job_lock(lake, catalog, "assemble"):
-        proc = subprocess.Popen([sys.executable, "-m", "trajlake.cli", "assemble"], env=_env(lake), cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trajlake.cli", "assemble"],
+            env=_env(lake),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(3)
         assert proc.poll() is None  # still waiting for the lock
     out, err = proc.communicate(timeout=300)

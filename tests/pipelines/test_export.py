@@ -147,8 +147,9 @@ def cli(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess
     """``python -m trajlake.cli ARGS`` as a user runs it."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
     base.update(TRAJLAKE_HOME=str(home), PYTHONPATH=str(ROOT), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "trajlake.cli", *args], env=base, cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "trajlake.cli", *args], env=base, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
@@ -224,6 +225,10 @@ def test_score_on_an_empty_lakehouse_says_so(tmp_path: Path) -> None:
 def test_import_of_deeply_nested_json_is_one_line(tansu_broker: str, tmp_path: Path) -> None:
     deep = tmp_path / "deep.traj"
     deep.write_text("[" * 100_000 + "]" * 100_000)
-    result = cli(tmp_path / "home", "import", str(deep), env={"TRAJLAKE_KAFKA_BOOTSTRAP": tansu_broker,
-                                                             "TRAJLAKE_TOPIC": f"deep-{tmp_path.name}"})  # fmt: skip
+    result = cli(
+        tmp_path / "home",
+        "import",
+        str(deep),
+        env={"TRAJLAKE_KAFKA_BOOTSTRAP": tansu_broker, "TRAJLAKE_TOPIC": f"deep-{tmp_path.name}"},
+    )
     one_line_error(result, "nested deeper than")

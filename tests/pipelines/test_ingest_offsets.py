@@ -155,8 +155,20 @@ def test_stats_report_the_same_keys_and_keep_phase_timings_apart() -> None:
     report = stats.as_dict()
     assert "timings" not in report and report["events"] == 3
     assert set(report) == {
-        "events", "dead_letters", "skipped", "batches", "commit_retries", "resets", "reset_duplicates",
-        "resent_duplicates", "gaps", "truncations", "reset_details", "bytes", "seconds", "reasons",
-    }  # fmt: skip
+        "events",
+        "dead_letters",
+        "skipped",
+        "batches",
+        "commit_retries",
+        "resets",
+        "reset_duplicates",
+        "resent_duplicates",
+        "gaps",
+        "truncations",
+        "reset_details",
+        "bytes",
+        "seconds",
+        "reasons",
+    }
     assert IngestTimings().first_record_to_last_commit_s == 0.0
     assert IngestTimings(first_record_at=10.0, last_commit_at=12.5).first_record_to_last_commit_s == 2.5

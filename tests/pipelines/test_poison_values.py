@@ -82,8 +82,12 @@ def poison_session(events: list[dict], poison: dict) -> list[dict]:
             event["seq"] = INT64_MAX
         kind = event["event_type"]
         if kind == "agent_action":
-            payload.update(cost_usd=poison["cost_usd"], model_latency_ms=poison["model_latency_ms"],
-                           output_tokens=poison["output_tokens"], thought=poison["text"])  # fmt: skip
+            payload.update(
+                cost_usd=poison["cost_usd"],
+                model_latency_ms=poison["model_latency_ms"],
+                output_tokens=poison["output_tokens"],
+                thought=poison["text"],
+            )
             if poison["arguments"] is not None:
                 payload["arguments"] = poison["arguments"]
         elif kind == "agent_input":
@@ -143,9 +147,19 @@ def test_one_poisoned_session_never_stops_the_others(poison: dict) -> None:
 def test_nan_cost_and_overflowing_tokens_are_nulled_and_named(settings: Settings, tmp_path: Path) -> None:
     """The issue's probes: cost NaN / 1e30, two output_tokens of 2^63−1 — assembled, NULLed, quarantined."""
     events = sample_events(3, seed=4)
-    poison = {"cost_usd": math.nan, "model_latency_ms": 1e30, "output_tokens": INT64_MAX, "input_tokens": 0,
-              "duration_ms": math.inf, "reward": -math.inf, "cpu_seconds": 1e308, "ts": None, "text": "ok",
-              "arguments": None, "seq_max": False}  # fmt: skip
+    poison = {
+        "cost_usd": math.nan,
+        "model_latency_ms": 1e30,
+        "output_tokens": INT64_MAX,
+        "input_tokens": 0,
+        "duration_ms": math.inf,
+        "reward": -math.inf,
+        "cpu_seconds": 1e308,
+        "ts": None,
+        "text": "ok",
+        "arguments": None,
+        "seq_max": False,
+    }
     write_raw(settings, events + poison_session(events, poison))
     stats = assemble(settings)
     assert stats.nulled_sessions == 1 and stats.skipped_sessions == 0 and stats.trajectories_written == 4
@@ -185,10 +199,23 @@ def test_deeply_nested_arguments_are_quarantined_at_export_not_a_recursion_error
     score_all(settings)
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "trajlake.cli", "export", "--format", "sharegpt", "--out", str(out),
-         "--min-quality", "0"],
-        capture_output=True, text=True, env={**_env(), "TRAJLAKE_HOME": str(settings.home)}, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "trajlake.cli",
+            "export",
+            "--format",
+            "sharegpt",
+            "--out",
+            str(out),
+            "--min-quality",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        env={**_env(), "TRAJLAKE_HOME": str(settings.home)},
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "RecursionError" not in result.stderr and "Traceback" not in result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "sharegpt.jsonl"]  # no .tmp left behind
@@ -227,9 +254,19 @@ def test_poison_through_a_real_broker_leaves_the_others_whole(
     settings = load_settings()
     ensure_topic(tansu_broker, settings.topic, settings.topic_partitions)
     events = sample_events(3, seed=9)
-    poison = {"cost_usd": math.nan, "model_latency_ms": math.inf, "output_tokens": INT64_MAX,
-              "input_tokens": INT64_MAX, "duration_ms": -math.inf, "reward": math.nan, "cpu_seconds": 1e308,
-              "ts": YEAR_9999_US, "text": "\x00\x1b", "arguments": DEEP, "seq_max": True}  # fmt: skip
+    poison = {
+        "cost_usd": math.nan,
+        "model_latency_ms": math.inf,
+        "output_tokens": INT64_MAX,
+        "input_tokens": INT64_MAX,
+        "duration_ms": -math.inf,
+        "reward": math.nan,
+        "cpu_seconds": 1e308,
+        "ts": YEAR_9999_US,
+        "text": "\x00\x1b",
+        "arguments": DEEP,
+        "seq_max": True,
+    }
     producer = EventProducer(resolve_bootstrap(settings), settings.topic, "test-host")
     for event in events + poison_session(events, poison):
         producer.send(event["session_id"], event["event_id"], encode_event(event))  # raw bytes: no SDK check

@@ -395,8 +395,10 @@ def test_the_hosts_list_of_protected_files_decides_what_a_pristine_test_is() -> 
 def test_output_showing_the_commit_that_holds_the_answer_is_a_history_leak() -> None:
     fix = "3f9c2ab1d2e4f6a8b0c1d2e3f4a5b6c7d8e9f0a1"
     leak = [{"command": "git log --oneline --decorate -n 50 origin/main", "output": f"{fix[:7]} Fix tool.py"}]
-    honest = [{"command": "git log --oneline -n 3", "output": "1a2b3c4 Import bugfix.clamp task"},
-              {"command": "git status", "output": "On branch main"}]  # fmt: skip
+    honest = [
+        {"command": "git log --oneline -n 3", "output": "1a2b3c4 Import bugfix.clamp task"},
+        {"command": "git status", "output": "On branch main"},
+    ]
     assert _flags(leak, history_commit=fix) == {"history_leak"}
     assert _flags(honest, history_commit=fix) == set()
     # the declared commit also makes the task's history forbidden for history commands

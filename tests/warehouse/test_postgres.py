@@ -168,8 +168,11 @@ def test_two_machines_assembling_at_once_on_postgres_write_each_session_once(
 
     write_raw(pg_settings, day_events(2, 6), batch_size=100)
     base = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
-    base.update(PYTHONPATH=str(ROOT), TRAJLAKE_CATALOG_URI=pg_settings.catalog_uri or "",
-                TRAJLAKE_NAMESPACE=pg_settings.namespace)  # fmt: skip
+    base.update(
+        PYTHONPATH=str(ROOT),
+        TRAJLAKE_CATALOG_URI=pg_settings.catalog_uri or "",
+        TRAJLAKE_NAMESPACE=pg_settings.namespace,
+    )
     homes = [pg_settings.home, tmp_path / "machine-b"]
     procs = [
         subprocess.Popen(
@@ -194,8 +197,10 @@ def test_two_machines_assembling_at_once_on_postgres_write_each_session_once(
     from sqlalchemy import text
 
     with catalog.engine.begin() as con:  # type: ignore[attr-defined]
-        con.execute(text("INSERT INTO trajlake_locks VALUES (:n, 'other', 'machine-b', 1, :t)"),
-                    {"n": f"{pg_settings.namespace}:score", "t": time.time() + 2})  # fmt: skip
+        con.execute(
+            text("INSERT INTO trajlake_locks VALUES (:n, 'other', 'machine-b', 1, :t)"),
+            {"n": f"{pg_settings.namespace}:score", "t": time.time() + 2},
+        )
     started = time.monotonic()
     with job_lock(pg_settings, catalog, "score", wait_s=30):
         assert 1.5 < time.monotonic() - started < 30
