@@ -24,4 +24,6 @@ if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/nu
     || echo "warning: could not install ${missing[*]}; the tests that need them will be skipped" >&2
 fi
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy  # the packages typed throughout, the tests relaxed (pyproject.toml [tool.mypy])
 exec .venv/bin/python -m pytest -q "$@"
