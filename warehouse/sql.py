@@ -216,7 +216,7 @@ def lock_connection(con: duckdb.DuckDBPyConnection, readable: Iterable[str], mem
         con.execute(statement)
 
 
-def check_read_only(query: str) -> duckdb.Statement:
+def check_read_only(query: str, con: duckdb.DuckDBPyConnection | None = None) -> duckdb.Statement:
     """The one read-only statement in ``query``, as parsed by DuckDB.
 
     Allowed: one ``SELECT`` (DuckDB parses ``WITH``, ``VALUES``, ``FROM …``, ``DESCRIBE``,
@@ -225,6 +225,7 @@ def check_read_only(query: str) -> duckdb.Statement:
 
     Args:
         query: The user's SQL text.
+        con: A connection to parse with (nothing runs on it); a new in-memory one by default.
 
     Returns:
         The statement to execute (so what runs is exactly what was checked).
@@ -232,7 +233,7 @@ def check_read_only(query: str) -> duckdb.Statement:
     Raises:
         QueryError: not exactly one statement, or not a read-only one.
     """
-    parser = duckdb.connect(":memory:")
+    parser = con or duckdb.connect(":memory:")
     try:
         try:
             statements = parser.extract_statements(query)
@@ -251,7 +252,8 @@ def check_read_only(query: str) -> duckdb.Statement:
             _check_nodes(parser, statement.query)
         return statement
     finally:
-        parser.close()
+        if con is None:
+            parser.close()
 
 
 def _check_explain(parser: duckdb.DuckDBPyConnection, text: str) -> None:
@@ -309,8 +311,12 @@ def run_query(settings: Settings, query: str) -> tuple[list[str], list[tuple[Any
         QueryError: not read-only, refused by the lock, over the timeout or memory
             limit, or DuckDB failed (a one-line message naming the cause).
     """
-    statement = check_read_only(query)
     con = open_views(settings, locked=True)
+    try:
+        statement = check_read_only(query, con)  # parsing on this connection saves opening another
+    except QueryError:
+        con.close()
+        raise
     timed_out = threading.Event()
 
     def interrupt() -> None:
