@@ -343,3 +343,15 @@ def test_cli_prints_values_verbatim(fmt: str, tmp_path: Path) -> None:
     else:
         assert lines[2] == VERBATIM and lines[-1] == "(1 row)"
     assert VERBATIM.encode() in result.stdout
+
+
+def test_cli_refuses_reading_the_environment_in_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
+    env.update(TRAJLAKE_HOME=str(tmp_path / "home"), AWS_SECRET_ACCESS_KEY=FAKE_SECRET)
+    for query in ("SELECT * FROM read_text('/proc/self/environ')", "SELECT 1; SELECT 2"):
+        result = subprocess.run(
+            [sys.executable, "-m", "trajlake.cli", "sql", query], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 1 and result.stdout == ""
+        assert len(result.stderr.strip().splitlines()) == 1 and "error:" in result.stderr
+        assert FAKE_SECRET not in result.stderr
