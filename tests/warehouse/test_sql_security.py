@@ -201,11 +201,20 @@ def _file_probes(home: Path) -> list[str]:
         "SELECT * FROM duckdb_secrets()",
         "SELECT * FROM duckdb_extensions()",
         "SELECT getenv('HOME')",
+        f"SELECT * FROM sqlite_scan('{catalog}', 'iceberg_tables')",
+        f"SELECT * FROM iceberg_scan('{home}/hot')",
+        "SELECT * FROM read_xlsx('/etc/passwd')",
+        f"SELECT * FROM read_blob('{home}/hot/./../catalog.db')",
     ]
 
 
 def test_files_outside_the_lakehouse_cannot_be_read(lake: Settings) -> None:
-    for query in _file_probes(lake.home_dir):
+    # Traversal from a data file the lock allows, up to the catalog.
+    data_file = run_query(lake, "SELECT unnest(current_setting('allowed_paths')) LIMIT 1")[1][0][0]
+    up = Path(data_file).relative_to(lake.home_dir).parts
+    traversal = data_file + "/.." * len(up) + "/catalog.db"
+    assert os.path.normpath(traversal) == str(_catalog(lake))
+    for query in [*_file_probes(lake.home_dir), f"SELECT * FROM read_blob('{traversal}')"]:
         check_read_only(query)  # each probe is one plain SELECT: the parser alone does not stop it
         with pytest.raises(QueryError) as raised:
             run_query(lake, query)
