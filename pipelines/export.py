@@ -322,7 +322,8 @@ def _open_out_dir(out_dir: Path | str, settings: Settings) -> tuple[Path, int]:
         raise ExportError(f"--out {root}: exists and is not a directory")
     try:
         resolved.mkdir(mode=0o700, parents=True, exist_ok=True)  # an export is owner-only
-        return resolved, os.open(resolved, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # O_NOFOLLOW: the checked directory itself, not a symlink swapped in since the check
+        return resolved, os.open(resolved, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise ExportError(f"--out {root}: cannot create or open the directory ({exc.strerror or exc})") from exc
 
