@@ -1,4 +1,9 @@
-"""``trajlake ui`` serves the Dagster UI on our definitions; a real headless Chromium renders it."""
+"""The Dagster UI as a person uses it, in a real headless Chromium driven by Playwright.
+
+``trajlake ui`` serves the definitions; the test opens the asset graph, launches a
+materialization by clicking, waits for it, and reads a check result and its metadata plot.
+Set ``TRAJLAKE_UI_SCREENSHOTS=DIR`` to keep the screenshots (the README's come from here).
+"""
 
 from __future__ import annotations
 
@@ -9,15 +14,28 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from common.broker import free_port
+from common.settings import load_settings
+from tests.helpers import sample_events, write_raw
 
 pytestmark = pytest.mark.integration
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+playwright = pytest.importorskip("playwright.sync_api", reason="playwright (dev extra) is not installed")
 
 
 def _wait_http(url: str, timeout: float, process: subprocess.Popen[bytes]) -> None:
@@ -34,45 +52,93 @@ def _wait_http(url: str, timeout: float, process: subprocess.Popen[bytes]) -> No
     raise AssertionError(f"{url} did not answer within {timeout:.0f} s")
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian package chromium is not installed")
-def test_ui_renders_the_asset_graph(tmp_path: Path) -> None:
+@pytest.fixture
+def ui(tmp_path: Path) -> Iterator[str]:
+    """``trajlake ui`` on a lakehouse holding ten sessions of raw events; yields its base URL."""
+    home = tmp_path / "home"
+    write_raw(load_settings(home=home), sample_events(10))
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
-    env["TRAJLAKE_HOME"] = str(tmp_path / "home")
-    log = open(tmp_path / "ui.log", "wb")
-    ui = subprocess.Popen(
-        [sys.executable, "-m", "trajlake.cli", "ui", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        _wait_http(f"http://127.0.0.1:{port}/server_info", 180, ui)
-        dom = subprocess.run(
-            [
-                str(CHROMIUM),  # not None: the test is skipped without Chromium
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                f"--user-data-dir={tmp_path / 'chromium'}",
-                "--virtual-time-budget=30000",
-                "--dump-dom",
-                f"http://127.0.0.1:{port}/assets",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        ).stdout
-    finally:
-        os.killpg(ui.pid, signal.SIGTERM)
-        ui.wait(30)
-        log.close()
-    for asset in ("raw_events", "trajectories", "steps"):
-        assert asset in dom, f"{asset} not rendered; ui log:\n{(tmp_path / 'ui.log').read_text()[-2000:]}"
-    assert (tmp_path / "home" / "dagster").is_dir()  # DAGSTER_HOME under TRAJLAKE_HOME
+    env["TRAJLAKE_HOME"] = str(home)
+    log_path = tmp_path / "ui.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "trajlake.cli", "ui", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            _wait_http(f"http://127.0.0.1:{port}/server_info", 180, process)
+            yield f"http://127.0.0.1:{port}"
+        except BaseException:
+            print(log_path.read_text()[-3000:])
+            raise
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(30)
+    assert (home / "dagster").is_dir()  # DAGSTER_HOME under TRAJLAKE_HOME
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian package chromium is not installed")
+def test_a_person_materializes_an_asset_and_reads_its_check(ui: str, tmp_path: Path) -> None:
+    shots = Path(os.environ.get("TRAJLAKE_UI_SCREENSHOTS") or tmp_path / "screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with playwright.sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(60_000)
+
+        # The asset graph of the lakehouse group.
+        page.goto(f"{ui}/locations/dagster_project.definitions/asset-groups/lakehouse", wait_until="networkidle")
+        for asset in ("event_topic", "raw_events", "trajectories", "steps"):
+            page.get_by_text(asset, exact=True).first.wait_for()
+        skip = page.get_by_role("button", name="Skip")  # Dagster's one-time newsletter dialog
+        if skip.count():
+            skip.click()
+        page.screenshot(path=str(shots / "asset-graph.png"))
+
+        # Launch a materialization of trajectories by clicking, confirming what the UI asks.
+        page.goto(f"{ui}/assets/trajectories", wait_until="networkidle")
+        page.wait_for_timeout(1_000)
+        if skip.count():
+            skip.click()
+        page.locator("button:has-text('Materialize')").first.click()
+        for attempt in range(3):  # "also materializes steps", "raw_events never materialized"
+            try:
+                page.get_by_role("button", name="Confirm").click(timeout=30_000 if attempt == 0 else 10_000)
+            except playwright.TimeoutError:
+                break
+        page.screenshot(path=str(shots / "launched.png"))
+
+        # Wait for it: the materialization's metadata appears on the Events tab.
+        page.locator("a:has-text('Events')").first.click()
+        deadline = time.monotonic() + 90
+        while not page.get_by_text("sessions_updated").count():
+            if time.monotonic() > deadline:
+                page.screenshot(path=str(shots / "timeout.png"))
+                raise AssertionError("the clicked materialization did not finish within 90 s")
+            page.wait_for_timeout(1_000)
+            page.reload(wait_until="networkidle")
+        page.get_by_text("Materialized in run").first.wait_for()
+        assert page.get_by_text('"completed"').count() or page.get_by_text("completed").count()
+
+        # Its checks ran after it; read one result and its metadata plot.
+        page.locator("a:has-text('Checks')").first.click()
+        page.get_by_text("sequence_gaps").first.wait_for()
+        deadline = time.monotonic() + 120
+        while not page.get_by_text("Passed", exact=True).count():
+            if time.monotonic() > deadline:
+                page.screenshot(path=str(shots / "timeout.png"), full_page=True)
+                raise AssertionError("the check result did not appear within 120 s")
+            page.wait_for_timeout(1_000)
+            page.reload(wait_until="networkidle")
+        page.get_by_text("Plots", exact=True).first.wait_for()
+        page.get_by_text("closed_sessions").first.wait_for()
+        assert page.get_by_text("sessions_with_gaps").count()
+        page.screenshot(path=str(shots / "asset-checks.png"), full_page=True)
+        browser.close()
+    # The figure the README quotes (clicks through one materialization); not asserted: the machine is shared.
+    print(f"ui walk-through took {time.monotonic() - started:.1f} s")
