@@ -14,6 +14,9 @@ fi
 # Apache Kafka built from Maven Central). Installed where we can (CI runs as root).
 missing=()
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+# the sandbox hardening tests try egress with tools other than Python
+command -v curl >/dev/null 2>&1 || missing+=(curl)
+command -v nc >/dev/null 2>&1 || missing+=(netcat-openbsd)
 command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
 # PostgreSQL: the SQL-catalog tests start their own cluster with initdb/pg_ctl.

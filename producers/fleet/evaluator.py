@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from producers.fleet.sandbox import CommandResult, Limits, Reaper, Sandbox, SandboxError, SandboxKilled
+from producers.fleet.sandbox.files import layer_entries, read_text_regular
 from producers.fleet.tasks import HiddenCase, TaskInstance
 
 EVALUATOR = "host-verdict/tl_test-case"
@@ -171,30 +172,22 @@ def collect_deliverable(
     Returns:
         (path → text of each deliverable that exists, sorted paths changed outside the deliverable).
     """
+    # The layer is hostile: only regular files, never through a link, non-blocking, capped (sandbox.files).
     deliverable: dict[str, str] = {}
     for rel in task.deliverables:
-        path = workspace / rel
-        if path.is_file() and not path.is_symlink():
-            deliverable[rel] = path.read_text(errors="replace")
+        text = read_text_regular(workspace, rel)
+        if text is not None:
+            deliverable[rel] = text
     pristine = {**task.files, **(extra_files or {})}
     ignored: list[str] = []
     seen: set[str] = set()
-    if workspace.is_dir():
-        for path in workspace.rglob("*"):
-            if path.is_file() or path.is_symlink():
-                rel = path.relative_to(workspace).as_posix()
-                if rel == ".git" or rel.startswith(".git/"):
-                    continue
-                seen.add(rel)
-                if rel in task.deliverables:
-                    continue
-                original = pristine.get(rel)
-                try:
-                    changed = original is None or path.read_text(errors="replace") != original
-                except OSError:
-                    changed = True
-                if changed:
-                    ignored.append(rel)
+    for rel in layer_entries(workspace, skip=(".git",)):
+        seen.add(rel)
+        if rel in task.deliverables:
+            continue
+        original = pristine.get(rel)
+        if original is None or read_text_regular(workspace, rel) != original:
+            ignored.append(rel)
     ignored += [rel for rel in pristine if rel not in seen and rel not in task.deliverables]
     return deliverable, sorted(set(ignored))
 

@@ -1,10 +1,12 @@
 """Egress hook loaded by every Python process in a sandbox (``PYTHONPATH=/opt/tl/py``).
 
-The sandbox has no network namespace of its own to reach anything (``--unshare-net``): the
-kernel refuses every outside connection regardless of this file. This hook adds the audit and
-the allowlist: every TCP connection attempt is first reported to the host's egress gateway over
-a private Unix socket; the gateway records it as a ``network_request`` event and answers ALLOW
-(then the same socket becomes the tunnel to the allowed service) or DENY.
+The sandbox's network namespace (``--unshare-net``) reaches nothing outside it, regardless of
+this file. This hook keeps Python's view of the allowlist at the level of host names: every TCP
+connection attempt is first reported to the host's egress gateway over a private Unix socket;
+the gateway records it as a ``network_request`` event and answers ALLOW (then the same socket
+becomes the tunnel to the allowed service) or DENY. Tools that bypass it (``python3 -I``, curl,
+nc, bash's ``/dev/tcp``) are recorded by the gateway's tap on the namespace instead (see
+``producers.fleet.sandbox.egress``).
 """
 
 from __future__ import annotations

@@ -9,15 +9,20 @@ Layout of one sandbox (host side, under ``<root>/<sandbox_id>/``)::
 plus the task type's image (``ImageStore``, one read-only directory per pinned version, shared by
 every sandbox) at ``/opt/tl`` and the host's ``/usr`` (with ``/bin``, ``/lib``… as on the host)
 read-only. Nothing else of the host is visible; ``/tmp`` is a private tmpfs. Namespaces: user,
-pid, net, ipc, uts, cgroup (``--unshare-all``); the sandbox has no network interface but loopback.
-Limits: cgroup (v1 or v2, when writable) pids/memory/CPU quota, plus rlimits through ``prlimit``
-(CPU seconds, address space, processes, file size, open files). The ``Reaper`` kills a sandbox
-at its wall-clock deadline, independent of the agent: SIGKILL to the process group and every
-cgroup member; ``--die-with-parent`` and the PID namespace take the rest down, and the kill is
-verified (no process left in the sandbox's PID namespace).
+pid, net, ipc, uts, cgroup (``--unshare-all``); the sandbox has no network interface but loopback,
+and (root host) every address it tries is recorded by the egress gateway's tap (``egress``).
+Processes run as an unprivileged host uid of their own (root host; ``host``), with the command
+executor as the PID namespace's non-dumpable init (``image/tl_exec.py``). Limits: cgroup (v1 or
+v2, when writable) pids/memory/CPU quota, plus rlimits (CPU seconds, address space, processes,
+file size, open files). A command's timeout kills everything it started. The ``Reaper`` kills a
+sandbox at its wall-clock deadline, independent of the agent: SIGKILL to the process group and
+every cgroup member; ``--die-with-parent`` and the PID namespace take the rest down, and the
+kill is verified (no process left in the sandbox's PID namespace). The host reads what a sandbox
+leaves only as regular files, never through links, never blocking (``files``).
 
 Modules: ``images`` (``ImageStore``), ``cgroups`` (``Cgroup``), ``egress`` (``EgressGateway``),
-``bwrap`` (``Sandbox``, ``Limits``, ``find_bwrap``), ``reaper`` (``Reaper``).
+``bwrap`` (``Sandbox``, ``Limits``, ``find_bwrap``), ``reaper`` (``Reaper``), ``files`` (reading a
+sandbox's layer), ``host`` (uids, the launch, entering the sandbox's network namespace).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from producers.fleet.sandbox.bwrap import (
 )
 from producers.fleet.sandbox.cgroups import Cgroup
 from producers.fleet.sandbox.egress import EgressGateway, NetworkAttempt
+from producers.fleet.sandbox.files import layer_entries, read_regular, read_text_regular, sha256_regular
 from producers.fleet.sandbox.images import ImageStore, image_tools
 from producers.fleet.sandbox.reaper import Reaper
 
@@ -59,4 +65,8 @@ __all__ = [
     "bwrap_available",
     "find_bwrap",
     "image_tools",
+    "layer_entries",
+    "read_regular",
+    "read_text_regular",
+    "sha256_regular",
 ]

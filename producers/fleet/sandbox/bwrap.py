@@ -5,24 +5,26 @@ See the package docstring for the layout and the limits.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shlex
+import resource
 import shutil
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from secrets import token_hex
 
 from producers.errors import BubblewrapMissing, SandboxError, SandboxKilled
 from producers.fleet.sandbox.cgroups import Cgroup
 from producers.fleet.sandbox.egress import EgressGateway
+from producers.fleet.sandbox.files import layer_entries, sha256_regular
+from producers.fleet.sandbox.host import UIDS, drops_privileges, launch_preexec, stage_dir
 
 BWRAP_PACKAGE = "bubblewrap"
 EXEC_FIELDS = (
+    "nonce",
     "exit_code",
     "duration_ms",
     "output_bytes",
@@ -168,7 +170,9 @@ class Sandbox:
         self.first_command_ms: float | None = None
         self._pidns: str | None = None
         self._io_lock = threading.Lock()
+        self._claimed = False
         bwrap = find_bwrap()
+        self.uid: int | None = UIDS.acquire() if drops_privileges() else None
         for rel, text in files.items():
             path = self.workspace / rel
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -179,13 +183,30 @@ class Sandbox:
         secret_file = self.dir / "secrets" / "task.env"
         secret_file.write_text("".join(f"{k}={v}\n" for k, v in (secrets or {}).items()))
         secret_file.chmod(0o400)
+        if self.uid is not None:
+            os.chown(secret_file, self.uid, self.uid)
+            os.chown(self.dir / "secrets", self.uid, self.uid)
+            self._chown_workspace()
         self.gateway = EgressGateway(self.dir / "run" / "egress.sock", allowlist, services or {})
         self.cgroup = Cgroup(f"{os.getpid()}-{sandbox_id}", limits.pids, limits.memory_bytes, limits.cpu_cores)
+        mounts = [
+            ("--ro-bind", image, "/opt/tl"),
+            ("--bind", self.workspace, "/workspace"),
+            ("--ro-bind", self.dir / "run", "/run/tl"),
+            ("--ro-bind", self.dir / "secrets", "/run/secrets"),
+            *(("--ro-bind", host_path, target) for host_path, target in ro_binds),
+        ]
+        binds: list[tuple[str, str]] = []
+        if self.uid is not None:  # bind sources reachable for the sandbox's uid (see ``host``)
+            stage = stage_dir()
+            binds = [(str(src), f"{stage}/{i}") for i, (_, src, _) in enumerate(mounts)]
+            mounts = [(kind, Path(f"{stage}/{i}"), dst) for i, (kind, _, dst) in enumerate(mounts)]
         args = [
             bwrap,
             "--die-with-parent",
             "--new-session",
             "--unshare-all",
+            "--as-pid-1",  # the executor is init: no bwrap reaper holding its pipes in the sandbox
             "--hostname",
             "sandbox",
             "--uid",
@@ -199,32 +220,17 @@ class Sandbox:
             "/dev",
             "--tmpfs",
             "/tmp",
-            "--ro-bind",
-            str(image),
-            "/opt/tl",
-            "--bind",
-            str(self.workspace),
-            "/workspace",
-            "--ro-bind",
-            str(self.dir / "run"),
-            "/run/tl",
-            "--ro-bind",
-            str(self.dir / "secrets"),
-            "/run/secrets",
         ]
-        for host_path, target in ro_binds:
-            args += ["--ro-bind", str(host_path), target]
+        for kind, src, dst in mounts:
+            args += [kind, str(src), dst]
         args += ["--chdir", "/workspace", "/usr/bin/python3", "-I", "-S", "/opt/tl/bin/tl_exec.py"]
-        prlimit = shutil.which("prlimit")
         rlimits = [
-            f"--cpu={limits.cpu_seconds}",
-            f"--as={limits.memory_bytes}",
-            f"--nproc={limits.pids}",
-            f"--fsize={limits.file_size_bytes}",
-            f"--nofile={limits.open_files}",
+            (resource.RLIMIT_CPU, limits.cpu_seconds),
+            (resource.RLIMIT_AS, limits.memory_bytes),
+            (resource.RLIMIT_NPROC, limits.pids),
+            (resource.RLIMIT_FSIZE, limits.file_size_bytes),
+            (resource.RLIMIT_NOFILE, limits.open_files),
         ]
-        command = ([prlimit, *rlimits, "--"] if prlimit else []) + args
-        script = "".join(f"echo $$ > {shlex.quote(str(p))} && " for p in self.cgroup.procs_files())
         sandbox_env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": "/workspace",
@@ -237,15 +243,15 @@ class Sandbox:
         }
         try:
             self.proc = subprocess.Popen(
-                ["/bin/sh", "-c", script + 'exec "$@"', "sandbox", *command],
+                args,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=sandbox_env,
                 start_new_session=True,
-                preexec_fn=None if prlimit else _rlimit_preexec(limits),
+                preexec_fn=launch_preexec(self.cgroup.procs_files(), rlimits, self.uid, binds),
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             self._teardown()
             raise SandboxError(f"cannot start bwrap: {exc}") from exc
         hello = self.proc.stdout.readline()  # type: ignore[union-attr]
@@ -261,8 +267,28 @@ class Sandbox:
         self.last_telemetry = dict(
             zip(("cpu_s", "maxrss_kb", "oublock", "procs"), map(float, hello.split()[1:]), strict=False)
         )
+        init = _child_of(self.proc.pid)
+        self._pidns = _namespace(init, "pid")
+        if init is not None:
+            self.gateway.attach(init)
         self.ready_ms = (time.monotonic() - self.created_at) * 1000
-        self._pidns = _pid_namespace_of_child(self.proc.pid)
+
+    def _chown_workspace(self) -> None:
+        """Give the workspace to the sandbox's uid (files the host put there: task files, a git repository).
+
+        Done at creation and once more before the first command (the host may add files in between);
+        never after a command ran (``lchown`` only, but the layer is the sandbox's from then on).
+        """
+        if self.uid is None:
+            return
+        uid = self.uid
+        os.chown(self.workspace, uid, uid)
+        for _, dirnames, filenames, dir_fd in os.fwalk(self.workspace):
+            for name in dirnames + filenames:
+                try:
+                    os.chown(name, uid, uid, dir_fd=dir_fd, follow_symlinks=False)
+                except OSError:
+                    pass
 
     # ------------------------------------------------------------------ commands
 
@@ -273,8 +299,12 @@ class Sandbox:
             SandboxKilled: the sandbox died (reaped at its deadline) before answering.
         """
         cmd, data = command.encode(), stdin.encode()
-        request = f"{len(cmd)} {len(data)} {timeout if timeout is not None else -1}\n".encode() + cmd + data
+        nonce = token_hex(8)
+        request = f"{len(cmd)} {len(data)} {timeout if timeout is not None else -1} {nonce}\n".encode() + cmd + data
         with self._io_lock:
+            if not self._claimed:
+                self._claimed = True
+                self._chown_workspace()
             try:
                 self.proc.stdin.write(request)  # type: ignore[union-attr]
                 self.proc.stdin.flush()  # type: ignore[union-attr]
@@ -289,6 +319,10 @@ class Sandbox:
             # ``killed`` is set before the first SIGKILL: a reply that raced the kill (the command
             # died first and the executor answered before it died too) is not a command result.
             raise SandboxKilled(f"sandbox {self.sandbox_id} is gone" + (" (reaped)" if self.reaped else ""))
+        if fields["nonce"] != nonce.encode():
+            # not the executor's answer to this request: the channel is out of step; nothing read from it is trusted
+            self.kill()
+            raise SandboxError(f"sandbox {self.sandbox_id}: a reply that does not answer the request (forged?)")
         if self.first_command_ms is None:
             self.first_command_ms = (time.monotonic() - self.created_at) * 1000
         telemetry = {k: float(fields[k]) for k in ("cpu_s", "maxrss_kb", "oublock", "procs")}
@@ -312,20 +346,11 @@ class Sandbox:
     # ------------------------------------------------------------------ workspace
 
     def snapshot(self) -> dict[str, tuple[int, int]]:
-        """(size, mtime_ns) of every file in the writable layer."""
-        found: dict[str, tuple[int, int]] = {}
-        for dirpath, _, names in os.walk(self.workspace):
-            for name in names:
-                path = os.path.join(dirpath, name)
-                try:
-                    st = os.lstat(path)
-                except OSError:
-                    continue
-                found[os.path.relpath(path, self.workspace)] = (st.st_size, st.st_mtime_ns)
-        return found
+        """(size, mtime_ns) of every non-directory entry in the writable layer (``lstat``; links not followed)."""
+        return {rel: (st.st_size, st.st_mtime_ns) for rel, st in layer_entries(self.workspace).items()}
 
     def diff(self, before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> list[FileChange]:
-        """Changes between two snapshots, with the new content's sha256."""
+        """Changes between two snapshots, with the new content's sha256 (``None`` unless a regular file)."""
         changes: list[FileChange] = []
         for rel, meta in sorted(after.items()):
             if before.get(rel) != meta:
@@ -335,10 +360,8 @@ class Sandbox:
         return changes
 
     def _sha(self, rel: str) -> str | None:
-        try:
-            return hashlib.sha256((self.workspace / rel).read_bytes()).hexdigest()
-        except OSError:
-            return None
+        # never through a link, never blocking on a FIFO, never more than a file may hold
+        return sha256_regular(self.workspace, rel, self.limits.file_size_bytes)
 
     # ------------------------------------------------------------------ teardown
 
@@ -404,6 +427,9 @@ class Sandbox:
         self._teardown()
 
     def _teardown(self) -> None:
+        if getattr(self, "uid", None) is not None and not _pids_in_namespace(self._pidns):
+            UIDS.release(self.uid)  # type: ignore[arg-type]
+            self.uid = None
         if hasattr(self, "gateway"):
             self.gateway.close()
         if hasattr(self, "cgroup"):
@@ -418,29 +444,26 @@ class Sandbox:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _rlimit_preexec(limits: Limits) -> Callable[[], None]:
-    import resource
-
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds))
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.pids, limits.pids))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_bytes, limits.file_size_bytes))
-
-    return apply
-
-
-def _pid_namespace_of_child(pid: int) -> str | None:
-    """The PID namespace of bwrap's first child (the sandbox's init)."""
+def _child_of(pid: int) -> int | None:
+    """bwrap's first child: the sandbox's init (the executor)."""
     for _ in range(50):
         try:
             children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-            if children:
-                return os.readlink(f"/proc/{children[0]}/ns/pid")
         except OSError:
             return None
+        if children:
+            return int(children[0])
         time.sleep(0.002)
     return None
+
+
+def _namespace(pid: int | None, kind: str) -> str | None:
+    if pid is None:
+        return None
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{kind}")
+    except OSError:
+        return None
 
 
 def _is_zombie(pid: str) -> bool:

@@ -1,0 +1,190 @@
+"""Host-side privileges of a sandbox launch: its own unprivileged uid, the launch itself, its network namespace.
+
+An unprivileged host uid per sandbox. ``bwrap`` maps exactly one uid: its caller's. Launched by
+root, every sandbox process was host root inside a user namespace (uid map ``1000 0 1``): files
+it wrote were root's, and ``RLIMIT_NPROC`` does not apply to root. So when the host is root,
+the launch drops to a uid of its own before ``exec``-ing ``bwrap`` (uid map ``1000 <uid> 1``,
+one uid per live sandbox from ``UidPool``, so ``RLIMIT_NPROC`` counts one sandbox's processes).
+``bwrap`` then resolves its bind sources with that uid's permissions, and a state directory under
+``/root`` or pytest's ``0700`` temporary root is not traversable for it; so the launch first enters
+a private mount namespace (discarded with the process) and bind-mounts each source below a
+root-owned, world-traversable staging directory (``STAGE``). Everything happens in one
+``preexec_fn`` between ``fork`` and ``exec`` (cgroup join, rlimits, mount namespace, binds,
+``setresuid``): no shell, no ``prlimit`` process, no ``setpriv``. A non-root host keeps its own
+uid (``bwrap`` maps it; it is unprivileged already).
+
+``enter_netns`` runs a function with the calling thread inside another network namespace (to
+create the egress gateway's sockets and routes there; see ``egress``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import stat
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from producers.errors import SandboxError
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+#: First host uid handed to sandboxes, far above any real account and any subuid range in use.
+UID_BASE = 2_000_000_000
+UIDS_PER_PROCESS = 1024
+T = TypeVar("T")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+class UidPool:
+    """Host uids for live sandboxes: distinct within this process and (by pid) from other processes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: list[int] = []
+        self._next = 0
+        self._pid = -1
+
+    def acquire(self) -> int:
+        """A uid no live sandbox of this process has.
+
+        Raises:
+            SandboxError: more than ``UIDS_PER_PROCESS`` sandboxes at once.
+        """
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child gets a range of its own
+                self._pid, self._free, self._next = os.getpid(), [], 0
+            if self._free:
+                return self._free.pop()
+            if self._next >= UIDS_PER_PROCESS:
+                raise SandboxError(f"more than {UIDS_PER_PROCESS} live sandboxes in one process")
+            self._next += 1
+            return UID_BASE + (os.getpid() % 2_000_000) * UIDS_PER_PROCESS + self._next - 1
+
+    def release(self, uid: int) -> None:
+        """Give a uid back once no process of its sandbox is left."""
+        with self._lock:
+            if self._pid == os.getpid():
+                self._free.append(uid)
+
+
+UIDS = UidPool()
+
+
+def drops_privileges() -> bool:
+    """Whether sandboxes get their own unprivileged uid (the host is root)."""
+    return os.geteuid() == 0
+
+
+def stage_dir() -> Path:
+    """The root-owned, world-traversable staging directory for bind sources (created once).
+
+    Raises:
+        SandboxError: it exists but is not a root-owned directory (someone else made it).
+    """
+    base = Path("/run") if Path("/run").is_dir() else Path(tempfile.gettempdir())
+    path = base / "trajlake-sandbox-stage"
+    try:
+        path.mkdir(mode=0o755, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as exc:
+        raise SandboxError(f"cannot create the sandbox staging directory {path}: {exc}") from exc
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise SandboxError(f"{path} is not a root-owned directory writable only by root; remove it")
+    return path
+
+
+def launch_preexec(
+    cgroup_procs: Sequence[Path],
+    rlimits: Sequence[tuple[int, int]],
+    uid: int | None,
+    binds: Sequence[tuple[str, str]],
+) -> Callable[[], None]:
+    """The ``preexec_fn`` of a sandbox launch (runs in the forked child, before ``exec`` of ``bwrap``).
+
+    Args:
+        cgroup_procs: ``cgroup.procs`` files to join.
+        rlimits: (resource, limit) pairs, set as soft and hard limits.
+        uid: the unprivileged uid (and gid) to become; ``None`` keeps the caller's.
+        binds: (host source, staging path) pairs bind-mounted in a private mount namespace.
+    """
+    procs = [os.fsencode(p) for p in cgroup_procs]
+    mounts = [(os.fsencode(src), os.fsencode(dst), os.path.isdir(src)) for src, dst in binds]
+    stage = os.fsencode(os.path.dirname(binds[0][1])) if binds else b""
+
+    def apply() -> None:
+        me = str(os.getpid()).encode()
+        for path in procs:
+            try:
+                fd = os.open(path, os.O_WRONLY)
+                try:
+                    os.write(fd, me)
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass
+        for kind, limit in rlimits:
+            resource.setrlimit(kind, (limit, limit))
+        if uid is None:
+            return
+        if mounts:
+            _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+            _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+            _check(_libc.mount(b"tmpfs", stage, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755,size=64k"), "stage")
+            for src, dst, is_dir in mounts:
+                if is_dir:
+                    os.mkdir(dst, 0o755)
+                else:
+                    os.close(os.open(dst, os.O_CREAT | os.O_WRONLY, 0o644))
+                _check(_libc.mount(src, dst, None, MS_BIND | MS_REC, None), f"bind {src!r}")
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+
+    return apply
+
+
+@contextmanager
+def _in_netns(pid: int) -> Iterator[None]:
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _check(_libc.setns(target, CLONE_NEWNET), "setns(net)")
+        finally:
+            os.close(target)
+        try:
+            yield
+        finally:
+            _check(_libc.setns(own, CLONE_NEWNET), "setns(back)")
+    finally:
+        os.close(own)
+
+
+def enter_netns(pid: int, fn: Callable[[], T]) -> T:
+    """Run ``fn`` with this thread in the network namespace of process ``pid`` (needs root).
+
+    Sockets created by ``fn`` stay in that namespace; the thread returns to its own afterwards.
+
+    Raises:
+        OSError: the namespace cannot be entered.
+    """
+    with _in_netns(pid):
+        return fn()
