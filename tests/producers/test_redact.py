@@ -335,5 +335,62 @@ def test_export_removes_secrets_that_bypassed_the_producer(tmp_path: Path, injec
         text = (out / f"{fmt}.jsonl").read_text()
         records = [json.loads(line) for line in text.splitlines()]
         assert REDACTED in text
-        left = {case.kind: leaks(case, records) for case in CASES if leaks(case, records) or leaks(case, [{"export": text}])}
+        left = {
+            case.kind: leaks(case, records) for case in CASES if leaks(case, records) or leaks(case, [{"export": text}])
+        }
         assert left == {}, fmt
+
+
+def test_local_fleet_injected_task_token_is_redacted_wherever_printed(settings, tmp_path, monkeypatch):
+    import re
+
+    from producers import redact
+    from producers.fleet import agents, local, run_fleet
+    from producers.fleet.sandbox import bwrap_available
+
+    if not bwrap_available():
+        pytest.skip("bubblewrap cannot create sandboxes here")
+
+    def leak(ctx):
+        ctx.bash("cut -d= -f2 /run/secrets/task.env", "Print the task token alone.")
+        ctx.bash("cat /run/secrets/task.env; rev /run/secrets/task.env | rev", "And the whole file.")
+        return agents.AgentOutcome("gave_up", "fail")
+
+    monkeypatch.setitem(local.POLICIES, "leak", leak)
+    producer, sent = _capturing_producer()
+    raw: list[dict] = []
+
+    def sink(event):
+        raw.append(json.loads(json.dumps(event)))  # what the host saw, before redaction
+        producer.emit(event)
+
+    run_fleet(settings, "local", 1, seed=3, sink=sink, policy_mix={"leak": 1.0}, labels_path=tmp_path / "l.jsonl")
+    outputs = [e["payload"]["output"] for e in raw if e["event_type"] == "env_feedback"]
+    tokens = {m for out in outputs for m in re.findall(r"\b[0-9a-f]{32}\b", out)}
+    assert len(tokens) == 1  # the injected TL_TASK_TOKEN, printed alone and in the file
+    token = tokens.pop()
+    decoded = [decode_event(value) for value in sent]
+    assert len(decoded) == len(raw) and not any(token in text for text in strings_of(decoded))
+    assert any(f"{REDACTED}\n" == e["payload"].get("output") for e in decoded if e["event_type"] == "env_feedback")
+    assert token not in redact._secret_values  # forgotten once the session's events are out
+
+
+def test_bench_redaction_prints_recall_false_positives_and_cost():
+    from typer.testing import CliRunner
+
+    from trajlake.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "redaction", "--no-detect-secrets", "--real", str(REAL_RUNS_DIR)])
+    assert result.exit_code == 0, result.output
+    labels = ("recall overall", "FP redactions", "FP in run files", "us/event", "vs encode")
+    figures = {
+        label: line[len(label) :].split()
+        for line in result.output.splitlines()
+        for label in labels
+        if line.startswith(label)
+    }
+    assert float(figures["recall overall"][0]) == 1.0
+    if real_run_files(REAL_RUNS_DIR):
+        assert figures["FP redactions"] == ["0"] and figures["FP in run files"] == ["0"]
+    assert float(figures["us/event"][0]) > 0 and figures["vs encode"][0].endswith("x")
+    assert sum(1 for line in result.output.splitlines() if line.rstrip().endswith("1.00")) == len(CASES)
