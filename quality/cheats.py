@@ -374,10 +374,13 @@ def _segments(command: str) -> list[list[str]]:
     """Shell words per simple command (split on ; && || | and newlines); unparsable parts are split on spaces."""
     out = []
     for part in re.split(r"&&|\|\||[;|\n]", command):
-        try:
-            words = shlex.split(part, comments=False)
-        except ValueError:
-            words = part.split()
+        if not any(c in part for c in "'\"\\"):
+            words = part.split()  # nothing to unquote: shlex would split the same, a hundred times slower
+        else:
+            try:
+                words = shlex.split(part, comments=False)
+            except ValueError:
+                words = part.split()
         if words:
             out.append(words)
     return out
@@ -457,7 +460,30 @@ def _revealed_history(steps: pl.DataFrame, ctx: dict[str, _Session]) -> list[_Hi
     return hits
 
 
-def _from_commands(steps: pl.DataFrame, ctx: dict[str, _Session], config: QualityConfig) -> list[_Hit]:
+def _command_context(sessions: pl.DataFrame | None, key: pl.DataType) -> pl.DataFrame:
+    """session_id, workspace root and history policy of every session, computed in columns (no per-row Python)."""
+    schema = {"session_id": key, "root": pl.Utf8, "hist": pl.Boolean}
+    if sessions is None or sessions.is_empty():
+        return pl.DataFrame(schema=schema)
+
+    def column(name: str) -> pl.Expr:
+        return pl.col(name).cast(pl.Utf8) if name in sessions.columns else pl.lit(None, pl.Utf8)
+
+    root = column("workspace_root").str.strip_chars().str.strip_chars_end("/")
+    flag = column("history_forbidden").str.strip_chars().str.to_lowercase()
+    hist = flag.is_in(["true", "1", "yes", "forbidden"]).fill_null(False) | (
+        column("history_commit").str.strip_chars().fill_null("") != ""
+    )
+    return sessions.select(
+        pl.col("session_id").cast(key),
+        pl.when(root.fill_null("") == "").then(pl.lit(DEFAULT_WORKSPACE)).otherwise(root).alias("root"),
+        hist.alias("hist"),
+    )
+
+
+def _from_commands(
+    steps: pl.DataFrame, ctx: dict[str, _Session], config: QualityConfig, context: pl.DataFrame
+) -> list[_Hit]:
     # Commands repeat heavily across sessions (run_tests, cat, ls): judge each distinct
     # (command, workspace root, history policy, success) once.
     evaluator_re = re.compile(
@@ -469,14 +495,6 @@ def _from_commands(steps: pl.DataFrame, ctx: dict[str, _Session], config: Qualit
     ).filter(pl.col("command") != "")
     if frame.is_empty():
         return []
-    context = pl.DataFrame(
-        {
-            "session_id": list(ctx),
-            "root": [c.root for c in ctx.values()],
-            "hist": [c.history_forbidden for c in ctx.values()],
-        },
-        schema={"session_id": frame.schema["session_id"], "root": pl.Utf8, "hist": pl.Boolean},
-    )
     frame = frame.join(context, on="session_id", how="left").with_columns(
         pl.col("root").fill_null(DEFAULT_WORKSPACE), pl.col("hist").fill_null(False)
     )
@@ -785,11 +803,40 @@ def detect_cheats(
         ``event_ids``, ``paths``, ``commands``, ``hosts``, ``reasons``; ``score`` is the detector's confidence.
     """
     config = config or QualityConfig()
-    ctx = _sessions(sessions)
+    key = steps.schema.get("session_id", pl.Utf8)
+    # Per-row Python context only for sessions some detector reads it for: with file or network
+    # events, written content or shown assertions, a submission, an evaluation, a declared history.
+    ctx: dict[str, _Session] = {}
+    if sessions is not None and not sessions.is_empty():
+        text = pl.col("command").fill_null("")
+        interesting = text.str.contains("<<", literal=True)
+        if "arguments" in steps.columns:
+            interesting = interesting | pl.col("arguments").fill_null("").str.contains(
+                '"(?:' + "|".join(_CONTENT_KEYS) + ')"'
+            )
+        if "output" in steps.columns:
+            interesting = interesting | pl.col("output").fill_null("").str.contains("assert", literal=True)
+        needed = pl.concat(
+            [
+                steps.filter(interesting).select(pl.col("session_id").cast(key)),
+                file_ops.select(pl.col("session_id").cast(key)),
+                network.select(pl.col("session_id").cast(key)),
+                sessions.filter(
+                    pl.any_horizontal(
+                        pl.col(c).is_not_null()
+                        for c in ("submission", "eval_details", "history_commit", "protected_files", "deliverables")
+                        if c in sessions.columns
+                    )
+                    if any(c in sessions.columns for c in ("submission", "eval_details", "history_commit"))
+                    else pl.lit(False)
+                ).select(pl.col("session_id").cast(key)),
+            ]
+        ).unique()
+        ctx = _sessions(sessions.with_columns(pl.col("session_id").cast(key)).join(needed, on="session_id", how="semi"))
     hits = [
         *_from_file_ops(file_ops, ctx, config),
         *_from_network(network, ctx),
-        *_from_commands(steps, ctx, config),
+        *_from_commands(steps, ctx, config, _command_context(sessions, key)),
         *_from_content(steps, ctx, config),
         *_from_submission(ctx, config),
         *_from_evaluation(ctx),
