@@ -50,12 +50,20 @@ def _is_event_list(data: Any) -> bool:
     )
 
 
-def _is_eval_output(data: Any) -> bool:
+def _is_output_record(record: Any) -> bool:
     return (
-        isinstance(data, JsonLines)
-        and bool(data.records)
-        and all(isinstance(r, dict) and isinstance(r.get("history"), list) for _, r in data.records)
+        isinstance(record, dict)
+        and isinstance(record.get("history"), list)
+        and "trajectory" not in record  # SWE-agent's .traj also has a history
+        and ("instance_id" in record or "instruction" in record)
     )
+
+
+def _is_eval_output(data: Any) -> bool:
+    """OpenHands evaluation output: JSON Lines of output records, or a file holding one record."""
+    if isinstance(data, JsonLines):
+        return bool(data.records) and all(_is_output_record(r) for _, r in data.records)
+    return _is_output_record(data)
 
 
 def looks_like(data: Any) -> bool:
@@ -75,6 +83,13 @@ def _flatten_history(history: list[Any]) -> list[dict[str, Any]]:
         if "id" not in event:  # "No observation" placeholders carry no id
             event["id"], next_id = next_id, next_id + 1
     return [e for e in events if "action" in e or "observation" in e]
+
+
+def _patch_of(test_result: Any) -> str | None:
+    """The submitted patch of a SWE-bench-style output (``test_result.git_patch``), verbatim, or None."""
+    if isinstance(test_result, dict) and isinstance(test_result.get("git_patch"), str):
+        return test_result["git_patch"] or None
+    return None
 
 
 def _verdict(test_result: Any) -> bool | None:
@@ -113,7 +128,8 @@ def convert(source: SourceFile) -> list[Event]:
     """
     if _is_eval_output(source.data):
         events: list[Event] = []
-        for sha, record in source.data.records:
+        lines = source.data.records if isinstance(source.data, JsonLines) else [(source.sha256, source.data)]
+        for sha, record in lines:
             events += _convert_output_record(SourceFile(source.path, sha, record))
         return events
     records = source.data
@@ -144,6 +160,7 @@ def _convert_output_record(source: SourceFile) -> list[Event]:
         "verdict": _verdict(record.get("test_result")),
         "test_result": record.get("test_result"),
         "agent_version": str(metadata["agent_class"]) if metadata.get("agent_class") else None,
+        "submission": _patch_of(record.get("test_result")),
     }
     if not any(r.get("source") == "user" and r.get("action") == "message" for r in records):
         records = [
@@ -205,6 +222,7 @@ def _convert_events(source: SourceFile, records: list[dict[str, Any]], run: dict
     new_context: list[str] = [instruction]
     previous_ts = stamps[0]
     finished, last_state = False, ""
+    finish: tuple[str, str] | None = None  # (event id, tool call id) of the last finish action
     for index, record in enumerate(records):
         ts = stamps[index]
         kind, observation = record.get("action"), record.get("observation")
@@ -248,6 +266,8 @@ def _convert_events(source: SourceFile, records: list[dict[str, Any]], run: dict
             )
             actions[record["id"]] = (event_id, builder.now, call_id)
             finished = finished or kind == "finish"
+            if kind == "finish":
+                finish = (event_id, call_id)
         elif observation == "agent_state_changed":
             last_state = str((record.get("extras") or {}).get("agent_state") or "")
         elif observation and observation != "null" and record.get("cause") in actions:
@@ -277,11 +297,23 @@ def _convert_events(source: SourceFile, records: list[dict[str, Any]], run: dict
             previous_ts = ts
 
     builder.advance(max(known) if known else None)
+    submission, submission_event = run.get("submission"), None
+    if submission:
+        # the patch the harness took from the workspace answers the last finish (or, without one, the last action)
+        target = finish
+        if target is None and actions:
+            last_id, _, last_call = list(actions.values())[-1]
+            target = (last_id, last_call)
+        if target is not None:
+            builder.tick()
+            submission_event = builder.feedback(target[0], submission, tool_call_id=target[1])
     exit_status = "error" if last_state == "error" else "finish" if finished else last_state or "stopped"
     error = run.get("error")
     runtime_s = (max(known) - min(known)) / 1e6 if known else 0.0
     reason = f"{exit_status}: {error.strip().splitlines()[-1]}"[:1000] if error and error.strip() else exit_status
-    builder.emitter.end(end_status(exit_status, None, error), runtime_s, exit_reason=reason)
+    payload = {"status": end_status(exit_status, None, error), "runtime_s": runtime_s, "exit_reason": reason}
+    extra = {"submission_event_id": submission_event} if submission_event else None
+    builder.emitter.emit("session_end", payload, "system", extra=extra)
     verdict = run.get("verdict")
     if verdict is not None:
         builder.tick()

@@ -293,3 +293,19 @@ def test_reasoning_content_is_the_thought(tmp_path: Path) -> None:
         for _ in m.get("tool_calls") or [None]
     ]
     assert thoughts == expected and sum(map(bool, thoughts)) > 50
+
+
+def test_openhands_swe_bench_output_keeps_the_git_patch_verbatim(tmp_path: Path) -> None:
+    line = json.loads((DATA / "openhands" / "eval-output" / "ProntoQA.output.jsonl").read_text().splitlines()[0])
+    patch = "diff --git a/m.py b/m.py\nindex 1..2 100644\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-x = 1\n+x = 2  # ünï\n"
+    line.update(instance_id="astropy__astropy-12907", test_result={"git_patch": patch})
+    path = tmp_path / "output.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    events = import_trajectory(path)
+    end = next(e for e in events if e["event_type"] == "session_end")
+    (feedback,) = [e for e in events if e["event_id"] == end["extra"]["submission_event_id"]]
+    assert feedback["payload"]["output"].encode() == patch.encode()
+    finish = next(e for e in events if e["event_type"] == "agent_action" and e["payload"]["tool_name"] == "finish")
+    assert feedback["parent_event_id"] == finish["event_id"]
+    assert "evaluation" not in {e["event_type"] for e in events}  # a patch alone says nothing about success
+    assert events[0]["task_id"] == "astropy__astropy-12907"
