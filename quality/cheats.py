@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
+from polars._typing import PolarsDataType
 
 from quality.config import GOVERNANCE, QualityConfig
 
@@ -460,9 +461,9 @@ def _revealed_history(steps: pl.DataFrame, ctx: dict[str, _Session]) -> list[_Hi
     return hits
 
 
-def _command_context(sessions: pl.DataFrame | None, key: pl.DataType) -> pl.DataFrame:
+def _command_context(sessions: pl.DataFrame | None, key: PolarsDataType) -> pl.DataFrame:
     """session_id, workspace root and history policy of every session, computed in columns (no per-row Python)."""
-    schema = {"session_id": key, "root": pl.Utf8, "hist": pl.Boolean}
+    schema = pl.Schema({"session_id": key, "root": pl.Utf8, "hist": pl.Boolean})
     if sessions is None or sessions.is_empty():
         return pl.DataFrame(schema=schema)
 
@@ -803,7 +804,7 @@ def detect_cheats(
         ``event_ids``, ``paths``, ``commands``, ``hosts``, ``reasons``; ``score`` is the detector's confidence.
     """
     config = config or QualityConfig()
-    key = steps.schema.get("session_id", pl.Utf8)
+    key: PolarsDataType = steps.schema.get("session_id", pl.Utf8)
     # Per-row Python context only for sessions some detector reads it for: with file or network
     # events, written content or shown assertions, a submission, an evaluation, a declared history.
     ctx: dict[str, _Session] = {}
