@@ -399,7 +399,7 @@ def bench_ingest_cmd(
     naive: Annotated[bool, typer.Option(help="Also run the naive pyiceberg baseline.")] = True,
 ) -> None:
     """Kafka → Iceberg raw events vs the consume+decode floor and a naive baseline."""
-    from benchmarks.pipeline import bench_ingest
+    from benchmarks.ingest import bench_ingest
 
     bench_ingest(events=events, naive=naive)
 
@@ -407,7 +407,7 @@ def bench_ingest_cmd(
 @bench_app.command("decode")
 def bench_decode_cmd(events: Annotated[int, typer.Option(help="Records to decode.")] = 50_000) -> None:
     """Batch decoding vs per-record decode_event on the same bytes."""
-    from benchmarks.pipeline import bench_decode
+    from benchmarks.ingest import bench_decode
 
     bench_decode(events=events)
 
@@ -415,7 +415,7 @@ def bench_decode_cmd(events: Annotated[int, typer.Option(help="Records to decode
 @bench_app.command("memory")
 def bench_memory_cmd(events: Annotated[int, typer.Option(help="Records of backlog.")] = 1_000_000) -> None:
     """Ingest peak RSS with a backlog vs a backlog ten times smaller."""
-    from benchmarks.pipeline import bench_memory
+    from benchmarks.ingest import bench_memory
 
     bench_memory(events=events)
 
@@ -423,7 +423,7 @@ def bench_memory_cmd(events: Annotated[int, typer.Option(help="Records of backlo
 @bench_app.command("query")
 def bench_query_cmd(events: Annotated[int, typer.Option(help="Events loaded into raw_events.")] = 1_000_000) -> None:
     """DuckDB aggregates and one session's events vs a full scan."""
-    from benchmarks.pipeline import bench_query
+    from benchmarks.lakehouse import bench_query
 
     bench_query(events=events)
 
@@ -431,7 +431,7 @@ def bench_query_cmd(events: Annotated[int, typer.Option(help="Events loaded into
 @bench_app.command("scaleout")
 def bench_scaleout_cmd(events: Annotated[int, typer.Option(help="Records of backlog.")] = 300_000) -> None:
     """Two ingest processes in one group vs one: throughput, duplicates and loss."""
-    from benchmarks.pipeline import bench_scaleout
+    from benchmarks.ingest import bench_scaleout
 
     bench_scaleout(events=events)
 
@@ -444,7 +444,7 @@ def bench_replay_cmd(
     workers: Annotated[int, typer.Option(min=1, help="Synthetic generator processes.")] = 2,
 ) -> None:
     """One hour of traffic: produce → ingest → assemble → score → export, wall vs traffic span."""
-    from benchmarks.pipeline import bench_replay
+    from benchmarks.replay import bench_replay
 
     bench_replay(sessions=sessions, seed=seed, template_reuse=template_reuse, workers=workers)
 
@@ -455,7 +455,7 @@ def bench_freshness_cmd(
     seconds: Annotated[float, typer.Option(help="Seconds of traffic.")] = 60.0,
 ) -> None:
     """``ingest --follow``: send → visible in raw_events (p50/p95) vs send → Kafka consumer."""
-    from benchmarks.pipeline import bench_freshness
+    from benchmarks.ingest import bench_freshness
 
     bench_freshness(rate=rate, seconds=seconds)
 
@@ -463,7 +463,7 @@ def bench_freshness_cmd(
 @bench_app.command("assemble")
 def bench_assemble_cmd(events: Annotated[int, typer.Option(help="Raw events to assemble.")] = 10_000_000) -> None:
     """Assembly peak RSS over a large raw-events table vs one ten times smaller."""
-    from benchmarks.pipeline import bench_assemble
+    from benchmarks.lakehouse import bench_assemble
 
     bench_assemble(events=events)
 

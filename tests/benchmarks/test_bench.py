@@ -6,16 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.pipeline import (
-    BENCHMARKS,
-    Figure,
-    bench_decode,
-    bench_ingest,
-    bench_memory,
-    bench_query,
-    bench_scaleout,
-    encoded_events,
-)
+from benchmarks import BENCHMARKS
+from benchmarks.harness import Figure, encoded_events
+from benchmarks.ingest import bench_decode, bench_ingest, bench_memory, bench_scaleout
+from benchmarks.lakehouse import bench_query
 from schemas.registry import decode_event
 
 

@@ -1,0 +1,373 @@
+"""Ingest benchmarks: throughput against the per-record baseline, batch decoding, memory, scale-out, freshness."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import Consumer
+
+from benchmarks.harness import (
+    Figure,
+    bench_home,
+    child_peak_rss,
+    cli_child,
+    cli_env,
+    encoded_events,
+    print_figures,
+    produce_encoded,
+)
+from common.broker import ensure_topic, resolve_bootstrap
+from common.settings import Settings
+from pipelines.decode import BatchDecoder, with_coordinates
+from pipelines.ingest import IngestWorker, consumer_config, event_row
+from producers.sdk import EventProducer
+from schemas.errors import DecodeError
+from schemas.registry import decode_event
+from warehouse.catalog import open_catalog
+from warehouse.tables import RAW_EVENTS, ensure_table
+
+
+def consume_all(
+    settings: Settings, expected: int, on_batch: Callable[[list[Any]], None], group: str
+) -> tuple[float, int]:
+    """Consume ``expected`` records in a new group, handing each poll's messages to ``on_batch``.
+
+    Returns seconds from the first record received to the last batch handled, and bytes.
+    """
+    config = consumer_config(settings.model_copy(update={"consumer_group": group}), resolve_bootstrap(settings))
+    consumer = Consumer(config)
+    consumer.subscribe([settings.topic])
+    seen = n_bytes = 0
+    first: float | None = None
+    deadline = time.monotonic() + 120 + expected / 1000
+    try:
+        while seen < expected and time.monotonic() < deadline:
+            messages = [m for m in consumer.consume(num_messages=10_000, timeout=0.5) if delivered(m)]
+            if not messages:
+                continue
+            first = first or time.perf_counter()
+            on_batch(messages)
+            seen += len(messages)
+            n_bytes += sum(len(m.value() or b"") for m in messages)
+    finally:
+        consumer.close()
+    if seen < expected:
+        raise RuntimeError(f"consumed {seen} of {expected} records from {settings.topic} before the deadline")
+    return time.perf_counter() - (first or time.perf_counter()), n_bytes
+
+
+def delivered(message: Any) -> bool:
+    # Partition EOF and transient errors carry no record; librdkafka retries on its own.
+    return message.error() is None
+
+
+def bench_ingest(events: int = 200_000, home: Path | None = None, naive: bool = True) -> dict[str, Any]:
+    """Kafka → Iceberg raw events: ingest vs the consume+decode floor and a naive pyiceberg baseline.
+
+    Args:
+        events: records in the backlog.
+        home: TRAJLAKE_HOME to use (a temporary directory by default).
+        naive: also run the naive baseline (per-record dicts appended with pyiceberg).
+    """
+    records = encoded_events(events)
+    with bench_home(home) as settings:
+        produce_seconds = produce_encoded(settings, records)
+        max_bytes = settings.max_event_bytes
+
+        def floor_batch(messages: list[Any]) -> None:
+            for message in messages:
+                with contextlib.suppress(DecodeError):
+                    decode_event(message.value() or b"", max_bytes=max_bytes)
+
+        floor_seconds, n_bytes = consume_all(settings, events, floor_batch, f"floor-{uuid.uuid4().hex[:6]}")
+
+        result: dict[str, Any] = {
+            "events": events,
+            "mb": n_bytes / 1e6,
+            "produce_events_per_s": events / produce_seconds,
+        }
+        if naive:
+            naive_settings = settings.model_copy(update={"namespace": "naive"})
+            catalog = open_catalog(naive_settings)
+            table = ensure_table(catalog, naive_settings, RAW_EVENTS.name)
+            schema = RAW_EVENTS.arrow_schema()
+
+            def naive_batch(messages: list[Any]) -> None:
+                now = datetime.now(UTC)
+                rows = []
+                for m in messages:
+                    with contextlib.suppress(DecodeError):
+                        event = decode_event(m.value() or b"", max_bytes=max_bytes)
+                        rows.append(event_row(event, m.topic(), m.partition(), m.offset(), now))
+                table.append(pa.Table.from_pylist(rows, schema=schema))
+
+            naive_seconds, _ = consume_all(settings, events, naive_batch, f"naive-{uuid.uuid4().hex[:6]}")
+            result["naive_events_per_s"] = events / naive_seconds
+
+        stats = IngestWorker(settings).run(until_idle=2.0)
+        if stats.events != events:
+            raise RuntimeError(f"ingest landed {stats.events} of {events} events ({stats.as_dict()})")
+        # The worker's own timings: from its first received record to the end of its last batch commit.
+        ingest_seconds = stats.timings.first_record_to_last_commit_s
+        rate = events / ingest_seconds
+        figures = [
+            Figure("ingest vs floor (consume+per-record decode, no sink)", rate, events / floor_seconds, "events/s")
+        ]
+        if naive:
+            figures.append(
+                Figure("ingest vs naive (dicts + pyiceberg append)", rate, result["naive_events_per_s"], "events/s")
+            )
+        result.update(
+            events_per_s=rate,
+            mb_per_s=n_bytes / 1e6 / ingest_seconds,
+            floor_events_per_s=events / floor_seconds,
+            batches=stats.batches,
+            consume_s=stats.timings.consume_s,
+            decode_s=stats.timings.decode_s,
+            commit_s=stats.timings.commit_s,
+            figures=[f.as_dict() for f in figures],
+        )
+    print_figures("ingest", figures, result)
+    return result
+
+
+def bench_decode(events: int = 50_000) -> dict[str, Any]:
+    """Batch decoding vs per-record ``decode_event`` + ``from_pylist`` on the same bytes (no Kafka)."""
+    values = [value for _, _, value in encoded_events(events)]
+    schema = RAW_EVENTS.arrow_schema()
+    now = datetime.now(UTC)
+    started = time.perf_counter()
+    rows = [event_row(decode_event(v), "t", 0, i, now) for i, v in enumerate(values)]
+    pa.Table.from_pylist(rows, schema=schema)
+    baseline = events / (time.perf_counter() - started)
+    with BatchDecoder(schema, isolate=True) as decoder:
+        decoder.decode(values[:10])  # start the decoder process outside the timing
+        started = time.perf_counter()
+        decoded = decoder.decode(values)
+        n = len(values)
+        with_coordinates(decoded.events, schema, "t", pa.array([0] * n, pa.int32()), pa.array(range(n)), now)
+        rate = events / (time.perf_counter() - started)
+    figures = [Figure("batch decode vs per-record decode_event", rate, baseline, "events/s")]
+    result = {
+        "events": events,
+        "events_per_s": rate,
+        "baseline_events_per_s": baseline,
+        "figures": [f.as_dict() for f in figures],
+    }
+    print_figures("decode", figures, result)
+    return result
+
+
+def ingest_peak_rss(settings: Settings, topic: str, group: str) -> tuple[int, float]:
+    """Run ``trajlake ingest --until-idle`` as a child on ``topic``; returns its peak tree RSS and seconds."""
+    env = cli_env(settings, TRAJLAKE_TOPIC=topic, TRAJLAKE_CONSUMER_GROUP=group)
+    return child_peak_rss(["ingest", "--until-idle", "2"], env)
+
+
+def bench_memory(events: int = 1_000_000, home: Path | None = None) -> dict[str, Any]:
+    """Ingest peak RSS (process tree) with a backlog of ``events`` vs a backlog ten times smaller.
+
+    A ratio near 1 means memory does not grow with the backlog (batches are bounded).
+    """
+    small = max(events // 10, 1)
+    with bench_home(home) as settings:
+        topics = {}
+        for size in (small, events):
+            topic = f"{settings.topic}-{size}"
+            ensure_topic(resolve_bootstrap(settings), topic, settings.topic_partitions)
+            produce_encoded(settings.model_copy(update={"topic": topic}), encoded_events(size))
+            topics[size] = topic
+        small_rss, _ = ingest_peak_rss(settings, topics[small], f"mem-{small}")
+        big_rss, big_s = ingest_peak_rss(settings, topics[events], f"mem-{events}")
+    figures = [
+        Figure(
+            f"ingest peak RSS, backlog {events:,} vs {small:,}",
+            big_rss / 2**20,
+            small_rss / 2**20,
+            "MiB",
+            higher_is_better=False,
+        )
+    ]
+    result = {
+        "events": events,
+        "peak_rss_mib": big_rss / 2**20,
+        "baseline_peak_rss_mib": small_rss / 2**20,
+        "ingest_s": big_s,
+        "figures": [f.as_dict() for f in figures],
+    }
+    print_figures("memory", figures, result)
+    return result
+
+
+def ingest_children(settings: Settings, topic: str, group: str, namespace: str, workers: int) -> float:
+    """Run ``workers`` ``trajlake ingest --until-idle`` processes in one group; returns wall seconds."""
+    env = cli_env(settings, TRAJLAKE_TOPIC=topic, TRAJLAKE_CONSUMER_GROUP=group, TRAJLAKE_NAMESPACE=namespace)
+    started = time.perf_counter()
+    children = [cli_child(["ingest", "--until-idle", "3"], env) for _ in range(workers)]
+    for child in children:
+        _, stderr = child.communicate()
+        if child.returncode != 0:
+            raise RuntimeError(f"ingest worker exited {child.returncode}: {stderr.decode()[-2000:]}")
+    return time.perf_counter() - started
+
+
+def bench_scaleout(events: int = 300_000, home: Path | None = None) -> dict[str, Any]:
+    """Two ingest processes in one consumer group vs one, on the same backlog, with a duplicate check.
+
+    Each side drains the same topic into its own namespace; wall time includes process start,
+    the group join and the idle window for both, so the ratio compares like with like. On a
+    2-core machine the two workers share the cores: the figure is evidence that partitions
+    split cleanly and exactly-once holds across workers, not a cluster throughput.
+    """
+    from warehouse.sql import run_query
+
+    with bench_home(home) as settings:
+        produce_encoded(settings, encoded_events(events))
+        one_s = ingest_children(settings, settings.topic, f"one-{uuid.uuid4().hex[:6]}", "scale_one", 1)
+        two_s = ingest_children(settings, settings.topic, f"two-{uuid.uuid4().hex[:6]}", "scale_two", 2)
+        counts = {}
+        for namespace in ("scale_one", "scale_two"):
+            rows = run_query(
+                settings.model_copy(update={"namespace": namespace}),
+                "SELECT count(*), count(DISTINCT event_id), count(DISTINCT kafka_partition) FROM events",
+            )[1]
+            counts[namespace] = rows[0]
+    figures = [
+        Figure("2 ingest processes vs 1 (same backlog, wall incl. join)", events / two_s, events / one_s, "events/s")
+    ]
+    total, distinct, partitions = counts["scale_two"]
+    result = {
+        "events": events,
+        "one_worker_s": one_s,
+        "two_workers_s": two_s,
+        "two_workers_rows": total,
+        "two_workers_distinct_event_ids": distinct,
+        "two_workers_duplicates": total - distinct,
+        "two_workers_lost": events - distinct,
+        "partitions_covered": partitions,
+        "one_worker_rows": counts["scale_one"][0],
+        "figures": [f.as_dict() for f in figures],
+    }
+    print_figures("scaleout", figures, result)
+    return result
+
+
+def bench_freshness(
+    rate: float = 2_000.0, seconds: float = 60.0, home: Path | None = None, poll_s: float = 0.2
+) -> dict[str, Any]:
+    """``trajlake ingest --follow``: time from an event's send to its visibility in ``raw_events``.
+
+    Events are sent at a steady ``rate`` (2,000/s ≈ the average of 3M sessions/day) for
+    ``seconds``; a poller refreshes the Iceberg table every ``poll_s`` and stamps the
+    events of each new snapshot. Baseline, in the same run: the broker's own delivery
+    latency, send → received by a plain consumer in another group. The ratio says how
+    much later than Kafka itself an event becomes queryable.
+    """
+    import signal
+    import threading
+
+    import numpy as np
+
+    from warehouse.snapshots import current_files, files_added_since
+    from warehouse.sql import connect, parquet_source
+
+    with bench_home(home) as settings:
+        records = encoded_events(int(rate * seconds))
+        sent: dict[str, float] = {}
+        delivered: dict[str, float] = {}
+        visible: dict[str, float] = {}
+        done = threading.Event()
+        ingest = cli_child(["ingest", "--follow"], cli_env(settings))
+        table = ensure_table(open_catalog(settings), settings, RAW_EVENTS.name)
+
+        def consume_plain() -> None:
+            group = f"fresh-{uuid.uuid4().hex[:6]}"
+            config = consumer_config(
+                settings.model_copy(update={"consumer_group": group}), resolve_bootstrap(settings), follow=True
+            )
+            consumer = Consumer({**config, "fetch.min.bytes": 1, "fetch.wait.max.ms": 10})
+            consumer.subscribe([settings.topic])
+            while not done.is_set():
+                for message in consumer.consume(num_messages=1000, timeout=0.1):
+                    if message.error() is None:
+                        event_id = dict(message.headers() or []).get("event_id")
+                        if isinstance(event_id, bytes):
+                            delivered.setdefault(event_id.decode(), time.perf_counter())
+            consumer.close()
+
+        def poll_table() -> None:
+            nonlocal table
+            seen = None
+            while not done.is_set():
+                time.sleep(poll_s)
+                table = table.refresh()
+                snapshot = table.current_snapshot()
+                if snapshot is None or snapshot.snapshot_id == seen:
+                    continue
+                paths = files_added_since(table, seen) if seen is not None else current_files(table).paths
+                seen = snapshot.snapshot_id
+                if not paths:
+                    continue
+                now = time.perf_counter()
+                for (key,) in connect().sql(f"SELECT event_id FROM {parquet_source(paths)}").fetchall():
+                    visible.setdefault(key, now)
+
+        threads = [threading.Thread(target=consume_plain), threading.Thread(target=poll_table)]
+        for thread in threads:
+            thread.start()
+        try:
+            time.sleep(8)  # the ingest process starts and joins its group before traffic begins
+            producer = EventProducer(
+                resolve_bootstrap(settings), settings.topic, "fresh-host", extra_config={"linger.ms": "5"}
+            )
+            start = time.perf_counter()
+            for i, (session_id, event_id, value) in enumerate(records):
+                due = start + i / rate
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                sent[event_id] = time.perf_counter()
+                producer.send(session_id, event_id, value)
+            producer.flush(60)
+            deadline = time.monotonic() + 60
+            while len(visible) < len(records) and time.monotonic() < deadline:
+                time.sleep(0.5)
+        finally:
+            done.set()
+            for thread in threads:
+                thread.join(30)
+            ingest.send_signal(signal.SIGTERM)
+            ingest.wait(60)
+    lag = np.array([visible[k] - sent[k] for k in sent if k in visible])
+    kafka = np.array([delivered[k] - sent[k] for k in sent if k in delivered])
+    if len(lag) < len(sent):
+        raise RuntimeError(f"only {len(lag)} of {len(sent)} events became visible within 60 s after the last send")
+    p95, kafka_p95 = float(np.percentile(lag, 95)), float(np.percentile(kafka, 95))
+    figures = [
+        Figure(
+            "freshness p95: send → visible in raw_events vs send → Kafka consumer",
+            p95,
+            kafka_p95,
+            "s",
+            higher_is_better=False,
+        )
+    ]
+    result = {
+        "events": len(sent),
+        "rate_per_s": rate,
+        "visible_p50_s": float(np.percentile(lag, 50)),
+        "visible_p95_s": p95,
+        "visible_max_s": float(lag.max()),
+        "kafka_p50_s": float(np.percentile(kafka, 50)),
+        "kafka_p95_s": kafka_p95,
+        "figures": [f.as_dict() for f in figures],
+    }
+    print_figures("freshness", figures, result)
+    return result
