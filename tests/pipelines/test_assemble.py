@@ -127,3 +127,50 @@ def test_chunked_assembly_equals_one_pass_and_replaces_rows(settings: Settings, 
     stats = assemble(small, as_of=AS_OF)
     assert stats.chunks >= 4
     assert snapshot(small) == expected
+
+
+def test_a_session_that_cannot_be_assembled_is_quarantined_and_the_rest_land(settings: Settings, monkeypatch) -> None:
+    """Whatever breaks one session's aggregation (here: a forced DuckDB error) leaves the others whole."""
+    import duckdb
+
+    import pipelines.assemble as assembly
+
+    events = sample_events(9, seed=13)
+    sessions = sorted({e["session_id"] for e in events})
+    bad = sessions[4]
+    real = assembly._sanitize_values
+
+    def breaks_on_bad(con: duckdb.DuckDBPyConnection) -> list:
+        if con.execute("SELECT count(*) FROM ev WHERE session_id = $s", {"s": bad}).fetchone()[0]:
+            raise duckdb.ConversionException(f"Could not cast value nan to DECIMAL(38,12) in {bad}")
+        return real(con)
+
+    monkeypatch.setattr(assembly, "_sanitize_values", breaks_on_bad)
+    write_raw(settings, events)
+    stats = assemble(settings, as_of=AS_OF)
+    assert stats.skipped_sessions == 1 and stats.trajectories_written == len(sessions) - 1
+    _, rows = run_query(settings, "SELECT session_id FROM trajectories ORDER BY 1")
+    assert [r[0] for r in rows] == [s for s in sessions if s != bad]
+    _, rows = run_query(settings, "SELECT DISTINCT session_id FROM steps")
+    assert bad not in {r[0] for r in rows}
+    _, rows = run_query(settings, "SELECT session_id, reason, action, detail FROM quarantine")
+    assert [r[:3] for r in rows] == [(bad, "assembly_failed", "skipped")] and "DECIMAL" in rows[0][3]
+    # once the session can be assembled, the next run that recomputes it lands it and clears the quarantine
+    monkeypatch.setattr(assembly, "_sanitize_values", real)
+    assert assemble(settings, as_of=AS_OF, full=True).skipped_sessions == 0
+    _, rows = run_query(settings, "SELECT count(*) FROM trajectories")
+    assert rows[0][0] == len(sessions)
+    assert run_query(settings, "SELECT count(*) FROM quarantine")[1][0][0] == 0
+
+
+def test_a_bug_in_our_sql_is_not_blamed_on_the_sessions(settings: Settings, monkeypatch) -> None:
+    """A binder error would hit every session alike: it stops the run instead of quarantining them all."""
+    import duckdb
+    import pytest
+
+    import pipelines.assemble as assembly
+
+    monkeypatch.setattr(assembly, "_STEPS_SQL", "SELECT no_such_column FROM ev")
+    write_raw(settings, sample_events(2, seed=1))
+    with pytest.raises(duckdb.BinderException):
+        assemble(settings)
