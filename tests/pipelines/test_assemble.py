@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from common.settings import Settings
 from pipelines.assemble import assemble
-from tests.helpers import AS_OF, sample_events, snapshot, write_raw
+from tests.helpers import AS_OF, one_row, sample_events, snapshot, write_raw
 from warehouse.sql import run_query
 
 
@@ -141,7 +141,7 @@ def test_a_session_that_cannot_be_assembled_is_quarantined_and_the_rest_land(set
     real = assembly._sanitize_values
 
     def breaks_on_bad(con: duckdb.DuckDBPyConnection) -> list:
-        if con.execute("SELECT count(*) FROM ev WHERE session_id = $s", {"s": bad}).fetchone()[0]:
+        if one_row(con, "SELECT count(*) FROM ev WHERE session_id = $s", {"s": bad})[0]:
             raise duckdb.ConversionException(f"Could not cast value nan to DECIMAL(38,12) in {bad}")
         return real(con)
 

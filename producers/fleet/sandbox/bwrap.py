@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from secrets import token_hex
+from typing import IO
 
 from producers.errors import BubblewrapMissing, SandboxError, SandboxKilled
 from producers.fleet.sandbox.cgroups import Cgroup
@@ -254,9 +255,10 @@ class Sandbox:
         except (OSError, subprocess.SubprocessError) as exc:
             self._teardown()
             raise SandboxError(f"cannot start bwrap: {exc}") from exc
-        hello = self.proc.stdout.readline()  # type: ignore[union-attr]
+        self._stdin, self._stdout, self._stderr = _pipes(self.proc)
+        hello = self._stdout.readline()
         if not hello:
-            err = self.proc.stderr.read().decode(errors="replace")[-500:]  # type: ignore[union-attr]
+            err = self._stderr.read().decode(errors="replace")[-500:]
             self.kill()
             self.cleanup()
             raise SandboxError(f"sandbox {sandbox_id} failed to start: {err.strip()}")
@@ -306,13 +308,13 @@ class Sandbox:
                 self._claimed = True
                 self._chown_workspace()
             try:
-                self.proc.stdin.write(request)  # type: ignore[union-attr]
-                self.proc.stdin.flush()  # type: ignore[union-attr]
-                header = self.proc.stdout.readline()  # type: ignore[union-attr]
+                self._stdin.write(request)
+                self._stdin.flush()
+                header = self._stdout.readline()
                 fields = dict(zip(EXEC_FIELDS, header.split(), strict=True)) if header else None
                 if fields is not None:
-                    reason = self.proc.stdout.read(int(fields["reason_len"]))  # type: ignore[union-attr]
-                    output = self.proc.stdout.read(int(fields["output_len"]))  # type: ignore[union-attr]
+                    reason = self._stdout.read(int(fields["reason_len"]))
+                    output = self._stdout.read(int(fields["output_len"]))
             except (BrokenPipeError, ValueError, OSError) as exc:
                 raise SandboxKilled(f"sandbox {self.sandbox_id} is gone: {exc}") from exc
         if fields is None or self.killed:
@@ -416,7 +418,7 @@ class Sandbox:
     def stop(self) -> None:
         """End the sandbox normally (close the executor's stdin, then make sure)."""
         try:
-            self.proc.stdin.close()  # type: ignore[union-attr]
+            self._stdin.close()
             self.proc.wait(2)
         except (OSError, subprocess.TimeoutExpired, ValueError):
             pass
@@ -427,8 +429,9 @@ class Sandbox:
         self._teardown()
 
     def _teardown(self) -> None:
-        if getattr(self, "uid", None) is not None and not _pids_in_namespace(self._pidns):
-            UIDS.release(self.uid)  # type: ignore[arg-type]
+        uid = getattr(self, "uid", None)
+        if uid is not None and not _pids_in_namespace(self._pidns):
+            UIDS.release(uid)
             self.uid = None
         if hasattr(self, "gateway"):
             self.gateway.close()
@@ -442,6 +445,17 @@ class Sandbox:
                 except OSError:
                     pass
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _pipes(proc: subprocess.Popen[bytes]) -> tuple[IO[bytes], IO[bytes], IO[bytes]]:
+    """The stdin, stdout and stderr of a process started with all three as pipes.
+
+    Raises:
+        SandboxError: one of them is missing.
+    """
+    if proc.stdin is None or proc.stdout is None or proc.stderr is None:
+        raise SandboxError("bwrap started without its stdin/stdout/stderr pipes")
+    return proc.stdin, proc.stdout, proc.stderr
 
 
 def _child_of(pid: int) -> int | None:
