@@ -1,6 +1,6 @@
 """Fleet benchmarks: sandbox start latency, local throughput, synthetic encoding rate.
 
-``python -m benchmarks.fleet`` (or ``fleet_benchmarks(settings)``) prints and returns:
+``trajlake bench fleet`` (or ``python -m benchmarks.fleet``) prints and returns:
 
 - ``local_first_command_ms_p50/p95``: sandbox creation → first command answered, one at a time;
 - ``local_sessions_per_min_c4``: complete local sessions (agent + evaluation) per minute at

@@ -513,15 +513,6 @@ def run_synthetic_workers(
     return report
 
 
-def fleet_benchmarks(
-    settings: Settings, local_sessions: int = 16, synthetic_events: int = 300_000, seed: int = 0
-) -> dict[str, float]:
-    """Measure the fleet's figures (see ``benchmarks.fleet``) and return them."""
-    from benchmarks.fleet import run_benchmarks
-
-    return run_benchmarks(settings, local_sessions=local_sessions, synthetic_events=synthetic_events, seed=seed)
-
-
 __all__ = [
     "BACKENDS",
     "BubblewrapMissing",
@@ -532,7 +523,6 @@ __all__ = [
     "ListSink",
     "Perturbation",
     "bwrap_available",
-    "fleet_benchmarks",
     "make_fleet",
     "run_fleet",
 ]
