@@ -194,9 +194,11 @@ def test_two_machines_assembling_at_once_on_postgres_write_each_session_once(
     catalog = open_catalog(pg_settings)
     with job_lock(pg_settings, catalog, "score", lease_s=1.0):
         pass
+    from pyiceberg.catalog.sql import SqlCatalog
     from sqlalchemy import text
 
-    with catalog.engine.begin() as con:  # type: ignore[attr-defined]
+    assert isinstance(catalog, SqlCatalog)  # TRAJLAKE_CATALOG_URI is a PostgreSQL URL here
+    with catalog.engine.begin() as con:
         con.execute(
             text("INSERT INTO trajlake_locks VALUES (:n, 'other', 'machine-b', 1, :t)"),
             {"n": f"{pg_settings.namespace}:score", "t": time.time() + 2},
