@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import functools
+import itertools
 import json
 import re
 import string
@@ -429,8 +431,11 @@ class _TooDeep(Exception):
     pass
 
 
-def _redact_parsed(value: Any, depth: int) -> Any:
+def _redact_parsed(value: Any, depth: int, suspects: set[int] | None = None) -> Any:
+    """Redact inside ``value``; with ``suspects``, only strings whose ``id`` is in it can hold a secret."""
     if type(value) is str:
+        if suspects is not None and id(value) not in suspects:
+            return value
         return _redact_json_text(value, depth + 1)
     if depth > MAX_DEPTH:
         raise _TooDeep
@@ -440,10 +445,10 @@ def _redact_parsed(value: Any, depth: int) -> Any:
             if type(item) is str and is_secret_name(key) and not _is_placeholder(item):
                 out[key] = REDACTED
             else:
-                out[key] = _redact_parsed(item, depth + 1)
+                out[key] = _redact_parsed(item, depth + 1, suspects)
         return out
     if isinstance(value, list | tuple):
-        return type(value)(_redact_parsed(item, depth + 1) for item in value)
+        return type(value)(_redact_parsed(item, depth + 1, suspects) for item in value)
     if isinstance(value, str):
         return _redact_json_text(str(value), depth + 1)
     return value
@@ -523,10 +528,24 @@ def redact_value(value: Any) -> Any:
     """
     strings: list[str] = []
     key_hit = _collect(value, strings)
-    if not key_hit and not _may_contain_secret("\x00".join(strings)):
-        return value
+    joined = "\x00".join(strings)  # no trigger contains NUL: a match lies within one string
+    matches = _AUTOMATON.find_matches_as_indexes(_lower(joined))
+    suspects: set[int] | None = None
+    injected = _injected()
+    if any(trigger in joined for trigger, _ in _CASED_TRIGGERS) or (
+        injected is not None and injected.find_matches_as_indexes(joined)
+    ):
+        pass  # rare: every string is looked at
+    elif not matches:
+        if not key_hit:
+            return value
+        suspects = set()
+    else:
+        # the strings holding a trigger, found from match positions without scanning each string again
+        starts = list(itertools.accumulate((len(text) + 1 for text in strings), initial=0))
+        suspects = {id(strings[bisect.bisect_right(starts, start) - 1]) for _, start, _ in matches}
     try:
-        return _redact_parsed(value, 0)
+        return _redact_parsed(value, 0, suspects)
     except (_TooDeep, RecursionError) as exc:
         raise RedactionError(f"value nested deeper than {MAX_DEPTH} levels; refusing to pass it on unredacted") from exc
 

@@ -313,19 +313,19 @@ def test_export_removes_secrets_that_bypassed_the_producer(tmp_path: Path, injec
 
     settings = load_settings(home=tmp_path / "home", topic="unused", kafka_bootstrap=None, catalog_uri=None)
     events: list[dict] = []
-    run_fleet(settings, backend="synthetic", sessions=30, seed=11, cheat_rate=0.0, sink=events.append)
-    texts = "\n".join(case.text for case in CASES)
-    for event in events:
+    run_fleet(settings, backend="synthetic", sessions=12, seed=11, cheat_rate=0.0, sink=events.append)
+    everything = "\n".join(case.text for case in CASES)
+    for n, event in enumerate(events):  # every case in every instruction, and rotating through the steps
         payload = event["payload"]
         if event["event_type"] == "session_start":
-            payload["instruction"] = (payload.get("instruction") or "") + "\n" + texts
+            payload["instruction"] = (payload.get("instruction") or "") + "\n" + everything
         elif event["event_type"] == "agent_action":
-            payload["thought"] = (payload.get("thought") or "") + "\n" + texts
+            payload["thought"] = (payload.get("thought") or "") + "\n" + CASES[n % len(CASES)].text
             arguments = json.loads(payload["arguments"])
-            arguments["env"] = texts
+            arguments["env"] = CASES[(n + 1) % len(CASES)].text
             payload["arguments"] = json.dumps(arguments)
         elif event["event_type"] == "env_feedback":
-            payload["output"] = (payload.get("output") or "") + "\n" + texts
+            payload["output"] = (payload.get("output") or "") + "\n" + CASES[(n + 2) % len(CASES)].text
     write_raw(settings, events, batch_size=5000)  # straight into raw events: no producer, no redaction
     assemble(settings)
     assert score_all(settings).exportable > 0
