@@ -271,8 +271,12 @@ class Sandbox:
         )
         init = _child_of(self.proc.pid)
         self._pidns = _namespace(init, "pid")
+        # The egress tap is set up while the executor hardens itself and the caller prepares the
+        # session; the first command waits for it (``run``), so no command runs untapped.
+        self._tap: threading.Thread | None = None
         if init is not None:
-            self.gateway.attach(init)
+            self._tap = threading.Thread(target=self.gateway.attach, args=(init,), name=f"tap-{sandbox_id}")
+            self._tap.start()
         self.ready_ms = (time.monotonic() - self.created_at) * 1000
 
     def _chown_workspace(self) -> None:
@@ -304,6 +308,9 @@ class Sandbox:
         nonce = token_hex(8)
         request = f"{len(cmd)} {len(data)} {timeout if timeout is not None else -1} {nonce}\n".encode() + cmd + data
         with self._io_lock:
+            if self._tap is not None:
+                self._tap.join()
+                self._tap = None
             if not self._claimed:
                 self._claimed = True
                 self._chown_workspace()
@@ -429,6 +436,9 @@ class Sandbox:
         self._teardown()
 
     def _teardown(self) -> None:
+        tap = getattr(self, "_tap", None)
+        if tap is not None:
+            tap.join()
         uid = getattr(self, "uid", None)
         if uid is not None and not _pids_in_namespace(self._pidns):
             UIDS.release(uid)

@@ -172,7 +172,6 @@ def test_every_tools_network_attempt_is_recorded(tmp_path, image):
     sandbox = Sandbox("egress", tmp_path / "sb", image, {}, Limits(), allowlist=("rates.internal:80",),
                       services={"rates.internal:80": {"/r": '{"ok": 1}'}})  # fmt: skip
     try:
-        assert sandbox.gateway.tapped
         probes = [
             "curl -s -m 3 http://example.com:8080/x",
             "python3 -I -c \"import socket; socket.create_connection(('example.org', 443), timeout=3)\"",
@@ -187,6 +186,7 @@ def test_every_tools_network_attempt_is_recorded(tmp_path, image):
         local = sandbox.run("python3 -S -c \"import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); s.listen();"
                             " socket.create_connection(s.getsockname()).close()\"")  # fmt: skip
         time.sleep(0.3)
+        assert sandbox.gateway.tapped
         seen = {(a.host, a.port, a.allowed, a.protocol) for a in sandbox.gateway.drain()}
         expected = {
             ("example.com", 8080, False, "tcp"),
