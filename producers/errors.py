@@ -47,3 +47,15 @@ class NonFiniteNumberError(ProducerError, TerminalError):
 
 class RedactionError(ProducerError, TerminalError):
     """A value cannot be redacted safely (nested deeper than the redactor walks); it is refused, never sent."""
+
+
+class AgentSpecError(FleetError, TerminalError):
+    """``--agent`` names no built-in policy, ``llm`` or loadable ``module:callable`` / ``file.py:callable``."""
+
+
+class AgentToolError(FleetError):
+    """An agent's tool call was refused or failed (a path outside the workspace, a file that cannot be read)."""
+
+
+class ModelAPIError(FleetError):
+    """The model endpoint answered with an error that retrying does not fix, or kept failing past the retries."""

@@ -261,12 +261,17 @@ def make_fleet(
     time_compression: float | None = None,
     start_us: int | None = None,
     host_id: str | None = None,
+    agent: str | None = None,
+    llm: Any = None,
+    caps: Any = None,
+    group_size: int = 1,
 ) -> Fleet:
-    """Construct a backend by name.
+    """Construct a backend by name (``agent``, ``llm``, ``caps``, ``group_size``: see ``run_fleet``).
 
     Raises:
-        ValueError: unknown backend.
+        ValueError: unknown backend, or live-agent options for the synthetic backend.
         BubblewrapMissing: ``local`` without ``bwrap`` installed.
+        AgentSpecError: an ``agent`` that does not resolve.
     """
     if backend == "local":
         from producers.fleet.local import LocalFleet
@@ -277,7 +282,13 @@ def make_fleet(
             timeout_s=timeout_s,
             policy_mix=policy_mix,
             host_id=host_id,
+            agent=agent,
+            llm=llm,
+            caps=caps,
+            group_size=group_size,
         )
+    if agent is not None or group_size != 1:
+        raise ValueError("--agent and --group-size need --backend local (the synthetic fleet simulates its agents)")
     if backend == "synthetic":
         from producers.fleet.synthetic import SyntheticFleet
 
@@ -310,6 +321,11 @@ def run_fleet(
     start_us: int | None = None,
     host_id: str | None = None,
     workers: int = 1,
+    agent: str | None = None,
+    llm: Any = None,
+    caps: Any = None,
+    group_size: int = 1,
+    plans: Any = None,
 ) -> FleetReport:
     """Run a fleet; events go to Kafka (or ``sink``), labels to ``labels_path``.
 
@@ -333,6 +349,12 @@ def run_fleet(
         host_id: recorded in every event.
         workers: synthetic generator processes, each producing its shard of the stream with its
             own Kafka producer (``sink`` must be None); labels are merged in shard order.
+        agent: the local fleet's agent: a built-in policy, ``llm``, ``module:callable`` or
+            ``path/file.py:callable`` (``producers.fleet.agent_api``); ``None`` draws scripted policies.
+        llm: ``producers.fleet.llm.LLMConfig`` for ``agent='llm'``.
+        caps: ``producers.fleet.agent_caps.Caps`` (steps, model tokens, cost) for every session.
+        group_size: attempts of each of the ``sessions`` task instances (rollout groups).
+        plans: explicit ``producers.fleet.local.SessionPlan`` list (retries); overrides ``sessions``.
 
     Raises:
         BubblewrapMissing: ``local`` requested, bubblewrap unusable, and not ``fallback``.
@@ -378,6 +400,10 @@ def run_fleet(
         time_compression=time_compression,
         start_us=start_us,
         host_id=host_id,
+        agent=agent,
+        llm=llm,
+        caps=caps,
+        group_size=group_size,
     )
     producer = None
     if sink is None:
@@ -398,8 +424,15 @@ def run_fleet(
     labels = LabelWriter(labels_path)
     started = time.monotonic()
     try:
+        run_kwargs: dict[str, Any] = {"plans": plans} if plans is not None else {}
         report = fleet.run(
-            sessions, seed=seed, cheat_rate=cheat_rate, sink=target, labels=labels, concurrency=concurrency
+            sessions,
+            seed=seed,
+            cheat_rate=cheat_rate,
+            sink=target,
+            labels=labels,
+            concurrency=concurrency,
+            **run_kwargs,
         )
         if producer is not None:
             producer.flush()

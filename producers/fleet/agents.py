@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from producers.fleet.agent_caps import Caps
 from producers.fleet.perturb import TRANSIENT_EXIT, Perturbation
 from producers.fleet.sandbox import CommandResult, Sandbox
 from producers.fleet.tasks import TaskInstance
@@ -84,8 +85,24 @@ class AgentContext:
     bytes_written: int = 0
     transcript: Any = field(default_factory=hashlib.sha256)
     on_step: Callable[[], None] | None = None
+    caps: Caps = field(default_factory=Caps)
+    model_tokens: int = 0  # prompt + completion tokens of every model call so far (the max_model_tokens budget)
+    live_turn: dict[str, Any] | None = None  # set by a live agent: its action fields replace the simulated turn
+
+    def check_caps(self) -> None:
+        """Stop the agent when a cap is reached (steps, model tokens, cost, wall-clock deadline).
+
+        Raises:
+            CapReached: naming the cap.
+        """
+        self.caps.check(steps=self.steps, model_tokens=self.model_tokens, cost_usd=self.cost_usd)
 
     def _model_turn(self, thought: str, command: str, tool: str, arguments: dict[str, Any]) -> str:
+        if self.live_turn is not None:  # a live agent's own model call was recorded already: only the action
+            turn = self.live_turn
+            # a retried action (transient environment failure) carries no second share of tokens or cost
+            self.live_turn = {**turn, "output_tokens": 0, "reasoning_tokens": 0, "cost_usd": 0.0}
+            return self.session.action(tool, arguments=arguments, command=command, **turn)
         message_id = f"msg_{self.steps}"
         previous = self.context_tokens
         self.context_tokens += tokens(thought) + 40
@@ -106,6 +123,7 @@ class AgentContext:
             + (output_tokens + reasoning) * PRICE_PER_MTOK["output"]
         ) / 1e6
         self.cost_usd += cost
+        self.model_tokens += self.context_tokens + output_tokens + reasoning
         return self.session.action(
             tool,
             arguments=arguments,
@@ -120,13 +138,29 @@ class AgentContext:
         )
 
     def call(
-        self, tool: str, command: str, thought: str, arguments: dict[str, Any] | None = None, stdin: str = ""
+        self,
+        tool: str,
+        command: str,
+        thought: str,
+        arguments: dict[str, Any] | None = None,
+        stdin: str = "",
+        timeout: float | None = None,
     ) -> CommandResult:
         """One tool call: model turn, real command (with perturbation), observations.
 
+        Args:
+            tool: the tool's name (``gen_ai.tool.name``).
+            command: the shell command that implements it in the sandbox.
+            thought: the (simulated) reasoning recorded with the action.
+            arguments: the tool's arguments as the model gave them (default ``{"command": command}``).
+            stdin: bytes fed to the command.
+            timeout: seconds before the command is killed (default: the sandbox's).
+
         Raises:
             SandboxKilled: the sandbox was reaped while the command ran.
+            CapReached: a cap (steps, model tokens, cost, deadline) was reached before the call.
         """
+        self.check_caps()  # a command outliving the deadline is the reaper's (exit_reason 'reaper')
         action_id = self._model_turn(thought, command, tool, arguments or {"command": command})
         before = self.sandbox.snapshot()
         result: CommandResult | None = None
@@ -136,7 +170,7 @@ class AgentContext:
             if delay:
                 time.sleep(delay)
             if failure is None:
-                result = self.sandbox.run(command, stdin=stdin)
+                result = self.sandbox.run(command, stdin=stdin, timeout=timeout)
                 result.duration_ms += delay * 1000
                 result.output = self.perturb.vary_output(result.output, self.rng)
                 break
@@ -158,7 +192,7 @@ class AgentContext:
                 arguments or {"command": command},
             )
         if result is None:
-            result = self.sandbox.run(command, stdin=stdin)
+            result = self.sandbox.run(command, stdin=stdin, timeout=timeout)
         self._network(action_id)
         self._feedback(action_id, result)
         for change in self.sandbox.diff(before, self.sandbox.snapshot()):
@@ -205,7 +239,7 @@ class AgentContext:
             truncated=result.truncated,
             output_bytes=result.output_bytes,
             failure_reason=result.failure_reason,
-            tool_call_id=f"call_{self.steps}",
+            tool_call_id=(self.live_turn or {}).get("tool_call_id") or f"call_{self.steps}",
         )
 
     def _network(self, action_id: str | None) -> None:

@@ -16,6 +16,7 @@ import random
 import secrets
 import socket
 import time
+import traceback
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from producers.errors import ModelAPIError
 from producers.fleet import EventSink, FleetReport, LabelWriter, percentiles
+from producers.fleet.agent_api import AgentSession, AgentSpec, resolve_agent
+from producers.fleet.agent_caps import CapReached, Caps
 from producers.fleet.agents import MODEL, POLICIES, AgentContext, AgentOutcome, cheat_type, choose_policy
 from producers.fleet.evaluator import collect_deliverable, evaluate, protected_files
 from producers.fleet.perturb import Perturbation
@@ -35,6 +39,37 @@ from producers.sdk import SessionEmitter
 
 AGENT_NAME = "scripted-agent"  # the same for every policy: the policy is ground truth, not an event field
 AGENT_VERSION = "1.0"
+MAX_TRACEBACK_CHARS = 20_000
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """What one session runs: a task instance (by seed and index, or given), its group and attempt.
+
+    Attributes:
+        task_index: ``task_for(seed, task_index)``: the same seed and index give the same instance.
+        group_id: the rollout group (K attempts of one instance), or ``None``.
+        attempt: attempt number of the instance, from 1.
+        retry_of: the session this one re-runs (``trajlake fleet retry``), or ``None``.
+        task: an explicit task instance (a retry rebuilds it from the recorded family and seed).
+        agent: the agent of a retry (the one the original session ran), else the fleet's.
+    """
+
+    task_index: int
+    group_id: str | None = None
+    attempt: int = 1
+    retry_of: str | None = None
+    task: TaskInstance | None = None
+    agent: str | None = None
+
+
+def group_plans(sessions: int, seed: int, group_size: int = 1) -> list[SessionPlan]:
+    """``sessions`` task instances × ``group_size`` attempts each (one group id per instance when K > 1)."""
+    plans = []
+    for task_index in range(sessions):
+        group = hashlib.sha256(f"group:{seed}:{task_index}".encode()).hexdigest()[:24] if group_size > 1 else None
+        plans += [SessionPlan(task_index, group, attempt) for attempt in range(1, group_size + 1)]
+    return plans
 
 
 @dataclass
@@ -67,6 +102,11 @@ class LocalFleet:
         policy_mix: explicit policy weights (default: ``choose_policy``'s mix).
         host_id: recorded in every event.
         limits: resource limits (the deadline comes from ``timeout_s`` or the task).
+        agent: ``--agent`` (a built-in policy, ``llm``, ``module:callable``, ``file.py:callable``);
+            ``None`` draws scripted policies from the mix.
+        llm: the LLM agent's endpoint and sampling (required with ``agent='llm'``).
+        caps: per-session caps (steps, model tokens, cost); a live agent also stops at its deadline.
+        group_size: attempts of each task instance (a rollout group with one ``group_id``).
 
     Raises:
         BubblewrapMissing: ``bwrap`` is not installed.
@@ -82,7 +122,12 @@ class LocalFleet:
         policy_mix: dict[str, float] | None = None,
         host_id: str | None = None,
         limits: Limits | None = None,
+        agent: str | None = None,
+        llm: Any = None,
+        caps: Caps | None = None,
+        group_size: int = 1,
     ) -> None:
+        from producers.fleet.llm.record import ContentStore
         from producers.fleet.sandbox import find_bwrap
 
         find_bwrap()
@@ -96,6 +141,17 @@ class LocalFleet:
         self.host_id = host_id or f"local-{socket.gethostname()}"
         self.limits = limits or Limits()
         self._runner = image_tools()["bin/tl_test.py"].decode()
+        self.agent: AgentSpec | None = resolve_agent(agent) if agent else None
+        self.llm = llm
+        if self.agent is not None and self.agent.kind == "llm" and llm is None:
+            from producers.errors import AgentSpecError
+
+            raise AgentSpecError("--agent llm needs --model-endpoint and --model")
+        self.caps = caps or Caps()
+        if group_size < 1:
+            raise ValueError(f"group size must be at least 1, got {group_size}")
+        self.group_size = group_size
+        self.store = ContentStore()  # one per fleet: content any of its sessions sent is stored once
 
     def image_for(self, task: TaskInstance) -> Path:
         """The pinned read-only image of a task's type."""
@@ -111,9 +167,22 @@ class LocalFleet:
         sink: EventSink,
         labels: LabelWriter,
         concurrency: int = 4,
+        plans: list[SessionPlan] | None = None,
     ) -> FleetReport:
-        """Run ``sessions`` sessions, ``concurrency`` at a time."""
+        """Run ``sessions`` task instances (× ``group_size`` attempts), ``concurrency`` sessions at a time.
+
+        Args:
+            sessions: task instances (each run ``group_size`` times).
+            seed: task instances and policies derive from it.
+            cheat_rate: share of cheating scripted policies.
+            sink: where events go.
+            labels: ground truth.
+            concurrency: sandboxes at once.
+            plans: explicit sessions (``trajlake fleet retry``); overrides ``sessions``.
+        """
         from producers.fleet import CountingSink
+
+        todo = plans if plans is not None else group_plans(sessions, seed, self.group_size)
 
         counting = CountingSink(sink)
         reaper = Reaper()
@@ -122,8 +191,8 @@ class LocalFleet:
             with ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="sandbox") as pool:
                 records = list(
                     pool.map(
-                        lambda i: self.run_session(i, seed, cheat_rate, counting, labels, reaper),
-                        range(sessions),
+                        lambda i: self.run_session(i, seed, cheat_rate, counting, labels, reaper, todo[i]),
+                        range(len(todo)),
                     )
                 )
         finally:
@@ -152,12 +221,24 @@ class LocalFleet:
         return report
 
     def run_session(
-        self, index: int, seed: int, cheat_rate: float, sink: Any, labels: LabelWriter, reaper: Reaper
+        self,
+        index: int,
+        seed: int,
+        cheat_rate: float,
+        sink: Any,
+        labels: LabelWriter,
+        reaper: Reaper,
+        plan: SessionPlan | None = None,
     ) -> SessionRecord:
         """One complete session: sandbox, agent, evaluation, events, label."""
+        plan = plan or SessionPlan(index)
         rng = random.Random(f"fleet:{seed}:{index}")
-        task = task_for(seed, index)
-        policy = choose_policy(rng, cheat_rate, self.policy_mix)
+        task = plan.task or task_for(seed, plan.task_index)
+        agent = resolve_agent(plan.agent) if plan.agent else self.agent
+        policy = choose_policy(rng, cheat_rate, self.policy_mix) if agent is None else agent.spec
+        live = agent is not None and agent.kind != "policy"
+        if agent is not None and agent.kind == "policy":
+            agent = None
         image_name, image_version = task.image
         image = self.image_for(task)
         session_id = uuid.uuid4().hex
@@ -171,12 +252,14 @@ class LocalFleet:
             host_id=self.host_id,
             image_name=image_name,
             image_version=image_version,
-            agent_name=AGENT_NAME,
+            agent_name=AGENT_NAME if not live else ("llm-agent" if policy == "llm" else policy),
             agent_version=AGENT_VERSION,
-            agent_model=MODEL,
-            policy_version="scripted-v1",
+            agent_model=MODEL if not live else (self.llm.model if policy == "llm" else None),
+            policy_version="scripted-v1" if not live else (_llm_policy_version() if policy == "llm" else "custom"),
             extra={"backend": "local", "task_family": task.family},
         )
+        # v3 envelope fields (every event of the session carries them)
+        emitter.envelope.update(group_id=plan.group_id, attempt=plan.attempt, retry_of=plan.retry_of)
         timeout_s = self.timeout_s or task.timeout_s
         limits = Limits(
             cpu_cores=self.limits.cpu_cores,
@@ -234,15 +317,44 @@ class LocalFleet:
                 "git_head": repo.pristine_commit,
                 "git_history_ref": repo.leak_ref,
                 "git_history_commit": repo.fix_commit,
+                # what a retry or a group needs to run the same instance again
+                "task_seed": str(task.seed),
+                "agent_spec": policy,
             },
         )
-        ctx = AgentContext(emitter, sandbox, task, random.Random(rng.getrandbits(64)), self.perturb)
+        caps = Caps(
+            self.caps.max_steps,
+            self.caps.max_model_tokens,
+            self.caps.max_cost_usd,
+            started + timeout_s if live else None,  # a scripted policy meets only the reaper
+        )
+        ctx = AgentContext(emitter, sandbox, task, random.Random(rng.getrandbits(64)), self.perturb, caps=caps)
         outcome: AgentOutcome | None = None
         crashed: str | None = None
+        cap: str | None = None
+        api_error: str | None = None
         try:
-            outcome = POLICIES[policy](ctx)
+            if agent is None:
+                outcome = POLICIES[policy](ctx)
+            else:
+                self._run_agent(agent, ctx)
+                outcome = AgentOutcome("completed", "unknown")
         except SandboxKilled as exc:
             crashed = None if sandbox.reaped else str(exc)
+        except CapReached as exc:
+            cap = exc.reason
+            outcome = AgentOutcome("capped", "unknown")
+        except ModelAPIError as exc:
+            api_error = str(exc)
+        except Exception:  # a custom agent's own bug: its session fails, the fleet goes on
+            if not live:
+                raise
+            outcome = AgentOutcome("failed", "fail")
+            emitter.emit(
+                "annotation",
+                {"key": "agent_error", "value": traceback.format_exc()[-MAX_TRACEBACK_CHARS:], "author": "fleet"},
+                "system",
+            )
         ctx._network(None)  # attempts made by a command that never answered
         stats = sandbox.stats()
         if not sandbox.killed:
@@ -252,8 +364,14 @@ class LocalFleet:
         sandbox.cleanup()
         result = evaluate(task, deliverable, image, self.sandbox_root, reaper, ignored_changes=ignored)
         emitter.emit("evaluation", result.payload(), "evaluator", extra=result.extra())
-        if sandbox.reaped:
+        if cap is not None and not sandbox.reaped:
+            status, exit_reason = "capped", cap
+        elif sandbox.reaped:
             status, exit_reason = "timeout", "reaper"
+        elif api_error is not None:
+            status, exit_reason = "error", f"model_api_error: {api_error}"[:200]
+        elif outcome is not None and outcome.status == "failed" and live:
+            status, exit_reason = "failed", "agent_raised"
         elif crashed is not None or outcome is None:
             status, exit_reason = "error", f"sandbox died: {crashed}"[:200]
         else:
@@ -297,10 +415,13 @@ class LocalFleet:
             family=task.family,
             seed=task.seed,
             backend="local",
+            group_id=plan.group_id,
+            attempt=plan.attempt,
+            retry_of=plan.retry_of,
         )
         return SessionRecord(
             session_id,
-            policy,
+            policy if agent is None else (agent.label if agent else policy),
             status,
             sandbox.reaped,
             survivors,
@@ -309,3 +430,20 @@ class LocalFleet:
             sandbox.first_command_ms,
             runtime,
         )
+
+    def _run_agent(self, agent: AgentSpec, ctx: AgentContext) -> None:
+        """Run a live agent (``llm`` or a callable) on the session's tools."""
+        session = AgentSession(ctx)
+        if agent.kind == "llm":
+            from producers.fleet.llm.agent import LLMAgent
+
+            LLMAgent(self.llm, self.store)(session)
+        else:
+            assert agent.func is not None
+            agent.func(session)
+
+
+def _llm_policy_version() -> str:
+    from producers.fleet.llm.agent import POLICY_VERSION
+
+    return POLICY_VERSION

@@ -1,0 +1,292 @@
+"""The LLM agent: an OpenAI-compatible chat-completions loop with the session's tools.
+
+The loop runs on the host (the sandbox never reaches the model endpoint): send the
+conversation and the tool definitions, record the call, run each tool call the model made
+through :class:`~producers.fleet.agent_api.AgentSession` (recorded like every policy's calls),
+append the tool results, repeat until the model answers without a tool call, calls
+``submit``, or a cap is reached.
+
+Each try of each call is one ``agent_input`` event whose ``model_call`` (schema v3) holds the
+request as a content-addressed delta, the sampling parameters, the finish reason, usage with
+cached prompt tokens, latency, and the token ids and logprobs the server returned (see
+``producers.fleet.llm.record``). The ``agent_action`` events of its tool calls share its
+``agent_message_id``; the first carries the call's output tokens, cost and latency.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from producers.errors import AgentToolError, ModelAPIError
+from producers.fleet.agent_api import AgentSession
+from producers.fleet.agents import PRICE_PER_MTOK
+from producers.fleet.llm.client import ChatClient, Try
+from producers.fleet.llm.record import CallRecorder, ContentStore, canonical, parse_response
+
+POLICY_VERSION = "llm-agent-1"
+
+SYSTEM_PROMPT = (
+    "You are a software engineering agent working in a sandboxed repository (the current directory is the "
+    "workspace). Use the tools to inspect files, run commands and tests, and edit files. Paths are relative to the "
+    "workspace. When the task is done, call submit."
+)
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command in the workspace; returns the exit code and output.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "The command line."},
+                    "timeout": {"type": "number", "description": "Seconds before it is killed."},
+                },
+                "required": ["command"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a workspace file.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "write_file",
+            "description": "Create or replace a workspace file.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                "required": ["path", "content"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "submit",
+            "description": "Finish: the workspace is handed to the evaluator.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    },
+]
+
+
+@dataclass
+class LLMConfig:
+    """How the LLM agent reaches and samples its model.
+
+    Args:
+        endpoint: OpenAI-compatible base URL (``http://host:8000/v1``).
+        model: the model name sent in each request.
+        api_key_env: environment variable holding the API key (read on the host; ``None``: no key).
+        temperature: sampling temperature.
+        max_tokens: completion tokens per call.
+        request_logprobs: ask for per-token logprobs and token ids (vLLM/SGLang extensions;
+            other servers ignore unknown fields or refuse them: turn it off there).
+        timeout_s: per-request timeout.
+        max_retries: retries of a transient model-API failure (429, 5xx, timeout).
+        backoff_s: first retry wait (doubling).
+        prices: USD per million tokens: ``input`` (uncached prompt), ``cached``, ``output``.
+        extra_body: more request fields (``top_p``, ``seed``, ``stop`` …), recorded with the sampling parameters.
+    """
+
+    endpoint: str
+    model: str
+    api_key_env: str | None = None
+    temperature: float = 0.0
+    max_tokens: int = 1024
+    request_logprobs: bool = True
+    timeout_s: float = 120.0
+    max_retries: int = 4
+    backoff_s: float = 0.5
+    prices: dict[str, float] = field(default_factory=lambda: dict(PRICE_PER_MTOK))
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def sampling(self) -> dict[str, Any]:
+        """The sampling parameters of every request (recorded canonically in each call)."""
+        params: dict[str, Any] = {"temperature": self.temperature, "max_tokens": self.max_tokens, **self.extra_body}
+        if self.request_logprobs:
+            params.update(logprobs=True, return_token_ids=True)
+        return params
+
+    def api_key(self) -> str | None:
+        """The API key from ``api_key_env`` (never recorded in any event).
+
+        Raises:
+            ModelAPIError: ``api_key_env`` names an unset variable.
+        """
+        if not self.api_key_env:
+            return None
+        value = os.environ.get(self.api_key_env)
+        if not value:
+            raise ModelAPIError(f"--api-key-env {self.api_key_env}: the variable is not set")
+        return value
+
+
+def cost_of(usage: Mapping[str, int | None], prices: Mapping[str, float]) -> float:
+    """USD of one call from its usage (cached prompt tokens at the cached price)."""
+    prompt = usage.get("prompt_tokens") or 0
+    cached = usage.get("cached_tokens") or 0
+    completion = usage.get("completion_tokens") or 0
+    return (
+        (prompt - cached) * prices.get("input", 0.0)
+        + cached * prices.get("cached", 0.0)
+        + completion * prices.get("output", 0.0)
+    ) / 1e6
+
+
+class LLMAgent:
+    """The agent callable: ``LLMAgent(config, store)(session)``.
+
+    Args:
+        config: endpoint, model and sampling.
+        store: the host's content store (shared by the fleet's sessions).
+    """
+
+    def __init__(self, config: LLMConfig, store: ContentStore | None = None) -> None:
+        self.config = config
+        self.store = store or ContentStore()
+        self.api_key = config.api_key()
+
+    def __call__(self, session: AgentSession) -> None:
+        """Run the loop on one session.
+
+        Raises:
+            ModelAPIError: the model API failed past its retries (or with a non-transient error).
+            CapReached: a cap of the session was reached.
+        """
+        client = ChatClient(
+            self.config.endpoint,
+            self.api_key,
+            timeout_s=self.config.timeout_s,
+            max_retries=self.config.max_retries,
+            backoff_s=self.config.backoff_s,
+        )
+        try:
+            self._loop(session, client)
+        finally:
+            client.close()
+
+    def _loop(self, session: AgentSession, client: ChatClient) -> None:
+        ctx = session.context
+        recorder = CallRecorder(self.store)
+        sampling = self.config.sampling()
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": session.instruction},
+        ]
+        while not session.submitted:
+            ctx.check_caps()
+            request = {"model": self.config.model, "messages": messages, "tools": TOOLS, **sampling}
+            message_id = f"mc_{ctx.session.session_id[:12]}_{recorder.calls}"
+
+            def failed(attempt: Try, index: int, message_id: str = message_id) -> None:
+                record = recorder.record(
+                    messages=messages,
+                    tools=TOOLS,
+                    model=self.config.model,
+                    sampling=sampling,
+                    response=None,
+                    latency_ms=attempt.latency_ms,
+                    try_index=index,
+                    http_status=attempt.status,
+                    error=attempt.error,
+                )
+                self._emit(ctx, record, message_id)
+
+            attempt, index = client.complete(request, on_failure=failed, deadline_s=ctx.caps.remaining_s)
+            assert attempt.body is not None  # complete() returns only successful tries
+            parsed = parse_response(attempt.body)
+            cost = cost_of(parsed.usage, self.config.prices)
+            record = recorder.record(
+                messages=messages,
+                tools=TOOLS,
+                model=self.config.model,
+                sampling=sampling,
+                response=attempt.body,
+                latency_ms=attempt.latency_ms,
+                try_index=index,
+                http_status=attempt.status,
+                cost_usd=round(cost, 10),
+            )
+            self._emit(ctx, record, message_id)
+            ctx.model_tokens += (parsed.usage.get("prompt_tokens") or 0) + (parsed.usage.get("completion_tokens") or 0)
+            ctx.cost_usd += cost
+            messages.append(parsed.message)
+            calls = parsed.message.get("tool_calls") or []
+            if not calls:  # the model answered without a tool: it is done
+                session.submit()
+                break
+            for position, call in enumerate(calls):
+                turn: dict[str, Any] = {"tool_call_id": call["id"], "message_id": message_id}
+                if position == 0:  # the call's tokens, cost and latency go with its first action
+                    turn.update(
+                        output_tokens=parsed.usage.get("completion_tokens") or 0,
+                        reasoning_tokens=parsed.usage.get("reasoning_tokens"),
+                        cost_usd=round(cost, 10),
+                        model_latency_ms=round(attempt.latency_ms, 3),
+                        finish_reason=parsed.finish_reason,
+                        thought=parsed.message.get("content"),
+                    )
+                else:
+                    turn["output_tokens"] = 0
+                result = self._dispatch(session, call, turn)
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+                if session.submitted:
+                    break
+
+    @staticmethod
+    def _emit(ctx: Any, record: dict[str, Any], message_id: str) -> str:
+        emitted: str = ctx.session.agent_input(
+            prompt_digest=record["request_sha256"],
+            input_tokens=record["prompt_tokens"],
+            cached_tokens=record["cached_tokens"],
+            n_messages=record["n_messages"],
+            content=None,
+            model_call=record,
+            message_id=message_id,
+        )
+        return emitted
+
+    @staticmethod
+    def _dispatch(session: AgentSession, call: Mapping[str, Any], turn: dict[str, Any]) -> str:
+        """Run one tool call; its result text goes back to the model (errors too, as text)."""
+        function = call.get("function") or {}
+        name = function.get("name")
+        try:
+            arguments = json.loads(function.get("arguments") or "{}")
+            if not isinstance(arguments, dict):
+                raise ValueError("arguments are not an object")
+        except ValueError as exc:
+            return f"error: the arguments of {name} are not a JSON object ({exc})"
+        try:
+            if name == "bash":
+                timeout = arguments.get("timeout")
+                result = session.run(
+                    str(arguments.get("command", "")),
+                    timeout=float(timeout) if isinstance(timeout, int | float) else None,
+                    turn=turn,
+                )
+                return f"exit code {result.exit_code}\n{result.output}"
+            if name == "read_file":
+                return session.read_file(str(arguments.get("path", "")), turn=turn)
+            if name == "write_file":
+                session.write_file(str(arguments.get("path", "")), str(arguments.get("content", "")), turn=turn)
+                return "ok"
+            if name == "submit":
+                session.submit()
+                return "submitted"
+        except AgentToolError as exc:
+            return f"error: {exc}"
+        return f"error: unknown tool {name!r}; tools: {canonical([t['function']['name'] for t in TOOLS])}"

@@ -1,0 +1,297 @@
+"""How a model call is recorded: content-addressed messages, a delta per call, token ids as a suffix.
+
+The design (schema v3, ``AgentInput.model_call``):
+
+- Every request message and the tool definitions are serialised canonically
+  (:func:`canonical`: sorted keys, no spaces, UTF-8) and addressed by the sha256 of those bytes.
+- A call's event carries ``prefix_messages`` (how many leading messages equal the previous
+  call's request messages followed by its response message) and ``new_messages`` (the refs
+  of the rest). In an agent loop each call appends one assistant and a few tool messages,
+  so an event holds O(new content), not the whole context.
+- ``blobs`` carries the text of every ref the :class:`ContentStore` had not emitted before. The
+  store is shared by every session of a fleet (one per host process), so a system prompt or
+  tool list sent by thousands of sessions is stored once.
+- Prompt token ids are stored as ``prompt_token_ids_shared`` (leading ids equal to the previous
+  call's prompt + completion ids) and the remaining ids; completion ids and logprobs whole.
+
+:func:`reconstruct` turns one session's recorded calls back into exact request messages and
+prompt token ids. Caveat: blob texts pass through the producer's secret redaction like every
+event string, so a blob that held a secret no longer matches its sha256 (the digest is of what
+the model was sent); and a blob is in the event of the first session that sent it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def canonical(value: Any) -> str:
+    """The canonical JSON text of ``value`` (what is hashed and stored)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_text(text: str) -> str:
+    """Hex sha256 of ``text`` encoded as UTF-8."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class ContentStore:
+    """Which content refs a host has emitted (thread-safe, bounded LRU).
+
+    Args:
+        capacity: refs remembered; past it the least recently used is forgotten (and re-emitted if
+            seen again), so memory stays bounded on a long-lived host.
+    """
+
+    def __init__(self, capacity: int = 200_000) -> None:
+        self.capacity = capacity
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def first_time(self, ref: str) -> bool:
+        """True (and remember it) when ``ref`` was not emitted before."""
+        with self._lock:
+            if ref in self._seen:
+                self._seen.move_to_end(ref)
+                return False
+            self._seen[ref] = None
+            if len(self._seen) > self.capacity:
+                self._seen.popitem(last=False)
+            return True
+
+
+def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class CallRecorder:
+    """Builds the ``model_call`` records of one session, each relative to the previous call.
+
+    Args:
+        store: the host's content store.
+    """
+
+    store: ContentStore
+    calls: int = 0
+    _context: list[str] = field(default_factory=list)  # previous request refs + its response ref
+    _token_context: list[int] = field(default_factory=list)  # previous prompt + completion ids
+
+    def _ref(self, value: Any, blobs: list[dict[str, str]], pending: set[str]) -> str:
+        text = canonical(value)
+        ref = sha256_text(text)
+        if ref not in pending and self.store.first_time(ref):
+            blobs.append({"sha256": ref, "text": text})
+            pending.add(ref)
+        return ref
+
+    def record(
+        self,
+        *,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        model: str,
+        sampling: Mapping[str, Any],
+        response: Mapping[str, Any] | None,
+        latency_ms: float,
+        try_index: int = 0,
+        http_status: int | None = None,
+        error: str | None = None,
+        cost_usd: float | None = None,
+    ) -> dict[str, Any]:
+        """The ``model_call`` record of one try of one call (a failed try too: ``error`` set).
+
+        Only a successful try advances the delta base (the next call is relative to it).
+        """
+        blobs: list[dict[str, str]] = []
+        pending: set[str] = set()
+        refs = [self._ref(m, blobs, pending) for m in messages]
+        prefix = _common_prefix(self._context, refs)
+        record: dict[str, Any] = {
+            "call_index": self.calls,
+            "model": model,
+            "response_model": None,
+            "response_id": None,
+            "sampling_params": canonical(dict(sampling)),
+            "tools_sha256": self._ref(list(tools), blobs, pending) if tools else None,
+            "prefix_messages": prefix,
+            "new_messages": refs[prefix:],
+            "request_sha256": sha256_text(canonical(list(messages))),
+            "n_messages": len(refs),
+            "blobs": blobs,
+            "status": "ok" if error is None else "error",
+            "try_index": try_index,
+            "http_status": http_status,
+            "error": error,
+            "finish_reason": None,
+            "response_message_sha256": None,
+            "prompt_tokens": None,
+            "completion_tokens": None,
+            "cached_tokens": None,
+            "reasoning_tokens": None,
+            "latency_ms": round(latency_ms, 3),
+            "cost_usd": cost_usd,
+            "prompt_token_ids_shared": None,
+            "prompt_token_ids": [],
+            "completion_token_ids": [],
+            "completion_logprobs": [],
+            "completion_tokens_text": [],
+        }
+        if error is not None or response is None:
+            return record
+        parsed = parse_response(response)
+        record.update(
+            response_model=response.get("model"),
+            response_id=response.get("id"),
+            finish_reason=parsed.finish_reason,
+            response_message_sha256=self._ref(parsed.message, blobs, pending),
+            prompt_tokens=parsed.usage.get("prompt_tokens"),
+            completion_tokens=parsed.usage.get("completion_tokens"),
+            cached_tokens=parsed.usage.get("cached_tokens"),
+            reasoning_tokens=parsed.usage.get("reasoning_tokens"),
+            completion_token_ids=parsed.completion_token_ids,
+            completion_logprobs=parsed.logprobs,
+            completion_tokens_text=parsed.tokens,
+        )
+        if parsed.prompt_token_ids is not None:
+            shared = _common_prefix(self._token_context, parsed.prompt_token_ids)
+            record["prompt_token_ids_shared"] = shared
+            record["prompt_token_ids"] = parsed.prompt_token_ids[shared:]
+            self._token_context = parsed.prompt_token_ids + parsed.completion_token_ids
+        self._context = [*refs, record["response_message_sha256"]]
+        self.calls += 1
+        return record
+
+
+@dataclass
+class ParsedResponse:
+    """The parts of a chat-completions response the agent and the recorder use."""
+
+    message: dict[str, Any]
+    finish_reason: str | None
+    usage: dict[str, int | None]
+    prompt_token_ids: list[int] | None
+    completion_token_ids: list[int]
+    logprobs: list[float]
+    tokens: list[str]
+
+
+def assistant_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The assistant message as it goes back into the next request (role, content, tool calls)."""
+    out: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        out["tool_calls"] = [
+            {
+                "id": call.get("id"),
+                "type": call.get("type", "function"),
+                "function": {
+                    "name": (call.get("function") or {}).get("name"),
+                    "arguments": (call.get("function") or {}).get("arguments"),
+                },
+            }
+            for call in message["tool_calls"]
+        ]
+    return out
+
+
+def parse_response(response: Mapping[str, Any]) -> ParsedResponse:
+    """Read a chat-completions response, vLLM/SGLang extensions included.
+
+    Token ids come from ``choices[0].token_ids`` and ``prompt_token_ids`` (top level or in the
+    choice: vLLM's ``return_token_ids``), else from ``logprobs.content[].token`` of the form
+    ``token_id:N`` (vLLM's ``return_tokens_as_token_ids``).
+    """
+    choice = (response.get("choices") or [{}])[0]
+    usage = response.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    completion_details = usage.get("completion_tokens_details") or {}
+    content = (choice.get("logprobs") or {}).get("content") or []
+    tokens = [str(entry.get("token", "")) for entry in content]
+    logprobs = [float(entry.get("logprob", 0.0)) for entry in content]
+    completion_ids = choice.get("token_ids")
+    if completion_ids is None and tokens and all(t.startswith("token_id:") for t in tokens):
+        completion_ids = [int(t.split(":", 1)[1]) for t in tokens]
+    prompt_ids = response.get("prompt_token_ids", choice.get("prompt_token_ids"))
+    return ParsedResponse(
+        message=assistant_message(choice.get("message") or {}),
+        finish_reason=choice.get("finish_reason"),
+        usage={
+            "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": usage.get("completion_tokens"),
+            "cached_tokens": details.get("cached_tokens"),
+            "reasoning_tokens": completion_details.get("reasoning_tokens"),
+        },
+        prompt_token_ids=[int(i) for i in prompt_ids] if prompt_ids is not None else None,
+        completion_token_ids=[int(i) for i in completion_ids or []],
+        logprobs=logprobs,
+        tokens=tokens,
+    )
+
+
+@dataclass
+class Reconstructed:
+    """One successful call, rebuilt from the event stream."""
+
+    call_index: int
+    messages: list[Any]
+    tools: list[Any] | None
+    prompt_token_ids: list[int] | None
+    completion_token_ids: list[int]
+    completion_logprobs: list[float]
+
+
+def reconstruct(calls: Iterable[Mapping[str, Any]], blobs: Mapping[str, str] | None = None) -> list[Reconstructed]:
+    """Rebuild a session's requests from its ``model_call`` records (in ``call_index`` order).
+
+    Args:
+        calls: the session's ``model_call`` records; failed tries (``status='error'``) are skipped.
+        blobs: sha256 → text of blobs from other sessions (the host stored them once); each
+            record's own blobs are added.
+
+    Returns:
+        One entry per successful call.
+
+    Raises:
+        KeyError: a ref whose blob is nowhere in ``blobs`` or the records.
+        ValueError: a rebuilt request whose sha256 differs from the recorded ``request_sha256``.
+    """
+    every = list(calls)
+    ok = sorted((c for c in every if c.get("status") == "ok"), key=lambda c: c["call_index"])
+    texts = dict(blobs or {})
+    for call in every:  # a failed try may have introduced a blob the successful retry refers to
+        texts.update({b["sha256"]: b["text"] for b in call.get("blobs") or []})
+    out: list[Reconstructed] = []
+    context: list[str] = []
+    token_context: list[int] = []
+    for call in ok:
+        refs = context[: call["prefix_messages"]] + list(call["new_messages"])
+        messages = [json.loads(texts[ref]) for ref in refs]
+        if sha256_text(canonical(messages)) != call["request_sha256"]:
+            raise ValueError(f"call {call['call_index']}: rebuilt request does not match its sha256")
+        prompt_ids = None
+        if call.get("prompt_token_ids_shared") is not None:
+            prompt_ids = token_context[: call["prompt_token_ids_shared"]] + list(call["prompt_token_ids"])
+            token_context = prompt_ids + list(call["completion_token_ids"])
+        tools = json.loads(texts[call["tools_sha256"]]) if call.get("tools_sha256") else None
+        out.append(
+            Reconstructed(
+                call["call_index"],
+                messages,
+                tools,
+                prompt_ids,
+                list(call["completion_token_ids"]),
+                list(call["completion_logprobs"]),
+            )
+        )
+        context = [*refs, call["response_message_sha256"]]
+    return out
