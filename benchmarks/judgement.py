@@ -32,6 +32,7 @@ from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
 from pipelines.ingest import event_row
 from pipelines.score import score_all
+from producers.errors import ImageConflict
 from producers.importers import import_trajectory
 from quality.config import GOVERNANCE
 from schemas.registry import decode_event, encode_event
@@ -144,18 +145,31 @@ def run_judgement(
     plan += [(policy, max(1, round(honest * share / weight))) for policy, share in HONEST_MIX.items()]
     plan.append(("hang", 1))
     for offset, (policy, count) in enumerate(plan):
-        run_fleet(
-            settings,
-            backend="local",
-            sessions=count,
-            concurrency=concurrency,
-            seed=seed + offset,
-            cheat_rate=0.0,
-            labels_path=home / f"labels-{policy}.jsonl",
-            sink=events.append,
-            policy_mix={policy: 1.0},
-            timeout_s=8.0 if policy == "hang" else None,
-        )
+        for attempt in range(3):
+            # each batch in its own fleet home: images are built from the image tools on disk when the
+            # batch starts, so a tool edited meanwhile cannot conflict with an image of an earlier batch
+            fleet_home = home / f"fleet-{policy}-{attempt}"
+            fleet = load_settings(home=fleet_home, topic="unused", kafka_bootstrap=None, catalog_uri=None)
+            batch: list[dict[str, Any]] = []
+            try:
+                run_fleet(
+                    fleet,
+                    backend="local",
+                    sessions=count,
+                    concurrency=concurrency,
+                    seed=seed + offset,
+                    cheat_rate=0.0,
+                    labels_path=home / f"labels-{policy}.jsonl",
+                    sink=batch.append,
+                    policy_mix={policy: 1.0},
+                    timeout_s=8.0 if policy == "hang" else None,
+                )
+            except ImageConflict:
+                if attempt == 2:
+                    raise
+                continue
+            events += batch
+            break
     with labels.open("w") as out:
         for policy, _ in plan:
             out.write((home / f"labels-{policy}.jsonl").read_text())
