@@ -563,8 +563,12 @@ def redact_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     import polars as pl
 
     series = pl.Series(values)
-    patterns = list(TRIGGERS) + list(_secret_values)
-    suspects = series.str.contains_any(patterns, ascii_case_insensitive=True).fill_null(False).arg_true().to_list()
+    # cased triggers (SK, AC) would match almost every value case-insensitively: look for them as they are
+    hits = series.str.contains_any(_LOWER_TRIGGERS, ascii_case_insensitive=True)
+    exact = [trigger for trigger, _ in _CASED_TRIGGERS] + list(_secret_values)
+    if exact:
+        hits = hits | series.str.contains_any(exact)
+    suspects = hits.fill_null(False).arg_true().to_list()
     arrow = series.to_arrow()
     if not suspects:
         return arrow
