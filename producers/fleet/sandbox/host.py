@@ -11,7 +11,8 @@ a private mount namespace (discarded with the process) and bind-mounts each sour
 root-owned, world-traversable staging directory (``STAGE``). Everything happens in one
 ``preexec_fn`` between ``fork`` and ``exec`` (cgroup join, rlimits, mount namespace, binds,
 ``setresuid``): no shell, no ``prlimit`` process, no ``setpriv``. A non-root host keeps its own
-uid (``bwrap`` maps it; it is unprivileged already).
+uid (``bwrap`` maps it; it is unprivileged already); so does a root host where an unprivileged
+uid may not create user namespaces (``drops_privileges`` probes once).
 
 ``enter_netns`` runs a function with the calling thread inside another network namespace (to
 create the egress gateway's sockets and routes there; see ``egress``).
@@ -20,9 +21,12 @@ create the egress gateway's sockets and routes there; see ``egress``).
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import resource
+import shutil
 import stat
+import subprocess
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -88,9 +92,30 @@ class UidPool:
 UIDS = UidPool()
 
 
+@functools.cache
 def drops_privileges() -> bool:
-    """Whether sandboxes get their own unprivileged uid (the host is root)."""
-    return os.geteuid() == 0
+    """Whether sandboxes get their own unprivileged uid: the host is root and such a uid may create namespaces.
+
+    Checked once per process with a throw-away ``bwrap`` (some distributions forbid unprivileged user
+    namespaces; there the sandbox keeps the caller's uid mapping, as before).
+    """
+    bwrap = shutil.which("bwrap")
+    if os.geteuid() != 0 or bwrap is None:
+        return False
+    probe_uid = UID_BASE - 1
+    try:
+        done = subprocess.run(
+            [bwrap, "--unshare-all", "--ro-bind", "/", "/", "--uid", "1000", "/bin/true"],
+            user=probe_uid,
+            group=probe_uid,
+            extra_groups=[],
+            capture_output=True,
+            timeout=20,
+            cwd="/",
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
 
 
 def stage_dir() -> Path:
