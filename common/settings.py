@@ -161,6 +161,17 @@ class Settings(BaseSettings):
         description="TRAJLAKE_MAX_MISSING_SEQ_RATE: asset-check limit on closed sessions with sequence gaps "
         "(a gap means events were lost upstream of Kafka).",
     )
+    price_cpu_second_usd: float = Field(
+        0.0000139,
+        ge=0,
+        description="TRAJLAKE_PRICE_CPU_SECOND_USD: environment cost of one sandbox CPU-second (costs view; "
+        "the default is about $0.05 per vCPU-hour).",
+    )
+    price_memory_gb_second_usd: float = Field(
+        0.0000015,
+        ge=0,
+        description="TRAJLAKE_PRICE_MEMORY_GB_SECOND_USD: environment cost of one GB-second of sandbox memory.",
+    )
     max_score_drift: float = Field(
         0.15,
         ge=0,

@@ -11,6 +11,8 @@ and ``cold_*`` views query one tier.
 statement, parsed by DuckDB itself, on a connection that is locked before the text runs —
 it can open only the data files its views read (``allowed_paths``), cannot install or load
 extensions or change settings, and is interrupted after ``TRAJLAKE_SQL_TIMEOUT_S``.
+Cold tables on ``s3://`` are read in place too (``warehouse.object_store``): a query fetches
+the footers and row groups it needs, never the whole table.
 :func:`open_views` without ``locked`` is for trusted internal callers (scoring, export, Dagster).
 """
 
@@ -29,7 +31,9 @@ from pyiceberg.table import Table
 from common.settings import Settings
 from warehouse.catalog import open_catalog
 from warehouse.errors import QueryError
-from warehouse.snapshots import current_files
+from warehouse.health import register_health_views
+from warehouse.object_store import ObjectStoreFS, is_object_store_path, register_object_store
+from warehouse.snapshots import current_files, live_files
 from warehouse.tables import TABLES, TableSpec, ensure_table
 
 #: Keywords that make an ``EXPLAIN`` run its statement.
@@ -76,6 +80,20 @@ def parquet_source(paths: Iterable[str], same_schema: bool = False, row_ids: boo
     return f"read_parquet([{listed}], {options})"
 
 
+def _object_store(
+    con: duckdb.DuckDBPyConnection, table: Table, stores: dict[str, ObjectStoreFS] | None
+) -> ObjectStoreFS:
+    """The connection's ``s3`` filesystem (kept in ``stores``), configured like ``table``'s FileIO."""
+    if stores is not None and "s3" in stores:
+        return stores["s3"]
+    if "s3" in con.list_filesystems():  # a caller without ``stores`` registered one before
+        con.unregister_filesystem("s3")
+    store = register_object_store(con, table.io.properties)
+    if stores is not None:
+        stores["s3"] = store
+    return store
+
+
 def _source(
     con: duckdb.DuckDBPyConnection,
     name: str,
@@ -83,12 +101,15 @@ def _source(
     spec: TableSpec,
     exclude: frozenset[str] | set[str] = frozenset(),
     reads: set[str] | None = None,
+    stores: dict[str, ObjectStoreFS] | None = None,
 ) -> str:
     """SQL table expression over ``table``'s current rows, skipping the data files in ``exclude``.
 
-    Local Parquet files without deletes are read by DuckDB directly (their paths are
-    added to ``reads``); anything else (delete files, ``s3://`` files DuckDB has no
-    credentials for) through pyiceberg, into a registered Arrow table.
+    Parquet files without deletes are read by DuckDB where they lie (their paths are added
+    to ``reads``): local files directly, ``s3://`` files through the connection's
+    :class:`~warehouse.object_store.ObjectStoreFS` (``stores``, registered on first use), so
+    DuckDB fetches only the footers and row groups a query needs. Anything else (delete
+    files, other schemes) is read through pyiceberg, into a registered Arrow table.
     """
     empty_name = f"__empty_{name}"
     con.register(empty_name, pa.Table.from_pylist([], schema=spec.arrow_schema()))
@@ -96,7 +117,13 @@ def _source(
     paths = [p for p in files.paths if p not in exclude]
     if not paths:
         return f'(SELECT * FROM "{empty_name}")'
-    if files.has_deletes or not all(p.startswith(("file://", "/")) for p in paths):
+    remote = all(is_object_store_path(p) for p in paths)
+    if remote and not files.has_deletes:
+        wanted = set(paths)
+        _object_store(con, table, stores).add_files(
+            {e.path: e.data_file.file_size_in_bytes for e in live_files(table) if e.path in wanted}
+        )
+    elif files.has_deletes or not all(p.startswith(("file://", "/")) for p in paths):
         from pyiceberg.expressions import AlwaysTrue
         from pyiceberg.io.pyarrow import ArrowScan
 
@@ -114,14 +141,28 @@ def _source(
 
 
 def register_table(
-    con: duckdb.DuckDBPyConnection, name: str, table: Table, spec: TableSpec, reads: set[str] | None = None
+    con: duckdb.DuckDBPyConnection,
+    name: str,
+    table: Table,
+    spec: TableSpec,
+    reads: set[str] | None = None,
+    stores: dict[str, ObjectStoreFS] | None = None,
 ) -> None:
-    """Create view ``name`` over ``table``'s current snapshot; the files it reads go into ``reads``."""
-    con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM {_source(con, name, table, spec, reads=reads)}')
+    """Create view ``name`` over ``table``'s current snapshot; the files it reads go into ``reads``.
+
+    ``stores`` holds the connection's object-store filesystem across calls (see :func:`_source`).
+    """
+    source = _source(con, name, table, spec, reads=reads, stores=stores)
+    con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM {source}')
 
 
 def register_tiered(
-    con: duckdb.DuckDBPyConnection, settings: Settings, catalog: Catalog, spec: TableSpec, reads: set[str] | None = None
+    con: duckdb.DuckDBPyConnection,
+    settings: Settings,
+    catalog: Catalog,
+    spec: TableSpec,
+    reads: set[str] | None = None,
+    stores: dict[str, ObjectStoreFS] | None = None,
 ) -> None:
     """Views ``hot_<view>``, ``cold_<view>`` and their union ``<view>``, which counts every row once.
 
@@ -129,20 +170,20 @@ def register_tiered(
     raw events are excluded from hot by the cold table's list of copied hot files,
     trajectories and steps by session (the cold copy wins). So ``hot_<view>`` is the
     hot rows not already in cold, and ``hot_<view>`` ∪ ``cold_<view>`` = ``<view>``.
-    The data files the views read directly go into ``reads``.
+    The data files the views read directly go into ``reads``; ``stores`` as for :func:`register_table`.
     """
     from warehouse.tiering import ensure_cold_table, tiered_files
 
     hot = ensure_table(catalog, settings, spec.name)
     cold = ensure_cold_table(catalog, settings, spec.name)
     view = spec.view
-    cold_src = _source(con, f"cold_{view}", cold, spec, reads=reads)
+    cold_src = _source(con, f"cold_{view}", cold, spec, reads=reads, stores=stores)
     con.execute(f'CREATE OR REPLACE VIEW "cold_{view}" AS SELECT * FROM {cold_src}')
     if spec.name == "raw_events":
-        hot_src = _source(con, f"hot_{view}", hot, spec, exclude=tiered_files(cold), reads=reads)
+        hot_src = _source(con, f"hot_{view}", hot, spec, exclude=tiered_files(cold), reads=reads, stores=stores)
         con.execute(f'CREATE OR REPLACE VIEW "hot_{view}" AS SELECT * FROM {hot_src}')
     else:
-        hot_src = _source(con, f"hot_{view}", hot, spec, reads=reads)
+        hot_src = _source(con, f"hot_{view}", hot, spec, reads=reads, stores=stores)
         con.execute(
             f'CREATE OR REPLACE VIEW "hot_{view}" AS SELECT * FROM {hot_src} AS h '
             f'ANTI JOIN (SELECT DISTINCT session_id FROM "cold_{view}") AS c USING (session_id)'
@@ -171,11 +212,14 @@ def open_views(settings: Settings, catalog: Catalog | None = None, locked: bool 
     catalog = catalog or open_catalog(settings)
     con = connect()
     reads: set[str] = set()
+    stores: dict[str, ObjectStoreFS] = {}
     for spec in TABLES.values():
         if spec.name in TIERED_TABLES:
-            register_tiered(con, settings, catalog, spec, reads=reads)
+            register_tiered(con, settings, catalog, spec, reads=reads, stores=stores)
         else:
-            register_table(con, spec.view, ensure_table(catalog, settings, spec.name), spec, reads=reads)
+            table = ensure_table(catalog, settings, spec.name)
+            register_table(con, spec.view, table, spec, reads=reads, stores=stores)
+    register_health_views(con, settings)
     if locked:
         lock_connection(con, reads, settings.sql_memory_limit)
     return con
@@ -192,7 +236,8 @@ def lock_connection(con: duckdb.DuckDBPyConnection, readable: Iterable[str], mem
     (``enable_external_access = false`` with ``allowed_paths``), no extension installed
     or loaded, no Python variable scanned, nothing spilled to disk, and no setting
     changed afterwards (``lock_configuration``). Already registered Arrow tables
-    (the pyiceberg-read sources, e.g. cold files on ``s3://``) stay readable.
+    (the pyiceberg-read sources) stay readable, and so do the listed ``s3://`` files
+    through the object-store filesystem registered before locking (every other object is refused).
 
     Args:
         con: A connection whose views are all created.

@@ -63,6 +63,23 @@ def _distribution(scores: pl.DataFrame, column: str) -> dict[str, float]:
     return {name: round(float(value), 4) for name, value in row.items()}
 
 
+def _cost_metadata(settings: Settings) -> dict[str, float]:
+    """Whole-lakehouse cost figures from the ``costs`` view, as numbers the asset page plots per run."""
+    row = _frame(
+        settings,
+        "SELECT sum(inference_cost_usd)::DOUBLE AS inference, sum(total_cost_usd)::DOUBLE AS total, "
+        "sum(cached_tokens)::BIGINT AS cached, sum(input_tokens)::BIGINT AS inputs, "
+        "sum(exportable_sessions)::BIGINT AS exportable FROM costs",
+    ).row(0, named=True)
+    total, exportable, inputs = row["total"] or 0.0, row["exportable"] or 0, row["inputs"] or 0
+    return {
+        "total_cost_usd": round(float(total), 6),
+        "inference_share": round(float(row["inference"] or 0.0) / total, 4) if total else 0.0,
+        "prompt_cache_hit_rate": round(float(row["cached"] or 0) / inputs, 4) if inputs else 0.0,
+        "cost_per_exportable_usd": round(float(total) / exportable, 6) if exportable else 0.0,
+    }
+
+
 @multi_asset(
     specs=[
         AssetSpec(
@@ -114,6 +131,7 @@ def quality_tables(context: AssetExecutionContext, lakehouse: LakehouseResource)
             "validity_distribution": MetadataValue.json(_distribution(scores, "validity")),
             "novelty_distribution": MetadataValue.json(_distribution(scores, "novelty")),
             "failure_causes": MetadataValue.json(causes),
+            **_cost_metadata(settings),
         },
     )
     flags = _frame(settings, "SELECT flag, flag_class, count(*) AS n FROM flags GROUP BY ALL ORDER BY ALL")

@@ -60,6 +60,7 @@ def test_quality_assets_and_checks_materialize(tmp_path: Path) -> None:
     scores_meta = plain(next(m for m in meta if m.asset_key == AssetKey("scores")).metadata)
     assert scores_meta["row_count"] == 40
     assert 0 <= scores_meta["quality_distribution"]["p50"] <= 1
+    assert 0 < scores_meta["inference_share"] <= 1 and scores_meta["cost_per_exportable_usd"] > 0
     evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert evaluations["scores_in_range"].passed
     assert set(evaluations) == {"scores_in_range", "flag_rate", "duplicate_rate"}
