@@ -23,6 +23,7 @@ from dagster_project.defs.fleet import FleetResource
 from dagster_project.defs.operations import failures_path, record_run_failures
 from dagster_project.resources import KafkaConfig, LakehouseResource, transient_retries
 from producers.fleet import bwrap_available
+from tests.helpers import plain
 from warehouse.sql import run_query
 
 
@@ -83,7 +84,7 @@ def test_fleet_campaign_job_materializes_sandbox_runs(kafka_settings: Settings, 
     )
     assert result.success
     (materialization,) = result.asset_materializations_for_node("sandbox_runs")
-    metadata = {k: v.value for k, v in materialization.metadata.items()}
+    metadata = plain(materialization.metadata)
     assert sum(metadata["sessions_by_status"].values()) == sessions
     labels = Path(metadata["labels_path"]).read_text().splitlines()
     assert len(labels) == sessions and all(json.loads(line)["backend"] == backend for line in labels)

@@ -7,7 +7,7 @@ import pytest
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
 from pipelines.score import score_all
-from tests.helpers import AS_OF, sample_events, write_raw
+from tests.helpers import AS_OF, one_row, sample_events, write_raw
 from warehouse.sql import open_views, run_query
 
 
@@ -24,13 +24,14 @@ def lake(settings: Settings) -> Settings:
 
 def test_costs_add_up_to_the_trajectories(lake: Settings) -> None:
     con = open_views(lake)
-    totals = con.execute(
-        "SELECT sum(cost_usd), sum(cpu_seconds), sum(input_tokens), sum(cached_tokens), count(*) FROM trajectories"
-    ).fetchone()
-    costs = con.execute(
+    totals = one_row(
+        con, "SELECT sum(cost_usd), sum(cpu_seconds), sum(input_tokens), sum(cached_tokens), count(*) FROM trajectories"
+    )
+    costs = one_row(
+        con,
         "SELECT sum(inference_cost_usd), sum(cpu_seconds), sum(input_tokens), sum(cached_tokens), sum(sessions) "
-        "FROM costs"
-    ).fetchone()
+        "FROM costs",
+    )
     assert totals is not None and costs is not None
     assert costs == pytest.approx(totals)
     rows = con.execute(
@@ -42,8 +43,8 @@ def test_costs_add_up_to_the_trajectories(lake: Settings) -> None:
         assert 0 <= share <= 1 and share == pytest.approx(inference / total)
         assert hit == pytest.approx(cached / inputs)
         assert per_exportable is None if exportable == 0 else per_exportable == pytest.approx(total / exportable)
-    exportable = con.execute("SELECT count(*) FROM scores WHERE exportable").fetchone()
-    assert con.execute("SELECT sum(exportable_sessions) FROM costs").fetchone() == exportable
+    exportable = one_row(con, "SELECT count(*) FROM scores WHERE exportable")
+    assert one_row(con, "SELECT sum(exportable_sessions) FROM costs") == exportable
 
 
 def test_environment_prices_are_settings(lake: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -56,11 +57,12 @@ def test_environment_prices_are_settings(lake: Settings, monkeypatch: pytest.Mon
 
 def test_fleet_health_reads_start_latency_and_failure_causes(lake: Settings) -> None:
     con = open_views(lake)
-    sessions, p50, p95, causes = con.execute(
+    sessions, p50, p95, causes = one_row(
+        con,
         "SELECT sum(sessions), min(start_latency_p50_ms), max(start_latency_p95_ms), "
-        "list(failure_causes) FROM fleet_health"
-    ).fetchone()
-    ended = con.execute("SELECT count(*) FROM events WHERE event_type = 'session_end'").fetchone()[0]
+        "list(failure_causes) FROM fleet_health",
+    )
+    ended = one_row(con, "SELECT count(*) FROM events WHERE event_type = 'session_end'")[0]
     assert sessions == 12
     latencies = sorted(10.0 * (i + 1) for i in range(ended))
     assert p50 == pytest.approx(latencies[len(latencies) // 2] if len(latencies) % 2 else
@@ -76,8 +78,8 @@ def test_fleet_health_reads_start_latency_and_failure_causes(lake: Settings) -> 
 
 def test_pipeline_health_counts_every_event(lake: Settings) -> None:
     con = open_views(lake)
-    events, lag = con.execute("SELECT sum(events), max(ingest_lag_p95_s) FROM pipeline_health").fetchone()
-    assert events == con.execute("SELECT count(*) FROM events").fetchone()[0]
+    events, lag = one_row(con, "SELECT sum(events), max(ingest_lag_p95_s) FROM pipeline_health")
+    assert events == one_row(con, "SELECT count(*) FROM events")[0]
     assert lag > 0  # the sample traffic's event time is in the past
 
 
