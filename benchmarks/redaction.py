@@ -27,13 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.secret_corpus import (
+    CONTEXTS,
     FIELDS,
     REAL_RUNS_DIR,
     SecretCase,
     corpus_sessions,
     fake_cases,
+    in_context,
     injected_values,
     leaks,
+    place,
     real_run_strings,
     real_runs,
     strings_of,
@@ -124,6 +127,7 @@ class RedactionReport:
     baseline_us_per_event: float
     seconds: float
     synthetic_us_per_event: float = 0.0  # ours on synthetic fleet events (short commands and outputs)
+    context_recall: dict[str, float] = field(default_factory=dict)  # ours, the cases in other surroundings
     synthetic_baseline_us: float = 0.0
     skipped: list[str] = field(default_factory=list)
 
@@ -141,6 +145,11 @@ class RedactionReport:
         lines.append("recall overall".ljust(width) + "".join(f"{m.recall:18.4f}" for m in self.methods))
         lines.append("FP redactions".ljust(width) + "".join(f"{m.false_positives:18d}" for m in self.methods))
         lines.append("FP in run files".ljust(width) + "".join(f"{m.file_false_positives:18d}" for m in self.methods))
+        if self.context_recall:
+            lines.append(
+                "ours, the cases in other surroundings: "
+                + ", ".join(f"{name} {recall:.2f}" for name, recall in self.context_recall.items())
+            )
         lines.append("changed events".ljust(width) + "".join(f"{m.changed_events:18d}" for m in self.methods))
         costs = "".join(f"{m.us_per_event:18.1f}" if m.us_per_event is not None else " " * 18 for m in self.methods)
         lines.append("us/event".ljust(width) + costs)
@@ -201,6 +210,17 @@ def _per_event_us(redactor: Callable[[Event], object], events: list[Event], repe
     return best / max(1, len(events)) * 1e6
 
 
+def _context_recall(cases: list[SecretCase], context: str) -> float:
+    """Share of secrets ours removes from the cases wrapped in ``context`` (in a command output)."""
+    found = total = 0
+    for case in cases:
+        wrapped = in_context(case, context)
+        events = [redact_value(e) for e in place(wrapped, "output")]
+        total += len(wrapped.secrets)
+        found += len(wrapped.secrets) - len(leaks(wrapped, events))
+    return found / max(1, total)
+
+
 def _measure(
     name: str,
     redactor: EventRedactor,
@@ -259,6 +279,7 @@ def run_redaction_benchmark(
     register_secret_values(values)  # as the fleet does for what it injects into a sandbox
     file_strings = real_run_strings(real_root)
     try:
+        contexts = {name: _context_recall(cases, name) for name in CONTEXTS}
         results, notes = _run_methods(cases, runs, real_events, file_strings, detect_secrets, timing_events, repeats)
     finally:
         forget_secret_values(values)
@@ -276,6 +297,7 @@ def run_redaction_benchmark(
         seconds=time.monotonic() - started,
         synthetic_us_per_event=_per_event_us(redact_value, synthetic, repeats),
         synthetic_baseline_us=_per_event_us(encode_event, synthetic, repeats),
+        context_recall=contexts,
     )
 
 

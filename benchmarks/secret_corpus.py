@@ -328,6 +328,28 @@ def fake_cases(seed: int = 0) -> list[SecretCase]:
     return cases
 
 
+def _json_escaped(text: str) -> str:
+    return json.dumps(text)[1:-1]
+
+
+# Surroundings the cases were not written in, for a recall figure less tied to how the corpus was written:
+# (how the text is wrapped, how a secret looks once wrapped).
+CONTEXTS: dict[str, tuple[Callable[[str], str], Callable[[str], str]]] = {
+    "json_escaped": (lambda t: "print(" + json.dumps(t) + ")", _json_escaped),
+    "code_fence": (lambda t: "Here is the output:\n```\n" + t + "\n```\nDone.", str),
+    "crlf": (lambda t: t.replace("\n", "\r\n"), str),
+    "indented": (lambda t: "\n".join("    " + line for line in t.split("\n")), str),
+    "shell_prompt": (lambda t: "$ " + t + " 2>&1 | tee run.log", str),
+    "html_pre": (lambda t: "<pre>" + t.replace("&", "&amp;") + "</pre>", lambda x: x.replace("&", "&amp;")),
+}
+
+
+def in_context(case: SecretCase, context: str) -> SecretCase:
+    """``case`` wrapped in one of ``CONTEXTS``, with its secrets as they look there."""
+    wrap, look = CONTEXTS[context]
+    return SecretCase(case.kind, wrap(case.text), tuple(look(s) for s in case.secrets), case.injected)
+
+
 # Every field an event carries free text in, and how a case's text gets there.
 FIELDS: tuple[str, ...] = (
     "command",

@@ -239,6 +239,8 @@ _PEM = (
     r"[^\"]*?(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|(?=\\*\")|\Z)"
 )
 _B64 = r"[A-Za-z0-9+/]"
+# Token formats start at a word boundary, or right after an escaped newline or tab ("…\\nghp_…" in JSON text).
+_AT = r"(?:\b|(?<=\\[nrt]))"
 _TOK = r"[A-Za-z0-9_-]"
 
 _NAME_TRIGGERS = ("pass", "pwd", "secret", "token", "key", "auth", "credential", "creds", "sas")
@@ -275,31 +277,31 @@ _RULE_SPECS: list[tuple[tuple[str, ...], str, Replacement, int]] = [
     (("password",), r"(?i)\bmachine\s+\S+\s+login\s+\S+\s+password\s+(?P<s>\S+)", _secret_group, 0),
     # Provider token formats.
     (("akia", "asia", "aroa", "aida", "agpa", "anpa", "aipa"),
-     r"\b(?P<s>(?:AKIA|ASIA|AROA|AIDA|AGPA|ANPA|ANVA|AIPA)[0-9A-Z]{16})\b", _secret_group, 0),
+     _AT + r"(?P<s>(?:AKIA|ASIA|AROA|AIDA|AGPA|ANPA|ANVA|AIPA)[0-9A-Z]{16})\b", _secret_group, 0),
     (("fwogzxivyxdz", "fqogzxivyxdz", "iqojb3jpz2lu"),
      rf"(?P<s>(?:FwoGZXIvYXdz|FQoGZXIvYXdz|IQoJb3JpZ2lu){_B64}{{40,}}={{0,2}})", _secret_group, 0),
-    (("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), r"\b(?P<s>gh[pousr]_[A-Za-z0-9]{30,})\b", _secret_group, 0),
-    (("github_pat_",), r"\b(?P<s>github_pat_[A-Za-z0-9_]{30,})", _secret_group, 0),
+    (("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), _AT + r"(?P<s>gh[pousr]_[A-Za-z0-9]{30,})\b", _secret_group, 0),
+    (("github_pat_",), _AT + r"(?P<s>github_pat_[A-Za-z0-9_]{30,})", _secret_group, 0),
     (("glpat-", "gldt-", "glptt-", "glrt-", "glsoat-", "glcbt-", "glft-", "glimt-", "gloas-"),
-     rf"\b(?P<s>gl(?:pat|dt|ptt|rt|soat|cbt|ft|imt|oas)-{_TOK}{{20,}})", _secret_group, 0),
-    (("xox", "xapp-"), r"\b(?P<s>(?:xox[abposre]|xapp)-[A-Za-z0-9-]{10,})", _secret_group, 0),
+     _AT + rf"(?P<s>gl(?:pat|dt|ptt|rt|soat|cbt|ft|imt|oas)-{_TOK}{{20,}})", _secret_group, 0),
+    (("xox", "xapp-"), _AT + r"(?P<s>(?:xox[abposre]|xapp)-[A-Za-z0-9-]{10,})", _secret_group, 0),
     (("sk_live_", "rk_live_", "sk_test_", "rk_test_", "whsec_"),
-     r"\b(?P<s>(?:(?:sk|rk)_(?:live|test)|whsec)_[A-Za-z0-9]{16,})", _secret_group, 0),
-    (("sk-",), rf"\b(?P<s>sk-(?=[A-Za-z_-]*[0-9])(?:ant-|proj-|svcacct-|admin-)?{_TOK}{{20,}})", _secret_group, 0),
-    (("sg.",), rf"\b(?P<s>SG\.{_TOK}{{16,}}\.{_TOK}{{16,}})", _secret_group, 0),
-    (("npm_",), r"\b(?P<s>npm_[A-Za-z0-9]{36})\b", _secret_group, 0),
-    (("hf_",), r"\b(?P<s>hf_[A-Za-z0-9]{30,})\b", _secret_group, 0),
-    (("pypi-",), rf"\b(?P<s>pypi-{_TOK}{{50,}})", _secret_group, 0),
+     _AT + r"(?P<s>(?:(?:sk|rk)_(?:live|test)|whsec)_[A-Za-z0-9]{16,})", _secret_group, 0),
+    (("sk-",), _AT + rf"(?P<s>sk-(?=[A-Za-z_-]*[0-9])(?:ant-|proj-|svcacct-|admin-)?{_TOK}{{20,}})", _secret_group, 0),
+    (("sg.",), _AT + rf"(?P<s>SG\.{_TOK}{{16,}}\.{_TOK}{{16,}})", _secret_group, 0),
+    (("npm_",), _AT + r"(?P<s>npm_[A-Za-z0-9]{36})\b", _secret_group, 0),
+    (("hf_",), _AT + r"(?P<s>hf_[A-Za-z0-9]{30,})\b", _secret_group, 0),
+    (("pypi-",), _AT + rf"(?P<s>pypi-{_TOK}{{50,}})", _secret_group, 0),
     # Twilio API key and account SIDs
-    (("SK",), r"(?<![A-Za-z0-9])(?P<s>SK[0-9a-f]{32})(?![A-Za-z0-9])", _secret_group, 0),
-    (("AC",), r"(?<![A-Za-z0-9])(?P<s>AC[0-9a-f]{32})(?![A-Za-z0-9])", _secret_group, 0),
-    (("aiza",), rf"\b(?P<s>AIza{_TOK}{{35}})", _secret_group, 0),
-    (("ya29.",), rf"\b(?P<s>ya29\.{_TOK}{{20,}})", _secret_group, 0),
-    (("gocspx-",), rf"\b(?P<s>GOCSPX-{_TOK}{{24,}})", _secret_group, 0),
-    (("dapi",), r"\b(?P<s>dapi[0-9a-f]{32})\b", _secret_group, 0),
-    (("dop_v1_", "doo_v1_", "dor_v1_"), r"\b(?P<s>do[por]_v1_[0-9a-f]{64})\b", _secret_group, 0),
-    (("shpat_", "shpss_", "shpca_", "shppa_"), r"\b(?P<s>shp(?:at|ss|ca|pa)_[0-9a-fA-F]{32})\b", _secret_group, 0),
-    (("eyj",), rf"\b(?P<s>eyJ{_TOK}{{8,}}\.{_TOK}{{8,}}\.{_TOK}{{8,}})", _secret_group, 0),
+    (("SK",), r"(?:(?<![A-Za-z0-9])|(?<=\\[nrt]))(?P<s>SK[0-9a-f]{32})(?![A-Za-z0-9])", _secret_group, 0),
+    (("AC",), r"(?:(?<![A-Za-z0-9])|(?<=\\[nrt]))(?P<s>AC[0-9a-f]{32})(?![A-Za-z0-9])", _secret_group, 0),
+    (("aiza",), _AT + rf"(?P<s>AIza{_TOK}{{35}})", _secret_group, 0),
+    (("ya29.",), _AT + rf"(?P<s>ya29\.{_TOK}{{20,}})", _secret_group, 0),
+    (("gocspx-",), _AT + rf"(?P<s>GOCSPX-{_TOK}{{24,}})", _secret_group, 0),
+    (("dapi",), _AT + r"(?P<s>dapi[0-9a-f]{32})\b", _secret_group, 0),
+    (("dop_v1_", "doo_v1_", "dor_v1_"), _AT + r"(?P<s>do[por]_v1_[0-9a-f]{64})\b", _secret_group, 0),
+    (("shpat_", "shpss_", "shpca_", "shppa_"), _AT + r"(?P<s>shp(?:at|ss|ca|pa)_[0-9a-fA-F]{32})\b", _secret_group, 0),
+    (("eyj",), _AT + rf"(?P<s>eyJ{_TOK}{{8,}}\.{_TOK}{{8,}}\.{_TOK}{{8,}})", _secret_group, 0),
 ]  # fmt: skip
 
 

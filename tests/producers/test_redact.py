@@ -9,12 +9,15 @@ import pyarrow as pa
 import pytest
 
 from benchmarks.secret_corpus import (
+    CONTEXTS,
     FIELDS,
     REAL_RUNS_DIR,
     corpus_sessions,
     fake_cases,
+    in_context,
     injected_values,
     leaks,
+    place,
     real_run_files,
     real_run_strings,
     real_runs,
@@ -78,6 +81,22 @@ def test_every_corpus_secret_is_redacted_through_the_sdk(field, injected):
         assert len(decoded) == len(events)
         assert leaks(case, events) == list(case.secrets)  # the unredacted events do hold the secrets
         if left := leaks(case, decoded):
+            leaked[case.kind] = left
+    assert leaked == {}
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_corpus_secrets_in_other_surroundings_are_redacted(context, injected):
+    producer, sent = _capturing_producer()
+    leaked = {}
+    for case in fake_cases(seed=5):  # other secrets than the ones the rules were tried on
+        wrapped = in_context(case, context)
+        register_secret_values(injected_values([wrapped]))
+        sent.clear()
+        for event in place(wrapped, "output"):
+            producer.emit(event)
+        forget_secret_values(injected_values([wrapped]))
+        if left := leaks(wrapped, [decode_event(value) for value in sent]):
             leaked[case.kind] = left
     assert leaked == {}
 
@@ -394,4 +413,5 @@ def test_bench_redaction_prints_recall_false_positives_and_cost():
     if real_run_files(REAL_RUNS_DIR):
         assert figures["FP redactions"] == ["0"] and figures["FP in run files"] == ["0"]
     assert float(figures["us/event"][0]) > 0 and figures["vs encode"][0].endswith("x")
-    assert sum(1 for line in result.output.splitlines() if line.rstrip().endswith("1.00")) == len(CASES)
+    kinds = {case.kind for case in CASES}
+    assert {line.split()[0] for line in result.output.splitlines() if line.split()[-1:] == ["1.00"]} >= kinds
