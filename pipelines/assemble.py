@@ -112,6 +112,10 @@ agg AS (
                  arg_min(task_id, struct_pack(seq, event_id))) AS task_family,
         TRY_CAST(arg_max(extra['processes_started'], struct_pack(seq, event_id))
                  FILTER (event_type = 'session_end') AS BIGINT) AS processes_started,
+        -- schema v3: the rollout group, the attempt and the session a retry re-runs (NULL before v3)
+        arg_min(group_id, struct_pack(seq, event_id)) AS group_id,
+        arg_min(attempt, struct_pack(seq, event_id)) AS attempt,
+        arg_min(retry_of, struct_pack(seq, event_id)) AS retry_of,
         arg_max(session_end.status, struct_pack(seq, event_id)) FILTER (event_type = 'session_end') AS end_status,
         arg_max(session_end.exit_reason, struct_pack(seq, event_id))
             FILTER (event_type = 'session_end') AS end_reason,
@@ -174,7 +178,7 @@ SELECT
     CASE WHEN output_tokens {int64} THEN output_tokens::BIGINT END AS output_tokens,
     cost_usd, cpu_seconds, peak_memory_bytes, peak_processes,
     disk_write_bytes, timeout_s, instruction, eval_passed, tests_total, tests_passed, reward,
-    task_family, processes_started,
+    task_family, processes_started, group_id, attempt, retry_of,
     coalesce(eval_passed, false) AS completed,
     $now AS assembled_at,
     list_filter([
@@ -200,6 +204,13 @@ first_feedback AS (
 feedback AS (
     SELECT first.parent_event_id, struct_pack(e.event_id, e.ts, f := e.env_feedback) AS fb
     FROM first_feedback first JOIN ev e USING (event_id)
+),
+-- schema v3: the successful model call whose response made the action (same agent_message_id)
+calls AS (
+    SELECT session_id, agent_message_id, arg_max(event_id, struct_pack(seq, event_id)) AS model_call_event_id
+    FROM ev
+    WHERE event_type = 'agent_input' AND agent_message_id IS NOT NULL AND agent_input.model_call.status = 'ok'
+    GROUP BY ALL
 )
 SELECT
     a.session_id,
@@ -210,8 +221,10 @@ SELECT
     a.agent_action.thought, a.agent_action.output_tokens, a.agent_action.reasoning_tokens,
     a.agent_action.cost_usd, a.agent_action.model_latency_ms,
     fb.event_id AS feedback_event_id, fb.ts AS feedback_ts,
-    fb.f.output, fb.f.exit_code, fb.f.duration_ms, fb.f.truncated, fb.f.output_bytes, fb.f.failure_reason
+    fb.f.output, fb.f.exit_code, fb.f.duration_ms, fb.f.truncated, fb.f.output_bytes, fb.f.failure_reason,
+    calls.model_call_event_id
 FROM actions a LEFT JOIN feedback ON feedback.parent_event_id = a.event_id
+LEFT JOIN calls ON calls.session_id = a.session_id AND calls.agent_message_id = a.agent_message_id
 ORDER BY a.session_id, step_index
 """
 

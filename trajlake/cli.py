@@ -369,10 +369,30 @@ def fleet_run(
     workers: Annotated[
         int, typer.Option(min=1, help="Synthetic generator processes, each sending its shard of the stream.")
     ] = 1,
+    agent: Annotated[
+        str | None,
+        typer.Option(help="Local agent: a built-in policy (solver, ...), llm, module:callable or file.py:callable."),
+    ] = None,
+    model_endpoint: Annotated[str | None, typer.Option(help="--agent llm: OpenAI-compatible base URL (…/v1).")] = None,
+    model: Annotated[str | None, typer.Option(help="--agent llm: the model name.")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="--agent llm: env var holding the API key.")] = None,
+    temperature: Annotated[float, typer.Option(help="--agent llm: sampling temperature.")] = 0.0,
+    max_tokens: Annotated[int, typer.Option(min=1, help="--agent llm: completion tokens per call.")] = 1024,
+    max_steps: Annotated[int | None, typer.Option(min=0, help="Cap: tool calls per session.")] = None,
+    max_model_tokens: Annotated[int | None, typer.Option(min=0, help="Cap: model tokens per session.")] = None,
+    max_cost_usd: Annotated[float | None, typer.Option(min=0.0, help="Cap: model cost per session.")] = None,
+    timeout: Annotated[float | None, typer.Option(min=0.1, help="Per-session wall-clock deadline (seconds).")] = None,
+    group_size: Annotated[int, typer.Option(min=1, help="Attempts of each task instance (one group id).")] = 1,
 ) -> None:
-    """Run a fleet batch; events go to Kafka, labels (if asked) to a JSONL file."""
-    from producers.fleet import run_fleet
+    """Run a fleet batch; events go to Kafka, labels (if asked) to a JSONL file.
 
+    With --group-size K, each of the --sessions task instances runs K times (K × sessions sessions).
+    """
+    from producers.fleet import run_fleet
+    from producers.fleet.agent_caps import Caps
+
+    llm = _llm_options(agent, model_endpoint, model, api_key_env, temperature, max_tokens)
+    caps = Caps(max_steps, max_model_tokens, max_cost_usd)
     report = run_fleet(
         _settings(),
         backend=backend.value,
@@ -385,7 +405,78 @@ def fleet_run(
         rate_per_s=rate,
         time_compression=time_compression,
         workers=workers,
+        agent=agent,
+        llm=llm,
+        caps=caps,
+        group_size=group_size,
+        timeout_s=timeout,
     )
+    out.print(report.summary(), markup=False)
+
+
+def _llm_options(
+    agent: str | None,
+    endpoint: str | None,
+    model: str | None,
+    api_key_env: str | None,
+    temperature: float,
+    max_tokens: int,
+) -> object:
+    """The LLM configuration of ``fleet run``/``fleet retry`` (``None`` without ``--model-endpoint``)."""
+    llm = None
+    if endpoint or model:
+        if not (endpoint and model):
+            raise typer.BadParameter("--model-endpoint and --model go together")
+        from producers.fleet.llm import LLMConfig
+
+        llm = LLMConfig(endpoint, model, api_key_env, temperature=temperature, max_tokens=max_tokens)
+    elif agent == "llm":
+        raise typer.BadParameter("--agent llm needs --model-endpoint URL and --model NAME")
+    return llm
+
+
+@fleet_app.command("retry")
+def fleet_retry(
+    since: Annotated[
+        datetime | None, typer.Option(help="Only sessions started at or after this time (ISO, UTC).")
+    ] = None,
+    max_attempts: Annotated[int, typer.Option(min=1, help="Attempts of an original session in all.")] = 3,
+    concurrency: Annotated[int, typer.Option(min=1, help="Sandboxes at once.")] = 4,
+    labels: Annotated[Path | None, typer.Option(help="Write ground-truth labels (JSONL) here.")] = None,
+    model_endpoint: Annotated[str | None, typer.Option(help="For llm sessions: OpenAI-compatible base URL.")] = None,
+    model: Annotated[str | None, typer.Option(help="For llm sessions: the model name.")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="For llm sessions: env var holding the API key.")] = None,
+) -> None:
+    """Re-run local sessions whose failure cause advises it (scores.retry_advice: rerun, rerun_once).
+
+    Infrastructure failures and transient model-API errors are retried; capability failures never.
+    Each retry records attempt and retry_of (the original session). Run `trajlake score` first.
+    """
+    from datetime import UTC
+
+    from producers.fleet import run_fleet
+    from producers.fleet.retry import plan_retries, retry_query
+    from warehouse.sql import run_query
+
+    settings = _settings()
+    columns, rows = run_query(settings, retry_query(since.replace(tzinfo=UTC) if since else None))
+    plans = plan_retries(columns, rows, max_attempts)
+    if not plans:
+        out.print("nothing to retry")
+        return
+    llm = _llm_options(None, model_endpoint, model, api_key_env, 0.0, 1024)
+    if llm is None and any(plan.agent == "llm" for plan in plans):
+        raise typer.BadParameter("sessions of --agent llm are among the retries: give --model-endpoint and --model")
+    report = run_fleet(
+        settings,
+        backend="local",
+        sessions=len(plans),
+        concurrency=concurrency,
+        labels_path=labels,
+        llm=llm,
+        plans=plans,
+    )
+    out.print(f"retried {len(plans)} sessions (of {len({row[6] for row in rows})} originals seen)")
     out.print(report.summary(), markup=False)
 
 

@@ -147,6 +147,9 @@ TRAJECTORIES = TableSpec(
             ("assembled_at", _TS),
             ("task_family", pa.string()),
             ("processes_started", pa.int64()),
+            ("group_id", pa.string()),  # schema v3: rollout group (K attempts of one task instance)
+            ("attempt", pa.int32()),
+            ("retry_of", pa.string()),  # the session a `trajlake fleet retry` re-ran
         ]
     ),
     partition_by=[("started_at", DayTransform())],
@@ -183,6 +186,7 @@ STEPS = TableSpec(
             ("truncated", pa.bool_()),
             ("output_bytes", pa.int64()),
             ("failure_reason", pa.string()),
+            ("model_call_event_id", pa.string()),  # schema v3: the agent_input event of the model call
         ]
     ),
     partition_by=[("ts", DayTransform())],

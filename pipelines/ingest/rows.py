@@ -6,30 +6,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pipelines.ingest.batch import Batch
-from schemas.registry import HEADER_LEN
+from schemas.registry import HEADER_LEN, latest
 
-ENVELOPE = (
-    "event_id",
-    "session_id",
-    "seq",
-    "ts",
-    "event_type",
-    "source",
-    "sandbox_id",
-    "task_id",
-    "task_type",
-    "host_id",
-    "image_name",
-    "image_version",
-    "agent_name",
-    "agent_version",
-    "agent_model",
-    "policy_version",
-    "agent_message_id",
-    "parent_event_id",
-    "extra",
-    "schema_version",
-)
+#: Envelope columns of a raw-events row: every non-payload field of the latest schema (v3 adds
+#: group_id, attempt, retry_of) and the writer's version, so a new envelope field is never dropped.
+ENVELOPE = tuple(f["name"] for f in latest().raw["fields"] if f["name"] != "payload") + ("schema_version",)
 
 
 def event_row(event: dict[str, Any], topic: str, partition: int, offset: int, ingested_at: datetime) -> dict[str, Any]:

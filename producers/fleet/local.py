@@ -258,8 +258,9 @@ class LocalFleet:
             policy_version="scripted-v1" if not live else (_llm_policy_version() if policy == "llm" else "custom"),
             extra={"backend": "local", "task_family": task.family},
         )
-        # v3 envelope fields (every event of the session carries them)
-        emitter.envelope.update(group_id=plan.group_id, attempt=plan.attempt, retry_of=plan.retry_of)
+        if plan.group_id is not None or plan.retry_of is not None:
+            # v3 envelope fields, in every event of the session (only when set: a v1/v2 writer refuses them)
+            emitter.envelope.update(group_id=plan.group_id, attempt=plan.attempt, retry_of=plan.retry_of)
         timeout_s = self.timeout_s or task.timeout_s
         limits = Limits(
             cpu_cores=self.limits.cpu_cores,
@@ -296,6 +297,7 @@ class LocalFleet:
         emitter.emit(
             "session_start",
             {
+                "attempt": plan.attempt,
                 "cpu_limit": limits.cpu_cores,
                 "memory_limit_bytes": limits.memory_bytes,
                 "pids_limit": limits.pids,
@@ -364,7 +366,7 @@ class LocalFleet:
         sandbox.cleanup()
         result = evaluate(task, deliverable, image, self.sandbox_root, reaper, ignored_changes=ignored)
         emitter.emit("evaluation", result.payload(), "evaluator", extra=result.extra())
-        if cap is not None and not sandbox.reaped:
+        if cap is not None:  # the agent stopped at its cap (the reaper may have come after)
             status, exit_reason = "capped", cap
         elif sandbox.reaped:
             status, exit_reason = "timeout", "reaper"

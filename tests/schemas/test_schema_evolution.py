@@ -37,9 +37,10 @@ def test_v1_and_v2_writers_both_decode_under_the_latest_reader() -> None:
 
 
 def test_shipped_versions_are_backward_compatible_and_the_new_kind_is_not_forward() -> None:
-    assert check_shipped(Compatibility.BACKWARD) == {(1, 2): []}
-    forward = check_shipped(Compatibility.FORWARD)[(1, 2)]
-    assert len(forward) == 1 and "Annotation" in forward[0]
+    assert check_shipped(Compatibility.BACKWARD) == {(1, 2): [], (1, 3): [], (2, 3): []}
+    forward = check_shipped(Compatibility.FORWARD)
+    assert len(forward[(1, 2)]) == 1 and "Annotation" in forward[(1, 2)][0]
+    assert forward[(1, 3)] == forward[(1, 2)] and forward[(2, 3)] == []  # v3 adds no kind: v2 readers read it
 
 
 @pytest.mark.parametrize(

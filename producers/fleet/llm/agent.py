@@ -23,6 +23,7 @@ from typing import Any
 
 from producers.errors import AgentToolError, ModelAPIError
 from producers.fleet.agent_api import AgentSession
+from producers.fleet.agent_caps import CapReached
 from producers.fleet.agents import PRICE_PER_MTOK
 from producers.fleet.llm.client import ChatClient, Try
 from producers.fleet.llm.record import CallRecorder, ContentStore, canonical, parse_response
@@ -192,6 +193,7 @@ class LLMAgent:
             message_id = f"mc_{ctx.session.session_id[:12]}_{recorder.calls}"
 
             def failed(attempt: Try, index: int, message_id: str = message_id) -> None:
+                """Record a failed try; past the deadline, stop retrying (the cap ends the session)."""
                 record = recorder.record(
                     messages=messages,
                     tools=TOOLS,
@@ -204,6 +206,8 @@ class LLMAgent:
                     error=attempt.error,
                 )
                 self._emit(ctx, record, message_id)
+                if ctx.caps.remaining_s() == 0.0:
+                    raise CapReached("deadline", f"the model call was still failing at the deadline ({attempt.error})")
 
             attempt, index = client.complete(request, on_failure=failed, deadline_s=ctx.caps.remaining_s)
             assert attempt.body is not None  # complete() returns only successful tries
@@ -233,7 +237,7 @@ class LLMAgent:
                 if position == 0:  # the call's tokens, cost and latency go with its first action
                     turn.update(
                         output_tokens=parsed.usage.get("completion_tokens") or 0,
-                        reasoning_tokens=parsed.usage.get("reasoning_tokens"),
+                        reasoning_tokens=parsed.usage.get("reasoning_tokens") or 0,
                         cost_usd=round(cost, 10),
                         model_latency_ms=round(attempt.latency_ms, 3),
                         finish_reason=parsed.finish_reason,
@@ -250,8 +254,8 @@ class LLMAgent:
     def _emit(ctx: Any, record: dict[str, Any], message_id: str) -> str:
         emitted: str = ctx.session.agent_input(
             prompt_digest=record["request_sha256"],
-            input_tokens=record["prompt_tokens"],
-            cached_tokens=record["cached_tokens"],
+            input_tokens=record["prompt_tokens"] or 0,  # a failed try used none
+            cached_tokens=record["cached_tokens"] or 0,
             n_messages=record["n_messages"],
             content=None,
             model_call=record,

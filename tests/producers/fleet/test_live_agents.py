@@ -1,0 +1,239 @@
+"""Live agents in the local fleet: the agent interface, the LLM agent against a scripted OpenAI-compatible
+server on loopback (a test double at the network boundary), caps, retries, rollout groups."""
+
+import json
+from collections import Counter, defaultdict
+
+import pytest
+
+from pipelines.assemble import assemble
+from producers.fleet import ListSink, run_fleet
+from producers.fleet.agent_caps import Caps
+from producers.fleet.llm import LLMConfig, reconstruct
+from producers.fleet.llm.testing import FakeOpenAIServer, loop_script, solver_script
+from producers.fleet.retry import plan_retries
+from producers.fleet.sandbox import bwrap_available
+from producers.fleet.tasks import task_for
+from schemas.registry import decode_event, encode_event
+from tests.helpers import write_raw
+from warehouse.sql import run_query
+
+pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable")
+
+
+def _sessions(events):
+    by_session = defaultdict(list)
+    for event in events:
+        by_session[event["session_id"]].append(event)
+    return by_session
+
+
+def _end(events):
+    return next(e["payload"] for e in events if e["event_type"] == "session_end")
+
+
+def _config(server, **kwargs):
+    return LLMConfig(server.url, "policy-7b", backoff_s=0.01, **kwargs)
+
+
+def test_llm_session_lands_with_every_model_call_intact_and_transient_errors_retried(settings):
+    tasks = [task_for(3, 0)]
+    with FakeOpenAIServer(solver_script(tasks)) as server:
+        server.fail_next = [429, 500]
+        sink = ListSink(decode=False)
+        report = run_fleet(settings, "local", sessions=1, seed=3, sink=sink, agent="llm", llm=_config(server))
+    assert report.by_status == {"completed": 1} and report.eval_passed == 1
+    # through the wire format (v3 encode/decode, redaction aside) into raw_events, then assembly
+    write_raw(settings, sink.events)
+    assemble(settings)
+    session_id = sink.events[0]["session_id"]
+    columns, rows = run_query(
+        settings,
+        "SELECT agent_input.model_call AS mc, agent_message_id FROM events "
+        "WHERE event_type = 'agent_input' AND agent_input.model_call IS NOT NULL ORDER BY seq",
+    )
+    calls = [row[0] for row in rows]
+    failed = [c for c in calls if c["status"] == "error"]
+    assert [(c["http_status"], c["try_index"]) for c in failed] == [(429, 0), (500, 1)]  # retried and recorded
+    ok = [c for c in calls if c["status"] == "ok"]
+    assert len(ok) == len(server.responses) == 6
+    rebuilt = reconstruct(calls)
+    successful_requests = [r for r, status in zip(server.requests, server.statuses, strict=True) if status == 200]
+    for call, request, raw, record in zip(rebuilt, successful_requests, server.responses, ok, strict=True):
+        response = json.loads(raw)
+        # the exact request messages and tool definitions the server received
+        assert json.dumps(call.messages, sort_keys=True) == json.dumps(request["messages"], sort_keys=True)
+        assert call.tools == request["tools"]
+        # token ids and logprobs byte-equal to the server's JSON
+        assert json.dumps(call.prompt_token_ids) == json.dumps(response["prompt_token_ids"])
+        assert json.dumps(call.completion_token_ids) == json.dumps(response["choices"][0]["token_ids"])
+        logprobs = [entry["logprob"] for entry in response["choices"][0]["logprobs"]["content"]]
+        assert json.dumps(call.completion_logprobs) == json.dumps(logprobs)
+        assert record["cached_tokens"] == response["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert record["finish_reason"] == response["choices"][0]["finish_reason"]
+        assert json.loads(record["sampling_params"])["temperature"] == 0.0
+    assert sum(c["cached_tokens"] for c in ok) > 0  # later calls reuse the prefix
+    # the system prompt and tool list are stored once across the session's calls
+    blob_refs = Counter(b["sha256"] for c in calls for b in c["blobs"])
+    assert max(blob_refs.values()) == 1
+    # every step links to the model call that made it; the trajectory counts the calls' tokens
+    steps = run_query(
+        settings,
+        f"SELECT s.tool_name, e.agent_input.model_call.status FROM steps s JOIN events e "
+        f"ON e.event_id = s.model_call_event_id WHERE s.session_id = '{session_id}' ORDER BY s.step_index",
+    )[1]
+    assert [tool for tool, _ in steps] == ["bash", "read_file", "bash", "write_file", "bash"]
+    assert {status for _, status in steps} == {"ok"}
+    trajectory = run_query(
+        settings, f"SELECT status, input_tokens, agent_model FROM trajectories WHERE session_id = '{session_id}'"
+    )[1][0]
+    assert trajectory == ("completed", sum(c["prompt_tokens"] for c in ok), "policy-7b")
+
+
+@pytest.mark.parametrize(
+    ("caps", "timeout_s", "delay_s", "reason"),
+    [
+        (Caps(max_steps=2), None, 0.0, "max_steps"),
+        (Caps(max_model_tokens=150), None, 0.0, "max_model_tokens"),
+        (Caps(max_cost_usd=1e-4), None, 0.0, "max_cost_usd"),
+        (Caps(), 2.5, 0.4, "deadline"),
+    ],
+)
+def test_each_cap_ends_the_session_with_its_exit_reason(settings, caps, timeout_s, delay_s, reason):
+    with FakeOpenAIServer(loop_script(None), delay_s=delay_s) as server:  # never submits on its own
+        sink = ListSink()
+        run_fleet(
+            settings, "local", sessions=1, sink=sink, agent="llm", llm=_config(server), caps=caps, timeout_s=timeout_s
+        )
+    end = _end(sink.events)
+    assert (end["status"], end["exit_reason"]) == ("capped", reason)
+    steps = sum(1 for e in sink.events if e["event_type"] == "agent_action")
+    if reason == "max_steps":
+        assert steps == 2
+    assert any(e["event_type"] == "evaluation" for e in sink.events)  # evaluation follows as for any session
+
+
+def test_a_group_of_k_lands_with_one_group_id(settings):
+    sink = ListSink(decode=False)
+    report = run_fleet(settings, "local", sessions=1, seed=5, sink=sink, agent="guesser", group_size=3)
+    assert report.sessions == 3
+    decoded = [decode_event(encode_event(event)) for event in sink.events]
+    by_session = _sessions(decoded)
+    assert len(by_session) == 3
+    assert len({e["group_id"] for e in decoded}) == 1 and decoded[0]["group_id"]
+    assert len({e["task_id"] for e in decoded}) == 1  # same seed, same instance
+    write_raw(settings, sink.events)
+    assemble(settings)
+    rows = run_query(settings, "SELECT group_id, attempt, task_id FROM trajectories ORDER BY attempt")[1]
+    assert [r[1] for r in rows] == [1, 2, 3] and len({(r[0], r[2]) for r in rows}) == 1
+
+
+def test_a_custom_agent_file_runs_and_a_raising_agent_fails_only_its_session(settings, tmp_path):
+    agent_file = tmp_path / "my_agent.py"
+    agent_file.write_text(
+        "def agent(session):\n"
+        "    assert 'Fix' in session.instruction or session.instruction\n"
+        "    listing = session.run('ls')\n"
+        "    session.write_file('notes/plan.txt', 'exit code ' + str(listing.exit_code))\n"
+        "    text = session.read_file('notes/plan.txt')\n"
+        "    try:\n"
+        "        session.write_file('../outside.txt', 'x')\n"
+        "    except Exception as exc:\n"
+        "        session.run('echo refused: ' + type(exc).__name__)\n"
+        "    session.run('echo ' + text.replace(' ', '_'))\n"
+        "    session.submit()\n"
+        "\n"
+        "def broken(session):\n"
+        "    session.run('true')\n"
+        "    raise RuntimeError('my agent has a bug')\n"
+    )
+    sink = ListSink()
+    run_fleet(settings, "local", sessions=1, sink=sink, agent=f"{agent_file}:agent")
+    actions = [e["payload"] for e in sink.events if e["event_type"] == "agent_action"]
+    assert [a["tool_name"] for a in actions] == ["bash", "write_file", "read_file", "bash", "bash"]
+    outputs = [e["payload"]["output"] for e in sink.events if e["event_type"] == "env_feedback"]
+    assert "refused: AgentToolError" in outputs[3] and "exit_code_0" in outputs[4]
+    writes = [e["payload"]["path"] for e in sink.events if e["event_type"] == "file_op"]
+    assert "/workspace/notes/plan.txt" in writes and not any("outside" in p for p in writes)
+    assert _end(sink.events)["exit_reason"] == "agent_finished"
+
+    broken = ListSink()
+    report = run_fleet(settings, "local", sessions=2, concurrency=2, sink=broken, agent=f"{agent_file}:broken")
+    assert report.sessions == 2  # the fleet did not crash
+    for events in _sessions(broken.events).values():
+        assert (_end(events)["status"], _end(events)["exit_reason"]) == ("failed", "agent_raised")
+        note = next(e["payload"] for e in events if e["event_type"] == "annotation")
+        assert note["key"] == "agent_error" and "RuntimeError: my agent has a bug" in note["value"]
+        assert "Traceback" in note["value"]
+
+
+def test_retries_follow_the_failure_cause():
+    columns = ["session_id", "failure_cause", "retry_advice", "task_family", "group_id", "attempt", "original"]
+    columns += ["task_seed", "agent_spec"]
+    family = task_for(0, 0).family
+    rows = [
+        ("a", "infrastructure_error", "rerun", family, None, 1, "a", "11", "llm"),
+        ("b", "wrong_answer", "do_not_rerun", family, None, 1, "b", "12", "llm"),
+        ("c", "reaper_timeout", "rerun_once", family, None, 1, "c", "13", "solver"),
+        ("d", "reaper_timeout", "rerun_once", family, None, 1, "d", "14", "solver"),
+        ("d2", "reaper_timeout", "rerun_once", family, None, 2, "d", "14", "solver"),  # already rerun once
+        ("e", "infrastructure_error", "rerun", family, "g1", 1, "e", "15", "llm"),
+        ("e2", "infrastructure_error", "rerun", family, "g1", 2, "e", "15", "llm"),
+        ("e3", "infrastructure_error", "rerun", family, "g1", 3, "e", "15", "llm"),  # at max_attempts
+    ]
+    plans = plan_retries(columns, rows, max_attempts=3)
+    assert [(p.retry_of, p.attempt, p.agent, p.task.seed) for p in plans] == [
+        ("a", 2, "llm", 11),
+        ("c", 2, "solver", 13),
+    ]
+
+
+def test_model_call_events_encode_under_v3_and_stay_flat_over_30_turns():
+    from producers.fleet.llm.client import ChatClient
+    from producers.fleet.llm.record import CallRecorder, ContentStore, parse_response
+
+    store = ContentStore()
+    sizes = []
+    with FakeOpenAIServer(loop_script(30, command="cat big_file_number")) as server:
+        client = ChatClient(server.url)
+        recorder = CallRecorder(store)
+        messages = [{"role": "system", "content": "S" * 4000}, {"role": "user", "content": "do it"}]
+        for turn in range(30):
+            attempt, _ = client.complete(
+                {"model": "m", "messages": messages, "logprobs": True, "return_token_ids": True}
+            )
+            record = recorder.record(
+                messages=messages, tools=None, model="m", sampling={}, response=attempt.body, latency_ms=1.0
+            )
+            event = {
+                "event_id": f"e{turn}",
+                "session_id": "s",
+                "seq": turn,
+                "ts": 0,
+                "event_type": "agent_input",
+                "source": "agent",
+                "sandbox_id": "sb",
+                "task_id": "t",
+                "task_type": "bugfix",
+                "host_id": "h",
+                "image_name": "i",
+                "image_version": "1",
+                "payload": {
+                    "prompt_digest": record["request_sha256"],
+                    "input_tokens": record["prompt_tokens"],
+                    "cached_tokens": record["cached_tokens"],
+                    "n_messages": record["n_messages"],
+                    "model_call": record,
+                },
+            }
+            sizes.append(len(encode_event(event)))
+            parsed = parse_response(attempt.body)
+            messages.append(parsed.message)
+            calls = parsed.message.get("tool_calls") or []
+            messages += [{"role": "tool", "tool_call_id": c["id"], "content": f"output {turn} " * 40} for c in calls]
+        client.close()
+    context_bytes = len(json.dumps(messages))
+    assert sizes[0] > 4000 > sizes[-1]  # the system prompt is in the first event only
+    assert max(sizes[2:]) < 1.5 * min(sizes[2:])  # flat: O(new content), not O(context)
+    assert sizes[-1] * 10 < context_bytes
+    assert decode_event(encode_event(event))["payload"]["model_call"]["call_index"] == 29
