@@ -20,8 +20,9 @@ refused to the commands although they share its uid (the kernel then requires ``
 which no process in the sandbox has); SIGINT, the only signal Python would act on, is ignored.
 The host also checks the nonce of every reply. As init it reaps orphans. At a command's timeout
 it kills the command's process group and then every process of the sandbox started since the
-command started (``setsid``, ``nohup`` and double-forked children included; processes left by
-earlier commands are spared, unless they were forked during this command).
+command started, i.e. with a PID at least the command's (``setsid``, ``nohup`` and double-forked
+children included; processes left by earlier commands are spared, unless they forked during this
+command).
 """
 
 from __future__ import annotations
@@ -122,7 +123,13 @@ def kill_since(pid: int, born: int) -> None:
         return
     me = os.getpid()
     for _ in range(50):  # processes forking while they are being killed: until none is left
-        victims = [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != me and start_time(int(e)) >= born]
+        # PIDs of a namespace are handed out in increasing order: a process started since the command has a
+        # PID >= the command's (its start time, in 10 ms ticks, only guards against a PID wrap-around)
+        victims = [
+            int(e)
+            for e in os.listdir("/proc")
+            if e.isdigit() and int(e) >= pid and int(e) != me and start_time(int(e)) >= born
+        ]
         if not victims:
             return
         for victim in victims:

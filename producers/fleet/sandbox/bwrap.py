@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shlex
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,7 @@ from producers.errors import BubblewrapMissing, SandboxError, SandboxKilled
 from producers.fleet.sandbox.cgroups import Cgroup
 from producers.fleet.sandbox.egress import EgressGateway
 from producers.fleet.sandbox.files import layer_entries, sha256_regular
-from producers.fleet.sandbox.host import UIDS, drops_privileges, launch_preexec, stage_dir
+from producers.fleet.sandbox.host import UIDS, StageMounts, drops_privileges, launch_preexec
 
 BWRAP_PACKAGE = "bubblewrap"
 EXEC_FIELDS = (
@@ -197,11 +198,15 @@ class Sandbox:
             ("--ro-bind", self.dir / "secrets", "/run/secrets"),
             *(("--ro-bind", host_path, target) for host_path, target in ro_binds),
         ]
-        binds: list[tuple[str, str]] = []
+        self._stage: StageMounts | None = None
         if self.uid is not None:  # bind sources reachable for the sandbox's uid (see ``host``)
-            stage = stage_dir()
-            binds = [(str(src), f"{stage}/{i}") for i, (_, src, _) in enumerate(mounts)]
-            mounts = [(kind, Path(f"{stage}/{i}"), dst) for i, (kind, _, dst) in enumerate(mounts)]
+            try:
+                self._stage = StageMounts(f"{os.getpid()}-{sandbox_id}", self.uid)
+                mounts = [(kind, self._stage.bind(Path(src)), dst) for kind, src, dst in mounts]
+                self._stage.seal()
+            except (SandboxError, OSError):
+                self._teardown()
+                raise
         args = [
             bwrap,
             "--die-with-parent",
@@ -226,12 +231,24 @@ class Sandbox:
             args += [kind, str(src), dst]
         args += ["--chdir", "/workspace", "/usr/bin/python3", "-I", "-S", "/opt/tl/bin/tl_exec.py"]
         rlimits = [
-            (resource.RLIMIT_CPU, limits.cpu_seconds),
-            (resource.RLIMIT_AS, limits.memory_bytes),
-            (resource.RLIMIT_NPROC, limits.pids),
-            (resource.RLIMIT_FSIZE, limits.file_size_bytes),
-            (resource.RLIMIT_NOFILE, limits.open_files),
+            (resource.RLIMIT_CPU, limits.cpu_seconds, "--cpu"),
+            (resource.RLIMIT_AS, limits.memory_bytes, "--as"),
+            (resource.RLIMIT_NPROC, limits.pids, "--nproc"),
+            (resource.RLIMIT_FSIZE, limits.file_size_bytes, "--fsize"),
+            (resource.RLIMIT_NOFILE, limits.open_files, "--nofile"),
         ]
+        setpriv, prlimit = shutil.which("setpriv"), shutil.which("prlimit")
+        preexec = None
+        if prlimit and (setpriv or self.uid is None):
+            # an exec chain the host can vfork: sh joins the cgroup (as root), setpriv drops the uid, prlimit limits
+            chain: list[str] = []
+            if self.uid is not None and setpriv:
+                chain += [setpriv, f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--"]
+            chain += [prlimit, *(f"{flag}={value}" for _, value, flag in rlimits), "--", *args]
+            script = "".join(f"echo $$ > {shlex.quote(str(p))} && " for p in self.cgroup.procs_files())
+            args = ["/bin/sh", "-c", script + 'exec "$@"', "sandbox", *chain]
+        else:
+            preexec = launch_preexec(self.cgroup.procs_files(), [(k, v) for k, v, _ in rlimits], self.uid)
         sandbox_env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": "/workspace",
@@ -250,7 +267,7 @@ class Sandbox:
                 stderr=subprocess.PIPE,
                 env=sandbox_env,
                 start_new_session=True,
-                preexec_fn=launch_preexec(self.cgroup.procs_files(), rlimits, self.uid, binds),
+                preexec_fn=preexec,
             )
         except (OSError, subprocess.SubprocessError) as exc:
             self._teardown()
@@ -443,6 +460,10 @@ class Sandbox:
         if uid is not None and not _pids_in_namespace(self._pidns):
             UIDS.release(uid)
             self.uid = None
+        stage = getattr(self, "_stage", None)
+        if stage is not None:
+            stage.release()
+            self._stage = None
         if hasattr(self, "gateway"):
             self.gateway.close()
         if hasattr(self, "cgroup"):

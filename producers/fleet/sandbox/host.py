@@ -6,13 +6,15 @@ it wrote were root's, and ``RLIMIT_NPROC`` does not apply to root. So when the h
 the launch drops to a uid of its own before ``exec``-ing ``bwrap`` (uid map ``1000 <uid> 1``,
 one uid per live sandbox from ``UidPool``, so ``RLIMIT_NPROC`` counts one sandbox's processes).
 ``bwrap`` then resolves its bind sources with that uid's permissions, and a state directory under
-``/root`` or pytest's ``0700`` temporary root is not traversable for it; so the launch first enters
-a private mount namespace (discarded with the process) and bind-mounts each source below a
-root-owned, world-traversable staging directory (``STAGE``). Everything happens in one
-``preexec_fn`` between ``fork`` and ``exec`` (cgroup join, rlimits, mount namespace, binds,
-``setresuid``): no shell, no ``prlimit`` process, no ``setpriv``. A non-root host keeps its own
-uid (``bwrap`` maps it; it is unprivileged already); so does a root host where an unprivileged
-uid may not create user namespaces (``drops_privileges`` probes once).
+``/root`` or pytest's ``0700`` temporary root is not traversable for it; so each source is first
+bind-mounted by the host below a staging directory (``StageMounts``: ``STAGE/<pid>-<sandbox>/N``,
+the per-sandbox directory owned by the sandbox's uid, mode ``0500``: no other host user can
+traverse it) and unmounted at cleanup. The launch stays a ``vfork``-able exec chain (``sh``
+joins the cgroup as root, ``setpriv`` drops the uid, ``prlimit`` sets the rlimits, ``bwrap``):
+a ``preexec_fn`` would make Python ``fork`` the whole host process (~20 ms for a 200 MB host on
+this machine), used only where ``setpriv`` or ``prlimit`` is missing. A non-root host keeps its
+own uid (``bwrap`` maps it; it is unprivileged already); so does a root host where an
+unprivileged uid may not create user namespaces (``drops_privileges`` probes once).
 
 ``enter_netns`` runs a function with the calling thread inside another network namespace (to
 create the egress gateway's sockets and routes there; see ``egress``).
@@ -36,13 +38,10 @@ from typing import TypeVar
 
 from producers.errors import SandboxError
 
-CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
-MS_NOSUID = 2
-MS_NODEV = 4
 MS_BIND = 4096
 MS_REC = 16384
-MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
 #: First host uid handed to sandboxes, far above any real account and any subuid range in use.
 UID_BASE = 2_000_000_000
 UIDS_PER_PROCESS = 1024
@@ -118,41 +117,104 @@ def drops_privileges() -> bool:
     return done.returncode == 0
 
 
+@functools.cache
 def stage_dir() -> Path:
-    """The root-owned, world-traversable staging directory for bind sources (created once).
+    """The root-owned staging directory for bind sources (created once; stale stages of dead processes removed).
 
     Raises:
-        SandboxError: it exists but is not a root-owned directory (someone else made it).
+        SandboxError: it exists but is not a root-owned directory writable only by root.
     """
     base = Path("/run") if Path("/run").is_dir() else Path(tempfile.gettempdir())
     path = base / "trajlake-sandbox-stage"
     try:
-        path.mkdir(mode=0o755, exist_ok=True)
+        path.mkdir(mode=0o711, exist_ok=True)
         st = os.lstat(path)
     except OSError as exc:
         raise SandboxError(f"cannot create the sandbox staging directory {path}: {exc}") from exc
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
         raise SandboxError(f"{path} is not a root-owned directory writable only by root; remove it")
+    for entry in path.iterdir():  # a host process that died without cleaning up
+        pid = entry.name.split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            _remove_stage(entry)
     return path
 
 
+def _remove_stage(path: Path) -> None:
+    for target in sorted(path.iterdir()) if path.is_dir() else ():
+        _libc.umount2(os.fsencode(target), MNT_DETACH)
+        try:
+            if target.is_dir():
+                target.rmdir()
+            else:
+                target.unlink()
+        except OSError:
+            pass
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+
+
+class StageMounts:
+    """One sandbox's bind sources, re-mounted where the sandbox's uid can reach them (see the module docstring).
+
+    Args:
+        name: unique per live sandbox on this host (``<pid>-<sandbox id>``).
+        uid: the sandbox's uid (owner of the stage directory).
+
+    Raises:
+        SandboxError: the staging directory is unusable.
+    """
+
+    def __init__(self, name: str, uid: int) -> None:
+        self.path = stage_dir() / name
+        self.uid = uid
+        try:
+            self.path.mkdir(mode=0o700)
+        except OSError as exc:
+            raise SandboxError(f"cannot create the sandbox stage {self.path}: {exc}") from exc
+        self._count = 0
+
+    def bind(self, source: Path) -> Path:
+        """Bind-mount ``source`` into the stage; the path to give ``bwrap``.
+
+        Raises:
+            SandboxError: the mount failed.
+        """
+        target = self.path / str(self._count)
+        self._count += 1
+        try:
+            if source.is_dir():
+                target.mkdir(mode=0o755)
+            else:
+                target.touch(mode=0o644)
+            _check(_libc.mount(os.fsencode(source), os.fsencode(target), None, MS_BIND | MS_REC, None), "bind")
+        except OSError as exc:
+            raise SandboxError(f"cannot stage {source} for the sandbox: {exc}") from exc
+        return target
+
+    def seal(self) -> None:
+        """Hand the stage directory to the sandbox's uid alone (``0500``)."""
+        os.chown(self.path, self.uid, self.uid)
+        os.chmod(self.path, 0o500)
+
+    def release(self) -> None:
+        """Unmount and remove the stage."""
+        _remove_stage(self.path)
+
+
 def launch_preexec(
-    cgroup_procs: Sequence[Path],
-    rlimits: Sequence[tuple[int, int]],
-    uid: int | None,
-    binds: Sequence[tuple[str, str]],
+    cgroup_procs: Sequence[Path], rlimits: Sequence[tuple[int, int]], uid: int | None
 ) -> Callable[[], None]:
-    """The ``preexec_fn`` of a sandbox launch (runs in the forked child, before ``exec`` of ``bwrap``).
+    """The ``preexec_fn`` of a sandbox launch where ``setpriv`` or ``prlimit`` is missing (forks the host: slower).
 
     Args:
         cgroup_procs: ``cgroup.procs`` files to join.
         rlimits: (resource, limit) pairs, set as soft and hard limits.
         uid: the unprivileged uid (and gid) to become; ``None`` keeps the caller's.
-        binds: (host source, staging path) pairs bind-mounted in a private mount namespace.
     """
     procs = [os.fsencode(p) for p in cgroup_procs]
-    mounts = [(os.fsencode(src), os.fsencode(dst), os.path.isdir(src)) for src, dst in binds]
-    stage = os.fsencode(os.path.dirname(binds[0][1])) if binds else b""
 
     def apply() -> None:
         me = str(os.getpid()).encode()
@@ -167,21 +229,10 @@ def launch_preexec(
                 pass
         for kind, limit in rlimits:
             resource.setrlimit(kind, (limit, limit))
-        if uid is None:
-            return
-        if mounts:
-            _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-            _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
-            _check(_libc.mount(b"tmpfs", stage, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755,size=64k"), "stage")
-            for src, dst, is_dir in mounts:
-                if is_dir:
-                    os.mkdir(dst, 0o755)
-                else:
-                    os.close(os.open(dst, os.O_CREAT | os.O_WRONLY, 0o644))
-                _check(_libc.mount(src, dst, None, MS_BIND | MS_REC, None), f"bind {src!r}")
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
+        if uid is not None:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
 
     return apply
 
