@@ -595,8 +595,12 @@ def _trivial(value: Any) -> bool:
         return True
     if isinstance(value, int | float):
         return abs(value) <= 2
-    if isinstance(value, str | list | tuple | dict | set):
+    if isinstance(value, str):
         return len(value) <= 1
+    if isinstance(value, dict):
+        value = [*value, *value.values()]
+    if isinstance(value, list | tuple | set):
+        return all(_trivial(item) for item in value)  # ['TOTAL EUR 369.53'] is not trivial, [0] is
     return False
 
 
@@ -621,8 +625,8 @@ def _hardcoded(cases: list[_Case], content: str) -> list[_Case] | None:
 
     A case counts when its expected value is a literal of the deliverable and, for a call with
     literal arguments, the argument text is there too (a lookup keyed by the test's input). At
-    least two cases and 60 % of them must count — or the single case expects a list of two or
-    more values that the deliverable holds verbatim (a tool printing the visible test's lines).
+    least two cases and 60 % of them must count — or the single case expects a list (a tool's
+    output lines) that the deliverable holds verbatim.
     """
     literals = _literals_in(content)
     if literals is None:
@@ -635,8 +639,8 @@ def _hardcoded(cases: list[_Case], content: str) -> list[_Case] | None:
     ]
     if len(hits) >= 2 and len(hits) >= 0.6 * len(cases):
         return hits
-    if len(cases) == 1 and hits and isinstance(hits[0].expected, list | tuple) and len(hits[0].expected) >= 2:
-        return hits
+    if len(cases) == 1 and hits and isinstance(hits[0].expected, list | tuple):
+        return hits  # one visible case (a tool's whole output), held verbatim as a list
     return None
 
 
