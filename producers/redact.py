@@ -567,7 +567,8 @@ def redact_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     series = pl.Series(values)
     # cased triggers (SK, AC) would match almost every value case-insensitively: look for them as they are
     hits = series.str.contains_any(_LOWER_TRIGGERS, ascii_case_insensitive=True)
-    exact = [trigger for trigger, _ in _CASED_TRIGGERS] + list(_secret_values)
+    with _values_lock:  # a fleet thread may register or forget values meanwhile
+        exact = [trigger for trigger, _ in _CASED_TRIGGERS] + list(_secret_values)
     if exact:
         hits = hits | series.str.contains_any(exact)
     suspects = hits.fill_null(False).arg_true().to_list()
