@@ -72,6 +72,7 @@ def test_a_v2_reader_reads_a_v3_model_call_and_v3_reads_old_data_with_defaults()
     old = fastavro.schemaless_reader(
         io.BytesIO(data[HEADER_LEN:]), get_version(3).parsed, get_version(2).parsed, return_record_name=True
     )
+    assert isinstance(old, dict)
     assert old["event_id"] == event["event_id"] and "group_id" not in old
     assert old["payload"][1]["input_tokens"] == event["payload"]["input_tokens"]
     new = decode_event(data)
