@@ -5,7 +5,8 @@ URL), e.g. ``postgresql+psycopg://trajlake@db:5432/lake``; several processes may
 commit at once (pyiceberg's SQL catalog swaps metadata pointers optimistically, a
 loser gets ``CommitFailedException`` and retries). ``TRAJLAKE_CATALOG_PROPERTIES``
 without a ``type`` adds FileIO properties to the SQL catalog (``s3.endpoint``,
-``s3.region``; credentials from the AWS environment); with a ``type`` (``rest``,
+``s3.region``; credentials from the AWS environment, which also gives the endpoint and region
+when the properties do not: ``AWS_ENDPOINT_URL``, ``AWS_REGION``/``AWS_DEFAULT_REGION``); with a ``type`` (``rest``,
 ``glue``, …) it loads that pyiceberg catalog instead, e.g. a REST catalog::
 
     TRAJLAKE_CATALOG_PROPERTIES='{"type": "rest", "uri": "https://catalog:8181",
@@ -18,11 +19,12 @@ from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 
 from common.settings import Settings
+from warehouse.object_store import s3_properties
 
 
 def open_catalog(settings: Settings) -> Catalog:
     """The configured Iceberg catalog, with trajlake's namespace created."""
-    props = dict(settings.catalog_properties)
+    props = s3_properties(settings.catalog_properties)
     if "type" in props:
         props.setdefault("warehouse", settings.hot_location)
         catalog = load_catalog(settings.catalog_name, **props)
