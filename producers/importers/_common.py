@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from producers.errors import ProducerError
+from producers.fleet.llm.record import CallRecorder, ContentStore
 from producers.sdk import Event, SessionEmitter
 
 # Namespace of every imported id (uuid5 of a fixed name, so it never changes between releases).
@@ -213,6 +214,47 @@ def end_status(exit_status: str | None, resolved: bool | None = None, exception:
     return "failed"
 
 
+def chat_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A recorded chat message as the model saw it: role, content, reasoning, tool calls, call id, name.
+
+    Framework bookkeeping (``extra``, ``agent``, ``message_type``, …) is dropped; long contents are
+    clipped like every imported text.
+    """
+    out: dict[str, Any] = {"role": str(message.get("role") or "user")}
+    content = message.get("content")
+    out["content"] = clip(content, MAX_OUTPUT_BYTES) if isinstance(content, str) else content
+    reasoning = message.get("reasoning_content")
+    if not isinstance(reasoning, str) or not reasoning:
+        fields = message.get("provider_specific_fields")
+        reasoning = fields.get("reasoning_content") if isinstance(fields, dict) else None
+    if isinstance(reasoning, str) and reasoning:
+        out["reasoning_content"] = clip(reasoning)
+    calls = message.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        out["tool_calls"] = [
+            {
+                "id": str(call.get("id") or ""),
+                "type": str(call.get("type") or "function"),
+                "function": {
+                    "name": str((call.get("function") or {}).get("name") or ""),
+                    "arguments": clip_arguments(_arguments_text((call.get("function") or {}).get("arguments"))),
+                },
+            }
+            for call in calls
+            if isinstance(call, dict)
+        ]
+    for key in ("tool_call_id", "name"):
+        if isinstance(message.get(key), str) and message[key]:
+            out[key] = message[key]
+    return out
+
+
+def _arguments_text(arguments: Any) -> str:
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(arguments if arguments is not None else {}, sort_keys=True)
+
+
 def apportion(total: int, parts: int) -> list[int]:
     """Split an integer total into ``parts`` near-equal integers that sum to it exactly."""
     if parts <= 0:
@@ -237,9 +279,12 @@ class RunBuilder:
     source_format: str
     envelope: dict[str, Any]
     events: list[Event] = field(default_factory=list)
+    session_id: str | None = None  # the run's own id (ATIF); by default derived from the file's sha256
 
     def __post_init__(self) -> None:
         namespace = uuid.uuid5(IMPORT_NAMESPACE, self.source.sha256)
+        # each run is self-contained: every blob its calls refer to is in its own events
+        self.recorder = CallRecorder(ContentStore())
         self._namespace = namespace
         counter = itertools.count()
         self._now = SYNTHETIC_EPOCH_US
@@ -253,7 +298,7 @@ class RunBuilder:
 
         self.emitter = SessionEmitter(
             self.events.append,
-            session_id=uuid.uuid5(namespace, "session").hex,
+            session_id=self.session_id or uuid.uuid5(namespace, "session").hex,
             clock=lambda: self._now,
             id_factory=new_id,
             host_id="importer",
@@ -309,6 +354,56 @@ class RunBuilder:
             "instruction": clip(instruction),
         }
         return self.emitter.emit("session_start", payload, "system", extra=extra or None)
+
+    def model_call(
+        self,
+        messages: list[dict[str, Any]],
+        response_message: dict[str, Any],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        model: str = "",
+        sampling: dict[str, Any] | None = None,
+        usage: dict[str, Any] | None = None,
+        finish_reason: str | None = None,
+        response_id: str | None = None,
+        prompt_token_ids: list[int] | None = None,
+        completion_token_ids: list[int] | None = None,
+        logprobs: list[float] | None = None,
+        cost_usd: float | None = None,
+    ) -> dict[str, Any]:
+        """The ``model_call`` record (schema v3) of one recorded turn: the exact request and the reply.
+
+        The run's own messages are what the model saw, so they are kept as they are (content
+        addressed, a delta per call) for the exporters; token ids only when the run recorded them.
+        """
+        choice: dict[str, Any] = {"message": response_message, "finish_reason": finish_reason}
+        if completion_token_ids:
+            choice["token_ids"] = completion_token_ids
+        if logprobs:
+            choice["logprobs"] = {"content": [{"token": "", "logprob": value} for value in logprobs]}
+        response: dict[str, Any] = {
+            "id": response_id,
+            "model": model or None,
+            "choices": [choice],
+            "usage": usage or {},
+        }
+        if prompt_token_ids is not None:
+            response["prompt_token_ids"] = prompt_token_ids
+        record = self.recorder.record(
+            messages=messages,
+            tools=tools,
+            model=model,
+            sampling=sampling or {},
+            response=response,
+            latency_ms=0.0,
+            cost_usd=cost_usd,
+        )
+        # the reply as recorded (reasoning_content and all), not only role/content/tool_calls
+        ref = self.recorder._ref(response_message, record["blobs"], {b["sha256"] for b in record["blobs"]})
+        record["response_message_sha256"] = ref
+        self.recorder._context[-1] = ref
+        record["completion_tokens_text"] = [""] * len(record["completion_logprobs"])
+        return record
 
     def evaluation_after_end(self, key: Any, **payload: Any) -> str:
         """An ``evaluation`` that arrived after the run (a report beside the file): emitted after ``session_end``.

@@ -25,6 +25,7 @@ from producers.importers._common import (
     ImportFormatError,
     RunBuilder,
     SourceFile,
+    chat_message,
     digest,
     end_status,
     object_of,
@@ -151,6 +152,17 @@ def convert(source: SourceFile) -> list[Event]:
             usage = response.get("usage") or {}
             builder.advance(previous_ts)
             message_id = str(response.get("id") or f"turn-{turn}")
+            choice = ((response.get("choices") or [{}])[0]) if isinstance(response.get("choices"), list) else {}
+            record = builder.model_call(
+                [chat_message(m) for m in messages[:index] if m.get("role") != "exit"],
+                chat_message(message),
+                model=str((config.get("model") or {}).get("model_name") or ""),
+                sampling=object_of((config.get("model") or {}).get("model_kwargs")),
+                usage=usage,
+                finish_reason=object_of(choice).get("finish_reason"),
+                response_id=response.get("id"),
+                cost_usd=float(extra["cost"]) if isinstance(extra.get("cost"), int | float) else None,
+            )
             builder.emitter.agent_input(
                 prompt_digest=digest(messages[:index]),
                 input_tokens=int(usage.get("prompt_tokens") or 0),
@@ -158,6 +170,7 @@ def convert(source: SourceFile) -> list[Event]:
                 n_messages=index,
                 content=instruction if turn == 0 else None,
                 message_id=message_id,
+                model_call=record,
             )
             builder.advance(ts)
             calls = message.get("tool_calls") or [

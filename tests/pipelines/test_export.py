@@ -75,7 +75,9 @@ def test_export_loads_and_manifest_matches(scored: tuple[Settings, Path], tmp_pa
     if fmt == "openai":
         assert records[0]["tools"][0]["type"] == "function"
     if fmt == "rl":
-        assert records[0]["action_mask"] == [t["loss_mask"] for t in records[0]["turns"]]
+        # synthetic sessions recorded no model call: message form, never invented ids
+        assert records[0]["has_token_ids"] is False and records[0]["response_ids"] == []
+        assert records[0]["prompt_source"] == "reconstructed" and records[0]["split"] in ("train", "validation", "test")
         assert 0.0 <= records[0]["reward"] <= 1.0
     _, rows = run_query(settings, f"SELECT records FROM exports WHERE export_id = '{stats.export_id}'")
     assert rows == [(stats.records,)]

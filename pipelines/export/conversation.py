@@ -1,0 +1,210 @@
+"""One session as the model saw it: the exact messages and tools of its recorded model calls, else rebuilt from steps.
+
+Recorded (``prompt_source = "recorded"``): the session's ``model_call`` records (schema v3; the
+live LLM agent and the importers of runs that keep their chat write them) are rebuilt with
+:func:`producers.fleet.llm.record.reconstruct`: the last request's messages followed by the last
+reply are the whole conversation, system prompt, tool definitions, reasoning and original
+tool-call ids included, and each call keeps its token ids and logprobs as the server returned them.
+
+Reconstructed (``prompt_source = "reconstructed"``): nothing was recorded (synthetic fleet
+sessions, OpenHands event lists), so the conversation is rebuilt from the ``steps`` table with a
+stand-in system prompt and tool list; an agent reply (a ``message`` action) is an assistant
+message, not a call to a tool named ``message``; the original tool-call ids are kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipelines.errors import RecordError
+from producers.fleet.llm.record import reconstruct
+
+#: Stand-ins used only when a session recorded no model call (``prompt_source = "reconstructed"``).
+SYSTEM_PROMPT = "You are an agent working in a sandbox. Use the tools to complete the task."
+TOOLS = ("bash", "read_file", "write_file", "run_tests")
+#: Tool names that are the agent talking, not acting (OpenHands' ``message``/``finish`` actions).
+REPLY_TOOLS = frozenset({"message"})
+
+
+@dataclass
+class Call:
+    """One successful model call of a session (the token-level facts an RL trainer needs)."""
+
+    call_index: int
+    model: str | None
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+    cost_usd: float | None
+    timestamp: str | None
+    prompt_token_ids: list[int] | None
+    completion_token_ids: list[int]
+    logprobs: list[float]
+
+
+@dataclass
+class Conversation:
+    """A session's messages (OpenAI chat shape), tools, calls and where the prompt came from."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    prompt_source: str
+    calls: list[Call] = field(default_factory=list)
+    #: per assistant message: the time of its step/call (ATIF timestamps), None when unknown
+    assistant_times: list[str | None] = field(default_factory=list)
+
+
+def message(
+    role: str,
+    content: Any,
+    *,
+    reasoning_content: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    tool_call_id: str | None = None,
+) -> dict[str, Any]:
+    """A message with the fixed key set every format starts from (one Arrow type per column in ``datasets``)."""
+    return {
+        "role": role,
+        "content": content if isinstance(content, str) or content is None else json.dumps(content),
+        "reasoning_content": reasoning_content,
+        "tool_calls": tool_calls,
+        "tool_call_id": tool_call_id,
+    }
+
+
+def _normalized(raw: Mapping[str, Any]) -> dict[str, Any]:
+    calls = raw.get("tool_calls") or None
+    if calls:
+        calls = [
+            {
+                "id": str(c.get("id") or ""),
+                "type": str(c.get("type") or "function"),
+                "function": {
+                    "name": str((c.get("function") or {}).get("name") or ""),
+                    "arguments": (c.get("function") or {}).get("arguments") or "{}",
+                },
+            }
+            for c in calls
+        ]
+    content = raw.get("content")
+    return message(
+        str(raw.get("role") or "user"),
+        content if content is not None else "",
+        reasoning_content=raw.get("reasoning_content") or None,
+        tool_calls=calls,
+        tool_call_id=raw.get("tool_call_id") or None,
+    )
+
+
+def _iso(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = value.isoformat() if hasattr(value, "isoformat") else str(value)
+    return text.replace("+00:00", "Z")
+
+
+def from_calls(records: list[dict[str, Any]], lookup: Callable[[Iterable[str]], dict[str, str]]) -> Conversation | None:
+    """The recorded conversation of one session, or None when it has no successful call.
+
+    Args:
+        records: the session's ``model_call`` records, each with ``_ts`` (event time) added.
+        lookup: sha256 refs → blob texts for refs whose blob another session emitted.
+
+    Raises:
+        RecordError: a blob is missing everywhere or a rebuilt request does not match its sha256.
+    """
+    ok = sorted((r for r in records if r.get("status") == "ok"), key=lambda r: r["call_index"])
+    if not ok:
+        return None
+    own = {b["sha256"] for r in records for b in r.get("blobs") or []}
+    wanted = {ref for r in ok for ref in r.get("new_messages") or []}
+    wanted |= {r[k] for r in ok for k in ("tools_sha256", "response_message_sha256") if r.get(k)}
+    blobs = lookup(sorted(wanted - own))
+    texts = {**blobs, **{b["sha256"]: b["text"] for r in records for b in r.get("blobs") or []}}
+    try:
+        rebuilt = reconstruct(records, blobs)
+        last_reply = json.loads(texts[ok[-1]["response_message_sha256"]])
+    except KeyError as exc:
+        raise RecordError("missing_blob", f"model-call content {exc.args[0]} is in no event") from None
+    except ValueError as exc:
+        raise RecordError("bad_model_call", str(exc)) from exc
+    messages = [_normalized(m) for m in [*rebuilt[-1].messages, last_reply]]
+    calls = [
+        Call(
+            call_index=r["call_index"],
+            model=r.get("response_model") or r.get("model"),
+            finish_reason=r.get("finish_reason"),
+            prompt_tokens=r.get("prompt_tokens"),
+            completion_tokens=r.get("completion_tokens"),
+            cached_tokens=r.get("cached_tokens"),
+            cost_usd=r.get("cost_usd"),
+            timestamp=_iso(r.get("_ts")),
+            prompt_token_ids=c.prompt_token_ids,
+            completion_token_ids=c.completion_token_ids,
+            logprobs=c.completion_logprobs,
+        )
+        for r, c in zip(ok, rebuilt, strict=True)
+    ]
+    return Conversation(
+        messages=messages,
+        tools=list(rebuilt[-1].tools or []),
+        prompt_source="recorded",
+        calls=calls,
+        assistant_times=[c.timestamp for c in calls],
+    )
+
+
+def tool_spec(name: str) -> dict[str, Any]:
+    """A stand-in definition of a sandbox tool (only when no definition was recorded)."""
+    params = {
+        "bash": {"command": {"type": "string"}},
+        "read_file": {"path": {"type": "string"}},
+        "write_file": {"path": {"type": "string"}, "content": {"type": "string"}},
+        "run_tests": {"command": {"type": "string"}},
+    }.get(name, {"command": {"type": "string"}})
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"The sandbox's {name} tool.",
+            "parameters": {"type": "object", "properties": params, "required": sorted(params)},
+        },
+    }
+
+
+def from_steps(
+    session: Mapping[str, Any], steps: list[dict[str, Any]], arguments: Callable[[dict[str, Any]], str]
+) -> Conversation:
+    """The conversation rebuilt from the steps table (nothing recorded), stand-in system prompt and tools.
+
+    Args:
+        session: the session row (``instruction``).
+        steps: its steps in order (text fields redacted).
+        arguments: step → normalized, redacted arguments JSON.
+    """
+    messages = [message("system", SYSTEM_PROMPT), message("user", session.get("instruction") or "")]
+    times: list[str | None] = []
+    used: set[str] = set()
+    for i, step in enumerate(steps):
+        name = step.get("tool_name") or "bash"
+        times.append(_iso(step.get("ts")))
+        if name in REPLY_TOOLS:  # the agent talking: its words are the assistant's content
+            parsed = json.loads(arguments(step))
+            text = parsed.get("content") or parsed.get("message") or step.get("thought") or ""
+            messages.append(message("assistant", str(text), reasoning_content=None))
+            continue
+        used.add(name)
+        call_id = step.get("tool_call_id") or f"call_{i}"
+        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments(step)}}
+        messages.append(message("assistant", step.get("thought") or "", tool_calls=[call]))
+        messages.append(message("tool", step.get("output") or "", tool_call_id=call_id))
+    return Conversation(
+        messages=messages,
+        tools=[tool_spec(t) for t in sorted(used | set(TOOLS))],
+        prompt_source="reconstructed",
+        assistant_times=times,
+    )
