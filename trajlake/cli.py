@@ -179,6 +179,7 @@ class ImportFormat(StrEnum):
     swe_agent = "swe-agent"
     mini_swe_agent = "mini-swe-agent"
     openhands = "openhands"
+    atif = "atif"
 
 
 @app.command("import")
@@ -212,6 +213,7 @@ class ExportFormat(StrEnum):
     openai = "openai"
     sharegpt = "sharegpt"
     rl = "rl"
+    atif = "atif"
 
 
 @app.command()
@@ -242,13 +244,31 @@ def export(
     min_quality: Annotated[float | None, typer.Option(help="Quality threshold (TRAJLAKE_QUALITY_MIN).")] = None,
     day: Annotated[datetime | None, typer.Option(help="Only sessions started on this UTC day.")] = None,
     force: Annotated[bool, typer.Option(help="Write into a non-empty directory (replaces its export).")] = False,
+    policy_version: Annotated[str | None, typer.Option(help="Only this policy version.")] = None,
+    task_family: Annotated[str | None, typer.Option(help="Only this task family.")] = None,
+    since: Annotated[datetime | None, typer.Option(help="Only sessions started at or after this time (UTC).")] = None,
+    until: Annotated[datetime | None, typer.Option(help="Only sessions started before this time (UTC).")] = None,
+    split: Annotated[str | None, typer.Option(help="train, validation or test (by task family).")] = None,
+    group_complete: Annotated[bool, typer.Option(help="Only rollout groups whose K attempts all finished.")] = False,
+    parquet: Annotated[bool, typer.Option(help="Parquet instead of JSON lines (--format rl).")] = False,
 ) -> None:
     """Export exportable trajectories as a training set plus manifest.json."""
-    from pipelines.export import export_training_set
+    from datetime import UTC
 
-    stats = export_training_set(
-        _settings(), format.value, out_dir, min_quality=min_quality, day=day.date() if day else None, force=force
+    from pipelines.export import ExportFilters, export_training_set
+
+    settings = _settings()
+    filters = ExportFilters(
+        min_quality=settings.quality_min if min_quality is None else min_quality,
+        day=day.date() if day else None,
+        policy_version=policy_version,
+        task_family=task_family,
+        since=since.replace(tzinfo=since.tzinfo or UTC) if since else None,
+        until=until.replace(tzinfo=until.tzinfo or UTC) if until else None,
+        split=split,
+        group_complete=group_complete,
     )
+    stats = export_training_set(settings, format.value, out_dir, force=force, filters=filters, parquet=parquet)
     for name, sha in stats.files.items():
         out.print(f"{out_dir / name}  sha256 {sha}", markup=False)
     out.print(f"exported {stats.records} trajectories ({stats.format}) to {stats.out_dir}; manifest {stats.manifest}")
@@ -596,6 +616,17 @@ def bench_redaction_cmd(
     out.print(report.summary(), markup=False)
 
 
+@bench_app.command("agents")
+def bench_agents_cmd(
+    sessions: Annotated[int, typer.Option(min=1, help="Local sessions per agent (LLM vs scripted).")] = 8,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """LLM agent: host overhead per model call, sessions/min at concurrency 4, bytes per model-call event."""
+    from benchmarks.agents import run_agent_benchmarks
+
+    run_agent_benchmarks(_settings(), sessions=sessions, seed=seed)
+
+
 @bench_app.command("fleet")
 def bench_fleet_cmd(
     local_sessions: Annotated[int, typer.Option(help="Local sandbox sessions at concurrency 4.")] = 16,
@@ -608,6 +639,20 @@ def bench_fleet_cmd(
     from benchmarks.fleet import run_benchmarks
 
     run_benchmarks(_settings(), local_sessions, synthetic_events, hour_sessions=hour_sessions)
+
+
+@bench_app.command("automation")
+def bench_automation_cmd(
+    seconds: Annotated[float, typer.Option(min=1, help="Wall seconds of traffic per side.")] = 120.0,
+    rate: Annotated[float, typer.Option(min=0.01, help="Sessions per wall second (35 = 3M/day).")] = 35.0,
+    time_compression: Annotated[
+        float, typer.Option(min=1, help="Simulated seconds per wall second (closes 20 s-20 min sessions in the run).")
+    ] = 10.0,
+) -> None:
+    """Closed session → trajectories / scores p95 with Dagster automation vs an assemble && score loop."""
+    from benchmarks.automation import bench_automation
+
+    bench_automation(seconds=seconds, rate=rate, time_compression=time_compression)
 
 
 def main() -> None:

@@ -69,3 +69,26 @@ def test_bench_scaleout_two_workers_split_partitions_without_duplicates(tmp_path
 
 def test_every_benchmark_is_registered() -> None:
     assert set(BENCHMARKS) >= {"ingest", "decode", "query", "memory", "scaleout"}
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_bench_automation_measures_every_closed_session(tmp_path: Path) -> None:
+    from benchmarks.automation import bench_automation
+
+    result = bench_automation(seconds=20, rate=5, time_compression=10, home=tmp_path, max_wait_s=240)
+    assert {f["name"] for f in result["figures"]} == {
+        f"closed session → {table} p95, automation vs {other}"
+        for table in ("trajectories", "scores")
+        for other in ("target", "assemble && score loop")
+    }
+    for side in ("dagster", "loop"):
+        run = result[side]
+        assert run["closed_sessions"] > 0
+        assert run["measured_trajectories"] == run["measured_scores"] == run["closed_sessions"]
+        # A session is visible only after its end was sent, scored only after it was assembled, and
+        # the row's stamp (taken before the commit) never comes after the poll that saw the row.
+        assert 0 < run["trajectories_p50_s"] <= run["scores_p50_s"]
+        assert run["trajectories_assembled_at_max_s"] <= run["trajectories_max_s"]
+        assert run["scores_scored_at_max_s"] <= run["scores_max_s"]
+    assert result["loop"]["loop_runs"]["score"] >= 1
