@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from producers.importers import mini_swe_agent, openhands, swe_agent
+from producers.importers import atif, mini_swe_agent, openhands, swe_agent
 from producers.importers._common import ImportFormatError, read_source
 from producers.redact import redact_event
 from producers.sdk import Event
@@ -35,6 +35,7 @@ FORMATS: dict[str, ModuleType] = {
     mini_swe_agent.FRAMEWORK: mini_swe_agent,
     swe_agent.FRAMEWORK: swe_agent,
     openhands.FRAMEWORK: openhands,
+    atif.FRAMEWORK: atif,
 }
 
 

@@ -1,0 +1,202 @@
+"""Issue 20: exact prompts of imported real runs, token-level rl records, ATIF round trip, filters and splits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from common.settings import Settings, load_settings
+from pipelines.assemble import assemble
+from pipelines.export import RL_SCHEMA, ExportFilters, export_training_set
+from pipelines.score import score_all
+from producers.fleet import ListSink, run_fleet
+from producers.importers import import_trajectory
+from tests.helpers import write_raw
+
+REAL = Path("/work/shared/data/real-trajectories")
+DEEPSEEK = REAL / "mini-swe-agent/deepseek-reasoner-dev/marshmallow-code__marshmallow-1359.traj.json"
+DJANGO = REAL / "mini-swe-agent/django__django-11099.traj.json"
+
+
+def _lake(tmp: Path) -> Settings:
+    return load_settings(home=tmp / "home", topic="unused", kafka_bootstrap=None, catalog_uri=None)
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    settings = _lake(tmp_path_factory.mktemp("rl"))
+    events: list[dict] = []
+    for path in (DEEPSEEK, DJANGO):
+        events += import_trajectory(path)
+    fleet: list[dict] = []
+    run_fleet(settings, backend="synthetic", sessions=40, seed=11, sink=fleet.append)
+    # rollout groups of 2 attempts over the synthetic sessions; the last group loses an attempt's end
+    sessions = sorted({e["session_id"] for e in fleet})
+    for e in fleet:
+        index = sessions.index(e["session_id"])
+        e["group_id"], e["attempt"] = f"g{index // 2}", index % 2
+    incomplete = sessions[-1]
+    fleet = [e for e in fleet if not (e["session_id"] == incomplete and e["event_type"] == "session_end")]
+    write_raw(settings, events + fleet, batch_size=5000)
+    assemble(settings)
+    score_all(settings)
+    return settings
+
+
+def test_real_run_keeps_system_prompt_reasoning_submission_and_call_ids(lake: Settings, tmp_path: Path) -> None:
+    source = json.loads(DJANGO.read_text())
+    export_training_set(lake, "hf", tmp_path / "hf", min_quality=0.0)
+    by_task = {r["task_id"]: r for r in _records(tmp_path / "hf" / "hf.jsonl")}
+    record = by_task["django__django-11099"]
+    assert record["prompt_source"] == "recorded"
+    messages = record["messages"]
+    assert messages[0] == {**messages[0], "role": "system", "content": source["messages"][0]["content"]}
+    assert record["submission"] == source["info"]["submission"]  # the patch, unchanged, as its own field
+    original_ids = [c["id"] for m in source["messages"] if m.get("tool_calls") for c in m["tool_calls"]]
+    exported_ids = [c["id"] for m in messages if m["tool_calls"] for c in m["tool_calls"]]
+    assert exported_ids == original_ids
+    assert messages[-1]["role"] == "assistant"  # the agent's last turn ends the conversation
+    reasoning = json.loads(DEEPSEEK.read_text())
+    first = next(m for m in reasoning["messages"] if m.get("role") == "assistant")
+    deep = by_task[reasoning["instance_id"]]
+    exported = next(m for m in deep["messages"] if m["role"] == "assistant")
+    assert exported["reasoning_content"] == first["reasoning_content"]
+
+
+def test_min_quality_zero_exports_more_and_the_manifest_says_what_was_applied(lake: Settings, tmp_path: Path) -> None:
+    low = export_training_set(lake, "hf", tmp_path / "low", min_quality=0.0)
+    default = export_training_set(lake, "hf", tmp_path / "default")
+    assert low.records > default.records
+    manifest = json.loads((tmp_path / "low" / "manifest.json").read_text())
+    assert manifest["filters"]["min_quality"] == 0.0
+    assert sum(manifest["counts"]["per_split"].values()) == low.records
+    assert manifest["scoring"]["governance"] and manifest["scorer_version"]
+    for record in _records(tmp_path / "low" / "hf.jsonl"):
+        assert record["quality"] >= 0.0 and 0.0 <= record["weight"] <= 1.0
+        for flag in record["flags"]:
+            assert set(flag) == {"flag", "flag_class", "severity", "weight"}
+
+
+def test_splits_never_share_a_task_family_and_group_complete_drops_incomplete_groups(
+    lake: Settings, tmp_path: Path
+) -> None:
+    families: dict[str, set[str]] = {}
+    for split in ("train", "validation", "test"):
+        out = tmp_path / split
+        export_training_set(lake, "rl", out, filters=ExportFilters(min_quality=0.0, split=split))
+        for record in _records(out / "rl.jsonl"):
+            assert record["split"] == split
+            families.setdefault(record["task_family"], set()).add(split)
+    assert families and all(len(splits) == 1 for splits in families.values())
+    export_training_set(lake, "rl", tmp_path / "all", filters=ExportFilters(min_quality=0.0))
+    export_training_set(lake, "rl", tmp_path / "groups", filters=ExportFilters(min_quality=0.0, group_complete=True))
+    whole = _records(tmp_path / "groups" / "rl.jsonl")
+    everything = _records(tmp_path / "all" / "rl.jsonl")
+    assert whole and len(whole) < len(everything)
+    counts: dict[str, int] = {}
+    for record in whole:
+        counts[record["group_id"]] = counts.get(record["group_id"], 0) + 1
+    assert set(counts.values()) == {2}  # every exported group has both attempts
+    assert "g19" not in counts  # the group whose second attempt never ended
+
+
+def test_rl_parquet_has_verl_and_skyrl_names_and_dtypes_and_loads_with_datasets(
+    lake: Settings, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    from datasets import load_dataset
+
+    export_training_set(lake, "rl", tmp_path / "pq", min_quality=0.0, parquet=True)
+    table = pq.read_table(tmp_path / "pq" / "rl.parquet")
+    # verl AgentLoopOutput: prompt_ids/response_ids/response_mask list[int], num_turns int;
+    # SkyRL TrajectoryOutput: prompt_ids/response_ids/loss_mask list[int], reward float, stop_reason str
+    expected = {
+        "prompt_ids": pa.list_(pa.int64()),
+        "response_ids": pa.list_(pa.int64()),
+        "response_mask": pa.list_(pa.int64()),
+        "loss_mask": pa.list_(pa.int64()),
+        "logprobs": pa.list_(pa.float64()),
+        "reward": pa.float64(),
+        "step_rewards": pa.list_(pa.float64()),
+        "num_turns": pa.int64(),
+        "stop_reason": pa.string(),
+        "has_token_ids": pa.bool_(),
+        "group_id": pa.string(),
+        "attempt": pa.int64(),
+        "policy_version": pa.string(),
+        "task_family": pa.string(),
+        "split": pa.string(),
+        "session_id": pa.string(),
+    }
+    assert {name: table.schema.field(name).type for name in expected} == expected
+    assert table.schema == RL_SCHEMA and table.num_rows > 0
+    dataset = load_dataset("parquet", data_files=str(tmp_path / "pq" / "rl.parquet"), split="train")
+    assert len(dataset) == table.num_rows
+    export_training_set(lake, "rl", tmp_path / "js", min_quality=0.0)
+    assert len(load_dataset("json", data_files=str(tmp_path / "js" / "rl.jsonl"), split="train")) == table.num_rows
+    export_training_set(lake, "atif", tmp_path / "atif", min_quality=0.0)
+    assert len(load_dataset("json", data_files=str(tmp_path / "atif" / "atif.jsonl"), split="train")) > 0
+
+
+def test_atif_round_trip_is_lossless_on_real_and_fleet_runs(lake: Settings, tmp_path: Path) -> None:
+    export_training_set(lake, "atif", tmp_path / "a", min_quality=0.0)
+    first = {r["session_id"]: r for r in _records(tmp_path / "a" / "atif.jsonl")}
+    files = []
+    for i, trajectory in enumerate(first.values()):
+        path = tmp_path / f"t{i}.json"
+        path.write_text(json.dumps(trajectory))
+        files.append(path)
+    again = _lake(tmp_path / "again")
+    write_raw(again, [e for path in files for e in import_trajectory(path, "atif")], batch_size=5000)
+    assemble(again)
+    score_all(again)
+    export_training_set(again, "atif", tmp_path / "b", min_quality=0.0)
+    second = {r["session_id"]: r for r in _records(tmp_path / "b" / "atif.jsonl")}
+    assert set(second) == set(first)
+    assert any(r["agent"]["name"] == "mini-swe-agent" for r in first.values())
+    for session_id, trajectory in first.items():
+        assert second[session_id]["steps"] == trajectory["steps"], session_id
+        assert second[session_id]["agent"] == trajectory["agent"]
+        assert second[session_id]["schema_version"] == trajectory["schema_version"]
+
+
+def test_llm_session_exports_the_server_token_ids_and_logprobs(tmp_path: Path) -> None:
+    from producers.fleet.llm import LLMConfig
+    from producers.fleet.llm.testing import FakeOpenAIServer, solver_script
+    from producers.fleet.sandbox import bwrap_available
+    from producers.fleet.tasks import task_for
+
+    if not bwrap_available():
+        pytest.skip("bubblewrap unusable")
+    settings = _lake(tmp_path)
+    tasks = [task_for(3, 0)]
+    with FakeOpenAIServer(solver_script(tasks)) as server:
+        sink = ListSink(decode=False)
+        run_fleet(
+            settings, "local", sessions=1, seed=3, sink=sink, agent="llm", llm=LLMConfig(server.url, "policy-7b")
+        )
+    write_raw(settings, sink.events)
+    assemble(settings)
+    score_all(settings)
+    export_training_set(settings, "rl", tmp_path / "rl", min_quality=0.0)
+    (record,) = _records(tmp_path / "rl" / "rl.jsonl")
+    responses = [json.loads(raw) for raw in server.responses]
+    assert record["has_token_ids"] and record["prompt_source"] == "recorded"
+    assert json.dumps(record["prompt_ids"]) == json.dumps(responses[0]["prompt_token_ids"])
+    sampled = [i for i, m in zip(record["response_ids"], record["response_mask"], strict=True) if m == 1]
+    server_ids = [t for r in responses for t in r["choices"][0]["token_ids"]]
+    assert json.dumps(sampled) == json.dumps(server_ids)  # exactly the sampled tokens under mask 1
+    sampled_lp = [lp for lp, m in zip(record["logprobs"], record["response_mask"], strict=True) if m == 1]
+    server_lp = [e["logprob"] for r in responses for e in r["choices"][0]["logprobs"]["content"]]
+    assert json.dumps(sampled_lp) == json.dumps(server_lp)
+    # the tokens between completions are the next prompt's suffix: mask 0
+    full = record["prompt_ids"] + record["response_ids"]
+    assert json.dumps(full[: len(responses[-1]["prompt_token_ids"])]) == json.dumps(responses[-1]["prompt_token_ids"])
+    assert record["num_turns"] == len(responses) and record["stop_reason"] == "terminal"
