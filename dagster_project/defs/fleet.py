@@ -40,6 +40,17 @@ class FleetResource(ConfigurableResource):
         rate_per_s: synthetic arrival rate.
         time_compression: synthetic pacing (simulated seconds per wall second); ``None`` = flat out.
         workers: synthetic generator processes, each sending its shard of the stream.
+        agent: the local fleet's agent (``producers.fleet.agent_api``): a built-in policy, ``llm``,
+            ``module:callable`` or ``path/file.py:callable``; ``None`` draws scripted policies.
+        model_endpoint: ``agent='llm'``: OpenAI-compatible base URL (``…/v1``).
+        model: ``agent='llm'``: the model name.
+        api_key_env: ``agent='llm'``: environment variable holding the API key.
+        temperature: ``agent='llm'``: sampling temperature.
+        max_tokens: ``agent='llm'``: completion tokens per call.
+        max_steps: cap: tool calls per session.
+        max_model_tokens: cap: model tokens per session.
+        max_cost_usd: cap: model cost per session.
+        group_size: attempts of each task instance (a rollout group with one ``group_id``).
     """
 
     backend: str = "local"
@@ -52,6 +63,16 @@ class FleetResource(ConfigurableResource):
     rate_per_s: float = 35.0
     time_compression: float | None = None
     workers: int = 1
+    agent: str | None = None
+    model_endpoint: str | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+    temperature: float = 0.0
+    max_tokens: int = 1024
+    max_steps: int | None = None
+    max_model_tokens: int | None = None
+    max_cost_usd: float | None = None
+    group_size: int = 1
 
     def launch(
         self,
@@ -61,12 +82,25 @@ class FleetResource(ConfigurableResource):
         seed: int | None = None,
         backend: str | None = None,
         cheat_rate: float | None = None,
+        agent: str | None = None,
     ) -> FleetReport:
         """Run one batch of ``sessions`` sessions; events go to Kafka, labels to ``labels_path``.
 
-        ``seed``, ``backend`` and ``cheat_rate`` override the resource's defaults for this batch
-        (a campaign's run config).
+        ``seed``, ``backend``, ``cheat_rate`` and ``agent`` override the resource's defaults for this
+        batch (a campaign's run config).
         """
+        from producers.fleet.agent_caps import Caps
+        from producers.fleet.llm import LLMConfig
+
+        llm = None
+        if self.model_endpoint and self.model:
+            llm = LLMConfig(
+                self.model_endpoint,
+                self.model,
+                self.api_key_env,
+                temperature=self.temperature,
+                max_tokens=self.max_tokens,
+            )
         return run_fleet(
             settings,
             backend=backend or self.backend,
@@ -81,6 +115,10 @@ class FleetResource(ConfigurableResource):
             rate_per_s=self.rate_per_s,
             time_compression=self.time_compression,
             workers=self.workers,
+            agent=agent or self.agent,
+            llm=llm,
+            caps=Caps(self.max_steps, self.max_model_tokens, self.max_cost_usd),
+            group_size=self.group_size,
         )
 
 
@@ -91,6 +129,7 @@ class SandboxRunsConfig(Config):
     seed: int | None = None
     backend: str | None = None
     cheat_rate: float | None = None
+    agent: str | None = None  # overrides FleetResource.agent for this run
     write_labels: bool = True
 
 
@@ -111,7 +150,9 @@ def sandbox_runs(
     if config.write_labels:
         labels = settings.home_dir / "fleet" / "labels" / f"{context.run_id}.jsonl"
     with transient_retries():
-        report = fleet.launch(settings, config.sessions, labels, config.seed, config.backend, config.cheat_rate)
+        report = fleet.launch(
+            settings, config.sessions, labels, config.seed, config.backend, config.cheat_rate, config.agent
+        )
     context.log.info(report.summary())
     metadata: dict[str, Any] = dict(report.metadata())
     metadata["sessions_by_status"] = MetadataValue.json(report.by_status)

@@ -319,9 +319,10 @@ class LocalFleet:
                 "git_head": repo.pristine_commit,
                 "git_history_ref": repo.leak_ref,
                 "git_history_commit": repo.fix_commit,
-                # what a retry or a group needs to run the same instance again
+                # what a retry or a group needs to run the same instance again (a scripted policy is
+                # ground truth and stays out of the stream: only a live agent's spec is recorded)
                 "task_seed": str(task.seed),
-                "agent_spec": policy,
+                **({"agent_spec": policy} if live else {}),
             },
         )
         caps = Caps(

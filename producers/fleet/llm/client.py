@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -31,11 +32,28 @@ class Try:
     error: str | None
     latency_ms: float
     retry_after_s: float | None = None
+    headers: dict[str, str] | None = None
 
     @property
     def transient(self) -> bool:
         """Worth retrying: a 429/5xx answer, or no answer at all (timeout, connection)."""
         return self.error is not None and (self.status is None or self.status in TRANSIENT_STATUS)
+
+
+class _Connection(http.client.HTTPConnection):
+    """HTTP/1.1 with TCP_NODELAY: a request is one write, but a small one must not wait for an ACK."""
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class _TLSConnection(http.client.HTTPSConnection):
+    """HTTPS with TCP_NODELAY."""
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class ChatClient:
@@ -81,7 +99,7 @@ class ChatClient:
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
         if self._conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            cls = _TLSConnection if self._https else _Connection
             self._conn = cls(self._host, self._port, timeout=timeout)
         self._conn.timeout = timeout
         if self._conn.sock is not None:
@@ -126,7 +144,7 @@ class ChatClient:
             return Try(None, response.status, f"undecodable response body: {exc}", latency)
         if not isinstance(decoded, dict) or not decoded.get("choices"):
             return Try(None, response.status, "response has no choices", latency)
-        return Try(decoded, response.status, None, latency)
+        return Try(decoded, response.status, None, latency, headers=dict(response.getheaders()))
 
     def complete(
         self,

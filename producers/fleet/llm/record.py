@@ -41,6 +41,11 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def request_digest(refs: Sequence[str]) -> str:
+    """sha256 of a request's messages: of their refs joined by newlines (O(refs), not O(content))."""
+    return sha256_text("\n".join(refs))
+
+
 class ContentStore:
     """Which content refs a host has emitted (thread-safe, bounded LRU).
 
@@ -68,6 +73,8 @@ class ContentStore:
 
 def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case (an agent loop appends), compared in C
+        return n
     i = 0
     while i < n and a[i] == b[i]:
         i += 1
@@ -86,10 +93,18 @@ class CallRecorder:
     calls: int = 0
     _context: list[str] = field(default_factory=list)  # previous request refs + its response ref
     _token_context: list[int] = field(default_factory=list)  # previous prompt + completion ids
+    # id(message) -> (message, canonical text, ref): a message object sent again is not serialised again,
+    # so a call costs O(new messages); the object is kept so its id cannot be reused
+    _memo: dict[int, tuple[Any, str, str]] = field(default_factory=dict)
 
     def _ref(self, value: Any, blobs: list[dict[str, str]], pending: set[str]) -> str:
-        text = canonical(value)
-        ref = sha256_text(text)
+        memo = self._memo.get(id(value))
+        if memo is not None and memo[0] is value:  # a message is not changed once sent (the loop appends)
+            text, ref = memo[1], memo[2]
+        else:
+            text = canonical(value)
+            ref = sha256_text(text)
+            self._memo[id(value)] = (value, text, ref)
         if ref not in pending and self.store.first_time(ref):
             blobs.append({"sha256": ref, "text": text})
             pending.add(ref)
@@ -126,7 +141,7 @@ class CallRecorder:
             "tools_sha256": self._ref(list(tools), blobs, pending) if tools else None,
             "prefix_messages": prefix,
             "new_messages": refs[prefix:],
-            "request_sha256": sha256_text(canonical(list(messages))),
+            "request_sha256": request_digest(refs),  # of the refs: O(messages), not O(content)
             "n_messages": len(refs),
             "blobs": blobs,
             "status": "ok" if error is None else "error",
@@ -276,7 +291,7 @@ def reconstruct(calls: Iterable[Mapping[str, Any]], blobs: Mapping[str, str] | N
     for call in ok:
         refs = context[: call["prefix_messages"]] + list(call["new_messages"])
         messages = [json.loads(texts[ref]) for ref in refs]
-        if sha256_text(canonical(messages)) != call["request_sha256"]:
+        if request_digest([sha256_text(canonical(m)) for m in messages]) != call["request_sha256"]:
             raise ValueError(f"call {call['call_index']}: rebuilt request does not match its sha256")
         prompt_ids = None
         if call.get("prompt_token_ids_shared") is not None:

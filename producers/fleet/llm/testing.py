@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 import threading
 import time
 import zlib
@@ -142,6 +143,11 @@ class FakeOpenAIServer:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            def setup(self) -> None:
+                super().setup()
+                # headers and body go out in two writes: without NODELAY, Nagle + delayed ACK add ~40 ms
+                self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
@@ -151,6 +157,8 @@ class FakeOpenAIServer:
                 request = json.loads(self.rfile.read(length) or b"{}")
                 status, body, headers = outer._answer(self.path, request)
                 elapsed = (time.perf_counter() - started) * 1000
+                with outer._lock:  # before the reply: a client reading it finds its server time
+                    outer.server_ms.append(elapsed)
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -159,8 +167,6 @@ class FakeOpenAIServer:
                     self.send_header(key, value)
                 self.end_headers()
                 self.wfile.write(body)
-                with outer._lock:
-                    outer.server_ms.append(elapsed)
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True

@@ -237,3 +237,20 @@ def test_model_call_events_encode_under_v3_and_stay_flat_over_30_turns():
     assert max(sizes[2:]) < 1.5 * min(sizes[2:])  # flat: O(new content), not O(context)
     assert sizes[-1] * 10 < context_bytes
     assert decode_event(encode_event(event))["payload"]["model_call"]["call_index"] == 29
+
+
+@pytest.mark.integration
+def test_fleet_resource_runs_a_custom_agent_through_kafka_into_the_lake(kafka_settings, tmp_path):
+    from dagster_project.defs.fleet import FleetResource
+    from pipelines.ingest import IngestWorker
+
+    agent_file = tmp_path / "agent.py"
+    agent_file.write_text("def agent(session):\n    session.run('ls')\n    session.submit()\n")
+    resource = FleetResource(backend="local", agent=f"{agent_file}:agent", max_steps=5, group_size=2)
+    report = resource.launch(kafka_settings, 1, None)
+    assert report.sessions == 2
+    stats = IngestWorker(kafka_settings).run(until_idle=2)
+    assert stats.dead_letters == 0
+    assemble(kafka_settings)
+    rows = run_query(kafka_settings, "SELECT agent_name, n_steps, exit_reason, attempt FROM trajectories ORDER BY 4")[1]
+    assert rows == [(f"{agent_file}:agent", 1, "agent_finished", 1), (f"{agent_file}:agent", 1, "agent_finished", 2)]
