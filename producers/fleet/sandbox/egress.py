@@ -64,6 +64,8 @@ RTA_OIF = 4
 #: Addresses the resolver hands out (RFC 2544 benchmarking range: never routed anywhere).
 FAKE_NET = ipaddress.ip_network("198.18.0.0/15")
 DENIED = "denied: not on the egress allowlist"
+#: Attempts kept per sandbox; beyond, only counted (``EgressGateway.dropped``).
+MAX_ATTEMPTS = 10_000
 
 
 @dataclass
@@ -152,6 +154,7 @@ class EgressGateway:
         self.services = services
         self.attempts: list[NetworkAttempt] = []
         self.tapped = False
+        self.dropped = 0
         self._drained = 0
         self._lock = threading.Lock()
         self._names: dict[str, str] = {}  # fake address -> name
@@ -233,7 +236,10 @@ class EgressGateway:
 
     def _record(self, attempt: NetworkAttempt) -> NetworkAttempt:
         with self._lock:
-            self.attempts.append(attempt)
+            if len(self.attempts) < MAX_ATTEMPTS:
+                self.attempts.append(attempt)
+            else:  # a flood of attempts must not exhaust the host: counted, not kept
+                self.dropped += 1
         return attempt
 
     def _on_packet(self, sock: socket.socket) -> None:
