@@ -539,6 +539,19 @@ def bench_query_cmd(events: Annotated[int, typer.Option(help="Events loaded into
     bench_query(events=events)
 
 
+@bench_app.command("cold")
+def bench_cold_cmd(
+    events: Annotated[int, typer.Option(help="Cold events at the first measurement.")] = 1_000_000,
+    larger: Annotated[int, typer.Option(help="Cold events at the second.")] = 3_000_000,
+    per_day: Annotated[int, typer.Option(help="Events per day partition.")] = 250_000,
+    baseline: Annotated[bool, typer.Option(help="Also time the old whole-table load.")] = True,
+) -> None:
+    """Cold tier on S3 (a local moto server): session lookup and day aggregate at two sizes; peak RSS."""
+    from benchmarks.cold import bench_cold
+
+    bench_cold(events=events, larger=larger, per_day=per_day, baseline=baseline)
+
+
 @bench_app.command("scaleout")
 def bench_scaleout_cmd(events: Annotated[int, typer.Option(help="Records of backlog.")] = 300_000) -> None:
     """Two ingest processes in one group vs one: throughput, duplicates and loss."""
