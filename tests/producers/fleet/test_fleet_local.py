@@ -129,7 +129,9 @@ def test_many_hangs_all_reaped_and_reported(settings, tmp_path):
     assert report.by_status == {"timeout": 8} and report.timeouts_reaped == 8 and report.reaper_survivors == 0
     ends = [e for e in sink.events if e["event_type"] == "session_end"]
     assert len(ends) == 8 and all(e["payload"]["exit_reason"] == "reaper" for e in ends)
-    assert all(e["payload"]["runtime_s"] < 2.0 + 10 for e in ends)
+    # Bounded, not timed: without the reaper a hanging agent never ends; the runtime also holds the fresh-sandbox
+    # evaluation, whose wall time depends on the machine's load (one process per hidden case).
+    assert all(e["payload"]["runtime_s"] < 2.0 + 60 for e in ends)
     assert list((settings.home_dir / "fleet" / "sandboxes").iterdir()) == []
     for controller in ("pids", "memory"):
         leftover = Path(f"/sys/fs/cgroup/{controller}/trajlake")
