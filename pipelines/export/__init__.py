@@ -435,7 +435,7 @@ def _record(
         RecordError: the record is too deep, a model call cannot be rebuilt, or a value JSON cannot hold.
     """
     try:
-        conversation = from_calls(calls, lookup) if calls else None
+        conversation = from_calls(calls, lookup, steps) if calls else None
         if conversation is None:
             conversation = from_steps(session, steps, _arguments)
         # every string of the record once more, whatever the producer missed (parsed JSON stays JSON)

@@ -107,12 +107,20 @@ def _iso(value: Any) -> str | None:
     return text.replace("+00:00", "Z")
 
 
-def from_calls(records: list[dict[str, Any]], lookup: Callable[[Iterable[str]], dict[str, str]]) -> Conversation | None:
+def from_calls(
+    records: list[dict[str, Any]],
+    lookup: Callable[[Iterable[str]], dict[str, str]],
+    steps: list[dict[str, Any]] | None = None,
+) -> Conversation | None:
     """The recorded conversation of one session, or None when it has no successful call.
+
+    The last reply's tool calls were answered after the last request, so their results (no
+    request holds them) come from the session's steps, matched by tool-call id.
 
     Args:
         records: the session's ``model_call`` records, each with ``_ts`` (event time) added.
         lookup: sha256 refs → blob texts for refs whose blob another session emitted.
+        steps: the session's steps (text fields redacted), for the results of the last reply's calls.
 
     Raises:
         RecordError: a blob is missing everywhere or a rebuilt request does not match its sha256.
@@ -133,6 +141,10 @@ def from_calls(records: list[dict[str, Any]], lookup: Callable[[Iterable[str]], 
     except ValueError as exc:
         raise RecordError("bad_model_call", str(exc)) from exc
     messages = [_normalized(m) for m in [*rebuilt[-1].messages, last_reply]]
+    outputs = {step.get("tool_call_id"): step.get("output") for step in steps or [] if step.get("tool_call_id")}
+    for call in messages[-1]["tool_calls"] or []:
+        if call["id"] in outputs:
+            messages.append(message("tool", outputs[call["id"]] or "", tool_call_id=call["id"]))
     calls = [
         Call(
             call_index=r["call_index"],

@@ -213,7 +213,8 @@ def atif_record(session: dict[str, Any], conversation: Conversation) -> dict[str
                 ]
             if assistant < len(conversation.calls):
                 call = conversation.calls[assistant]
-                step["model_name"] = call.model
+                if call.model:
+                    step["model_name"] = call.model
                 metrics = {
                     "prompt_tokens": call.prompt_tokens,
                     "completion_tokens": call.completion_tokens,
@@ -223,7 +224,8 @@ def atif_record(session: dict[str, Any], conversation: Conversation) -> dict[str
                     "completion_token_ids": call.completion_token_ids or None,
                     "logprobs": call.logprobs or None,
                 }
-                step["metrics"] = {k: v for k, v in metrics.items() if v is not None}
+                if any(v is not None for v in metrics.values()):
+                    step["metrics"] = {k: v for k, v in metrics.items() if v is not None}
                 if call.finish_reason:
                     step["extra"] = {"finish_reason": call.finish_reason}
             assistant += 1

@@ -106,7 +106,7 @@ def convert(source: SourceFile) -> list[Event]:
             list(messages),
             reply,
             tools=tools,
-            model=str(step.get("model_name") or agent.get("model_name") or ""),
+            model=str(step.get("model_name") or ""),  # the agent's default model stays the agent's
             usage=usage,
             finish_reason=object_of(step.get("extra")).get("finish_reason"),
             prompt_token_ids=metrics.get("prompt_token_ids"),

@@ -19,6 +19,7 @@ from tests.helpers import write_raw
 REAL = Path("/work/shared/data/real-trajectories")
 DEEPSEEK = REAL / "mini-swe-agent/deepseek-reasoner-dev/marshmallow-code__marshmallow-1359.traj.json"
 DJANGO = REAL / "mini-swe-agent/django__django-11099.traj.json"
+OPENHANDS = REAL / "openhands/basic_interactions.json"
 
 
 def _lake(tmp: Path) -> Settings:
@@ -33,7 +34,7 @@ def _records(path: Path) -> list[dict]:
 def lake(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     settings = _lake(tmp_path_factory.mktemp("rl"))
     events: list[dict] = []
-    for path in (DEEPSEEK, DJANGO):
+    for path in (DEEPSEEK, DJANGO, OPENHANDS):
         events += import_trajectory(path)
     fleet: list[dict] = []
     run_fleet(settings, backend="synthetic", sessions=40, seed=11, sink=fleet.append)
@@ -62,12 +63,30 @@ def test_real_run_keeps_system_prompt_reasoning_submission_and_call_ids(lake: Se
     original_ids = [c["id"] for m in source["messages"] if m.get("tool_calls") for c in m["tool_calls"]]
     exported_ids = [c["id"] for m in messages if m["tool_calls"] for c in m["tool_calls"]]
     assert exported_ids == original_ids
-    assert messages[-1]["role"] == "assistant"  # the agent's last turn ends the conversation
+    # the agent's last turn ends the conversation: its reply, then only the results of its own calls
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    answered = {c["id"] for c in messages[last]["tool_calls"] or []}
+    assert all(m["role"] == "tool" and m["tool_call_id"] in answered for m in messages[last + 1 :])
+    # every request message the model saw, in order (the run's own messages, bookkeeping dropped)
+    seen = [m for m in source["messages"] if m["role"] in ("system", "user", "assistant", "tool")]
+    assert [m["content"] for m in messages[: len(seen)]] == [m["content"] for m in seen]
     reasoning = json.loads(DEEPSEEK.read_text())
     first = next(m for m in reasoning["messages"] if m.get("role") == "assistant")
     deep = by_task[reasoning["instance_id"]]
     exported = next(m for m in deep["messages"] if m["role"] == "assistant")
     assert exported["reasoning_content"] == first["reasoning_content"]
+
+
+def test_openhands_agent_reply_is_an_assistant_message_not_a_tool_call(lake: Settings, tmp_path: Path) -> None:
+    source = json.loads(OPENHANDS.read_text())
+    replies = [e["args"]["content"] for e in source if e.get("source") == "agent" and e.get("action") == "message"]
+    export_training_set(lake, "openai", tmp_path / "oh", min_quality=0.0)
+    records = _records(tmp_path / "oh" / "openai.jsonl")
+    (record,) = [r for r in records if any(m.get("content") == replies[0] for m in r["messages"])]
+    names = [c["function"]["name"] for m in record["messages"] for c in m.get("tool_calls") or []]
+    assert "message" not in names
+    assistant = [m["content"] for m in record["messages"] if m["role"] == "assistant" and not m.get("tool_calls")]
+    assert assistant == replies and record["prompt_source"] == "reconstructed"
 
 
 def test_min_quality_zero_exports_more_and_the_manifest_says_what_was_applied(lake: Settings, tmp_path: Path) -> None:
@@ -107,9 +126,7 @@ def test_splits_never_share_a_task_family_and_group_complete_drops_incomplete_gr
     assert "g19" not in counts  # the group whose second attempt never ended
 
 
-def test_rl_parquet_has_verl_and_skyrl_names_and_dtypes_and_loads_with_datasets(
-    lake: Settings, tmp_path: Path
-) -> None:
+def test_rl_parquet_has_verl_and_skyrl_names_and_dtypes_and_loads_with_datasets(lake: Settings, tmp_path: Path) -> None:
     import pyarrow as pa
     from datasets import load_dataset
 
@@ -179,9 +196,7 @@ def test_llm_session_exports_the_server_token_ids_and_logprobs(tmp_path: Path) -
     tasks = [task_for(3, 0)]
     with FakeOpenAIServer(solver_script(tasks)) as server:
         sink = ListSink(decode=False)
-        run_fleet(
-            settings, "local", sessions=1, seed=3, sink=sink, agent="llm", llm=LLMConfig(server.url, "policy-7b")
-        )
+        run_fleet(settings, "local", sessions=1, seed=3, sink=sink, agent="llm", llm=LLMConfig(server.url, "policy-7b"))
     write_raw(settings, sink.events)
     assemble(settings)
     score_all(settings)
