@@ -254,3 +254,56 @@ def test_fleet_resource_runs_a_custom_agent_through_kafka_into_the_lake(kafka_se
     assemble(kafka_settings)
     rows = run_query(kafka_settings, "SELECT agent_name, n_steps, exit_reason, attempt FROM trajectories ORDER BY 4")[1]
     assert rows == [(f"{agent_file}:agent", 1, "agent_finished", 1), (f"{agent_file}:agent", 1, "agent_finished", 2)]
+
+
+@pytest.mark.integration
+def test_cli_custom_agent_file_llm_agent_and_retry_by_cause(tmp_path, broker):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
+    env.update(
+        TRAJLAKE_HOME=str(tmp_path / "home"),
+        TRAJLAKE_KAFKA_BOOTSTRAP=broker,
+        TRAJLAKE_TOPIC=f"live-{tmp_path.name[-12:]}",
+        TRAJLAKE_CONSUMER_GROUP=f"live-{tmp_path.name[-12:]}",
+    )
+
+    def trajlake(*args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "trajlake.cli", *args], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert result.returncode == 0, f"trajlake {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
+        return result.stdout
+
+    def land() -> None:
+        trajlake("ingest", "--until-idle", "2")
+        trajlake("assemble")
+        trajlake("score")
+
+    def sql(query: str) -> list[dict]:
+        return json.loads(trajlake("sql", query, "--format", "json"))
+
+    agent_file = tmp_path / "mine.py"
+    agent_file.write_text("def agent(session):\n    session.run('ls')\n")
+    trajlake("fleet", "run", "--backend", "local", "--sessions", "1", "--agent", f"{agent_file}:agent")
+    with FakeOpenAIServer(solver_script([task_for(0, 0)])) as server:
+        llm = ["--model-endpoint", server.url, "--model", "policy-7b"]
+        server.fail_next = [500] * 5  # past the 4 retries: the session fails on the model API
+        trajlake("fleet", "run", "--backend", "local", "--sessions", "1", "--agent", "llm", *llm)
+        land()
+        rows = sql(
+            "SELECT t.agent_name, t.exit_reason, s.retry_advice FROM trajectories t JOIN scores s USING (session_id)"
+        )
+        by_agent = {r["agent_name"]: r for r in rows}
+        assert by_agent[f"{agent_file}:agent"]["retry_advice"] == "do_not_rerun"  # a capability failure
+        assert "HTTP 500" in by_agent["llm-agent"]["exit_reason"] and by_agent["llm-agent"]["retry_advice"] == "rerun"
+        assert "retried 1 sessions" in trajlake("fleet", "retry", "--max-attempts", "2", *llm)
+        land()
+        retried = sql("SELECT attempt, retry_of, status, eval_passed FROM trajectories WHERE retry_of IS NOT NULL")
+        original = sql("SELECT session_id FROM trajectories WHERE agent_name = 'llm-agent' AND retry_of IS NULL")
+        assert retried == [
+            {"attempt": 2, "retry_of": original[0]["session_id"], "status": "completed", "eval_passed": True}
+        ]
+        assert "nothing to retry" in trajlake("fleet", "retry", *llm)  # the retry succeeded
