@@ -1,11 +1,17 @@
-"""``trajlake export``: exportable trajectories → a training set (hf, openai, sharegpt, rl) plus its manifest.
+"""``trajlake export``: chosen trajectories → a training set (hf, openai, sharegpt, rl, atif) plus its manifest.
 
-Selection: ``scores.exportable`` (quality ≥ threshold, no security flag, best of its duplicate
-cluster) and ``quality ≥ --min-quality``, optionally only sessions started on one day (the
-nightly partition). Every text field is redacted again (``producers.redact``) because export
-is where data leaves the lakehouse. Files are written only inside the chosen directory; the
-manifest lists source snapshot ids, filters, counts, scorer version and each file's sha256, and
-a row goes to the ``exports`` table.
+Selection (:mod:`pipelines.export.select`): the conditions of ``scores.exportable`` except its
+own threshold (no security flag, ended, best of its duplicate cluster) and ``quality ≥
+--min-quality`` as given; optionally one day (the nightly partition), a policy version, a task
+family, a time range, a split (by task family: no family in two splits) and complete rollout
+groups only. Records (:mod:`pipelines.export.formats`) are built from the session's recorded
+model calls when it has them (exact prompts, tools, reasoning, token ids) and rebuilt from its
+steps otherwise (``prompt_source``, :mod:`pipelines.export.conversation`); each carries its
+quality, flags (class, severity, weight), down-weighting, group, attempt, policy version and
+split. Every text field is redacted again (``producers.redact``) because export is where data
+leaves the lakehouse. Files are written only inside the chosen directory; the manifest lists
+source snapshot ids, the filters applied, counts per split, scorer version, weights and
+governance table, and each file's sha256, and a row goes to the ``exports`` table.
 
 The output directory: system directories (``/``, ``/etc``, ``/usr``, ``$HOME`` itself, …) are
 refused, and so is a directory that is not empty unless ``force`` (then only the export's own
@@ -29,7 +35,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -41,42 +47,22 @@ from pyiceberg.catalog import Catalog
 
 from common.settings import Settings
 from pipelines.errors import ExportError, RecordError
+from pipelines.export._files import _ExclusiveFile, _open_out_dir, _write_file, safe_path
 from pipelines.export.conversation import SYSTEM_PROMPT, TOOLS, Conversation, from_calls, from_steps
 from pipelines.export.formats import ATIF_VERSION, FORMATS, RL_SCHEMA, to_record
+from pipelines.export.select import SPLIT_PERCENT, ExportFilters, _Blobs, _sessions, split_of
 from pipelines.quarantine import Quarantined, record_quarantine
-from producers.redact import redact_array, redact_record, redact_value
+from producers.redact import redact_record, redact_value
 from quality import SCORER_VERSION
 from warehouse.catalog import open_catalog
-from warehouse.sql import open_views
 from warehouse.tables import DUPLICATES, EXPORTS, FLAGS, SCORES, STEPS, TRAJECTORIES, ensure_table
 
-#: Split shares (percent of task families, by the sha256 of the family name).
-SPLIT_PERCENT = {"train": 80, "validation": 10, "test": 10}
 #: Rows per Parquet row group of an ``rl`` export (the memory bound of a Parquet export).
 PARQUET_ROWS = 2048
 #: Deepest nesting of a step's parsed arguments that an export accepts (deeper: the session is quarantined).
 MAX_NESTING = 64
 #: Largest JSON-lines record (bytes) an export writes (larger: the session is quarantined).
 MAX_RECORD_BYTES = 64 << 20
-#: Directories an export never writes into (exactly these), and trees it never writes under.
-_SYSTEM_DIRS = frozenset({"/", "/home", "/root", "/tmp", "/var", "/opt", "/srv", "/mnt", "/media", "/boot"})
-_SYSTEM_TREES = (
-    "/etc",
-    "/usr",
-    "/bin",
-    "/sbin",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/dev",
-    "/proc",
-    "/sys",
-    "/run",
-    "/boot",
-    "/var/lib",
-    "/var/run",
-    "/var/log",
-)
 
 
 @dataclass
@@ -96,19 +82,6 @@ class ExportStats:
     def as_dict(self) -> dict[str, object]:
         """Plain dict for printing and asset metadata."""
         return dict(self.__dict__)
-
-
-def safe_path(root: Path, name: str) -> Path:
-    """``root/name`` resolved, refusing anything that would land outside ``root``.
-
-    Raises:
-        ExportError: ``name`` is absolute, climbs out with ``..``, or follows a symlink outside.
-    """
-    root = root.resolve()
-    candidate = (root / name).resolve()
-    if Path(name).is_absolute() or not candidate.is_relative_to(root) or candidate == root:
-        raise ExportError(f"refusing to write {name!r}: outside the export directory {root}")
-    return candidate
 
 
 def _arguments(step: dict[str, Any]) -> str:
@@ -151,279 +124,6 @@ def _snapshot_ids(catalog: Catalog, settings: Settings) -> dict[str, int | None]
         snapshot = ensure_table(catalog, settings, spec.name).current_snapshot()
         ids[spec.name] = snapshot.snapshot_id if snapshot else None
     return ids
-
-
-@dataclass(frozen=True)
-class ExportFilters:
-    """What an export selects, beyond ``scores.exportable`` minus its own quality threshold.
-
-    Attributes:
-        min_quality: quality at least this (applied as given: 0 exports every eligible session).
-        day: only sessions started on this UTC day (the nightly partition).
-        policy_version: only this policy version.
-        task_family: only this task family.
-        since: started at or after this instant.
-        until: started before this instant.
-        split: only this split (``train``, ``validation``, ``test``; by task family, see :func:`split_of`).
-        group_complete: only rollout groups whose K attempts all finished and all pass the filters.
-    """
-
-    min_quality: float = 0.5
-    day: date | None = None
-    policy_version: str | None = None
-    task_family: str | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-    split: str | None = None
-    group_complete: bool = False
-
-    def as_dict(self) -> dict[str, object]:
-        """Plain JSON for the manifest."""
-        return {
-            "eligible": "no security flag, ended, representative of its duplicate cluster",
-            "min_quality": self.min_quality,
-            "day": self.day.isoformat() if self.day else None,
-            "policy_version": self.policy_version,
-            "task_family": self.task_family,
-            "since": self.since.isoformat() if self.since else None,
-            "until": self.until.isoformat() if self.until else None,
-            "split": self.split,
-            "group_complete": self.group_complete,
-        }
-
-
-def split_of(task_family: str | None) -> str:
-    """The split of a task family: sha256 of the family name, 80 % train, 10 % validation, 10 % test.
-
-    Deterministic and by family, so every session of a family lands in one split (no family in two).
-    """
-    bucket = int.from_bytes(hashlib.sha256((task_family or "").encode()).digest()[:8], "big") % 100
-    return (
-        "train" if bucket < SPLIT_PERCENT["train"] else "validation" if bucket < 100 - SPLIT_PERCENT["test"] else "test"
-    )
-
-
-def _selection(filters: ExportFilters) -> tuple[str, dict[str, Any]]:
-    """The WHERE clause choosing sessions (the quality threshold is the filter's, not ``exportable``'s)."""
-    where = [
-        "NOT s.security_flagged",
-        "s.failure_cause IS DISTINCT FROM 'still_running'",
-        "t.status <> 'running'",
-        "s.session_id NOT IN (SELECT session_id FROM duplicates WHERE NOT is_representative)",
-        "s.quality >= $q",
-    ]
-    params: dict[str, Any] = {"q": filters.min_quality}
-    if filters.day:
-        where.append("CAST(t.started_at AS DATE) = $day")
-        params["day"] = filters.day
-    if filters.policy_version is not None:
-        where.append("t.policy_version = $pv")
-        params["pv"] = filters.policy_version
-    if filters.task_family is not None:
-        where.append("coalesce(t.task_family, s.task_family, t.task_id) = $tf")
-        params["tf"] = filters.task_family
-    if filters.since:
-        where.append("t.started_at >= $since")
-        params["since"] = filters.since
-    if filters.until:
-        where.append("t.started_at < $until")
-        params["until"] = filters.until
-    return " AND ".join(where), params
-
-
-def _merge(
-    sessions: list[dict[str, Any]], reader: Any, column: int, redact: tuple[int, ...] = ()
-) -> Iterator[list[dict[str, Any]]]:
-    """The rows of ``reader`` (ordered by session_id) grouped per session of ``sessions``, in that order.
-
-    Memory is bounded by one Arrow batch plus the rows of the sessions it spans.
-    """
-    grouped: dict[str, list[dict[str, Any]]] = {}
-    position = 0
-    for batch in reader:
-        for index in redact:
-            batch = batch.set_column(index, batch.schema.field(index).name, redact_array(batch.column(index)))
-        rows = batch.to_pylist()
-        for row in rows:
-            grouped.setdefault(row["session_id"], []).append(row)
-        last = rows[-1]["session_id"] if rows else ""
-        while position < len(sessions) and sessions[position]["session_id"] < last:
-            yield grouped.pop(sessions[position]["session_id"], [])
-            position += 1
-    for session in sessions[position:]:
-        yield grouped.pop(session["session_id"], [])
-
-
-class _Blobs:
-    """Model-call content another session emitted (the host stores each text once), looked up and cached."""
-
-    def __init__(self, con: Any, capacity: int = 4096) -> None:
-        self.con, self.capacity = con, capacity
-        self.cache: dict[str, str] = {}
-
-    def __call__(self, refs: Iterator[str] | list[str]) -> dict[str, str]:
-        wanted = list(refs)
-        missing = [r for r in wanted if r not in self.cache]
-        if missing:
-            rows = self.con.execute(
-                "SELECT DISTINCT b.sha256, b.text FROM (SELECT unnest(agent_input.model_call.blobs) AS b FROM events "
-                "WHERE event_type = 'agent_input' AND agent_input.model_call IS NOT NULL) WHERE b.sha256 IN "
-                "(SELECT unnest($refs))",
-                {"refs": missing},
-            ).fetchall()
-            if len(self.cache) > self.capacity:
-                self.cache.clear()
-            self.cache.update({sha: text for sha, text in rows})
-        return {r: self.cache[r] for r in wanted if r in self.cache}
-
-
-def _sessions(
-    settings: Settings, catalog: Catalog, filters: ExportFilters, weights: dict[str, float], batch_rows: int = 20_000
-) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], _Blobs]]:
-    """Chosen sessions in ``session_id`` order with their steps and model calls, text fields redacted.
-
-    Steps and model calls stream from DuckDB in Arrow batches ordered like the sessions and are
-    merged on the fly, so memory is bounded by a batch, not by the export's size.
-    """
-    con = open_views(settings, catalog)
-    where, params = _selection(filters)
-    con.execute(
-        "CREATE TABLE chosen AS SELECT t.session_id, t.task_id, t.task_type, t.instruction, s.quality, "
-        "s.completion, s.flags, coalesce(t.task_family, s.task_family, t.task_id) AS task_family, t.policy_version, "
-        "t.group_id, t.attempt, t.agent_name, t.agent_version, t.agent_model, t.status, t.exit_reason, t.reward, "
-        "t.input_tokens, t.cached_tokens, t.output_tokens, t.cost_usd "
-        f"FROM trajectories t JOIN scores s USING (session_id) WHERE {where}",
-        params,
-    )
-    if filters.group_complete:
-        # a group is whole when every attempt 0..K-1 exists, none is running and all K were chosen
-        con.execute(
-            "DELETE FROM chosen WHERE group_id IS NULL OR group_id NOT IN (SELECT g.group_id FROM (SELECT group_id, "
-            "count(DISTINCT attempt) AS k, max(attempt) AS top, bool_and(status <> 'running') AS done, count(*) AS n "
-            "FROM trajectories WHERE group_id IS NOT NULL GROUP BY group_id) g JOIN (SELECT group_id, count(*) AS n "
-            "FROM chosen GROUP BY group_id) c USING (group_id) WHERE g.done AND g.k = g.top + 1 AND c.n = g.n)"
-        )
-    chosen = con.sql(
-        "SELECT c.*, f.flag_list, sub.submission FROM chosen c "
-        "LEFT JOIN (SELECT session_id, list(struct_pack(flag := flag, flag_class := flag_class, severity := severity) "
-        "ORDER BY flag) AS flag_list FROM flags WHERE session_id IN (SELECT session_id FROM chosen) "
-        "GROUP BY session_id) f USING (session_id) "
-        "LEFT JOIN (SELECT e.session_id, arg_max(fb.env_feedback.output, fb.seq) AS submission FROM events e "
-        "JOIN events fb ON fb.event_id = e.extra['submission_event_id'] WHERE e.event_type = 'session_end' "
-        "AND e.session_id IN (SELECT session_id FROM chosen) GROUP BY e.session_id) sub USING (session_id) "
-        "ORDER BY session_id"
-    ).to_arrow_table()
-    for name in ("instruction", "submission"):
-        chosen = chosen.set_column(chosen.schema.get_field_index(name), name, redact_array(chosen.column(name)))
-    sessions = []
-    for session in chosen.to_pylist():
-        session["split"] = split_of(session["task_family"])
-        if filters.split and session["split"] != filters.split:
-            continue
-        flags = session.pop("flag_list") or []
-        for flag in flags:
-            flag["weight"] = weights.get(flag["flag"], 1.0)
-        session["flag_list"] = flags
-        session["weight"] = min((flag["weight"] for flag in flags), default=1.0)
-        sessions.append(session)
-    con.execute(
-        "DELETE FROM chosen WHERE session_id NOT IN (SELECT unnest($ids))", {"ids": [s["session_id"] for s in sessions]}
-    )
-    # one cursor per open stream: a query on a connection would end the stream still pending on it
-    ids = [s["session_id"] for s in sessions]
-    steps = con.sql(
-        "SELECT session_id, step_index, tool_name, tool_call_id, arguments, command, thought, output, exit_code, "
-        "ts "
-        "FROM steps WHERE session_id IN (SELECT session_id FROM chosen) ORDER BY session_id, step_index"
-    ).to_arrow_reader(batch_rows)
-    # another connection per open stream: a query on a connection ends the stream pending on it
-    calls = (
-        open_views(settings, catalog)
-        .sql(
-            "SELECT session_id, ts AS _ts, agent_input.model_call AS call FROM events WHERE event_type = 'agent_input' "
-            "AND agent_input.model_call IS NOT NULL AND session_id IN (SELECT unnest($ids)) "
-            "ORDER BY session_id, seq",
-            params={"ids": ids},
-        )
-        .to_arrow_reader(max(batch_rows // 20, 256))
-    )
-    step_groups = _merge(sessions, steps, 0, redact=(6, 7))
-    call_groups = _merge(sessions, calls, 0)
-    lookup = _Blobs(open_views(settings, catalog))
-    for session, own_steps, own_calls in zip(sessions, step_groups, call_groups, strict=True):
-        yield session, own_steps, [{**row["call"], "_ts": row["_ts"]} for row in own_calls], lookup
-
-
-def _refused_directory(path: Path, settings: Settings) -> str | None:
-    """Why ``path`` (resolved) must not receive an export, or None."""
-    text = str(path)
-    if text in _SYSTEM_DIRS or any(text == tree or text.startswith(tree + "/") for tree in _SYSTEM_TREES):
-        return "a system directory"
-    if path == Path.home().resolve():
-        return "your home directory itself; choose a directory inside it"
-    if path == settings.home_dir.resolve():
-        return "TRAJLAKE_HOME itself; choose a directory inside it"
-    return None
-
-
-def _open_out_dir(out_dir: Path | str, settings: Settings) -> tuple[Path, int]:
-    """Create (if needed) and open the export directory; returns its resolved path and a descriptor.
-
-    Raises:
-        ExportError: a system directory, an existing file, or a directory that cannot be created.
-    """
-    root = Path(out_dir).expanduser()
-    resolved = root.resolve()
-    why = _refused_directory(resolved, settings)
-    if why:
-        raise ExportError(f"refusing to export into {resolved}: {why}")
-    if resolved.exists() and not resolved.is_dir():
-        raise ExportError(f"--out {root}: exists and is not a directory")
-    try:
-        resolved.mkdir(mode=0o700, parents=True, exist_ok=True)  # an export is owner-only
-        # O_NOFOLLOW: the checked directory itself, not a symlink swapped in since the check
-        return resolved, os.open(resolved, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ExportError(f"--out {root}: cannot create or open the directory ({exc.strerror or exc})") from exc
-
-
-class _ExclusiveFile:
-    """A file written under a unique temporary name in a directory, then renamed to ``name``.
-
-    The temporary file is created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` relative to the
-    directory's descriptor: nothing pre-planted (a symlink, a file of the same name) is
-    opened. ``rename`` replaces ``name`` itself, never what a symlink there points to.
-    """
-
-    def __init__(self, dir_fd: int, name: str, binary: bool = False) -> None:
-        self.dir_fd, self.name = dir_fd, name
-        self.tmp_name = f".{name}.{uuid.uuid4().hex}.tmp"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(self.tmp_name, flags, 0o600, dir_fd=dir_fd)
-        self.handle: Any = os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")
-
-    def commit(self) -> None:
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
-        self.handle.close()
-        os.replace(self.tmp_name, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
-
-    def discard(self) -> None:
-        self.handle.close()
-        try:
-            os.unlink(self.tmp_name, dir_fd=self.dir_fd)
-        except FileNotFoundError:
-            pass
-
-
-def _write_file(dir_fd: int, name: str, text: str) -> None:
-    out = _ExclusiveFile(dir_fd, name)
-    try:
-        out.handle.write(text)
-        out.commit()
-    except BaseException:
-        out.discard()
-        raise
 
 
 def _record(
@@ -564,12 +264,7 @@ def _write_export(
     """Write the data file and then the manifest (each through :class:`_ExclusiveFile`); returns the manifest."""
     snapshots = _snapshot_ids(catalog, settings)
     scoring = _scoring(settings, catalog)
-    governance = scoring.get("governance") if isinstance(scoring.get("governance"), dict) else {}
-    weights = {
-        str(name): float(policy.get("weight") if policy.get("weight") is not None else 1.0)
-        for name, policy in (governance or {}).items()
-        if isinstance(policy, dict)
-    }
+    weights = _flag_weights(scoring)
     digest = hashlib.sha256()
     quarantined: list[Quarantined] = []
     splits: dict[str, int] = {}
@@ -627,6 +322,16 @@ def _write_export(
     _write_file(dir_fd, manifest_path.name, manifest_text)
     stats.manifest = str(manifest_path)
     return manifest_text, snapshots
+
+
+def _flag_weights(scoring: dict[str, object]) -> dict[str, float]:
+    """Flag → the quality multiplier the governance table the scores were computed with gives it."""
+    governance = scoring.get("governance")
+    weights: dict[str, float] = {}
+    for name, policy in governance.items() if isinstance(governance, dict) else []:
+        weight = policy.get("weight") if isinstance(policy, dict) else None
+        weights[str(name)] = float(weight) if isinstance(weight, int | float) else 1.0
+    return weights
 
 
 class _ParquetSink:
