@@ -216,8 +216,8 @@ def test_queries_fetch_only_the_row_groups_they_need(
     assert rows == [(50, 0, 49)]
     lookup = dict(recorder.sent)
     recorder.clear()
-    day = (BASE + timedelta(days=1)).isoformat()
-    _, rows = run_query(settings, f"SELECT count(*) FROM cold_events WHERE ts >= TIMESTAMPTZ '{day}'")
+    second_day = (BASE + timedelta(days=1)).isoformat()
+    _, rows = run_query(settings, f"SELECT count(*) FROM cold_events WHERE ts >= TIMESTAMPTZ '{second_day}'")
     assert rows == [(300_000,)]
     aggregate = dict(recorder.sent)
 
