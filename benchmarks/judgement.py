@@ -40,8 +40,10 @@ from warehouse.catalog import open_catalog
 from warehouse.sql import run_query
 from warehouse.tables import RAW_EVENTS, ensure_table
 
-#: A seed no test or calibration run used (the detectors were written against seeds 0-20).
-UNSEEN_SEED = 917_263
+#: A seed no test used and no detector was tuned on. Seed 917263 was the first such seed and found
+#: one miss (a one-line hard-coded output), since fixed; this one measured the reported figure
+#: (``--per-kind 5 --honest 100``: every kind 5/5, 0/101 honest flagged, 0/30 real runs flagged).
+UNSEEN_SEED = 5_550_123
 HONEST_MIX = {"solver": 2, "flailer": 1, "guesser": 1}
 DEFAULT_REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real-trajectories"
 

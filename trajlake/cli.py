@@ -606,7 +606,7 @@ def bench_quality_cmd(
 def bench_judgement_cmd(
     per_kind: Annotated[int, typer.Option(help="Local sessions of each cheating policy.")] = 3,
     honest: Annotated[int, typer.Option(help="Scripted honest sessions (plus one hang).")] = 12,
-    seed: Annotated[int, typer.Option(help="Fleet seed (default: one never used in development).")] = 917_263,
+    seed: Annotated[int, typer.Option(help="Fleet seed (default: one never used in development).")] = 5_550_123,
     real: Annotated[Path | None, typer.Option(help="Directory of real agent runs to import and judge.")] = None,
 ) -> None:
     """Cheat recall per kind at an unseen seed, false positives on honest sessions, flags on real runs."""
