@@ -246,6 +246,9 @@ def chat_message(message: dict[str, Any]) -> dict[str, Any]:
     for key in ("tool_call_id", "name"):
         if isinstance(message.get(key), str) and message[key]:
             out[key] = message[key]
+    ids = message.get("tool_call_ids")  # SWE-agent v1: the calls a tool message answers
+    if "tool_call_id" not in out and isinstance(ids, list) and ids and isinstance(ids[0], str):
+        out["tool_call_id"] = ids[0]
     return out
 
 

@@ -11,7 +11,9 @@ its ``evaluation`` event follows ``session_end`` and takes its id from the repor
 content, so a report that arrives after the run was imported adds one event on the
 next import and changes nothing else. ``session_end`` names the feedback holding
 the submission (``extra.submission_event_id``); the workspace root is the
-environment's ``cwd`` (``/testbed`` for SWE-bench).
+environment's ``cwd`` (``/testbed`` for SWE-bench). Each assistant turn also
+carries a ``model_call`` (schema v3): the messages before it as the request (the
+system prompt included) and the message itself as the reply, reasoning included.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ tokens: ``info.model_stats`` totals are apportioned evenly over the turns
 (sums stay exact). There are no timestamps either, so time is a synthetic
 clock from a fixed epoch advanced by ``execution_time`` where recorded.
 Successful ``create``/``edit``/``insert`` commands become file_op events,
-their path read from the ``[File: …]`` header the command printed.
+their path read from the ``[File: …]`` header the command printed. A step
+whose model turn is in the ``history`` carries it as a ``model_call`` (schema
+v3): the history before it, demonstrations included, is the exact request.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from producers.importers._common import (
     RunBuilder,
     SourceFile,
     apportion,
+    chat_message,
     digest,
     end_status,
     object_of,
@@ -159,6 +162,8 @@ def convert(source: SourceFile) -> list[Event]:
     info = object_of(data.get("info"))
     replay = _as_dict(data.get("replay_config"))
     version = "v1" if replay or any("message_type" in h for h in history) else "v0"
+    full_history = history  # what the model saw, demonstrations included (the exact requests)
+    positions = [i for i, h in enumerate(history) if not h.get("is_demo")]
     history = [h for h in history if not h.get("is_demo")]  # in-context demonstrations are not this run
     problem = object_of(replay.get("problem_statement"))
     instruction = next((text_of(h.get("content")) for h in history if h.get("role") == "user"), None)
@@ -198,12 +203,22 @@ def convert(source: SourceFile) -> list[Event]:
         entry = history[index] if index is not None else {}
         builder.tick()
         message_id = f"step-{number}"
+        record = None
+        if index is not None:  # the step's model turn is in the history: its request and reply as recorded
+            record = builder.model_call(
+                [chat_message(h) for h in full_history[: positions[index]]],
+                chat_message(entry),
+                model=str(model or ""),
+                usage={"prompt_tokens": input_tokens[number], "completion_tokens": output_tokens[number]},
+                cost_usd=cost,
+            )
         builder.emitter.agent_input(
             prompt_digest=digest(history[:index] if index is not None else [number, step.get("response")]),
             input_tokens=input_tokens[number],
             n_messages=index or 0,
             content=instruction if number == 0 else None,
             message_id=message_id,
+            model_call=record,
         )
         builder.tick()
         action = str(step.get("action") or "")

@@ -309,3 +309,104 @@ def test_openhands_swe_bench_output_keeps_the_git_patch_verbatim(tmp_path: Path)
     assert feedback["parent_event_id"] == finish["event_id"]
     assert "evaluation" not in {e["event_type"] for e in events}  # a patch alone says nothing about success
     assert events[0]["task_id"] == "astropy__astropy-12907"
+
+
+def _model_calls(events: list) -> list:
+    from producers.fleet.llm.record import reconstruct
+
+    return reconstruct(
+        [
+            e["payload"]["model_call"]
+            for e in events
+            if e["event_type"] == "agent_input" and e["payload"].get("model_call")
+        ]
+    )
+
+
+def test_mini_swe_agent_turns_record_the_exact_requests_and_replies() -> None:
+    path = DATA / "mini-swe-agent" / "deepseek-reasoner-dev" / "sqlfluff__sqlfluff-1517.traj.json"
+    source = json.loads(path.read_text())["messages"]
+    rebuilt = _model_calls(import_trajectory(path))
+    turns = [i for i, m in enumerate(source) if m["role"] == "assistant"]
+    assert len(rebuilt) == len(turns)
+    for call, index in zip(rebuilt, turns, strict=True):
+        request = call.messages
+        assert [m["role"] for m in request] == [m["role"] for m in source[:index]]
+        assert [m.get("content") for m in request] == [m.get("content") for m in source[:index]]
+    last = rebuilt[-1].messages
+    assert last[0]["role"] == "system" and last[0]["content"] == source[0]["content"]
+    replies = [m for m in last if m["role"] == "assistant"]
+    assert replies[0]["reasoning_content"] == source[turns[0]]["reasoning_content"]
+    ids = [c["id"] for m in replies for c in m.get("tool_calls") or []]
+    assert ids == [c["id"] for i in turns[:-1] for c in source[i].get("tool_calls") or []]
+
+
+def test_swe_agent_requests_include_the_demonstrations_the_model_saw() -> None:
+    path = next(p for p in (DATA / "swe-agent").glob("*.traj") if "v0_gpt4__pydicom" in p.name)
+    history = json.loads(path.read_text())["history"]
+    rebuilt = _model_calls(import_trajectory(path))
+    assert rebuilt and [m.get("content") for m in rebuilt[0].messages] == [
+        h.get("content") for h in history[: len(rebuilt[0].messages)]
+    ]
+    assert any(h.get("is_demo") for h in history) == (len(rebuilt[0].messages) > 2)
+
+
+def _atif(**overrides) -> dict:
+    doc = {
+        "schema_version": "ATIF-v1.4",
+        "session_id": "atif-session-1",
+        "agent": {"name": "harbor-agent", "version": "0.3", "model_name": "m-1"},
+        "steps": [
+            {"step_id": 1, "source": "system", "message": "You are careful."},
+            {"step_id": 2, "source": "user", "message": "Fix the bug."},
+            {
+                "step_id": 3,
+                "timestamp": "2025-10-16T14:30:00Z",
+                "source": "agent",
+                "message": "Looking.",
+                "reasoning_content": "First, list files.",
+                "tool_calls": [{"tool_call_id": "c1", "function_name": "bash", "arguments": {"command": "ls"}}],
+                "observation": {"results": [{"source_call_id": "c1", "content": "a.py"}]},
+                "metrics": {
+                    "prompt_tokens": 3,
+                    "completion_tokens": 2,
+                    "prompt_token_ids": [1, 2, 3],
+                    "completion_token_ids": [7, 8],
+                    "logprobs": [-0.5, -0.25],
+                },
+            },
+            {"step_id": 4, "timestamp": "2025-10-16T14:30:05Z", "source": "agent", "message": "Done."},
+        ],
+    }
+    doc.update(overrides)
+    return doc
+
+
+def test_atif_import_keeps_the_session_id_calls_token_ids_and_observations(tmp_path: Path) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(_atif()))
+    assert detect_format(path) == "atif"
+    events = import_trajectory(path)
+    assert {e["session_id"] for e in events} == {"atif-session-1"}
+    for event in events:
+        assert decode_event(encode_event(event))["event_id"] == event["event_id"]
+    rebuilt = _model_calls(events)
+    assert [m["role"] for m in rebuilt[-1].messages] == ["system", "user", "assistant", "tool"]
+    assert rebuilt[0].prompt_token_ids == [1, 2, 3] and rebuilt[0].completion_token_ids == [7, 8]
+    assert rebuilt[0].completion_logprobs == [-0.5, -0.25]
+    assert rebuilt[-1].messages[2]["reasoning_content"] == "First, list files."
+    (action,) = [e for e in events if e["event_type"] == "agent_action"]
+    assert action["payload"]["tool_call_id"] == "c1" and action["payload"]["tool_name"] == "bash"
+    (feedback,) = [e for e in events if e["event_type"] == "env_feedback"]
+    assert feedback["payload"]["output"] == "a.py"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [({"steps": "nope"}, "steps"), ({"session_id": ""}, "session_id"), ({"steps": []}, "user step")],
+)
+def test_atif_import_of_a_bad_trajectory_names_the_problem(tmp_path: Path, overrides: dict, words: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(_atif(**overrides)))
+    with pytest.raises(ImportFormatError, match=words):
+        import_trajectory(path, "atif")
