@@ -307,3 +307,20 @@ def test_cli_custom_agent_file_llm_agent_and_retry_by_cause(tmp_path, broker):
             {"attempt": 2, "retry_of": original[0]["session_id"], "status": "completed", "eval_passed": True}
         ]
         assert "nothing to retry" in trajlake("fleet", "retry", *llm)  # the retry succeeded
+
+
+def test_model_api_timeouts_are_retried_then_reported():
+    from producers.errors import ModelAPIError
+    from producers.fleet.llm.client import ChatClient
+
+    failures = []
+    with FakeOpenAIServer(loop_script(1), delay_s=0.5) as server:
+        client = ChatClient(server.url, timeout_s=0.1, max_retries=2, backoff_s=0.01)
+        with pytest.raises(ModelAPIError, match="timeout"):
+            client.complete({"model": "m", "messages": []}, on_failure=lambda t, i: failures.append((t.status, i)))
+        server.fail_next = [400]
+        client.timeout_s = 5.0
+        with pytest.raises(ModelAPIError, match="HTTP 400"):  # not transient: no retry
+            client.complete({"model": "m", "messages": []}, on_failure=lambda t, i: failures.append((t.status, i)))
+        client.close()
+    assert failures == [(None, 0), (None, 1), (None, 2), (400, 0)]
