@@ -112,6 +112,8 @@ agg AS (
                  arg_min(task_id, struct_pack(seq, event_id))) AS task_family,
         TRY_CAST(arg_max(extra['processes_started'], struct_pack(seq, event_id))
                  FILTER (event_type = 'session_end') AS BIGINT) AS processes_started,
+        -- the host's count of every exit code of the session (JSON), transient retries included
+        arg_max(extra['exit_codes'], struct_pack(seq, event_id)) FILTER (event_type = 'session_end') AS exit_codes,
         -- schema v3: the rollout group, the attempt and the session a retry re-runs (NULL before v3)
         arg_min(group_id, struct_pack(seq, event_id)) AS group_id,
         arg_min(attempt, struct_pack(seq, event_id)) AS attempt,
@@ -178,7 +180,7 @@ SELECT
     CASE WHEN output_tokens {int64} THEN output_tokens::BIGINT END AS output_tokens,
     cost_usd, cpu_seconds, peak_memory_bytes, peak_processes,
     disk_write_bytes, timeout_s, instruction, eval_passed, tests_total, tests_passed, reward,
-    task_family, processes_started, group_id, attempt, retry_of,
+    task_family, processes_started, exit_codes, group_id, attempt, retry_of,
     coalesce(eval_passed, false) AS completed,
     $now AS assembled_at,
     list_filter([

@@ -150,6 +150,7 @@ TRAJECTORIES = TableSpec(
             ("group_id", pa.string()),  # schema v3: rollout group (K attempts of one task instance)
             ("attempt", pa.int32()),
             ("retry_of", pa.string()),  # the session a `trajlake fleet retry` re-ran
+            ("exit_codes", pa.string()),  # JSON exit code -> count, from the host (session_end.extra)
         ]
     ),
     partition_by=[("started_at", DayTransform())],

@@ -54,7 +54,8 @@ def _session(events: list[dict[str, Any]], name: str, edits_test: bool, offset: 
         duration_ms=1.0,
         details=json.dumps({"deliverable": {"clamp_mod.py": "x"}, "ignored_changes": changes}),
     )
-    emitter.end("completed", 3.0, reward=1.0, exit_reason="agent_finished")
+    payload = {"status": "completed", "runtime_s": 3.0, "reward": 1.0, "exit_reason": "agent_finished"}
+    emitter.emit("session_end", payload, "system", extra={"processes_started": "7", "exit_codes": '{"0": 3}'})
 
 
 def _settings(home: Path, **overrides: Any) -> Settings:
@@ -70,6 +71,11 @@ def test_weight_change_rescores_and_is_in_the_manifest(tmp_path: Path) -> None:
     assemble(settings, as_of=AS_OF)
     first = score_all(settings)
     assert not first.skipped and score_all(settings).skipped  # nothing changed: nothing to redo
+    # the host's process and exit-code counts are columns, and the profile of the task type has them
+    _, rows = run_query(settings, "SELECT DISTINCT processes_started, exit_codes, task_family FROM trajectories")
+    assert sorted(rows) == [(7, '{"0": 3}', "bugfix.clamp.honest"), (7, '{"0": 3}', "bugfix.clamp.suspect")]
+    _, rows = run_query(settings, "SELECT sessions, processes_started_p50, exit_codes FROM profiles")
+    assert rows == [(2, 7.0, '{"0": 1.0}')]
     _, rows = run_query(settings, "SELECT session_id, quality, flags, exportable FROM scores ORDER BY 1")
     assert rows == [("honest", 1.0, "", True), ("suspect", 0.5, "edited_tests", True)]
     export_training_set(settings, "hf", tmp_path / "out1")
@@ -78,7 +84,9 @@ def test_weight_change_rescores_and_is_in_the_manifest(tmp_path: Path) -> None:
     assert manifest["scoring"]["digest"] == first.config_digest
     assert manifest["scoring"]["weights"] == {"completion": 0.5, "validity": 0.3, "novelty": 0.2}
     records = {r["session_id"]: r for r in map(json.loads, (tmp_path / "out1" / "hf.jsonl").read_text().splitlines())}
-    assert records["suspect"]["flags"] == ["edited_tests"] and records["honest"]["flags"] == []
+    (flag,) = records["suspect"]["flags"]  # exported with the record, not dropped
+    assert (flag["flag"], flag["flag_class"], flag["weight"]) == ("edited_tests", "behavioural", 0.5)
+    assert records["honest"]["flags"] == []
 
     # the same lakehouse, another weight: the scorer version is unchanged, yet everything is rescored
     lighter = _settings(tmp_path, quality_governance={"edited_tests": {"weight": 0.9}})
