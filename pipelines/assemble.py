@@ -47,6 +47,7 @@ from warehouse.locks import job_lock
 from warehouse.snapshots import current_files, files_added_since
 from warehouse.sql import connect, parquet_source
 from warehouse.tables import RAW_EVENTS, STEPS, TRAJECTORIES, ensure_table
+from warehouse.tiering import late_event_files
 from warehouse.transactions import retry_on_conflict, transaction
 
 log = logging.getLogger("trajlake.assemble")
@@ -484,7 +485,8 @@ def _assemble(settings: Settings, catalog: Catalog, as_of: datetime | None, full
     # Sessions are assembled in chunks (session-id ranges) of about ``assemble_chunk_events`` events each,
     # so memory is bounded by a chunk, not by the backlog. The watermark moves with the last
     # chunk: after a crash the next run recomputes (and replaces) every affected session.
-    source = parquet_source(all_raw.paths, row_ids=True)
+    # A session already tiered (a late event) is recomputed from its cold events too.
+    source = parquet_source(all_raw.paths + late_event_files(con, catalog, settings, "affected"), row_ids=True)
     counted = con.execute(f"SELECT count(*) FROM {source} WHERE session_id IN (SELECT session_id FROM affected)")
     events = counted.fetchone()
     chunks = max(1, math.ceil((events[0] if events else 0) / settings.assemble_chunk_events))

@@ -94,6 +94,19 @@ def _object_store(
     return store
 
 
+def readable_files(
+    con: duckdb.DuckDBPyConnection, table: Table, stores: dict[str, ObjectStoreFS] | None = None
+) -> list[str]:
+    """The current data files of ``table``, readable on ``con`` with :func:`parquet_source` where they lie.
+
+    ``s3://`` files are served by the connection's object-store filesystem (registered on first use).
+    """
+    files = current_files(table)
+    if files.paths and all(is_object_store_path(p) for p in files.paths):
+        _object_store(con, table, stores).add_files({e.path: e.data_file.file_size_in_bytes for e in live_files(table)})
+    return files.paths
+
+
 def _source(
     con: duckdb.DuckDBPyConnection,
     name: str,

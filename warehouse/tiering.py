@@ -23,8 +23,11 @@ count them once:
 * ``trajectories``/``steps`` move closed sessions (status not ``running``) that
   started before the retention boundary's day. Their key is ``session_id``; the
   union view prefers the cold row, so a session present in both tiers counts once.
-  Known limit: an event arriving after its session was tiered is kept in ``events``
-  (and tiered later) but does not amend the cold trajectory.
+  An event arriving after its session was tiered lands in hot; assembly recomputes the
+  session from its hot and cold events (:func:`late_event_files`), and the next run
+  *amends* the cold tier: a session whose hot trajectory was assembled after its cold one
+  gets its cold steps, then its cold trajectory, replaced by the hot ones, and only then
+  leaves hot. Until that run the views show the cold (pre-late-event) rows.
 
 Tiering and maintenance take :func:`lifecycle_lock` so they never interleave
 (compaction rewriting a copied-but-not-deleted hot file would give its rows a new
@@ -45,6 +48,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
@@ -58,6 +62,7 @@ from common.settings import Settings
 from warehouse.catalog import open_catalog
 from warehouse.errors import LockBusy, WarehouseError
 from warehouse.locks import job_lock
+from warehouse.object_store import ObjectStoreFS
 from warehouse.snapshots import LiveFile, arrow_row_bytes, live_files, read_data_files, size_bundles
 from warehouse.tables import RAW_EVENTS, STEPS, TABLES, TRAJECTORIES, ensure_table
 from warehouse.transactions import retry_on_conflict, transaction
@@ -85,6 +90,7 @@ class TierStats:
     events_copied: int = 0
     event_files_removed: int = 0
     sessions_copied: int = 0
+    sessions_amended: int = 0
     steps_copied: int = 0
     sessions_removed: int = 0
     seconds: float = 0.0
@@ -198,8 +204,73 @@ def _chunks(ids: list[str], size: int = 5000) -> Iterator[list[str]]:
         yield ids[start : start + size]
 
 
+def _assembled_at(table: Table, ids: list[str]) -> dict[str, datetime | None]:
+    """``session_id`` → ``assembled_at`` of the rows of ``ids`` in ``table`` (a trajectories table)."""
+    found: dict[str, datetime | None] = {}
+    if table.current_snapshot() is None:
+        return found
+    for chunk in _chunks(ids):
+        scan = table.scan(row_filter=_in("session_id", chunk), selected_fields=("session_id", "assembled_at"))
+        rows = scan.to_arrow()
+        found.update(zip(rows.column("session_id").to_pylist(), rows.column("assembled_at").to_pylist(), strict=True))
+    return found
+
+
+def _copy_or_amend(table: Table, rows: pa.Table, amend: list[str]) -> None:
+    """Append ``rows`` to cold ``table``, replacing the rows of sessions ``amend`` (one conditioned commit).
+
+    Raises:
+        TieringError: ``table`` changed since the rows were chosen.
+    """
+    try:
+        with transaction(table) as tx:
+            for chunk in _chunks(amend):
+                tx.delete(_in("session_id", chunk))
+            tx.append(rows.cast(table.schema().as_arrow()))
+    except CommitFailedException as exc:
+        raise TieringError(f"{'.'.join(table.name())} changed while tiering; run `trajlake tier` again") from exc
+
+
+def late_event_files(con: duckdb.DuckDBPyConnection, catalog: Catalog, settings: Settings, affected: str) -> list[str]:
+    """Cold ``raw_events`` files assembly must read too: some sessions of ``affected`` are already tiered.
+
+    A late event of a tiered session lands in hot; recomputing the session from its hot events
+    alone would lose the rest, so assembly reads its cold events as well (events in both tiers
+    after a crashed tiering are deduplicated by ``event_id`` like any duplicate).
+
+    Args:
+        con: Assembly's connection (the object-store filesystem is registered on it when needed).
+        catalog: The catalog.
+        settings: Where the cold tier is.
+        affected: SQL relation on ``con`` with a ``session_id`` column: the sessions to assemble.
+
+    Returns:
+        The cold data files, or ``[]`` when no affected session is in the cold tier.
+    """
+    from warehouse.sql import parquet_source, readable_files
+
+    stores: dict[str, ObjectStoreFS] = {}
+    tiered = readable_files(con, ensure_cold_table(catalog, settings, TRAJECTORIES.name), stores)
+    if not tiered:
+        return []
+    found = con.execute(
+        f"SELECT count(*) FROM {parquet_source(tiered, same_schema=False)} "
+        f"WHERE session_id IN (SELECT session_id FROM {affected})"
+    ).fetchone()
+    if not found or not found[0]:
+        return []
+    return readable_files(con, ensure_cold_table(catalog, settings, RAW_EVENTS.name), stores)
+
+
 def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stats: TierStats) -> None:
-    """Move closed sessions that started before ``boundary_day`` (trajectories and their steps)."""
+    """Move closed sessions that started before ``boundary_day`` (trajectories and their steps).
+
+    A session already in cold whose hot trajectory was assembled later (a late event after
+    tiering; assembly recomputed it from its hot and cold events) *amends* the cold tier: its
+    cold steps and trajectory are replaced by the hot ones, steps first. Until the trajectory
+    is replaced the session counts as not moved, so a crash in between re-runs the amendment
+    (replacing is idempotent) and the hot rows are never deleted before cold has them.
+    """
     boundary = datetime.fromtimestamp(boundary_day * 86_400, UTC)
     hot_traj = ensure_table(catalog, settings, TRAJECTORIES.name)
     hot_steps = ensure_table(catalog, settings, STEPS.name)
@@ -209,51 +280,81 @@ def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stat
         return
     closed = hot_traj.scan(row_filter=And(_before("started_at", boundary.isoformat()), _not_running())).to_arrow()
     candidates = closed.column("session_id").to_pylist()
-    # Phase 1a: steps of candidate sessions not yet in cold (one commit, so a session is all-or-nothing).
+    cold_at = _assembled_at(cold_traj, candidates)
+    hot_at = dict(zip(candidates, closed.column("assembled_at").to_pylist(), strict=True))
+    amend = sorted(s for s, at in cold_at.items() if _newer(hot_at[s], at))
+    # Phase 1a: steps of candidate sessions not yet in cold, and of sessions to amend (one commit:
+    # a session is all-or-nothing).
     if candidates and hot_steps.current_snapshot() is not None:
         done = set().union(*(_ids(cold_steps, "session_id", _in("session_id", c)) for c in _chunks(candidates)))
-        todo = [s for s in candidates if s not in done]
+        todo = sorted({s for s in candidates if s not in done} | set(amend))
         if todo:
             parts = [hot_steps.scan(row_filter=_in("session_id", c)).to_arrow() for c in _chunks(todo)]
             steps = _sorted(pa.concat_tables(parts), STEPS.name)
-            if steps.num_rows:
-                _append_planned(cold_steps, steps.cast(cold_steps.schema().as_arrow()))
+            replaced = [s for s in amend if s in done]
+            if steps.num_rows or replaced:
+                _copy_or_amend(cold_steps, steps, replaced)
                 stats.steps_copied += steps.num_rows
     _fault("tier_after_copy_steps")
-    # Phase 1b: the trajectories.
+    # Phase 1b: the trajectories (replacing the amended ones: after this commit they are moved).
     if candidates:
         cold_traj = catalog.load_table(cold_traj.name())
-        done = set().union(*(_ids(cold_traj, "session_id", _in("session_id", c)) for c in _chunks(candidates)))
-        mask = pc.invert(pc.is_in(closed.column("session_id"), value_set=pa.array(sorted(done), pa.string())))
-        rows = _sorted(closed.filter(mask), TRAJECTORIES.name)
+        done = set(cold_at) - set(amend)
+        keep = [s not in done for s in candidates]
+        rows = _sorted(closed.filter(pa.array(keep, pa.bool_())), TRAJECTORIES.name)
         if rows.num_rows:
-            _append_planned(cold_traj, rows.cast(cold_traj.schema().as_arrow()))
-            stats.sessions_copied += rows.num_rows
+            _copy_or_amend(cold_traj, rows, amend)
+            stats.sessions_copied += rows.num_rows - len(amend)
+            stats.sessions_amended += len(amend)
     _fault("tier_after_copy_trajectories")
-    # Phase 2: delete from hot every old session the cold tier holds (also finishes a crashed run).
-    # A session's steps can run past midnight into the boundary day, hence the day of slack for steps.
+    # Phase 2: delete from hot every old session the cold tier holds as assembled in hot (also finishes a
+    # crashed run). A session whose hot trajectory is newer than its cold one (amended after this run
+    # planned, or running again) keeps its hot rows. A session's steps can run past midnight into the
+    # boundary day, hence the day of slack for steps.
     slack = boundary + timedelta(days=1)
     for hot, cold, column, until in (
         (hot_steps, cold_steps, "ts", slack),
         (hot_traj, cold_traj, "started_at", boundary),
     ):
-        hot = catalog.load_table(hot.name())
-        cold = catalog.load_table(cold.name())
-        old = sorted(_ids(hot, "session_id", _before(column, until.isoformat())))
-        moved = sorted(set().union(*(_ids(cold, "session_id", _in("session_id", c)) for c in _chunks(old))))
-        if not moved:
-            continue
+        removed: list[int] = []
 
-        def delete(hot: Table = hot, moved: list[str] = moved) -> None:
+        def delete(
+            hot: Table = hot,
+            cold: Table = cold,
+            column: str = column,
+            until: datetime = until,
+            removed: list[int] = removed,
+        ) -> None:
             table = catalog.load_table(hot.name())
+            cold = catalog.load_table(cold.name())
+            old = sorted(_ids(table, "session_id", _before(column, until.isoformat())))
+            held = sorted(set().union(*(_ids(cold, "session_id", _in("session_id", c)) for c in _chunks(old))))
+            moved = _moved(catalog, settings, held)
+            if not moved:
+                return
             with transaction(table) as tx:
                 for chunk in _chunks(moved):
                     tx.delete(_in("session_id", chunk))
+            removed.append(len(moved))
 
         retry_on_conflict(f"delete tiered sessions from {hot.name()}", delete)
         if hot.name()[-1] == TRAJECTORIES.name:
-            stats.sessions_removed += len(moved)
+            stats.sessions_removed += removed[-1] if removed else 0
         _fault(f"tier_after_delete_{hot.name()[-1]}")
+
+
+def _newer(hot: datetime | None, cold: datetime | None) -> bool:
+    """Whether a hot ``assembled_at`` is later than the cold one (no cold row: the hot one is newer)."""
+    return hot is not None and (cold is None or hot > cold)
+
+
+def _moved(catalog: Catalog, settings: Settings, held: list[str]) -> list[str]:
+    """Sessions among ``held`` (in cold) whose hot trajectory is not newer than the cold one."""
+    if not held:
+        return []
+    hot_at = _assembled_at(ensure_table(catalog, settings, TRAJECTORIES.name), held)
+    cold_at = _assembled_at(ensure_cold_table(catalog, settings, TRAJECTORIES.name), held)
+    return [s for s in held if not _newer(hot_at.get(s), cold_at.get(s))]
 
 
 def _day_of(entry: LiveFile, table: Table) -> int | None:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from datetime import datetime, timedelta
 
 import pyarrow.parquet as pq
@@ -19,7 +20,7 @@ from producers.session_generator import synthetic_sessions
 from tests.helpers import BASE, BASE_US, day_events, lake_state, one_row, tier_split, write_raw
 from warehouse.catalog import open_catalog
 from warehouse.sql import local_path, open_views
-from warehouse.tables import RAW_EVENTS
+from warehouse.tables import RAW_EVENTS, TRAJECTORIES, ensure_table
 from warehouse.tiering import TIERED_FILES, ensure_cold_table, tier
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -196,3 +197,77 @@ def test_cli_tier_maintain_and_tier_views(aged_lake: Settings) -> None:
         "csv",
     )
     assert counts.strip().splitlines()[-1] == "12,4,16"
+
+
+def _late_event_for_a_tiered_session(settings: Settings) -> tuple[str, dict]:
+    """After tiering: one more agent action of a session of day 0 arrives; returns its session and the event."""
+    tier(settings, as_of=BASE + timedelta(days=10))
+    mine = [e for e in day_events(4, 4) if e["session_id"] == day_events(4, 4)[0]["session_id"]]
+    action = next(e for e in reversed(mine) if e["event_type"] == "agent_action")
+    late = {**action, "event_id": uuid.uuid4().hex, "seq": max(e["seq"] for e in mine) + 1, "ts": mine[-1]["ts"] - 1}
+    return action["session_id"], late
+
+
+def _session_rows(settings: Settings, sid: str) -> dict[str, object]:
+    con = open_views(settings)
+    hot = ensure_table(open_catalog(settings), settings, TRAJECTORIES.name)
+    return {
+        "union": con.execute(
+            "SELECT n_events, n_steps, max_seq FROM trajectories WHERE session_id = ?", [sid]
+        ).fetchall(),
+        "cold": con.execute(
+            "SELECT n_events, n_steps, max_seq FROM cold_trajectories WHERE session_id = ?", [sid]
+        ).fetchall(),
+        "cold_steps": one_row(con, "SELECT count(*) FROM cold_steps WHERE session_id = ?", [sid])[0],
+        "steps": one_row(con, "SELECT count(*) FROM steps WHERE session_id = ?", [sid])[0],
+        "events": one_row(con, "SELECT count(*) FROM events WHERE session_id = ?", [sid])[0],
+        "hot_table": hot.scan(row_filter=f"session_id = '{sid}'").to_arrow().num_rows,
+    }
+
+
+def test_late_event_for_a_tiered_session_amends_the_cold_trajectory(aged_lake: Settings) -> None:
+    settings = aged_lake
+    sid, late = _late_event_for_a_tiered_session(settings)
+    before = _session_rows(settings, sid)
+    assert len(before["cold"]) == 1 and before["hot_table"] == 0
+    (n_events, n_steps, max_seq) = before["cold"][0]
+    write_raw(settings, [late])
+    # Assembly recomputes the session from its cold events plus the late one (not from the late one alone).
+    assemble(settings, as_of=BASE + timedelta(days=30))
+    hot = ensure_table(open_catalog(settings), settings, TRAJECTORIES.name)
+    rows = hot.scan(row_filter=f"session_id = '{sid}'").to_arrow()
+    assert rows.select(["n_events", "n_steps", "max_seq"]).to_pylist() == [
+        {"n_events": n_events + 1, "n_steps": n_steps + 1, "max_seq": max_seq + 1}
+    ]
+    stats = tier(settings, as_of=BASE + timedelta(days=10))
+    assert stats.sessions_amended == 1 and stats.sessions_copied == 0
+    after = _session_rows(settings, sid)
+    amended = [(n_events + 1, n_steps + 1, max_seq + 1)]
+    assert after["union"] == after["cold"] == amended  # exactly one row, cold, amended
+    assert after["hot_table"] == 0
+    assert after["cold_steps"] == after["steps"] == before["steps"] + 1
+    assert after["events"] == before["events"] + 1
+    # Idempotent: the next run amends nothing.
+    assert tier(settings, as_of=BASE + timedelta(days=10)).sessions_amended == 0
+    assert _session_rows(settings, sid) == after
+
+
+def test_crash_while_amending_a_tiered_session_never_loses_or_doubles(aged_lake: Settings) -> None:
+    settings = aged_lake
+    sid, late = _late_event_for_a_tiered_session(settings)
+    before = _session_rows(settings, sid)
+    write_raw(settings, [late])
+    assemble(settings, as_of=BASE + timedelta(days=30))
+    others = {k: [r for r in v if sid not in str(r)] for k, v in lake_state(settings).items()}
+    for fault in ["tier_after_copy_steps", "tier_after_copy_trajectories", "tier_after_delete_steps"]:
+        proc = run_tier_process(BASE + timedelta(days=10), fault)
+        assert proc.wait(120) == -signal.SIGKILL, fault
+        now = _session_rows(settings, sid)
+        assert len(now["union"]) == 1 and now["events"] == before["events"] + 1, fault
+        assert now["steps"] in (before["steps"], before["steps"] + 1), fault
+        assert {k: [r for r in v if sid not in str(r)] for k, v in lake_state(settings).items()} == others, fault
+    tier(settings, as_of=BASE + timedelta(days=10))
+    after = _session_rows(settings, sid)
+    (n_events, n_steps, max_seq) = before["cold"][0]
+    assert after["union"] == after["cold"] == [(n_events + 1, n_steps + 1, max_seq + 1)]
+    assert after["hot_table"] == 0 and after["steps"] == after["cold_steps"] == before["steps"] + 1
