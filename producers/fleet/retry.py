@@ -53,18 +53,26 @@ def plan_retries(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_atte
         One plan per original to retry, with ``attempt`` one past its latest and ``retry_of`` the original.
     """
     latest: dict[str, dict[str, Any]] = {}
+    tries: dict[str, int] = {}
+    group_top: dict[str, int] = {}  # highest attempt number in each rollout group
     for row in rows:
         record = dict(zip(columns, row, strict=True))
-        current = latest.get(record["original"])
+        original = record["original"]
+        tries[original] = tries.get(original, 0) + 1
+        current = latest.get(original)
         if current is None or record["attempt"] > current["attempt"]:
-            latest[record["original"]] = record
+            latest[original] = record
+        if record["group_id"] is not None:
+            group_top[record["group_id"]] = max(group_top.get(record["group_id"], 0), int(record["attempt"]))
     plans = []
     for original, record in sorted(latest.items()):
-        advice, attempt = record["retry_advice"], int(record["attempt"])
-        if advice not in RERUN_ADVICE or attempt >= max_attempts or record["task_seed"] is None:
+        advice = record["retry_advice"]
+        if advice not in RERUN_ADVICE or tries[original] >= max_attempts or record["task_seed"] is None:
             continue
-        if advice == "rerun_once" and attempt > 1:
+        if advice == "rerun_once" and tries[original] > 1:
             continue
+        # a group member's retry takes the next attempt number of its group (its siblings hold 1..K)
+        attempt = max(int(record["attempt"]), group_top.get(record["group_id"], 0))
         task = make_task(record["task_family"], int(record["task_seed"]))
         plans.append(
             SessionPlan(

@@ -180,11 +180,14 @@ def test_retries_follow_the_failure_cause():
         ("e", "infrastructure_error", "rerun", family, "g1", 1, "e", "15", "llm"),
         ("e2", "infrastructure_error", "rerun", family, "g1", 2, "e", "15", "llm"),
         ("e3", "infrastructure_error", "rerun", family, "g1", 3, "e", "15", "llm"),  # at max_attempts
+        ("f", "infrastructure_error", "rerun", family, "g2", 1, "f", "16", "llm"),  # a group member ...
+        ("f2", "success", "none", family, "g2", 2, "f2", "16", "llm"),  # ... whose sibling holds attempt 2
     ]
     plans = plan_retries(columns, rows, max_attempts=3)
-    assert [(p.retry_of, p.attempt, p.agent, p.task.seed) for p in plans] == [
-        ("a", 2, "llm", 11),
-        ("c", 2, "solver", 13),
+    assert [(p.retry_of, p.attempt, p.agent, p.task.seed, p.group_id) for p in plans] == [
+        ("a", 2, "llm", 11, None),
+        ("c", 2, "solver", 13, None),
+        ("f", 3, "llm", 16, "g2"),
     ]
 
 
