@@ -16,7 +16,6 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 
 from common.settings import Settings
-from producers.redact import redact_array
 from warehouse.sql import open_views
 
 #: Split shares (percent of task families, by the sha256 of the family name).
@@ -63,11 +62,11 @@ class ExportFilters:
 
 
 def split_of(task_family: str | None) -> str:
-    """The split of a task family: sha256 of the family name, 80 % train, 10 % validation, 10 % test.
+    """The split of a task family: the sha256 of its name (first 60 bits) mod 100, 80 train, 10 validation, 10 test.
 
     Deterministic and by family, so every session of a family lands in one split (no family in two).
     """
-    bucket = int.from_bytes(hashlib.sha256((task_family or "").encode()).digest()[:8], "big") % 100
+    bucket = int(hashlib.sha256((task_family or "").encode()).hexdigest()[:15], 16) % 100
     return (
         "train" if bucket < SPLIT_PERCENT["train"] else "validation" if bucket < 100 - SPLIT_PERCENT["test"] else "test"
     )
@@ -100,29 +99,6 @@ def _selection(filters: ExportFilters) -> tuple[str, dict[str, Any]]:
     return " AND ".join(where), params
 
 
-def _merge(
-    sessions: list[dict[str, Any]], reader: Any, column: int, redact: tuple[int, ...] = ()
-) -> Iterator[list[dict[str, Any]]]:
-    """The rows of ``reader`` (ordered by session_id) grouped per session of ``sessions``, in that order.
-
-    Memory is bounded by one Arrow batch plus the rows of the sessions it spans.
-    """
-    grouped: dict[str, list[dict[str, Any]]] = {}
-    position = 0
-    for batch in reader:
-        for index in redact:
-            batch = batch.set_column(index, batch.schema.field(index).name, redact_array(batch.column(index)))
-        rows = batch.to_pylist()
-        for row in rows:
-            grouped.setdefault(row["session_id"], []).append(row)
-        last = rows[-1]["session_id"] if rows else ""
-        while position < len(sessions) and sessions[position]["session_id"] < last:
-            yield grouped.pop(sessions[position]["session_id"], [])
-            position += 1
-    for session in sessions[position:]:
-        yield grouped.pop(session["session_id"], [])
-
-
 class _Blobs:
     """Model-call content another session emitted (the host stores each text once), looked up and cached."""
 
@@ -146,18 +122,34 @@ class _Blobs:
         return {r: self.cache[r] for r in wanted if r in self.cache}
 
 
-def _sessions(
-    settings: Settings, catalog: Catalog, filters: ExportFilters, weights: dict[str, float], batch_rows: int = 20_000
-) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], _Blobs]]:
-    """Chosen sessions in ``session_id`` order with their steps and model calls, text fields redacted.
+#: The split of a task family in SQL, equal to :func:`split_of` (first 60 bits of the sha256, mod 100).
+_SPLIT_SQL = (
+    "CASE WHEN ('0x' || substr(sha256(coalesce({f}, '')), 1, 15))::UBIGINT % 100 < {train} THEN 'train' "
+    "WHEN ('0x' || substr(sha256(coalesce({f}, '')), 1, 15))::UBIGINT % 100 < {val} THEN 'validation' "
+    "ELSE 'test' END"
+)
 
-    Steps and model calls stream from DuckDB in Arrow batches ordered like the sessions and are
-    merged on the fly, so memory is bounded by a batch, not by the export's size.
+
+def _split_sql(column: str) -> str:
+    return _SPLIT_SQL.format(f=column, train=SPLIT_PERCENT["train"], val=100 - SPLIT_PERCENT["test"])
+
+
+def _sessions(
+    settings: Settings, catalog: Catalog, filters: ExportFilters, weights: dict[str, float], batch_rows: int = 8192
+) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], _Blobs]]:
+    """Chosen sessions in ``session_id`` order with their steps and model calls (text redacted later, per record).
+
+    One query streams the session rows, their steps and their model calls as one sequence ordered by
+    session id (kind 0, 1, 2 within a session), read in Arrow batches: memory is bounded by a batch
+    plus one session, not by the export's size.
     """
     con = open_views(settings, catalog)
     where, params = _selection(filters)
+    if filters.split:
+        where += f" AND {_split_sql('coalesce(t.task_family, s.task_family, t.task_id)')} = $split"
+        params["split"] = filters.split
     con.execute(
-        "CREATE TABLE chosen AS SELECT t.session_id, t.task_id, t.task_type, t.instruction, s.quality, "
+        "CREATE TEMP TABLE chosen AS SELECT t.session_id, t.task_id, t.task_type, t.instruction, s.quality, "
         "s.completion, s.flags, coalesce(t.task_family, s.task_family, t.task_id) AS task_family, t.policy_version, "
         "t.group_id, t.attempt, t.agent_name, t.agent_version, t.agent_model, t.status, t.exit_reason, t.reward, "
         "t.input_tokens, t.cached_tokens, t.output_tokens, t.cost_usd "
@@ -172,52 +164,55 @@ def _sessions(
             "FROM trajectories WHERE group_id IS NOT NULL GROUP BY group_id) g JOIN (SELECT group_id, count(*) AS n "
             "FROM chosen GROUP BY group_id) c USING (group_id) WHERE g.done AND g.k = g.top + 1 AND c.n = g.n)"
         )
-    chosen = con.sql(
-        "SELECT c.*, f.flag_list, sub.submission FROM chosen c "
+    con.execute(
+        "CREATE TEMP TABLE chosen_rows AS SELECT c.*, f.flag_list, sub.submission FROM chosen c "
         "LEFT JOIN (SELECT session_id, list(struct_pack(flag := flag, flag_class := flag_class, severity := severity) "
         "ORDER BY flag) AS flag_list FROM flags WHERE session_id IN (SELECT session_id FROM chosen) "
         "GROUP BY session_id) f USING (session_id) "
         "LEFT JOIN (SELECT e.session_id, arg_max(fb.env_feedback.output, fb.seq) AS submission FROM events e "
         "JOIN events fb ON fb.event_id = e.extra['submission_event_id'] WHERE e.event_type = 'session_end' "
-        "AND e.session_id IN (SELECT session_id FROM chosen) GROUP BY e.session_id) sub USING (session_id) "
-        "ORDER BY session_id"
-    ).to_arrow_table()
-    for name in ("instruction", "submission"):
-        chosen = chosen.set_column(chosen.schema.get_field_index(name), name, redact_array(chosen.column(name)))
-    sessions = []
-    for session in chosen.to_pylist():
-        session["split"] = split_of(session["task_family"])
-        if filters.split and session["split"] != filters.split:
-            continue
-        flags = session.pop("flag_list") or []
-        for flag in flags:
-            flag["weight"] = weights.get(flag["flag"], 1.0)
-        session["flag_list"] = flags
-        session["weight"] = min((flag["weight"] for flag in flags), default=1.0)
-        sessions.append(session)
-    con.execute(
-        "DELETE FROM chosen WHERE session_id NOT IN (SELECT unnest($ids))", {"ids": [s["session_id"] for s in sessions]}
+        "AND e.session_id IN (SELECT session_id FROM chosen) GROUP BY e.session_id) sub USING (session_id)"
     )
-    # one cursor per open stream: a query on a connection would end the stream still pending on it
-    ids = [s["session_id"] for s in sessions]
-    steps = con.sql(
-        "SELECT session_id, step_index, tool_name, tool_call_id, arguments, command, thought, output, exit_code, "
-        "ts "
-        "FROM steps WHERE session_id IN (SELECT session_id FROM chosen) ORDER BY session_id, step_index"
+    session_rows = "SELECT r.session_id, 0 AS kind, 0 AS pos, r AS session FROM chosen_rows r"
+    step_rows = (
+        "SELECT session_id, 1 AS kind, step_index AS pos, struct_pack(step_index, tool_name, tool_call_id, arguments, "
+        "command, thought, output, exit_code, ts) AS step FROM steps "
+        "WHERE session_id IN (SELECT session_id FROM chosen)"
+    )
+    call_rows = (
+        "SELECT session_id, 2 AS kind, seq AS pos, struct_pack(ts, mc := agent_input.model_call) AS call FROM events "
+        "WHERE event_type = 'agent_input' AND agent_input.model_call IS NOT NULL "
+        "AND session_id IN (SELECT session_id FROM chosen)"
+    )
+    reader = con.sql(
+        f"{session_rows} UNION ALL BY NAME {step_rows} UNION ALL BY NAME {call_rows} ORDER BY session_id, kind, pos"
     ).to_arrow_reader(batch_rows)
-    # another connection per open stream: a query on a connection ends the stream pending on it
-    calls = (
-        open_views(settings, catalog)
-        .sql(
-            "SELECT session_id, ts AS _ts, agent_input.model_call AS call FROM events WHERE event_type = 'agent_input' "
-            "AND agent_input.model_call IS NOT NULL AND session_id IN (SELECT unnest($ids)) "
-            "ORDER BY session_id, seq",
-            params={"ids": ids},
-        )
-        .to_arrow_reader(max(batch_rows // 20, 256))
-    )
-    step_groups = _merge(sessions, steps, 0, redact=(6, 7))
-    call_groups = _merge(sessions, calls, 0)
-    lookup = _Blobs(open_views(settings, catalog))
-    for session, own_steps, own_calls in zip(sessions, step_groups, call_groups, strict=True):
-        yield session, own_steps, [{**row["call"], "_ts": row["_ts"]} for row in own_calls], lookup
+    lookup = _Blobs(open_views(settings, catalog))  # its own connection: a query here would end the stream
+    current: dict[str, Any] | None = None
+    steps: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    for batch in reader:
+        for row in batch.to_pylist():
+            kind = row["kind"]
+            if kind == 0:
+                if current is not None:
+                    yield current, steps, calls, lookup
+                current, steps, calls = _session(row["session"], weights), [], []
+            elif current is not None and row["session_id"] == current["session_id"]:
+                if kind == 1:
+                    steps.append(row["step"])
+                else:
+                    calls.append({**row["call"]["mc"], "_ts": row["call"]["ts"]})
+    if current is not None:
+        yield current, steps, calls, lookup
+
+
+def _session(session: dict[str, Any], weights: dict[str, float]) -> dict[str, Any]:
+    """A session row with its split, its flags' governance weights and the down-weighting they apply."""
+    session["split"] = split_of(session["task_family"])
+    flags = session.pop("flag_list") or []
+    for flag in flags:
+        flag["weight"] = weights.get(flag["flag"], 1.0)
+    session["flag_list"] = flags
+    session["weight"] = min((flag["weight"] for flag in flags), default=1.0)
+    return session
