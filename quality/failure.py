@@ -39,6 +39,7 @@ LIMIT_PATTERN = (
     r"limitsexceeded|limit[s]? (?:reached|exceeded)|exit_cost|exit_context|exit_total_execution_time|cost limit"
     r"|step limit|step_limit|max[_ ]?iterations|maximum iterations|max_steps|context ?window|context length"
     r"|contextwindowexceeded|budget exceeded|token limit|max_tokens|time limit|time_limit|exceeded"
+    r"|max_model_tokens|max_cost_usd|^deadline$"  # the live fleet's own caps (status ``capped``)
 )
 
 
@@ -74,7 +75,7 @@ def failure_causes(trajectories: pl.DataFrame, steps: pl.DataFrame, cheaters: pl
             | ((status == "error") & ~reason.str.contains(LIMIT_PATTERN))
         )
         .then(pl.lit("infrastructure_error"))
-        .when(reason.str.contains(LIMIT_PATTERN))
+        .when(reason.str.contains(LIMIT_PATTERN) | (status == "capped"))
         .then(pl.lit("limit_reached"))
         .when((status == "timeout") | (reason == "reaper"))
         .then(pl.lit("reaper_timeout"))
