@@ -573,6 +573,19 @@ def bench_replay_cmd(
     bench_replay(sessions=sessions, seed=seed, template_reuse=template_reuse, workers=workers)
 
 
+@bench_app.command("export")
+def bench_export_cmd(
+    sessions: Annotated[int, typer.Option(help="Trajectories in the lakehouse (baseline: ten times fewer).")] = 200_000,
+    steps: Annotated[int, typer.Option(help="Steps per trajectory.")] = 8,
+    format: Annotated[ExportFormat, typer.Option("--format", "-f", help="Training-set format.")] = ExportFormat.rl,
+    parquet: Annotated[bool, typer.Option(help="Parquet (--format rl).")] = False,
+) -> None:
+    """Export peak RSS over a large lakehouse vs one ten times smaller (bounded memory: ratio near 1)."""
+    from benchmarks.export import bench_export
+
+    bench_export(sessions=sessions, steps=steps, fmt=format.value, parquet=parquet)
+
+
 @bench_app.command("freshness")
 def bench_freshness_cmd(
     rate: Annotated[float, typer.Option(help="Events per second sent.")] = 2_000.0,
