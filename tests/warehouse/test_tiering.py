@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -208,7 +209,7 @@ def _late_event_for_a_tiered_session(settings: Settings) -> tuple[str, dict]:
     return action["session_id"], late
 
 
-def _session_rows(settings: Settings, sid: str) -> dict[str, object]:
+def _session_rows(settings: Settings, sid: str) -> dict[str, Any]:
     con = open_views(settings)
     hot = ensure_table(open_catalog(settings), settings, TRAJECTORIES.name)
     return {
