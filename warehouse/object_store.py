@@ -56,25 +56,14 @@ def s3_properties(properties: Mapping[str, str]) -> dict[str, str]:
 
 
 class _RangeFile(AbstractBufferedFile):
-    """A read-only file of known size whose reads are ranged GETs (the S3 stream opens on first read)."""
+    """A read-only file of known size whose reads are ranged GETs on the filesystem's shared S3 handle."""
 
     def __init__(self, fs: ObjectStoreFS, path: str, size: int) -> None:
         super().__init__(fs, path, mode="rb", block_size=0, cache_type="none", size=size)
-        self._native: Any = None
-        self._lock = threading.Lock()
 
     def _fetch_range(self, start: int, end: int) -> bytes:
-        with self._lock:
-            if self._native is None:
-                self._native = self.fs.arrow_fs(self.path).open_input_file(self.path)
-            data: bytes = self._native.read_at(end - start, start)
+        data: bytes = self.fs.input_file(self.path).read_at(end - start, start)
         return data
-
-    def close(self) -> None:
-        if self._native is not None:
-            self._native.close()
-            self._native = None
-        super().close()
 
 
 class ObjectStoreFS(ArrowFSWrapper):
@@ -89,7 +78,20 @@ class ObjectStoreFS(ArrowFSWrapper):
     def __init__(self, properties: Mapping[str, str]) -> None:
         self._io = PyArrowFileIO(s3_properties(properties))
         self._sizes: dict[str, int] = {}
+        self._handles: dict[str, Any] = {}
+        self._open_lock = threading.Lock()
         super().__init__(self.arrow_fs("s3://"))
+
+    def input_file(self, key: str) -> Any:
+        """pyarrow's random-access S3 file of ``key``, opened once (its ``HEAD``) and shared by every open.
+
+        ``read_at`` is safe from several threads, and DuckDB opens a file once per scanning thread.
+        """
+        with self._open_lock:
+            handle = self._handles.get(key)
+            if handle is None:
+                handle = self._handles[key] = self.arrow_fs(key).open_input_file(key)
+        return handle
 
     def arrow_fs(self, path: str) -> pafs.FileSystem:
         """pyarrow's S3 filesystem for the bucket of ``path`` (cached by pyiceberg per bucket)."""
