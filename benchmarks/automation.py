@@ -39,6 +39,19 @@ until the observer notices the snapshot, then up to ``AUTOMATION_INTERVAL_S`` un
 automation sensor evaluates, plus the run's launch (a queued run, a run worker process importing
 the definitions, a step worker process per step) and assembly; scores add their own step
 worker and scoring.
+
+What dominates (daemon logs, 2026-12-01, load average 12–18 on the 2 shared cores): not the
+sensor intervals but process start-ups. Eager automation puts trajectories, steps and the
+quality tables (and their checks) in *one* run: queued → launched 10–15 s, run worker up
+13–19 s, then the default multiprocess executor starts a fresh Python process per step, 30–46 s
+each at that load (assembly, scoring and each of ~8 asset checks), so one run lasts ~4 min, and
+eager does not start the next run while one is in progress. The intervals add at most 30 s
+(15 + 15) to trajectories; lowering ``OBSERVE_INTERVAL_S`` / ``AUTOMATION_INTERVAL_S`` to 5 s did
+not help (same traffic: 576 of 2,958 closed sessions still unseen 300 s after the traffic, while with
+15 s every one was seen, p95 138 s; the extra ticks compete for the same cores), so they stay at 15 s. Running
+automation's steps in the run worker (``in_process_executor``) and the checks outside the
+materializing run would remove most of the rest; the floor is then ~interval + interval + launch
+(~30 s at that load) + assembly (~5 s).
 """
 
 from __future__ import annotations
