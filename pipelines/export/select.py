@@ -18,6 +18,9 @@ from pyiceberg.catalog import Catalog
 from common.settings import Settings
 from warehouse.sql import open_views
 
+#: DuckDB memory of an export's query; past it the ordering spills to ``TRAJLAKE_HOME/tmp/export``, so
+#: an export's memory does not follow its size.
+EXPORT_MEMORY_LIMIT = "512MB"
 #: Split shares (percent of task families, by the sha256 of the family name).
 SPLIT_PERCENT = {"train": 80, "validation": 10, "test": 10}
 
@@ -135,15 +138,25 @@ def _split_sql(column: str) -> str:
 
 
 def _sessions(
-    settings: Settings, catalog: Catalog, filters: ExportFilters, weights: dict[str, float], batch_rows: int = 8192
+    settings: Settings,
+    catalog: Catalog,
+    filters: ExportFilters,
+    weights: dict[str, float],
+    batch_rows: int = 8192,
+    chunk_sessions: int = 4096,
 ) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], _Blobs]]:
     """Chosen sessions in ``session_id`` order with their steps and model calls (text redacted later, per record).
 
-    One query streams the session rows, their steps and their model calls as one sequence ordered by
-    session id (kind 0, 1, 2 within a session), read in Arrow batches: memory is bounded by a batch
-    plus one session, not by the export's size.
+    Per chunk of ``chunk_sessions`` session ids, one query streams the session rows, their steps and
+    their model calls as one sequence ordered by session id (kind 0, 1, 2 within a session), read in
+    Arrow batches: memory is bounded by a chunk, not by the export's size.
     """
     con = open_views(settings, catalog)
+    spill = settings.home_dir / "tmp" / "export"
+    spill.mkdir(mode=0o700, parents=True, exist_ok=True)
+    con.execute(f"SET memory_limit = '{EXPORT_MEMORY_LIMIT}'")
+    con.execute(f"SET temp_directory = '{spill}'")
+    con.execute("SET threads = 2")  # each thread holds its own sort buffers
     where, params = _selection(filters)
     if filters.split:
         where += f" AND {_split_sql('coalesce(t.task_family, s.task_family, t.task_id)')} = $split"
@@ -184,10 +197,28 @@ def _sessions(
         "WHERE event_type = 'agent_input' AND agent_input.model_call IS NOT NULL "
         "AND session_id IN (SELECT session_id FROM chosen)"
     )
-    reader = con.sql(
-        f"{session_rows} UNION ALL BY NAME {step_rows} UNION ALL BY NAME {call_rows} ORDER BY session_id, kind, pos"
-    ).to_arrow_reader(batch_rows)
-    lookup = _Blobs(open_views(settings, catalog))  # its own connection: a query here would end the stream
+    # Ordered in chunks of session ids (row groups are sorted by session, so a range reads few of
+    # them): each query sorts one chunk, so memory follows the chunk, never the export's size.
+    ranges = con.sql(
+        f"SELECT min(session_id), max(session_id) FROM (SELECT session_id, (row_number() OVER "
+        f"(ORDER BY session_id) - 1) // {int(chunk_sessions)} AS part FROM chosen_rows) GROUP BY part ORDER BY part"
+    ).fetchall()
+    lookup = _Blobs(open_views(settings, catalog))  # its own connection: a query here would end a stream
+    for low, high in ranges:
+        within = "session_id BETWEEN $low AND $high"
+        reader = con.sql(
+            f"SELECT * FROM ({session_rows} WHERE r.{within}) UNION ALL BY NAME "
+            f"SELECT * FROM ({step_rows} AND {within}) UNION ALL BY NAME SELECT * FROM ({call_rows} AND {within}) "
+            "ORDER BY session_id, kind, pos",
+            params={"low": low, "high": high},
+        ).to_arrow_reader(batch_rows)
+        yield from _grouped(reader, weights, lookup)
+
+
+def _grouped(
+    reader: Any, weights: dict[str, float], lookup: _Blobs
+) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], _Blobs]]:
+    """Sessions with their steps and calls from one stream ordered by (session_id, kind, pos)."""
     current: dict[str, Any] | None = None
     steps: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []

@@ -13,14 +13,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from producers.importers._common import ImportFormatError, RunBuilder, SourceFile, iso_micros, object_of, text_of
+from producers.importers._common import (
+    ImportFormatError,
+    JsonLines,
+    RunBuilder,
+    SourceFile,
+    iso_micros,
+    object_of,
+    text_of,
+)
 from producers.sdk import Event
 
 FRAMEWORK = "atif"
 
 
 def looks_like(data: Any) -> bool:
-    """Whether parsed JSON is an ATIF trajectory."""
+    """Whether parsed JSON is an ATIF trajectory, or JSON Lines of them (``trajlake export --format atif``)."""
+    if isinstance(data, JsonLines):
+        return bool(data.records) and all(looks_like(record) for _, record in data.records)
     return isinstance(data, dict) and str(data.get("schema_version", "")).startswith("ATIF") and "steps" in data
 
 
@@ -37,12 +47,20 @@ def _call(tool_call: dict[str, Any]) -> dict[str, Any]:
 
 
 def convert(source: SourceFile) -> list[Event]:
-    """All events of one ATIF trajectory.
+    """All events of an ATIF file: one trajectory, or one per line of a JSON Lines file.
 
     Raises:
-        ImportFormatError: no steps list, no session id, or no user step with the task.
+        ImportFormatError: a trajectory without a steps list, a session id or a user step with the task.
     """
+    if isinstance(source.data, JsonLines):
+        return [e for sha, record in source.data.records for e in _convert(SourceFile(source.path, sha, record))]
+    return _convert(source)
+
+
+def _convert(source: SourceFile) -> list[Event]:
     data = source.data
+    if not isinstance(data, dict):
+        raise ImportFormatError(source.path, "an ATIF trajectory is a JSON object")
     steps = data.get("steps")
     if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
         raise ImportFormatError(source.path, "ATIF trajectory without a 'steps' list of objects")

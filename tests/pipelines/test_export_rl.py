@@ -15,6 +15,7 @@ from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from producers.importers import import_trajectory
 from tests.helpers import write_raw
+from warehouse.sql import run_query
 
 REAL = Path("/work/shared/data/real-trajectories")
 DEEPSEEK = REAL / "mini-swe-agent/deepseek-reasoner-dev/marshmallow-code__marshmallow-1359.traj.json"
@@ -165,13 +166,9 @@ def test_rl_parquet_has_verl_and_skyrl_names_and_dtypes_and_loads_with_datasets(
 def test_atif_round_trip_is_lossless_on_real_and_fleet_runs(lake: Settings, tmp_path: Path) -> None:
     export_training_set(lake, "atif", tmp_path / "a", min_quality=0.0)
     first = {r["session_id"]: r for r in _records(tmp_path / "a" / "atif.jsonl")}
-    files = []
-    for i, trajectory in enumerate(first.values()):
-        path = tmp_path / f"t{i}.json"
-        path.write_text(json.dumps(trajectory))
-        files.append(path)
     again = _lake(tmp_path / "again")
-    write_raw(again, [e for path in files for e in import_trajectory(path, "atif")], batch_size=5000)
+    # the export file itself (JSON lines of trajectories), its format detected
+    write_raw(again, import_trajectory(tmp_path / "a" / "atif.jsonl"), batch_size=5000)
     assemble(again)
     score_all(again)
     export_training_set(again, "atif", tmp_path / "b", min_quality=0.0)
@@ -215,3 +212,22 @@ def test_llm_session_exports_the_server_token_ids_and_logprobs(tmp_path: Path) -
     full = record["prompt_ids"] + record["response_ids"]
     assert json.dumps(full[: len(responses[-1]["prompt_token_ids"])]) == json.dumps(responses[-1]["prompt_token_ids"])
     assert record["num_turns"] == len(responses) and record["stop_reason"] == "terminal"
+
+
+def test_chunked_stream_gives_every_session_its_own_steps_and_calls_once(lake: Settings) -> None:
+    from pipelines.export.select import _sessions
+    from warehouse.catalog import open_catalog
+
+    catalog = open_catalog(lake)
+
+    def stream(chunk: int) -> list[tuple[str, int, int]]:
+        rows = _sessions(lake, catalog, ExportFilters(min_quality=0.0), {}, batch_rows=7, chunk_sessions=chunk)
+        return [(s["session_id"], len(steps), len(calls)) for s, steps, calls, _ in rows]
+
+    whole, chunked = stream(100_000), stream(3)
+    assert chunked == whole and len(whole) > 6
+    assert [s for s, _, _ in whole] == sorted({s for s, _, _ in whole})
+    _, rows = run_query(lake, "SELECT session_id, count(*) FROM steps GROUP BY session_id")
+    counts = dict(rows)
+    assert all(n == counts.get(s, 0) for s, n, _ in whole)
+    assert any(c > 0 for _, _, c in whole)  # the imported runs' model calls
