@@ -151,7 +151,9 @@ def _record_line(record: dict[str, Any]) -> str:
         RecordError: the record is too deep, too large or not representable as JSON.
     """
     try:
-        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
+        line = json.dumps(record, ensure_ascii=False, default=str)
+        # U+2028/2029 are line breaks to str.splitlines and many JSON-lines readers: escaped, same value
+        line = line.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029") + "\n"
     except RecursionError:
         raise RecordError("too_deep", "record nested deeper than Python can serialize") from None
     except (ValueError, TypeError, OverflowError) as exc:

@@ -220,7 +220,12 @@ def test_deeply_nested_arguments_are_quarantined_at_export_not_a_recursion_error
     assert "RecursionError" not in result.stderr and "Traceback" not in result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "sharegpt.jsonl"]  # no .tmp left behind
     exported = {json.loads(line)["session_id"] for line in (out / "sharegpt.jsonl").read_text().splitlines()}
-    _, rows = run_query(settings, "SELECT session_id FROM scores WHERE exportable")
+    # --min-quality 0: every eligible session (exportable's conditions without its own threshold)
+    _, rows = run_query(
+        settings,
+        "SELECT session_id FROM scores WHERE NOT security_flagged AND failure_cause IS DISTINCT FROM 'still_running' "
+        "AND session_id NOT IN (SELECT session_id FROM duplicates WHERE NOT is_representative)",
+    )
     exportable = {r[0] for r in rows}
     assert exportable & deep, "the fixture must make at least one exportable session too deep"
     assert exported == exportable - deep
