@@ -231,3 +231,28 @@ def test_chunked_stream_gives_every_session_its_own_steps_and_calls_once(lake: S
     counts = dict(rows)
     assert all(n == counts.get(s, 0) for s, n, _ in whole)
     assert any(c > 0 for _, _, c in whole)  # the imported runs' model calls
+
+
+def test_cli_export_filters_and_a_bad_split_is_one_line(lake: Settings, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
+        env["TRAJLAKE_HOME"] = str(lake.home_dir)
+        return subprocess.run(
+            [sys.executable, "-m", "trajlake.cli", *args], env=env, capture_output=True, text=True, timeout=300
+        )
+
+    bad = cli("export", "--format", "rl", "--out", str(tmp_path / "bad"), "--split", "holdout")
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "holdout" in bad.stderr
+    ok = cli(
+        "export", "--format", "atif", "--out", str(tmp_path / "ok"), "--min-quality", "0",
+        "--task-family", "django__django-11099", "--since", "2000-01-01",
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    (record,) = _records(tmp_path / "ok" / "atif.jsonl")
+    assert record["extra"]["task_family"] == "django__django-11099"
+    manifest = json.loads((tmp_path / "ok" / "manifest.json").read_text())
+    assert manifest["filters"]["task_family"] == "django__django-11099" and manifest["filters"]["since"]
