@@ -135,7 +135,14 @@ def _record(
         RecordError: the record is too deep, a model call cannot be rebuilt, or a value JSON cannot hold.
     """
     try:
-        conversation = from_calls(calls, lookup, steps) if calls else None
+        try:
+            conversation = from_calls(calls, lookup, steps) if calls else None
+        except RecordError as exc:
+            if exc.reason != "bad_model_call":
+                raise
+            # the producer redacted a secret inside a recorded message, so its sha256 no longer matches:
+            # the steps still tell the session (prompt_source says it is reconstructed)
+            conversation = None
         if conversation is None:
             conversation = from_steps(session, steps, _arguments)
         # every string of the record once more, whatever the producer missed (parsed JSON stays JSON)
