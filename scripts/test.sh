@@ -29,4 +29,6 @@ fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy  # the packages typed throughout, the tests relaxed (pyproject.toml [tool.mypy])
-exec .venv/bin/python -m pytest -q "$@"
+# Two workers, whole files per worker (module fixtures set up once); each worker starts its own
+# embedded broker and real Kafka (session fixtures). TRAJLAKE_TEST_WORKERS=0 runs serially.
+exec .venv/bin/python -m pytest -q -n "${TRAJLAKE_TEST_WORKERS:-2}" --dist loadfile "$@"
