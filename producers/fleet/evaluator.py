@@ -352,13 +352,15 @@ def evaluate(
     Returns:
         The verdict, with per-test outcomes and any tamper evidence.
     """
-    limits = limits or Limits(timeout_s=30.0)
+    cases = sorted(task.hidden_cases, key=lambda c: c.test_id)
+    # The whole evaluation's deadline only guards against a wedged sandbox: every case has its own
+    # time limit, so the sum of those never cuts short an honest deliverable on a slow, loaded host.
+    limits = limits or Limits(timeout_s=len(cases) * (CASE_TIMEOUT_S + 2) + 10)
     started = time.monotonic()
     files = {rel: text for rel, text in task.files.items() if not rel.startswith("tests/")}
     files.update(deliverable)
     eval_id = f"eval-{uuid.uuid4().hex[:12]}"
     shas = {rel: hashlib.sha256(text.encode()).hexdigest() for rel, text in sorted(deliverable.items())}
-    cases = sorted(task.hidden_cases, key=lambda c: c.test_id)
     result = EvalResult(False, len(cases), 0, 0.0, shas, ignored_changes or [])
     if not cases:
         result.error = "the task has no hidden cases"
