@@ -38,4 +38,9 @@ def test_local_fleet_40_sessions_end_to_end(kafka_settings, tmp_path):
         expected = truth[session_id]["expected_outcome"]
         assert (status == "timeout") == (expected == "timeout")
         if expected != "timeout":
-            assert passed == (expected == "pass")
+            verdict = run_query(
+                kafka_settings,
+                "SELECT evaluation.details FROM events WHERE event_type = 'evaluation' "
+                f"AND session_id = '{session_id}'",
+            )[1]
+            assert passed == (expected == "pass"), (truth[session_id], verdict)
