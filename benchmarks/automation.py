@@ -78,6 +78,7 @@ from common.settings import Settings
 from pipelines.score import SCORED_SNAPSHOT
 from producers.fleet import run_fleet
 from producers.sdk import EventProducer
+from schemas.registry import encode_event
 from warehouse.catalog import open_catalog
 from warehouse.sql import run_query
 from warehouse.tables import SCORES, TRAJECTORIES, ensure_table
@@ -119,8 +120,9 @@ class _TimedSink:
         self.sessions: set[str] = set()
 
     def emit(self, event: dict[str, Any]) -> str:
-        """Not used by the synthetic fleet (it sends encoded bytes)."""
-        raise NotImplementedError("the automation benchmark runs the synthetic fleet, which sends bytes")
+        """Encode one event dict and send it like an encoded one (the synthetic fleet sends bytes)."""
+        self.send(event["session_id"], event["event_id"], encode_event(event))
+        return str(event["event_id"])
 
     def send(self, session_id: str, event_id: str, value: bytes) -> None:
         """Send one event, or stop the fleet once the run's wall time is over."""
