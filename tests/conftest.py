@@ -20,6 +20,21 @@ if TYPE_CHECKING:
     from kafka_server import KafkaServer
 
 
+@pytest.fixture(autouse=True)
+def _owner_only_umask() -> Iterator[None]:
+    """Every test under the umask the CLI and the Dagster resource run with (0o077).
+
+    Deterministic whatever ran before (an in-process CLI call sets it for the rest of the process),
+    and the one production runs with: a sandbox uid that could not reach a host-made directory under
+    it once made an allowlisted service unreachable, and correct deliverables were judged failed.
+    """
+    previous = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
 @pytest.fixture(scope="session")
 def tansu_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Bootstrap address of an embedded tansu broker shared by the test session."""

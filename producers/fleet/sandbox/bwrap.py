@@ -180,7 +180,10 @@ class Sandbox:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
         self.workspace.mkdir(parents=True, exist_ok=True)
+        # explicit modes: the CLI and the Dagster resource run with umask 0o077, and the sandbox's own
+        # uid must still reach the egress socket in ``run/`` (``/run/tl``)
         (self.dir / "run").mkdir()
+        os.chmod(self.dir / "run", 0o755)
         (self.dir / "secrets").mkdir(mode=0o700)
         secret_file = self.dir / "secrets" / "task.env"
         secret_file.write_text("".join(f"{k}={v}\n" for k, v in (secrets or {}).items()))

@@ -133,6 +133,8 @@ def stage_dir() -> Path:
         raise SandboxError(f"cannot create the sandbox staging directory {path}: {exc}") from exc
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
         raise SandboxError(f"{path} is not a root-owned directory writable only by root; remove it")
+    if stat.S_IMODE(st.st_mode) != 0o711:  # made under a narrower umask (the CLI's is 0o077): sandbox uids traverse it
+        os.chmod(path, 0o711)
     for entry in path.iterdir():  # a host process that died without cleaning up
         pid = entry.name.split("-", 1)[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
