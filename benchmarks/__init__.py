@@ -1,7 +1,7 @@
 """Benchmarks driven by ``trajlake bench ...``: each prints a figure, its same-run baseline and the ratio.
 
-One module per subject (``ingest``, ``lakehouse``, ``replay``, ``quality``, ``fleet``, ``redaction``,
-``judgement``); ``harness`` holds what they share. ``BENCHMARKS`` names the pipeline benchmarks that
+One module per subject (``ingest``, ``lakehouse``, ``replay``, ``quality``, ``incremental``, ``fleet``,
+``redaction``, ``judgement``); ``harness`` holds what they share. ``BENCHMARKS`` names the pipeline benchmarks that
 return a plain dict of figures.
 """
 
