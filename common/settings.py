@@ -145,6 +145,18 @@ class Settings(BaseSettings):
     dedup_threshold: float = Field(0.8, gt=0, le=1, description="TRAJLAKE_DEDUP_THRESHOLD: near-dup Jaccard.")
     dedup_bands: int = Field(14, ge=1, description="TRAJLAKE_DEDUP_BANDS: LSH bands.")
     dedup_rows: int = Field(8, ge=1, description="TRAJLAKE_DEDUP_ROWS: LSH rows per band.")
+    score_watermark_lag_s: float = Field(
+        120.0,
+        ge=0,
+        description="TRAJLAKE_SCORE_WATERMARK_LAG_S: a scoring run looks again at trajectories assembled this long "
+        "before the last run's watermark (clocks of machines assembling into one catalog may differ by this much).",
+    )
+    score_chunk_sessions: int = Field(
+        200_000,
+        ge=1,
+        description="TRAJLAKE_SCORE_CHUNK_SESSIONS: sessions a scoring run holds in memory at once (whole days; "
+        "a full rescore streams day partitions in chunks of about this many sessions).",
+    )
     quality_max_flag_rate: float = Field(
         0.3, ge=0, le=1, description="TRAJLAKE_QUALITY_MAX_FLAG_RATE: asset-check limit on cheat-flagged sessions."
     )

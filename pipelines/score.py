@@ -1,12 +1,31 @@
-"""``trajlake score``: trajectories, steps and events → the scores, flags, duplicates and profiles tables.
+"""``trajlake score``: trajectories, steps, events → the scores, flags, duplicates, profiles, session_index tables.
 
-Reads the DuckDB views into Arrow/polars, runs :func:`quality.scoring.score_sessions`, and
-replaces the four tables in one pass. Scoring is recomputed over every session because novelty
-and duplicate clusters depend on the other trajectories of a family; a run is skipped when
-neither the trajectories snapshot nor the scoring configuration changed since the last one.
-The configuration is compared by digest (scorer version, weights, thresholds and the governance
-table: :meth:`quality.config.QualityConfig.digest`), so changing a weight rescores; the
-configuration itself is recorded in the ``scores`` table properties for export manifests.
+Incremental: a run scores only what changed since the run before it, so its cost follows the new
+work, not the history.
+
+1. **Changed sessions**: trajectories assembled after the last run's watermark (the latest
+   ``assembled_at`` it covered, kept in the ``scores`` table properties, minus a lag for clocks of
+   other machines). Their inputs are read from the views restricted to them, and their own facts
+   (:mod:`quality.facts`: detector flags, failure cause, features, MinHash signature, LSH band
+   keys) replace their rows of the ``session_index`` table.
+2. **Affected days**: the days of the changed sessions, and of the sessions whose novelty window
+   (the ``novelty_max_history`` earlier trajectories of the family) a changed session entered or
+   left. Level 2 (:mod:`quality.combine`) is recomputed for every session of those days from the
+   index alone: z-scores within task type and day, novelty, quality.
+3. **Clusters**: the changed sessions' band keys are joined against the whole index in DuckDB; the
+   candidates, the affected days' sessions and every old cluster any of them is in form a closed
+   set, whose clusters and representatives are recomputed (a new better trajectory becomes the
+   representative, the old one is marked a duplicate) and whose exportability is updated.
+
+Every table is updated by session (a delete restricted to the rows' day partitions, and an
+append), never rewritten wholesale; the ``scores`` commit, last, records the watermark, the
+trajectories snapshot and the configuration digest. A crash before it leaves the watermark where
+it was: the next run recomputes the same sessions (every step is idempotent). Days are processed
+in chronological chunks of about ``score_chunk_sessions`` sessions, so memory is bounded whatever
+the size of a run. A changed scorer version or configuration (or ``force``) rescores everything:
+the same steps over every day, chunk by chunk (level 1 in any order, or in parallel as Dagster
+partitions, :func:`index_days`), with the duplicate clusters rebuilt from empty. The result equals
+:func:`quality.scoring.score_sessions` over all sessions at once (tested on a shuffled history).
 """
 
 from __future__ import annotations
@@ -15,22 +34,51 @@ import json
 import logging
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
+from datetime import time as dt_time
 
+import duckdb
 import polars as pl
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
+from pyiceberg.expressions import (
+    AlwaysFalse,
+    AlwaysTrue,
+    And,
+    BooleanExpression,
+    EqualTo,
+    GreaterThanOrEqual,
+    In,
+    IsNull,
+    LessThan,
+    Not,
+    Or,
+    Reference,
+    literal,
+)
 from pyiceberg.table import Table
 
 from common.errors import ConfigError
 from common.settings import Settings
+from quality.combine import clusters, combine, exportable
 from quality.config import QualityConfig
-from quality.scoring import QualityResult, score_sessions
+from quality.facts import FACTS_SCHEMA, session_facts
+from quality.scoring import finish_scores
 from warehouse.catalog import open_catalog
 from warehouse.locks import job_lock
-from warehouse.sql import open_views
-from warehouse.tables import DUPLICATES, FLAGS, PROFILES, SCORES, TRAJECTORIES, TableSpec, ensure_table
+from warehouse.sql import open_views, register_table
+from warehouse.tables import (
+    DUPLICATES,
+    FLAGS,
+    PROFILES,
+    SCORES,
+    SESSION_INDEX,
+    TRAJECTORIES,
+    TableSpec,
+    ensure_table,
+)
 from warehouse.transactions import retry_on_conflict, transaction
 
 log = logging.getLogger("trajlake.score")
@@ -39,12 +87,14 @@ SCORED_SNAPSHOT = "trajlake.scored-trajectories-snapshot"
 SCORED_VERSION = "trajlake.scorer-version"
 SCORED_DIGEST = "trajlake.scoring-config-digest"
 SCORED_CONFIG = "trajlake.scoring-config"
+#: The latest ``assembled_at`` (µs since the epoch) a run covered.
+SCORED_WATERMARK = "trajlake.scored-watermark"
 
 TRAJECTORY_QUERY = """
 SELECT session_id, task_id, task_type, task_family, status, exit_reason, started_at, duration_s, n_steps,
        n_file_writes, disk_write_bytes, cpu_seconds, peak_memory_bytes, peak_processes, processes_started,
        n_network_requests, instruction, eval_passed, reward
-FROM trajectories
+FROM scoped_trajectories
 """
 # Outputs only where a detector reads them (a test file's assertions), and only their head.
 STEP_QUERY = """
@@ -52,12 +102,12 @@ SELECT session_id, step_index, action_event_id, tool_name, command, arguments, e
        CASE WHEN (contains(output, 'assert') AND regexp_matches(coalesce(command, ''), 'test'))
                  OR contains(coalesce(command, ''), 'git')
             THEN left(output, 20000) END AS output
-FROM steps
+FROM scoped_steps
 """
 FILE_OP_QUERY = """
 SELECT session_id, seq, event_id, file_op.op AS op, file_op.path AS path, file_op.in_workspace AS in_workspace,
        file_op.sha256 AS sha256
-FROM events WHERE event_type = 'file_op'
+FROM scoped_events WHERE event_type = 'file_op'
 """
 # Per-session context of the detectors: workspace root, egress allowlist and history policy from
 # session_start; the evaluation's details (deliverable, changes, tamper signal); an imported
@@ -71,7 +121,7 @@ WITH start AS (
            arg_min(extra['protected_files'], seq) AS protected_files,
            arg_min(extra['deliverables'], seq) AS deliverables,
            arg_min(extra['git_history_commit'], seq) AS history_commit
-    FROM events WHERE event_type = 'session_start' GROUP BY session_id
+    FROM scoped_events WHERE event_type = 'session_start' GROUP BY session_id
 ),
 evaluation AS (
     SELECT session_id, arg_max(event_id, struct_pack(seq, event_id)) AS eval_event_id,
@@ -79,25 +129,26 @@ evaluation AS (
                         THEN json_merge_patch(coalesce(evaluation.details, '{}'),
                                               json_object('evaluator_tampered', extra['evaluator_tampered']))
                         ELSE evaluation.details END, struct_pack(seq, event_id)) AS eval_details
-    FROM events WHERE event_type = 'evaluation' GROUP BY session_id
+    FROM scoped_events WHERE event_type = 'evaluation' GROUP BY session_id
 ),
 submitted AS (
     SELECT session_id, arg_max(extra['submission_event_id'], seq) AS submission_event_id
-    FROM events WHERE event_type = 'session_end' AND extra['submission_event_id'] IS NOT NULL GROUP BY session_id
+    FROM scoped_events WHERE event_type = 'session_end' AND extra['submission_event_id'] IS NOT NULL
+    GROUP BY session_id
 )
 SELECT t.session_id, start.workspace_root, start.egress_allowlist, start.history_forbidden,
        start.protected_files, start.deliverables, start.history_commit,
        st.output AS submission, evaluation.eval_event_id, evaluation.eval_details
-FROM (SELECT session_id FROM trajectories) t
+FROM (SELECT session_id FROM scoped_trajectories) t
 LEFT JOIN start USING (session_id)
 LEFT JOIN evaluation USING (session_id)
 LEFT JOIN submitted USING (session_id)
-LEFT JOIN steps st ON st.session_id = t.session_id AND st.feedback_event_id = submitted.submission_event_id
+LEFT JOIN scoped_steps st ON st.session_id = t.session_id AND st.feedback_event_id = submitted.submission_event_id
 """
 NETWORK_QUERY = """
 SELECT session_id, event_id, network_request.host AS host, network_request.port AS port,
        network_request.allowed AS allowed
-FROM events WHERE event_type = 'network_request'
+FROM scoped_events WHERE event_type = 'network_request'
 """
 
 
@@ -117,6 +168,10 @@ class ScoreStats:
     skipped: bool = False
     trajectories_snapshot_id: int | None = None
     seconds: float = 0.0
+    mode: str = "incremental"  # "incremental", "full" (a changed configuration or force) or "skipped"
+    changed_sessions: int = 0  # whose own facts were recomputed (level 1)
+    rescored_sessions: int = 0  # whose scores were recomputed (level 2: every session of the affected days)
+    affected_days: int = 0
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict for printing and asset metadata."""
@@ -167,61 +222,100 @@ def scoring_manifest(settings: Settings, catalog: Catalog | None = None) -> dict
     return {**config.manifest(), "digest": config.digest()}
 
 
-def load_inputs(settings: Settings, catalog: Catalog | None = None) -> dict[str, pl.DataFrame]:
-    """The input frames (trajectories, steps, file_ops, network, sessions) from the views."""
+def load_inputs(
+    settings: Settings, catalog: Catalog | None = None, sessions: list[str] | None = None
+) -> dict[str, pl.DataFrame]:
+    """The input frames (trajectories, steps, file_ops, network, sessions) from the views.
+
+    Args:
+        settings: where the lakehouse is.
+        catalog: an open catalog, or None.
+        sessions: only these sessions (None: every session).
+    """
     con = open_views(settings, catalog)
     try:
-        return {
-            name: pl.DataFrame(con.sql(query).to_arrow_table())
-            for name, query in (
-                ("trajectories", TRAJECTORY_QUERY),
-                ("steps", STEP_QUERY),
-                ("file_ops", FILE_OP_QUERY),
-                ("network", NETWORK_QUERY),
-                ("sessions", SESSION_QUERY),
-            )
-        }
+        _scope(con, sessions)
+        return _inputs(con)
     finally:
         con.close()
 
 
+def _inputs(con: duckdb.DuckDBPyConnection) -> dict[str, pl.DataFrame]:
+    return {
+        name: pl.DataFrame(con.sql(query).to_arrow_table())
+        for name, query in (
+            ("trajectories", TRAJECTORY_QUERY),
+            ("steps", STEP_QUERY),
+            ("file_ops", FILE_OP_QUERY),
+            ("network", NETWORK_QUERY),
+            ("sessions", SESSION_QUERY),
+        )
+    }
+
+
+def _scope(con: duckdb.DuckDBPyConnection, sessions: list[str] | None) -> None:
+    """``scoped_*`` views: the views restricted to ``sessions`` (and, for events and steps, to their days)."""
+    if sessions is None:
+        for view in ("trajectories", "steps", "events"):
+            con.execute(f"CREATE OR REPLACE TEMP VIEW scoped_{view} AS SELECT * FROM {view}")
+        return
+    con.register("__todo", pa.table({"session_id": pa.array(sessions, pa.string())}))
+    con.execute("CREATE OR REPLACE TEMP TABLE todo AS SELECT DISTINCT session_id FROM __todo")
+    con.unregister("__todo")
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE scoped_traj AS SELECT * FROM trajectories "
+        "WHERE session_id IN (SELECT session_id FROM todo)"
+    )
+    con.execute("CREATE OR REPLACE TEMP VIEW scoped_trajectories AS SELECT * FROM scoped_traj")
+    # A session's events and steps are not older than a day before its start (clock skew between a
+    # host and the session start is far less): the bound lets DuckDB skip older files by their statistics.
+    since = con.execute(
+        "SELECT CASE WHEN count(*) = count(started_at) THEN min(started_at) - INTERVAL 1 DAY END FROM scoped_traj"
+    ).fetchone()
+    bound = "TRUE" if since is None or since[0] is None else f"(ts IS NULL OR ts >= TIMESTAMPTZ '{since[0]}')"
+    for view in ("steps", "events"):
+        con.execute(
+            f"CREATE OR REPLACE TEMP VIEW scoped_{view} AS SELECT * FROM {view} "
+            f"WHERE {bound} AND session_id IN (SELECT session_id FROM todo)"
+        )
+
+
 def _arrow(frame: pl.DataFrame, spec: TableSpec, version: str, now: datetime) -> pa.Table:
     schema = spec.arrow_schema()
-    extra = {"scorer_version": version, "scored_at": now}
+    extra: dict[str, object] = {"scorer_version": version, "scored_at": now}
     columns = []
     for f in schema:
         if f.name in frame.columns:
             columns.append(frame[f.name].to_arrow().cast(f.type))
         else:
-            columns.append(pa.array([extra[f.name]] * frame.height, type=f.type))
+            columns.append(pa.array([extra.get(f.name)] * frame.height, type=f.type))
     return pa.Table.from_arrays(columns, schema=schema)
 
 
 def score_all(settings: Settings, catalog: Catalog | None = None, force: bool = False) -> ScoreStats:
-    """Score every session and replace the ``scores``, ``flags`` and ``duplicates`` tables.
+    """Score the sessions new or changed since the last run (every session when the configuration changed).
 
     Args:
-        settings: trajlake settings (quality knobs).
+        settings: trajlake settings (quality knobs, ``score_chunk_sessions``).
         catalog: Iceberg catalog; opened from settings by default.
-        force: rescore even when nothing changed since the last run.
+        force: rescore every session even when nothing changed.
 
     Returns:
-        :class:`ScoreStats` (``skipped`` when the last run already covered this snapshot and version;
-        ``sessions == 0`` when there are no trajectories yet: nothing is written).
+        :class:`ScoreStats` (``skipped`` when the last run already covered this snapshot and
+        configuration; ``sessions == 0`` when there are no trajectories yet: nothing is written).
 
     Raises:
         LockBusy: another scoring run held the catalog's ``score`` lock for as long as we waited.
     """
     catalog = catalog or open_catalog(settings)
     # One scoring run at a time across every process and machine sharing the catalog: a
-    # second run waits, then finds the scores up to date (or, with force, replaces them).
+    # second run waits, then finds the scores up to date.
     with job_lock(settings, catalog, "score"):
         return _score_all(settings, catalog, force)
 
 
 def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
     started = time.monotonic()
-    catalog = catalog or open_catalog(settings)
     config = quality_config(settings)
     trajectories = ensure_table(catalog, settings, TRAJECTORIES.name)
     scores_table = ensure_table(catalog, settings, SCORES.name)
@@ -229,59 +323,432 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
     stats = ScoreStats(scorer_version=config.scorer_version, config_digest=config.digest())
     stats.trajectories_snapshot_id = snapshot.snapshot_id if snapshot else None
     props = scores_table.properties
-    if (
-        not force
-        and snapshot is not None
-        and props.get(SCORED_SNAPSHOT) == str(snapshot.snapshot_id)
-        and props.get(SCORED_VERSION) == config.scorer_version
-        and props.get(SCORED_DIGEST) == stats.config_digest
-    ):
-        stats.skipped = True
+    same_config = props.get(SCORED_VERSION) == config.scorer_version and props.get(SCORED_DIGEST) == stats.config_digest
+    if not force and snapshot is not None and props.get(SCORED_SNAPSHOT) == str(snapshot.snapshot_id) and same_config:
+        stats.skipped, stats.mode = True, "skipped"
         stats.seconds = time.monotonic() - started
         return stats
-    inputs = load_inputs(settings, catalog)
-    if inputs["trajectories"].height == 0:  # an empty lakehouse: nothing to score (and no error)
-        stats.seconds = time.monotonic() - started
-        return stats
-    result = score_sessions(**inputs, config=config)
-    write_results(settings, catalog, result, config, stats.trajectories_snapshot_id)
-    summarize(result, stats)
+    watermark = props.get(SCORED_WATERMARK)
+    full = force or not same_config or watermark is None
+    stats.mode = "full" if full else "incremental"
+    con = open_views(settings, catalog)
+    try:
+        # trajectories assembled up to the lag before the watermark are looked at again: other machines'
+        # clocks may lag (on one machine assembly stamps ``assembled_at`` under its lock: exact at lag 0)
+        since = None if full else int(watermark or 0) - int(settings.score_watermark_lag_s * 1_000_000)
+        changed = _changed(con, since)
+        if changed.height == 0 and not full:
+            _commit_scores(settings, catalog, config, stats, props, watermark)
+            stats.seconds = time.monotonic() - started
+            return stats
+        if full:
+            # Rebuilt from empty (the index keeps its rows until each is replaced): clusters must be (see
+            # ``_cluster_set``), and rows of an older scorer would otherwise linger. Readers see partial
+            # quality tables until the run ends.
+            for spec in (SCORES, FLAGS, DUPLICATES, PROFILES):
+                _clear(ensure_table(catalog, settings, spec.name))
+                _refresh(con, settings, catalog, spec)
+        new_watermark = _max_watermark(changed, watermark)
+        old_positions = _index_positions(con, changed["session_id"].to_list())
+        for chunk in _chunks(changed, settings.score_chunk_sessions):
+            _index_sessions(settings, catalog, con, chunk["session_id"].to_list(), config)
+            stats.changed_sessions += chunk.height
+        _refresh(con, settings, catalog, SESSION_INDEX)
+        days = _affected_days(con, changed, old_positions, config)
+        stats.affected_days = len(days)
+        day_sizes = con.sql("SELECT day, count(*) AS n FROM session_index GROUP BY day").pl()
+        changed_ids = set(changed["session_id"].to_list())
+        for day_chunk in _day_chunks(days, day_sizes, settings.score_chunk_sessions):
+            stats.rescored_sessions += _rescore_days(
+                settings, catalog, con, day_chunk, changed_ids, config, old_positions
+            )
+        _commit_scores(settings, catalog, config, stats, props, new_watermark)
+        _summarize(con, settings, catalog, stats)
+    finally:
+        con.close()
     stats.seconds = time.monotonic() - started
-    log.info("scored %d sessions in %.1f s", stats.sessions, stats.seconds)
+    log.info(
+        "scored %d changed sessions (%s), rescored %d over %d days in %.1f s",
+        stats.changed_sessions,
+        stats.mode,
+        stats.rescored_sessions,
+        stats.affected_days,
+        stats.seconds,
+    )
     return stats
 
 
-def write_results(
-    settings: Settings, catalog: Catalog, result: QualityResult, config: QualityConfig, snapshot_id: int | None
-) -> None:
-    """Overwrite the four quality tables; the scores commit (last) records what it covered and how."""
+def index_days(settings: Settings, days: list[date | None], catalog: Catalog | None = None) -> int:
+    """Level 1 for every session started on ``days``: their ``session_index`` rows and detector flags.
 
-    now = datetime.now(UTC)
-    covered = {
-        SCORED_SNAPSHOT: str(snapshot_id),
-        SCORED_VERSION: config.scorer_version,
-        SCORED_DIGEST: config.digest(),
-        SCORED_CONFIG: json.dumps(config.manifest(), sort_keys=True),
-    }
-    tables = (
-        (FLAGS, result.flags),
-        (DUPLICATES, result.duplicates),
-        (PROFILES, result.profiles),
-        (SCORES, result.scores),
-    )
-    for spec, frame in tables:
-        table = ensure_table(catalog, settings, spec.name)
-        rows = _arrow(frame, spec, config.scorer_version, now)
-        properties = covered if spec is SCORES else {}
-        _overwrite(table, rows, properties)
+    The expensive half of a full rescore, independent per day: Dagster runs it as daily partitions
+    in parallel; the next ``score_all`` then finds the index current and only combines.
 
-
-def _overwrite(table: Table, rows: pa.Table, properties: dict[str, str]) -> None:
-    """Replace every row of ``table`` with ``rows`` in one commit, planned again if another writer committed first.
-
-    Raises:
-        CommitConflict: the table kept changing under every attempt.
+    Returns:
+        The sessions indexed.
     """
+    catalog = catalog or open_catalog(settings)
+    config = quality_config(settings)
+    con = open_views(settings, catalog)
+    try:
+        con.register("__days", pa.table({"day": pa.array([d for d in days if d is not None], pa.date32())}))
+        nulls = "OR started_at IS NULL" if None in days else ""
+        sessions = con.sql(
+            "SELECT session_id, CAST(started_at AS DATE) AS day FROM trajectories "
+            f"WHERE CAST(started_at AS DATE) IN (SELECT day FROM __days) {nulls} ORDER BY session_id"
+        ).pl()
+        for chunk in _chunks(sessions, settings.score_chunk_sessions):
+            _index_sessions(settings, catalog, con, chunk["session_id"].to_list(), config)
+        return sessions.height
+    finally:
+        con.close()
+
+
+# ---------------------------------------------------------------------------------------- level 1
+
+
+def _changed(con: duckdb.DuckDBPyConnection, since_us: int | None) -> pl.DataFrame:
+    """``session_id``, ``day``, ``assembled_us`` of the trajectories assembled after ``since_us`` (None: all)."""
+    where = "" if since_us is None else f"WHERE epoch_us(assembled_at) > {int(since_us)}"
+    return con.sql(
+        "SELECT session_id, CAST(started_at AS DATE) AS day, epoch_us(assembled_at) AS assembled_us "
+        f"FROM trajectories {where} ORDER BY day NULLS LAST, session_id"
+    ).pl()
+
+
+def _max_watermark(changed: pl.DataFrame, previous: str | None) -> str | None:
+    latest = changed["assembled_us"].max() if changed.height else None
+    if latest is None:
+        return previous
+    return str(max(int(latest), int(previous or 0)))  # type: ignore[arg-type]
+
+
+def _chunks(frame: pl.DataFrame, size: int) -> Iterator[pl.DataFrame]:
+    for offset in range(0, frame.height, size):
+        yield frame.slice(offset, size)
+
+
+def _index_positions(con: duckdb.DuckDBPyConnection, sessions: list[str]) -> pl.DataFrame:
+    """Where ``sessions`` stood in the index before this run (family, started_at, day)."""
+    con.register("__changed", pa.table({"session_id": pa.array(sessions, pa.string())}))
+    try:
+        return con.sql(
+            "SELECT session_id, family, started_at, day FROM session_index "
+            "WHERE session_id IN (SELECT session_id FROM __changed)"
+        ).pl()
+    finally:
+        con.unregister("__changed")
+
+
+def _index_sessions(
+    settings: Settings,
+    catalog: Catalog,
+    con: duckdb.DuckDBPyConnection,
+    sessions: list[str],
+    config: QualityConfig,
+) -> None:
+    """Level 1 for ``sessions``: their index rows and detector flags replace the previous ones."""
+    if not sessions:
+        return
+    _scope(con, sessions)
+    inputs = _inputs(con)
+    assembled = con.sql("SELECT session_id, assembled_at FROM scoped_traj").pl()
+    level1 = session_facts(**inputs, config=config)
+    now = datetime.now(UTC)
+    facts = level1.facts.join(assembled, on="session_id", how="left").with_columns(
+        pl.lit(config.digest()).alias("config_digest")
+    )
+    index = ensure_table(catalog, settings, SESSION_INDEX.name)
+    keys = _keys(facts, _index_positions(con, sessions))
+    _replace(index, _arrow(facts, SESSION_INDEX, config.scorer_version, now), keys)
+    # detector flags: replaced for these sessions (anomaly flags belong to level 2)
+    flags = level1.cheat_flags.join(facts.select("session_id", "started_at"), on="session_id", how="left")
+    flags_table = ensure_table(catalog, settings, FLAGS.name)
+    flag_rows = _arrow(flags, FLAGS, config.scorer_version, now)
+    _replace(flags_table, flag_rows, keys, extra=Not(EqualTo(term=Reference("flag_class"), value=literal("anomaly"))))
+
+
+# ---------------------------------------------------------------------------------------- level 2
+
+
+def _affected_days(
+    con: duckdb.DuckDBPyConnection, changed: pl.DataFrame, old: pl.DataFrame, config: QualityConfig
+) -> list[date | None]:
+    """Days of the changed sessions and of every session whose novelty window one of them entered or left."""
+    days: set[date | None] = set(changed["day"].to_list()) | set(old["day"].to_list())
+    con.register("__changed", changed.select("session_id").to_arrow())
+    con.register("__old", old.select("session_id", "family", "started_at").to_arrow())
+    try:
+        # markers: the changed sessions where they stand now, and where they stood before this run
+        rows = con.execute(
+            f"""
+            WITH fam AS (
+                SELECT DISTINCT coalesce(family, chr(0)) AS f FROM session_index
+                WHERE session_id IN (SELECT session_id FROM __changed)
+                UNION SELECT DISTINCT coalesce(family, chr(0)) FROM __old
+            ),
+            members AS (
+                SELECT session_id, family, started_at, day,
+                       session_id IN (SELECT session_id FROM __changed) AS marker
+                FROM session_index WHERE coalesce(family, chr(0)) IN (SELECT f FROM fam)
+                UNION ALL
+                SELECT session_id, family, started_at, NULL, TRUE FROM __old
+            ),
+            ranked AS (
+                SELECT *, row_number() OVER (PARTITION BY family ORDER BY started_at NULLS LAST, session_id, marker)
+                          AS rank,
+                       count(*) FILTER (WHERE marker) OVER (PARTITION BY family) AS markers
+                FROM members
+            ),
+            reach AS (
+                SELECT *, max(CASE WHEN marker THEN rank END)
+                          OVER (PARTITION BY family ORDER BY rank ROWS UNBOUNDED PRECEDING) AS last_marker
+                FROM ranked
+            )
+            SELECT DISTINCT day FROM reach
+            WHERE NOT marker AND last_marker IS NOT NULL
+              AND rank - last_marker <= {config.novelty_max_history} + markers
+            """
+        ).fetchall()
+    finally:
+        con.unregister("__changed")
+        con.unregister("__old")
+    days.update(day for (day,) in rows)
+    return sorted(days, key=lambda d: (d is None, d or date.min))
+
+
+def _day_chunks(days: list[date | None], sizes: pl.DataFrame, limit: int) -> Iterator[list[date | None]]:
+    """``days`` in order, grouped into chunks of about ``limit`` sessions (a day is never split)."""
+    size = dict(sizes.iter_rows())
+    chunk: list[date | None] = []
+    total = 0
+    for day in days:
+        n = int(size.get(day, 0))
+        if chunk and total + n > limit:
+            yield chunk
+            chunk, total = [], 0
+        chunk.append(day)
+        total += n
+    if chunk:
+        yield chunk
+
+
+def _day_filter(days: list[date | None], column: str = "day") -> str:
+    listed = ", ".join(f"DATE '{d.isoformat()}'" for d in days if d is not None)
+    terms = [f"{column} IN ({listed})"] if listed else []
+    if None in days:
+        terms.append(f"{column} IS NULL")
+    return "(" + " OR ".join(terms or ["FALSE"]) + ")"
+
+
+def _rescore_days(
+    settings: Settings,
+    catalog: Catalog,
+    con: duckdb.DuckDBPyConnection,
+    days: list[date | None],
+    changed: set[str],
+    config: QualityConfig,
+    moved: pl.DataFrame,
+) -> int:
+    """Level 2 for every session of ``days``; clusters of the closed set around them. Returns the sessions."""
+    facts = con.sql(
+        f"SELECT * EXCLUDE (assembled_at, config_digest, scored_at) FROM session_index WHERE {_day_filter(days)}"
+    ).pl()
+    facts = facts.with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC"))).cast(
+        {k: v for k, v in FACTS_SCHEMA.items() if k in facts.columns}
+    )
+    if facts.height == 0:
+        return 0
+    context = _novelty_context(con, days, config)
+    level2 = combine(facts, context, config)
+    members, ranking, outside = _cluster_set(con, facts, level2.scores, changed, config)
+    duplicates = clusters(members, ranking, config)
+    now = datetime.now(UTC)
+    scores = finish_scores(level2.scores, duplicates, config)
+    if outside.height:  # sessions of other days in the touched clusters: only their exportability can change
+        kept = outside.with_columns(exportable(outside, duplicates).alias("exportable"))
+        scores = pl.concat([scores, kept.select(scores.columns).cast(scores.schema)])
+    scores_table = ensure_table(catalog, settings, SCORES.name)
+    flags_table = ensure_table(catalog, settings, FLAGS.name)
+    dup_table = ensure_table(catalog, settings, DUPLICATES.name)
+    profiles_table = ensure_table(catalog, settings, PROFILES.name)
+    started = members.select("session_id", "started_at")
+    dup_rows = duplicates.join(started, on="session_id", how="left")
+    anomalies = level2.anomaly_flags.join(facts.select("session_id", "started_at"), on="session_id", how="left")
+    ids = _keys(facts, moved)
+    anomaly_rows = _arrow(anomalies, FLAGS, config.scorer_version, now)
+    _replace(flags_table, anomaly_rows, ids, extra=EqualTo(term=Reference("flag_class"), value=literal("anomaly")))
+    _replace(dup_table, _arrow(dup_rows, DUPLICATES, config.scorer_version, now), _keys(started, moved))
+    profiles = level2.profiles.with_columns(pl.lit(config.scorer_version).alias("scorer_version"))
+    _replace_days(profiles_table, _arrow(profiles, PROFILES, config.scorer_version, now), days)
+    score_keys = _keys(scores.select("session_id", "started_at"), moved)
+    _replace(scores_table, _arrow(scores, SCORES, config.scorer_version, now), score_keys)
+    for spec in (FLAGS, DUPLICATES, PROFILES, SCORES):
+        _refresh(con, settings, catalog, spec)
+    return facts.height
+
+
+def _novelty_context(con: duckdb.DuckDBPyConnection, days: list[date | None], config: QualityConfig) -> pl.DataFrame:
+    """Index rows from ``novelty_max_history`` before each family's first session on ``days`` to its last."""
+    return (
+        con.sql(
+            f"""
+        WITH targets AS (SELECT DISTINCT coalesce(family, chr(0)) AS f FROM session_index WHERE {_day_filter(days)}),
+        ranked AS (
+            SELECT session_id, family, started_at, {_day_filter(days)} AS target,
+                   row_number() OVER (PARTITION BY family ORDER BY started_at NULLS LAST, session_id) AS rank
+            FROM session_index WHERE coalesce(family, chr(0)) IN (SELECT f FROM targets)
+        ),
+        bounds AS (SELECT family, min(rank) AS lo, max(rank) AS hi FROM ranked WHERE target GROUP BY family),
+        wanted AS (
+            SELECT r.session_id FROM ranked r JOIN bounds b ON r.family IS NOT DISTINCT FROM b.family
+            WHERE r.rank BETWEEN b.lo - {config.novelty_max_history} AND b.hi
+        )
+        SELECT session_id, family, started_at::TIMESTAMPTZ AS started_at, signature FROM session_index
+        WHERE session_id IN (SELECT session_id FROM wanted)
+        """
+        )
+        .pl()
+        .with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC")))
+    )
+
+
+def _cluster_set(
+    con: duckdb.DuckDBPyConnection, facts: pl.DataFrame, scores: pl.DataFrame, changed: set[str], config: QualityConfig
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """The closed set whose clusters a run recomputes, its ranking, and its members' rows outside ``facts``.
+
+    The set: the sessions of ``facts``, the index sessions sharing an LSH band key with a changed one,
+    and every member of an old cluster any of those is in. No duplicate link leaves it: an unchanged
+    session's links are those it had, and every one of them is inside its old cluster.
+
+    Returns:
+        (members: session_id, exact_key, signature, started_at; ranking: session_id, quality,
+        started_at; outside: current ``scores`` rows of members not in ``facts``, with ``exportable_base``)
+    """
+    here = facts["session_id"]
+    fresh = [s for s in here.to_list() if s in changed]
+    con.register("__here", pa.table({"session_id": here.to_arrow()}))
+    con.register("__fresh", pa.table({"session_id": pa.array(fresh, pa.string())}))
+    try:
+        members = con.sql(
+            """
+            WITH probe AS (
+                SELECT unnest(bands) AS key, generate_subscripts(bands, 1) AS band FROM session_index
+                WHERE session_id IN (SELECT session_id FROM __fresh)
+            ),
+            keys AS (SELECT DISTINCT band, key FROM probe),
+            candidates AS (
+                SELECT i.session_id FROM (
+                    SELECT session_id, unnest(bands) AS key, generate_subscripts(bands, 1) AS band FROM session_index
+                ) i JOIN keys USING (band, key)
+            ),
+            seed AS (
+                SELECT session_id FROM __here UNION SELECT session_id FROM candidates
+            ),
+            touched AS (
+                SELECT DISTINCT cluster_id FROM duplicates WHERE session_id IN (SELECT session_id FROM seed)
+            ),
+            closed AS (
+                SELECT session_id FROM seed
+                UNION SELECT session_id FROM duplicates WHERE cluster_id IN (SELECT cluster_id FROM touched)
+            )
+            SELECT session_id, exact_key, signature, started_at::TIMESTAMPTZ AS started_at FROM session_index
+            WHERE session_id IN (SELECT session_id FROM closed)
+            """
+        ).pl()
+        con.register("__members", members.select("session_id").to_arrow())
+        outside = con.sql(
+            """
+            SELECT * EXCLUDE (scored_at, exportable),
+                   quality >= $min_quality AND NOT coalesce(security_flagged, FALSE)
+                   AND coalesce(failure_cause, '') <> 'still_running' AS exportable_base
+            FROM scores WHERE session_id IN (SELECT session_id FROM __members)
+              AND session_id NOT IN (SELECT session_id FROM __here)
+            """,
+            params={"min_quality": config.min_quality},
+        ).pl()
+        con.unregister("__members")
+    finally:
+        con.unregister("__here")
+        con.unregister("__fresh")
+    members = members.with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC")))
+    outside = outside.with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC")))
+    ranking = pl.concat(
+        [
+            scores.select("session_id", "quality", "started_at"),
+            outside.select("session_id", "quality", "started_at").cast(
+                {"quality": pl.Float64, "started_at": pl.Datetime("us", "UTC")}
+            ),
+        ]
+    )
+    return members, ranking, outside
+
+
+# ---------------------------------------------------------------------------------------- writes
+
+
+def _keys(*frames: pl.DataFrame) -> pl.DataFrame:
+    """``session_id``, ``started_at`` rows to delete: where the sessions are now and where they were."""
+    parts = [f.select("session_id", pl.col("started_at").cast(pl.Datetime("us", "UTC"))) for f in frames if f.height]
+    if not parts:
+        return pl.DataFrame(schema={"session_id": pl.Utf8, "started_at": pl.Datetime("us", "UTC")})
+    return pl.concat(parts).unique()
+
+
+def _day_terms(column: str, values: list[datetime | None]) -> BooleanExpression:
+    """Iceberg predicate: ``column`` on one of the days of ``values`` (partition pruning for day-partitioned tables)."""
+    days = sorted({v.date() for v in values if v is not None})
+    terms: list[BooleanExpression] = [
+        And(
+            GreaterThanOrEqual(
+                term=Reference(column), value=literal(datetime.combine(d, dt_time.min, UTC).isoformat())
+            ),
+            LessThan(
+                term=Reference(column),
+                value=literal(datetime.combine(d + timedelta(days=1), dt_time.min, UTC).isoformat()),
+            ),
+        )
+        for d in days
+    ]
+    if any(v is None for v in values):
+        terms.append(IsNull(term=Reference(column)))
+    if not terms:
+        return AlwaysFalse()
+    return terms[0] if len(terms) == 1 else Or(*terms)
+
+
+def _replace(table: Table, rows: pa.Table, keys: pl.DataFrame, extra: BooleanExpression | None = None) -> None:
+    """Delete the rows of the sessions in ``keys`` (and ``extra``), append ``rows``: one commit, re-planned."""
+    predicate: BooleanExpression | None = None
+    if keys.height:
+        ids = keys["session_id"].unique().to_list()
+        predicate = And(
+            In(term=Reference("session_id"), literals={literal(v) for v in ids}),
+            _day_terms("started_at", keys["started_at"].to_list()),
+        )
+        if extra is not None:
+            predicate = And(predicate, extra)
+    _commit(table, rows, predicate)
+
+
+def _replace_days(table: Table, rows: pa.Table, days: list[date | None]) -> None:
+    """Replace every row of ``table`` (keyed by ``day``) on ``days``."""
+    listed = [d.isoformat() for d in days if d is not None]
+    terms: list[BooleanExpression] = (
+        [In(term=Reference("day"), literals={literal(v) for v in listed})] if listed else []
+    )
+    if None in days:
+        terms.append(IsNull(term=Reference("day")))
+    predicate = None if not terms else (terms[0] if len(terms) == 1 else Or(*terms))
+    _commit(table, rows, predicate)
+
+
+def _clear(table: Table) -> None:
+    _commit(table, None, AlwaysTrue())
+
+
+def _commit(table: Table, rows: pa.Table | None, predicate: BooleanExpression | None) -> None:
     attempts = 0
 
     def attempt() -> None:
@@ -289,29 +756,67 @@ def _overwrite(table: Table, rows: pa.Table, properties: dict[str, str]) -> None
         if attempts:
             table.refresh()  # compaction (``trajlake maintain``) may have rewritten the files meanwhile
         attempts += 1
+        has_rows = rows is not None and rows.num_rows > 0
+        if not has_rows and (predicate is None or table.current_snapshot() is None):
+            return
+        with transaction(table) as tx, warnings.catch_warnings():
+            # pyiceberg warns when a delete matches nothing (a new session, a day without duplicates)
+            warnings.filterwarnings("ignore", "Delete operation did not match any records")
+            if predicate is not None and table.current_snapshot() is not None:
+                tx.delete(predicate)
+            if has_rows:
+                tx.append(rows)
+
+    retry_on_conflict(f"update {table.name()[-1]}", attempt)
+
+
+def _refresh(con: duckdb.DuckDBPyConnection, settings: Settings, catalog: Catalog, spec: TableSpec) -> None:
+    """Point ``spec``'s view on ``con`` at the table's current snapshot (after this run wrote it)."""
+    register_table(con, spec.view, ensure_table(catalog, settings, spec.name), spec)
+
+
+def _commit_scores(
+    settings: Settings,
+    catalog: Catalog,
+    config: QualityConfig,
+    stats: ScoreStats,
+    props: dict[str, str],
+    watermark: str | None,
+) -> None:
+    """Record what the run covered: trajectories snapshot, scorer, configuration, watermark."""
+    covered = {
+        SCORED_SNAPSHOT: str(stats.trajectories_snapshot_id),
+        SCORED_VERSION: config.scorer_version,
+        SCORED_DIGEST: config.digest(),
+        SCORED_CONFIG: json.dumps(config.manifest(), sort_keys=True),
+    }
+    if watermark is not None:
+        covered[SCORED_WATERMARK] = watermark
+    if all(props.get(k) == v for k, v in covered.items()):
+        return
+    table = ensure_table(catalog, settings, SCORES.name)
+
+    def attempt() -> None:
+        table.refresh()
         with transaction(table) as tx:
-            if table.current_snapshot() is None:  # nothing to replace (overwrite would warn)
-                tx.append(rows, snapshot_properties=properties)
-            else:
-                with warnings.catch_warnings():
-                    # pyiceberg warns when the replaced snapshot is empty (a run that found no duplicates)
-                    warnings.filterwarnings("ignore", "Delete operation did not match any records")
-                    tx.overwrite(rows, snapshot_properties=properties)
-            if properties:
-                tx.set_properties(properties)
+            tx.set_properties(covered)
 
-    retry_on_conflict(f"replace {table.name()[-1]}", attempt)
+    retry_on_conflict("record the scored snapshot", attempt)
 
 
-def summarize(result: QualityResult, stats: ScoreStats) -> None:
-    """Fill the counters of ``stats`` from a result."""
-    scores, flags, dups = result.scores, result.flags, result.duplicates
-    cheats = flags.filter(pl.col("flag_class") != "anomaly")
-    stats.sessions = scores.height
-    stats.flagged_sessions = cheats["session_id"].n_unique()
-    stats.flags_by_type = dict(sorted(flags.group_by("flag").len().iter_rows()))
-    stats.duplicate_sessions = dups.filter(~pl.col("is_representative")).height
-    stats.clusters = dups["cluster_id"].n_unique()
-    stats.exportable = int(scores["exportable"].sum())
-    mean = scores["quality"].mean()
-    stats.mean_quality = round(float(mean), 4) if isinstance(mean, int | float) else None
+def _summarize(con: duckdb.DuckDBPyConnection, settings: Settings, catalog: Catalog, stats: ScoreStats) -> None:
+    """Fill the counters of ``stats`` from the quality tables as they now stand."""
+    for spec in (SCORES, FLAGS, DUPLICATES):
+        _refresh(con, settings, catalog, spec)
+    row = con.execute("SELECT count(*), count(*) FILTER (WHERE exportable), avg(quality) FROM scores").fetchone()
+    if row is not None:
+        stats.sessions, stats.exportable = int(row[0]), int(row[1])
+        stats.mean_quality = round(float(row[2]), 4) if row[2] is not None else None
+    flagged = con.execute("SELECT count(DISTINCT session_id) FROM flags WHERE flag_class <> 'anomaly'").fetchone()
+    stats.flagged_sessions = int(flagged[0]) if flagged else 0
+    stats.flags_by_type = dict(con.execute("SELECT flag, count(*) FROM flags GROUP BY flag ORDER BY flag").fetchall())
+    dups = con.execute(
+        "SELECT count(*) FILTER (WHERE NOT is_representative), count(DISTINCT cluster_id) FROM duplicates"
+    ).fetchone()
+    if dups is not None:
+        stats.duplicate_sessions, stats.clusters = int(dups[0]), int(dups[1])

@@ -61,19 +61,21 @@ def session_features(trajectories: pl.DataFrame, steps: pl.DataFrame) -> pl.Data
     )
 
 
-def robust_z(features: pl.DataFrame) -> pl.DataFrame:
-    """``z_<feature>`` columns: robust z-scores within each task type (0 in small groups)."""
+def robust_z(features: pl.DataFrame, by: tuple[str, ...] = ("task_type",)) -> pl.DataFrame:
+    """``z_<feature>`` columns: robust z-scores within each group of ``by`` (0 in small groups).
+
+    The scorer groups by task type and day (:mod:`quality.combine`): a day's group is complete
+    once the day is, so scores stay comparable and incremental.
+    """
+    group = list(by)
     exprs = []
     for name in FEATURES:
         x = pl.col(name).log1p()
-        median = x.median().over("task_type")
-        mad = (x - median).abs().median().over("task_type") * 1.4826
+        median = x.median().over(group)
+        mad = (x - median).abs().median().over(group) * 1.4826
         scale = pl.max_horizontal(mad, pl.lit(_MIN_SCALE))
         exprs.append(
-            pl.when(pl.len().over("task_type") >= MIN_GROUP)
-            .then((x - median) / scale)
-            .otherwise(0.0)
-            .alias(f"z_{name}")
+            pl.when(pl.len().over(group) >= MIN_GROUP).then((x - median) / scale).otherwise(0.0).alias(f"z_{name}")
         )
     return features.with_columns(exprs)
 

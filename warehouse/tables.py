@@ -234,8 +234,10 @@ SCORES = register(
                 ("flags", pa.string()),
                 ("task_family", pa.string()),
                 ("config_digest", pa.string()),
+                ("started_at", _TS),  # the partition: a run rewrites only the days of the sessions it rescored
             ]
         ),
+        partition_by=[("started_at", DayTransform())],
         sort_by=["session_id"],
         properties=_PARQUET,
     )
@@ -255,45 +257,45 @@ FLAGS = register(
                 ("scorer_version", pa.string()),
                 ("scored_at", _TS),
                 ("confirmed", pa.bool_()),
+                ("started_at", _TS),  # the session's; the partition
             ]
         ),
+        partition_by=[("started_at", DayTransform())],
         sort_by=["session_id", "flag"],
         properties=_PARQUET,
     )
 )
-# Behaviour profiles per task type (quality/anomalies.py): medians and p90 of the session features,
-# tool mix and exit-code distribution as JSON; rewritten per scoring run.
+_FEATURES = (  # quality.anomalies.FEATURES (the warehouse layer does not import quality; a test compares them)
+    "n_steps",
+    "duration_s",
+    "n_file_writes",
+    "disk_write_bytes",
+    "cpu_seconds",
+    "peak_memory_bytes",
+    "peak_processes",
+    "processes_started",
+    "n_network_requests",
+    "error_rate",
+    "run_tests_share",
+)
+# Behaviour profiles per task type and day (quality/combine.py): medians and p90 of the session
+# features, tool mix and step exit codes as JSON; a scoring run rewrites the days it rescored.
 PROFILES = register(
     TableSpec(
         name="profiles",
         view="profiles",
         schema=pa.schema(
             [("task_type", pa.string()), ("sessions", pa.int64())]
-            + [
-                (f"{feature}_{stat}", pa.float64())
-                for feature in (
-                    "n_steps",
-                    "duration_s",
-                    "n_file_writes",
-                    "disk_write_bytes",
-                    "cpu_seconds",
-                    "peak_memory_bytes",
-                    "peak_processes",
-                    "processes_started",
-                    "n_network_requests",
-                    "error_rate",
-                    "run_tests_share",
-                )
-                for stat in ("p50", "p90")
-            ]
+            + [(f"{feature}_{stat}", pa.float64()) for feature in _FEATURES for stat in ("p50", "p90")]
             + [
                 ("tool_mix", pa.string()),
                 ("exit_codes", pa.string()),
                 ("scorer_version", pa.string()),
                 ("scored_at", _TS),
+                ("day", pa.date32()),  # the sessions' started_at day (UTC)
             ]
         ),
-        sort_by=["task_type"],
+        sort_by=["day", "task_type"],
         properties=_PARQUET,
     )
 )
@@ -310,10 +312,57 @@ DUPLICATES = register(
                 ("method", pa.string()),
                 ("scorer_version", pa.string()),
                 ("scored_at", _TS),
+                ("started_at", _TS),  # the session's; the partition
             ]
         ),
+        partition_by=[("started_at", DayTransform())],
         sort_by=["cluster_id", "session_id"],
         properties=_PARQUET,
+    )
+)
+# The MinHash index and the rest of each scored session's own facts (quality/facts.py): a scoring
+# run computes them only for sessions new or changed since the last run; novelty, z-scores and
+# duplicate clusters are then computed from these rows alone. Sorted by family then start so a
+# family's history is a narrow range of row groups.
+SESSION_INDEX = register(
+    TableSpec(
+        name="session_index",
+        view="session_index",
+        schema=pa.schema(
+            [
+                ("session_id", pa.string()),
+                ("task_id", pa.string()),
+                ("task_type", pa.string()),
+                ("task_family", pa.string()),
+                ("family", pa.string()),
+                ("started_at", _TS),
+                ("day", pa.date32()),
+                ("status", pa.string()),
+                ("exit_reason", pa.string()),
+                ("eval_passed", pa.bool_()),
+                ("reward", pa.float64()),
+                ("n_cheat_flags", pa.int64()),
+                ("security_flagged", pa.bool_()),
+                ("cheat_weight", pa.float64()),
+                ("cheat_confirmed", pa.bool_()),
+                ("flag_names", pa.string()),
+                ("failure_cause", pa.string()),
+                ("retry_advice", pa.string()),
+                ("has_loop", pa.bool_()),
+                *[(feature, pa.float64()) for feature in _FEATURES],
+                ("exact_key", pa.int64()),
+                ("signature", pa.binary()),
+                ("bands", pa.list_(pa.int64())),
+                ("tool_counts", pa.string()),
+                ("exit_code_counts", pa.string()),
+                ("assembled_at", _TS),  # of the trajectory these facts were computed from
+                ("config_digest", pa.string()),
+                ("scored_at", _TS),
+            ]
+        ),
+        partition_by=[("started_at", DayTransform())],
+        sort_by=["family", "started_at"],
+        properties=_PARQUET_BY_SESSION,
     )
 )
 EXPORTS = register(

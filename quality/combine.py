@@ -1,0 +1,210 @@
+"""Level 2 of scoring: a session compared with others, from stored facts only (see :mod:`quality.facts`).
+
+- z-scores and ``behaviour_anomaly`` flags within the session's task type **and day** (its
+  ``started_at`` date, UTC): a group is complete once its day is, so adding sessions to one day
+  never changes another day's scores;
+- novelty against the ``novelty_max_history`` most recent earlier trajectories of its family;
+- completion, validity, quality (see :mod:`quality.scoring`);
+- duplicate clusters over a closed set of sessions (complete old clusters plus the candidates
+  new sessions' LSH band keys found), their representatives, and exportability.
+
+Each function takes exactly the rows its answer depends on, so a caller holding a subset of
+history (the incremental scorer) gets the same answer as one holding all of it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from quality.anomalies import FEATURES, anomaly_flags, robust_z
+from quality.cheats import FLAGS_SCHEMA
+from quality.config import QualityConfig
+from quality.dedup import DUPLICATES_SCHEMA, Documents, estimated_similarity, find_duplicates
+from quality.facts import signatures_of
+
+LOOP_PENALTY = 0.4
+STEPS_PENALTY = 0.3
+
+#: ``scores`` rows before exportability's dependence on duplicate clusters (``exportable_base``).
+_COMBINED_SCHEMA_TYPES: dict[str, pl.DataType | type[pl.DataType]] = {
+    "session_id": pl.Utf8,
+    "task_id": pl.Utf8,
+    "task_type": pl.Utf8,
+    "completion": pl.Float64,
+    "validity": pl.Float64,
+    "novelty": pl.Float64,
+    "quality": pl.Float64,
+    "has_loop": pl.Boolean,
+    "steps_z": pl.Float64,
+    "n_cheat_flags": pl.Int64,
+    "security_flagged": pl.Boolean,
+    "failure_cause": pl.Utf8,
+    "retry_advice": pl.Utf8,
+    "exportable_base": pl.Boolean,
+    "flags": pl.Utf8,
+    "task_family": pl.Utf8,
+    "started_at": pl.Datetime("us", "UTC"),
+}
+COMBINED_SCHEMA = pl.Schema(_COMBINED_SCHEMA_TYPES)
+PROFILE_GROUP = ["task_type", "day"]
+
+
+@dataclass
+class Combined:
+    """Level-2 output for a set of sessions whose (task type, day) groups are complete."""
+
+    scores: pl.DataFrame  # COMBINED_SCHEMA
+    anomaly_flags: pl.DataFrame  # FLAGS_SCHEMA
+    profiles: pl.DataFrame  # one row per (task_type, day)
+
+
+def novelty(targets: pl.DataFrame, context: pl.DataFrame, config: QualityConfig) -> pl.DataFrame:
+    """``session_id``, ``novelty`` of each target: 1 − its highest similarity to an earlier trajectory of its family.
+
+    Args:
+        targets: session_id of the sessions to answer for.
+        context: session_id, family, started_at, signature — for each family, every session from
+            ``novelty_max_history`` before the first target to the last target (in the order
+            family, started_at, session_id). Extra rows are harmless.
+        config: the history depth and signature size.
+    """
+    ordered = context.unique("session_id").sort("family", "started_at", "session_id", nulls_last=True)
+    signatures = signatures_of(ordered["signature"], config.num_perm)
+    rank = ordered.select(pl.int_range(pl.len()).over("family").alias("rank"))["rank"].to_numpy()
+    best = np.zeros(ordered.height)
+    max_rank = int(rank.max()) if ordered.height else 0
+    rows = np.arange(ordered.height)
+    for offset in range(1, min(max_rank, config.novelty_max_history) + 1):
+        later = rows[rank >= offset]
+        earlier = later - offset
+        sim = estimated_similarity(signatures, later, earlier)
+        best[later] = np.maximum(best[later], sim)
+    out = ordered.select("session_id").with_columns(pl.Series("novelty", np.round(1.0 - best, 4)))
+    return targets.select("session_id").join(out, on="session_id", how="left")
+
+
+def combine(facts: pl.DataFrame, context: pl.DataFrame, config: QualityConfig) -> Combined:
+    """Scores (before clusters), anomaly flags and profiles of ``facts``.
+
+    Args:
+        facts: :data:`quality.facts.FACTS_SCHEMA` rows; every (task_type, day) group in it complete.
+        context: what :func:`novelty` needs for these sessions.
+        config: weights, thresholds and governance.
+    """
+    features = robust_z(
+        facts.select("session_id", pl.col("task_type").fill_null("unknown"), "day", *FEATURES), by=("task_type", "day")
+    )
+    anomalies = anomaly_flags(features, config.outlier_z)
+    anomaly_weight = config.policies().get("behaviour_anomaly")
+    weight_of_anomaly = anomaly_weight.weight if anomaly_weight and anomaly_weight.weight is not None else 1.0
+    novel = novelty(facts, context, config)
+    base = (
+        facts.join(features.select("session_id", pl.col("z_n_steps").alias("steps_z")), on="session_id", how="left")
+        .join(novel, on="session_id", how="left")
+        .with_columns(
+            pl.when(pl.col("session_id").is_in(anomalies["session_id"].implode()))
+            .then(pl.min_horizontal(pl.col("cheat_weight"), pl.lit(weight_of_anomaly)))
+            .otherwise(pl.col("cheat_weight"))
+            .alias("flag_weight")
+        )
+    )
+    evaluator = pl.coalesce(pl.col("reward").cast(pl.Float64), pl.col("eval_passed").cast(pl.Float64), pl.lit(0.0))
+    completion = pl.when(pl.col("cheat_confirmed")).then(0.0).otherwise(evaluator.clip(0.0, 1.0))
+    bad_end = pl.col("failure_cause").is_in(["infrastructure_error", "reaper_timeout", "still_running"])
+    validity = (
+        pl.when(bad_end)
+        .then(0.0)
+        .otherwise(
+            1.0
+            - LOOP_PENALTY * pl.col("has_loop").cast(pl.Float64)
+            - STEPS_PENALTY * (pl.col("steps_z").abs() > config.outlier_z).cast(pl.Float64)
+        )
+        .clip(0.0, 1.0)
+    )
+    scored = base.with_columns(completion.alias("completion"), validity.alias("validity")).with_columns(
+        pl.col("novelty").fill_null(1.0),
+        (
+            (
+                config.w_completion * pl.col("completion")
+                + config.w_validity * pl.col("validity")
+                + config.w_novelty * pl.col("novelty").fill_null(1.0)
+            )
+            * pl.col("flag_weight")
+        )
+        .round(6)
+        .alias("quality"),
+    )
+    scores = (
+        scored.with_columns(
+            (
+                (pl.col("quality") >= config.min_quality)
+                & ~pl.col("security_flagged")
+                & (pl.col("failure_cause") != "still_running")
+            ).alias("exportable_base"),
+            pl.col("flag_names").alias("flags"),
+        )
+        .select(list(COMBINED_SCHEMA))
+        .cast(COMBINED_SCHEMA)
+        .sort("session_id")
+    )
+    return Combined(scores, anomalies.cast(FLAGS_SCHEMA).sort("session_id", "flag"), profiles(facts, features))
+
+
+def profiles(facts: pl.DataFrame, features: pl.DataFrame) -> pl.DataFrame:
+    """Per (task_type, day): sessions, p50 and p90 of each feature, tool mix and step exit codes (JSON shares)."""
+    stats = features.group_by(PROFILE_GROUP).agg(
+        pl.len().cast(pl.Int64).alias("sessions"),
+        *[pl.col(c).median().alias(f"{c}_p50") for c in FEATURES],
+        *[pl.col(c).quantile(0.9).alias(f"{c}_p90") for c in FEATURES],
+    )
+    mixes: dict[tuple[object, object], dict[str, dict[str, int]]] = {}
+    typed = facts.select(pl.col("task_type").fill_null("unknown"), "day", "tool_counts", "exit_code_counts")
+    for task_type, day, tools, codes in typed.iter_rows():
+        group = mixes.setdefault((task_type, day), {"tool_mix": {}, "exit_codes": {}})
+        for name, raw in (("tool_mix", tools), ("exit_codes", codes)):
+            for key, n in json.loads(raw or "{}").items():
+                group[name][key] = group[name].get(key, 0) + n
+    rows = []
+    for (task_type, day), group in mixes.items():
+        shares = {}
+        for name, counts in group.items():
+            total = sum(counts.values())
+            shares[name] = json.dumps({k: round(v / total, 4) for k, v in sorted(counts.items())}) if total else None
+        rows.append({"task_type": task_type, "day": day, **shares})
+    mix = pl.DataFrame(rows, schema={"task_type": pl.Utf8, "day": pl.Date, "tool_mix": pl.Utf8, "exit_codes": pl.Utf8})
+    return stats.join(mix, on=PROFILE_GROUP, how="left").sort(PROFILE_GROUP)
+
+
+def clusters(members: pl.DataFrame, ranking: pl.DataFrame, config: QualityConfig) -> pl.DataFrame:
+    """Duplicate clusters of a closed set of sessions (no duplicate link leaves it).
+
+    Args:
+        members: session_id, exact_key, signature.
+        ranking: session_id, quality, started_at (the representative: best quality, then earliest,
+            then smallest id; a session without a quality yet ranks last).
+        config: LSH parameters and threshold.
+
+    Returns:
+        :data:`quality.dedup.DUPLICATES_SCHEMA` rows for sessions in clusters of two or more.
+    """
+    if members.height < 2:
+        return pl.DataFrame(schema=DUPLICATES_SCHEMA)
+    ordered = members.unique("session_id").sort("session_id")
+    firsts = ordered.unique("exact_key", keep="first", maintain_order=True).with_columns(
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("exact_group")
+    )
+    sessions = ordered.join(
+        firsts.select("exact_key", "exact_group"), on="exact_key", how="left", maintain_order="left"
+    ).select("session_id", "exact_key", "exact_group")
+    docs = Documents(sessions, signatures_of(firsts["signature"], config.num_perm))
+    return find_duplicates(docs, ranking, config)
+
+
+def exportable(scores: pl.DataFrame, duplicates: pl.DataFrame) -> pl.Series:
+    """``exportable_base`` and not a non-representative duplicate, per row of ``scores``."""
+    shadowed = duplicates.filter(~pl.col("is_representative"))["session_id"]
+    return scores.select(pl.col("exportable_base") & ~pl.col("session_id").is_in(shadowed.implode()))["exportable_base"]

@@ -1,0 +1,172 @@
+"""Incremental scoring equals a full recomputation, and a run's work follows what changed.
+
+The history arrives shuffled over several days: sessions land out of day order, some of them in two
+parts (their tail later: the trajectory is reassembled and changes), and some are copies of earlier
+sessions made days later (duplicate clusters whose representative changes). After every batch,
+``trajlake score`` runs incrementally; at the end its tables must equal both a forced full rescore
+and :func:`quality.scoring.score_sessions` over all sessions at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import uuid
+from typing import Any
+
+import polars as pl
+import pytest
+
+from common.settings import Settings
+from pipelines.assemble import assemble
+from pipelines.score import load_inputs, quality_config, score_all
+from producers.session_generator import synthetic_sessions
+from quality.scoring import score_sessions
+from tests.helpers import BASE_US, DAY_US, write_raw
+from warehouse.sql import open_views
+
+DAYS = 3
+PER_DAY = 64  # > 3 task types × MIN_GROUP: z-scores are live in every (task type, day) group
+TABLE_QUERIES = {
+    "scores": "SELECT * EXCLUDE (scored_at) FROM scores ORDER BY session_id",
+    "flags": "SELECT * EXCLUDE (scored_at) FROM flags ORDER BY session_id, flag, evidence",
+    "duplicates": "SELECT * EXCLUDE (scored_at) FROM duplicates ORDER BY session_id",
+    "profiles": "SELECT * EXCLUDE (scored_at) FROM profiles ORDER BY day, task_type",
+}
+
+
+def _copy_of(session: list[dict[str, Any]], shift_us: int, rng: random.Random) -> list[dict[str, Any]]:
+    """The same trajectory as another session, ``shift_us`` later (an exact duplicate document)."""
+    new_id = uuid.UUID(int=rng.getrandbits(128)).hex
+    events = copy.deepcopy(session)
+    for event in events:
+        event["session_id"] = new_id
+        event["event_id"] = uuid.UUID(int=rng.getrandbits(128)).hex
+        event["ts"] += shift_us
+    return events
+
+
+def _history(seed: int = 3) -> list[list[dict[str, Any]]]:
+    """Batches of events that make every part of incremental scoring matter.
+
+    1. days 0 and 1, shuffled, without a few day-0 sessions and with some sessions cut in half;
+    2. day 2, with copies of day-0/1 sessions made on day 2 (clusters spanning days);
+    3. the held-back day-0 sessions (late into an old day: its z-score groups and the novelty of
+       later sessions change, and so may the representatives of clusters whose other members are
+       on day 2, which nothing in this batch resembles);
+    4. the second halves of the cut sessions (reassembled: their facts change).
+    """
+    rng = random.Random(seed)
+    days = [
+        [list(s) for s in synthetic_sessions(PER_DAY, seed=day, start_us=BASE_US + day * DAY_US + 3_600_000_000)]
+        for day in range(DAYS)
+    ]
+    early = days[0] + days[1]
+    rng.shuffle(early)
+    held = days[0][-10:]
+    for session in held:  # tasks seen on no other day: their arrival changes day 0 alone
+        for event in session:
+            if event.get("task_id"):
+                event["task_id"] = "late-" + event["task_id"]
+    ended = [s for s in early if s[-1]["event_type"] == "session_end" and s not in held]
+    copies = []
+    for original in rng.sample(ended, 12):
+        day = (original[0]["ts"] - BASE_US) // DAY_US
+        copies.append(_copy_of(original, int(2 - day) * DAY_US, rng))
+    batches: list[list[dict[str, Any]]] = [[], [], [], []]
+    for session in early:
+        if session in held:
+            continue
+        if rng.random() < 0.2:
+            cut = len(session) // 2
+            batches[0] += session[:cut]
+            batches[3] += session[cut:]
+        else:
+            batches[0] += session
+    late_day = days[2] + copies
+    rng.shuffle(late_day)
+    batches[1] = [e for s in late_day for e in s]
+    batches[2] = [e for s in held for e in s]
+    return batches
+
+
+def _tables(settings: Settings) -> dict[str, pl.DataFrame]:
+    con = open_views(settings)
+    try:
+        return {name: con.sql(query).pl() for name, query in TABLE_QUERIES.items()}
+    finally:
+        con.close()
+
+
+def _assert_equal(left: dict[str, pl.DataFrame], right: dict[str, pl.DataFrame], what: str) -> None:
+    for name in TABLE_QUERIES:
+        a, b = left[name], right[name]
+        assert a.height == b.height, (what, name, a.height, b.height)
+        assert a.equals(b), (what, name, a.join(b, on=a.columns, how="anti").head(5))
+
+
+def _assert_matches_pure(settings: Settings, stored: dict[str, pl.DataFrame], what: str) -> None:
+    """The stored tables equal :func:`score_sessions` over every session at once."""
+    result = score_sessions(**load_inputs(settings), config=quality_config(settings))
+    pure = result.scores.drop("scorer_version", "config_digest")
+    scores = stored["scores"].drop("scorer_version", "config_digest").select(pure.columns).cast(pure.schema)
+    assert scores.sort("session_id").equals(pure.sort("session_id")), (
+        what,
+        scores.join(pure, on=pure.columns, how="anti"),
+    )
+    dup_cols = ["session_id", "cluster_id", "is_representative", "similarity", "method"]
+    dups, expected = stored["duplicates"].select(dup_cols).sort("session_id"), result.duplicates.select(dup_cols)
+    assert dups.equals(expected.sort("session_id")), (what, dups, expected)
+    flag_cols = ["session_id", "flag", "flag_class", "severity", "evidence", "score", "confirmed"]
+    flags = stored["flags"].select(flag_cols).sort(flag_cols)
+    assert flags.equals(result.flags.select(flag_cols).sort(flag_cols)), what
+
+
+@pytest.mark.timeout(600)
+def test_incremental_runs_equal_a_full_recomputation_on_a_shuffled_history(settings: Settings) -> None:
+    settings = settings.model_copy(update={"score_watermark_lag_s": 0.0})  # one machine: the watermark is exact
+    runs = []
+    for i, batch in enumerate(_history()):
+        write_raw(settings, batch)
+        assemble(settings)
+        runs.append(score_all(settings))
+        _assert_matches_pure(settings, _tables(settings), f"after batch {i}")
+    assert runs[0].mode == "full" and all(r.mode == "incremental" for r in runs[1:]), [r.mode for r in runs]
+    # later runs recompute the facts of the sessions they got, not the history
+    assert all(0 < r.changed_sessions < r.sessions for r in runs[1:]), [(r.changed_sessions, r.sessions) for r in runs]
+    incremental = _tables(settings)
+    scores = incremental["scores"]
+    # the history exercises what incrementality must get right
+    assert incremental["duplicates"].filter(~pl.col("is_representative")).height >= 10
+    assert scores.filter(pl.col("novelty") < 1.0).height > 0 and scores.filter(pl.col("steps_z") != 0).height > 0
+    assert incremental["profiles"]["day"].n_unique() >= DAYS
+
+    full = score_all(settings, force=True)
+    assert full.mode == "full" and full.changed_sessions == scores.height
+    _assert_equal(incremental, _tables(settings), "incremental vs forced full rescore")
+
+
+def test_a_run_without_new_trajectories_is_skipped_and_a_new_day_touches_only_that_day(settings: Settings) -> None:
+    settings = settings.model_copy(update={"score_watermark_lag_s": 0.0})
+    first = [e for s in synthetic_sessions(30, seed=1, start_us=BASE_US) for e in s]
+    write_raw(settings, first)
+    assemble(settings)
+    assert score_all(settings).mode == "full"
+    assert score_all(settings).skipped
+    later = [e for s in synthetic_sessions(25, seed=2, start_us=BASE_US + 5 * DAY_US) for e in s]
+    write_raw(settings, later)
+    assemble(settings)
+    run = score_all(settings)
+    assert run.mode == "incremental" and run.changed_sessions == 25 and run.rescored_sessions == 25
+    assert run.affected_days == 1 and run.sessions == 55
+
+
+def test_the_index_table_holds_every_fact_and_the_profiles_every_feature() -> None:
+    from quality.anomalies import FEATURES
+    from quality.facts import FACTS_SCHEMA
+    from warehouse.tables import PROFILES, SESSION_INDEX
+
+    index = SESSION_INDEX.arrow_schema()
+    assert set(FACTS_SCHEMA) <= set(index.names)
+    profile_columns = set(PROFILES.arrow_schema().names)
+    assert {f"{name}_{stat}" for name in FEATURES for stat in ("p50", "p90")} <= profile_columns
