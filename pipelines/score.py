@@ -44,7 +44,6 @@ import polars as pl
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import (
-    AlwaysFalse,
     AlwaysTrue,
     And,
     BooleanExpression,
@@ -64,7 +63,7 @@ from common.errors import ConfigError
 from common.settings import Settings
 from quality.combine import clusters, combine, exportable
 from quality.config import QualityConfig
-from quality.facts import FACTS_SCHEMA, session_facts
+from quality.facts import FACTS_SCHEMA, facts_digest, session_facts
 from quality.scoring import finish_scores
 from warehouse.catalog import open_catalog
 from warehouse.locks import job_lock
@@ -341,16 +340,26 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
             _commit_scores(settings, catalog, config, stats, props, watermark)
             stats.seconds = time.monotonic() - started
             return stats
+        to_index = changed
         if full:
             # Rebuilt from empty (the index keeps its rows until each is replaced): clusters must be (see
             # ``_cluster_set``), and rows of an older scorer would otherwise linger. Readers see partial
             # quality tables until the run ends.
-            for spec in (SCORES, FLAGS, DUPLICATES, PROFILES):
+            for spec in (SCORES, DUPLICATES, PROFILES):
                 _clear(ensure_table(catalog, settings, spec.name))
+            stale_flags = Or(
+                EqualTo(term=Reference("flag_class"), value=literal("anomaly")),
+                Not(EqualTo(term=Reference("scorer_version"), value=literal(config.scorer_version))),
+            )
+            _commit(ensure_table(catalog, settings, FLAGS.name), None, stale_flags)
+            for spec in (SCORES, FLAGS, DUPLICATES, PROFILES):
                 _refresh(con, settings, catalog, spec)
+            if not force:  # facts already computed for this configuration and trajectory (``index_days``) are kept
+                current = _current_facts(con, facts_digest(config))
+                to_index = changed.filter(~pl.col("session_id").is_in(current.implode()))
         new_watermark = _max_watermark(changed, watermark)
-        old_positions = _index_positions(con, changed["session_id"].to_list())
-        for chunk in _chunks(changed, settings.score_chunk_sessions):
+        old_positions = _index_positions(con, to_index["session_id"].to_list())
+        for chunk in _chunks(to_index, settings.score_chunk_sessions):
             _index_sessions(settings, catalog, con, chunk["session_id"].to_list(), config)
             stats.changed_sessions += chunk.height
         _refresh(con, settings, catalog, SESSION_INDEX)
@@ -407,6 +416,16 @@ def index_days(settings: Settings, days: list[date | None], catalog: Catalog | N
 # ---------------------------------------------------------------------------------------- level 1
 
 
+def _current_facts(con: duckdb.DuckDBPyConnection, digest: str) -> pl.Series:
+    """Sessions whose index row was computed from their current trajectory under this configuration."""
+    rows = con.execute(
+        "SELECT t.session_id FROM trajectories t JOIN session_index i USING (session_id) "
+        "WHERE i.config_digest = $digest AND i.assembled_at IS NOT DISTINCT FROM t.assembled_at",
+        {"digest": digest},
+    ).fetchall()
+    return pl.Series("session_id", [r[0] for r in rows], dtype=pl.Utf8)
+
+
 def _changed(con: duckdb.DuckDBPyConnection, since_us: int | None) -> pl.DataFrame:
     """``session_id``, ``day``, ``assembled_us`` of the trajectories assembled after ``since_us`` (None: all)."""
     where = "" if since_us is None else f"WHERE epoch_us(assembled_at) > {int(since_us)}"
@@ -456,7 +475,7 @@ def _index_sessions(
     level1 = session_facts(**inputs, config=config)
     now = datetime.now(UTC)
     facts = level1.facts.join(assembled, on="session_id", how="left").with_columns(
-        pl.lit(config.digest()).alias("config_digest")
+        pl.lit(facts_digest(config)).alias("config_digest")
     )
     index = ensure_table(catalog, settings, SESSION_INDEX.name)
     keys = _keys(facts, _index_positions(con, sessions))
@@ -711,10 +730,8 @@ def _day_terms(column: str, values: list[datetime | None]) -> BooleanExpression:
         )
         for d in days
     ]
-    if any(v is None for v in values):
-        terms.append(IsNull(term=Reference(column)))
-    if not terms:
-        return AlwaysFalse()
+    # rows without a start (and rows of an older scorer, from before the column existed) sit in the null partition
+    terms.append(IsNull(term=Reference(column)))
     return terms[0] if len(terms) == 1 else Or(*terms)
 
 

@@ -18,6 +18,7 @@ pipeline computes the same tables piece by piece (a test compares them).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 
@@ -67,6 +68,18 @@ class SessionFacts:
 
     facts: pl.DataFrame  # FACTS_SCHEMA, one row per session
     cheat_flags: pl.DataFrame  # FLAGS_SCHEMA, the detectors' flags
+
+
+#: Configuration that only level 2 reads: changing it recombines stored facts without recomputing them.
+LEVEL2_THRESHOLDS = ("min_quality", "outlier_z", "dedup_threshold", "novelty_max_history")
+
+
+def facts_digest(config: QualityConfig) -> str:
+    """sha256 of the configuration the facts depend on (the manifest without weights and level-2 thresholds)."""
+    manifest = config.manifest()
+    manifest.pop("weights")
+    manifest["thresholds"] = {k: v for k, v in manifest["thresholds"].items() if k not in LEVEL2_THRESHOLDS}
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
 
 
 def band_keys(signatures: np.ndarray, config: QualityConfig) -> np.ndarray:

@@ -29,12 +29,13 @@ from dagster import (
     build_schedule_from_partitioned_job,
     define_asset_job,
     multi_asset,
+    multiprocess_executor,
 )
 
 from common.settings import Settings
 from dagster_project.resources import LakehouseResource, transient_retries
 from pipelines.export import export_training_set
-from pipelines.score import score_all
+from pipelines.score import index_days, score_all
 from warehouse.sql import open_views
 
 QUALITY_GROUP = "quality"
@@ -286,6 +287,35 @@ def training_set(context: AssetExecutionContext, lakehouse: LakehouseResource) -
     )
 
 
+@asset(
+    partitions_def=daily_partitions,
+    deps=["trajectories", "steps", "raw_events"],
+    group_name=QUALITY_GROUP,
+    kinds={"iceberg", "polars"},
+    description="The MinHash index and the other per-session facts of the sessions started on the partition's "
+    "day (level 1 of scoring: detector flags, failure cause, features, signature, LSH band keys). After a "
+    "scorer or configuration change, a backfill over the days runs the expensive half of the full rescore in "
+    "parallel; `scores` then only combines the stored facts.",
+)
+def session_index(context: AssetExecutionContext, lakehouse: LakehouseResource) -> MaterializeResult:
+    """Index the sessions of one day (their facts replace the previous ones)."""
+    settings = lakehouse.settings()
+    day = date.fromisoformat(context.partition_key)
+    with transient_retries():
+        sessions = index_days(settings, [day])
+    context.log.info("session_index %s: %d sessions", day, sessions)
+    return MaterializeResult(metadata={"sessions": sessions, "day": day.isoformat()})
+
+
+# A full rescore fanned out: one run per day partition (a backfill), steps in their own processes.
+# The multiprocess executor here; Dagster's Kubernetes or Celery executors when one machine is not enough.
+rescore_index_job = define_asset_job(
+    "rescore_index",
+    selection=AssetSelection.assets("session_index"),
+    partitions_def=daily_partitions,
+    executor_def=multiprocess_executor,
+)
+
 # Partitioned by the export's daily partitions; the (unpartitioned) quality tables it reads run first.
 nightly_training_set_job = define_asset_job(
     "nightly_training_set", selection=AssetSelection.assets("training_set").upstream(depth=1)
@@ -296,8 +326,8 @@ nightly_training_set_schedule = build_schedule_from_partitioned_job(
 )
 
 defs = Definitions(
-    assets=[quality_tables, training_set],
+    assets=[quality_tables, training_set, session_index],
     asset_checks=[scores_in_range, flag_rate, duplicate_rate, score_drift],
-    jobs=[nightly_training_set_job],
+    jobs=[nightly_training_set_job, rescore_index_job],
     schedules=[nightly_training_set_schedule],
 )

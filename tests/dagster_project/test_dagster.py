@@ -15,6 +15,7 @@ from warehouse.sql import run_query
 #: The whole definitions graph: renaming, dropping or rewiring an asset, check, job or schedule
 #: must be a deliberate change to this snapshot.
 GRAPH_SNAPSHOT = {
+    "session_index": ["raw_events", "steps", "trajectories"],
     "sandbox_runs": [],
     "event_topic": ["sandbox_runs"],
     "raw_events": ["event_topic"],
@@ -51,6 +52,7 @@ def test_definitions_graph_snapshot() -> None:
         "fleet_campaign",
         "lakehouse_lifecycle",
         "nightly_training_set",
+        "rescore_index",
     ]
     assert sorted(schedule.name for schedule in defs.schedules or []) == [
         "fleet_campaign_schedule",
