@@ -358,15 +358,20 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
                 current = _current_facts(con, facts_digest(config))
                 to_index = changed.filter(~pl.col("session_id").is_in(current.implode()))
         new_watermark = _max_watermark(changed, watermark)
-        old_positions = _index_positions(con, to_index["session_id"].to_list())
+        # where changed sessions stood (rows to delete where their start moved); a full run cleared those tables
+        old_positions = _index_positions(con, [] if full else to_index["session_id"].to_list())
         for chunk in _chunks(to_index, settings.score_chunk_sessions):
             _index_sessions(settings, catalog, con, chunk["session_id"].to_list(), config)
             stats.changed_sessions += chunk.height
         _refresh(con, settings, catalog, SESSION_INDEX)
-        days = _affected_days(con, changed, old_positions, config)
-        stats.affected_days = len(days)
         day_sizes = con.sql("SELECT day, count(*) AS n FROM session_index GROUP BY day").pl()
-        changed_ids = set(changed["session_id"].to_list())
+        if full:  # every day; every session's links are new (the clusters were cleared)
+            days = sorted(day_sizes["day"].to_list(), key=lambda d: (d is None, d or date.min))
+            changed_ids: set[str] | None = None
+        else:
+            days = _affected_days(con, changed, old_positions, config)
+            changed_ids = set(changed["session_id"].to_list())
+        stats.affected_days = len(days)
         for day_chunk in _day_chunks(days, day_sizes, settings.score_chunk_sessions):
             stats.rescored_sessions += _rescore_days(
                 settings, catalog, con, day_chunk, changed_ids, config, old_positions
@@ -422,8 +427,10 @@ def _current_facts(con: duckdb.DuckDBPyConnection, digest: str) -> pl.Series:
         "SELECT t.session_id FROM trajectories t JOIN session_index i USING (session_id) "
         "WHERE i.config_digest = $digest AND i.assembled_at IS NOT DISTINCT FROM t.assembled_at",
         {"digest": digest},
-    ).fetchall()
-    return pl.Series("session_id", [r[0] for r in rows], dtype=pl.Utf8)
+    ).to_arrow_table()
+    if rows is None:
+        return pl.Series("session_id", [], dtype=pl.Utf8)
+    return pl.Series("session_id", rows.column("session_id"), dtype=pl.Utf8)
 
 
 def _changed(con: duckdb.DuckDBPyConnection, since_us: int | None) -> pl.DataFrame:
@@ -565,7 +572,7 @@ def _rescore_days(
     catalog: Catalog,
     con: duckdb.DuckDBPyConnection,
     days: list[date | None],
-    changed: set[str],
+    changed: set[str] | None,
     config: QualityConfig,
     moved: pl.DataFrame,
 ) -> int:
@@ -633,7 +640,11 @@ def _novelty_context(con: duckdb.DuckDBPyConnection, days: list[date | None], co
 
 
 def _cluster_set(
-    con: duckdb.DuckDBPyConnection, facts: pl.DataFrame, scores: pl.DataFrame, changed: set[str], config: QualityConfig
+    con: duckdb.DuckDBPyConnection,
+    facts: pl.DataFrame,
+    scores: pl.DataFrame,
+    changed: set[str] | None,
+    config: QualityConfig,
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """The closed set whose clusters a run recomputes, its ranking, and its members' rows outside ``facts``.
 
@@ -646,7 +657,7 @@ def _cluster_set(
         started_at; outside: current ``scores`` rows of members not in ``facts``, with ``exportable_base``)
     """
     here = facts["session_id"]
-    fresh = [s for s in here.to_list() if s in changed]
+    fresh = here.to_list() if changed is None else [s for s in here.to_list() if s in changed]
     con.register("__here", pa.table({"session_id": here.to_arrow()}))
     con.register("__fresh", pa.table({"session_id": pa.array(fresh, pa.string())}))
     try:
