@@ -336,8 +336,9 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
         # clocks may lag (on one machine assembly stamps ``assembled_at`` under its lock: exact at lag 0)
         since = None if full else int(watermark or 0) - int(settings.score_watermark_lag_s * 1_000_000)
         changed = _changed(con, since)
-        if changed.height == 0 and not full:
+        if changed.height == 0 and not full:  # a new snapshot without new trajectories (tiering, compaction)
             _commit_scores(settings, catalog, config, stats, props, watermark)
+            _summarize(con, settings, catalog, stats)
             stats.seconds = time.monotonic() - started
             return stats
         to_index = changed

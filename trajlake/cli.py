@@ -217,8 +217,12 @@ class ExportFormat(StrEnum):
 
 
 @app.command()
-def score(force: Annotated[bool, typer.Option(help="Rescore even if nothing changed.")] = False) -> None:
-    """Quality scores, cheat flags, anomalies and duplicates for every trajectory."""
+def score(
+    force: Annotated[
+        bool, typer.Option(help="Rescore every session from its events, even if nothing changed.")
+    ] = False,
+) -> None:
+    """Quality scores, cheat flags, anomalies and duplicates: incremental (what changed since the last run)."""
     from pipelines.score import score_all
 
     stats = score_all(_settings(), force=force)
@@ -232,6 +236,10 @@ def score(force: Annotated[bool, typer.Option(help="Rescore even if nothing chan
         f"scored {stats.sessions} sessions ({stats.scorer_version}): {stats.flagged_sessions} flagged for cheating, "
         f"{stats.duplicate_sessions} duplicates in {stats.clusters} clusters, {stats.exportable} exportable, "
         f"mean quality {stats.mean_quality} in {stats.seconds:.1f} s"
+    )
+    out.print(
+        f"  {stats.mode}: facts of {stats.changed_sessions} sessions recomputed, "
+        f"{stats.rescored_sessions} sessions over {stats.affected_days} days rescored"
     )
     if stats.flags_by_type:
         out.print("  flags: " + ", ".join(f"{k}={v}" for k, v in stats.flags_by_type.items()))
