@@ -9,15 +9,22 @@ values or nulls. Sessions start at the product's 35/s, so day partitions are rea
 near-duplicates copy a fixed pool of trajectories, so a new day duplicates sessions of history.
 
 For each history size H (one lakehouse grown from the smallest to the largest): write history up
-to H sessions, score it (``trajlake score`` in a child process: the catch-up score), append one new
-day of sessions, then time ``trajlake score`` again in a child (wall seconds, peak RSS of its
-process tree). Incremental scoring is flat in history when the new-day runs at the largest and
-smallest H are within 1.3× of each other (the figures' ratios here are that growth). Last, a full
-rescore (``trajlake score --force``) of the largest lakehouse: wall and peak RSS (target ≤ 4 GB).
+to H sessions, score it (the catch-up score), append one new day of sessions, then score again.
+Each scoring run is what ``trajlake score`` runs (:func:`pipelines.score.score_all`) in a fresh
+child process, which reports its ``ScoreStats`` (mode, changed and rescored sessions, affected
+days); the parent measures its wall seconds and the peak RSS of its process tree. Incremental
+scoring is flat in history when the new-day runs at the largest and smallest H are within 1.3× of
+each other (the figures' ratios here are that growth). Last, a full rescore (``force``, as
+``trajlake score --force``) of the largest lakehouse: wall and peak RSS (target ≤ 4 GB).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from benchmarks.harness import BASE_US, Figure, bench_home, child_peak_rss, cli_env, print_figures
+from benchmarks.harness import BASE_US, Figure, bench_home, cli_env, print_figures, tree_rss_bytes
 from benchmarks.quality import _CHEATS, _TOOLS, _VERBS
 from common.errors import ConfigError
 from common.settings import Settings
@@ -38,6 +45,7 @@ from warehouse.tables import SCORES, STEPS, TRAJECTORIES, ensure_table
 
 DAY_US = 86_400_000_000
 SPACING_US = 28_571  # 35 new sessions a second (3M a day), the product's reference rate
+ASSEMBLY_DELAY_US = 20_000_000  # a session is assembled ~20 s after it ended (the automation's p50)
 _MODULES = 400  # the quality bench's command vocabulary: verb × module
 _ECHOES = 100  # a near-duplicate's changed first command: one of these
 _POOL = 2_000  # trajectories the near-duplicates copy (the same pool in every batch and day)
@@ -45,6 +53,7 @@ _FAMILIES = 300  # task templates (a multiple of the 3 task types, so a family k
 _TASK_TYPES = ["bugfix", "implement", "data_cli"]
 _MIB = 2**20
 FORCE_RSS_TARGET_MIB = 4 * 1024
+_ROOT = Path(__file__).resolve().parent.parent
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -107,6 +116,7 @@ class HistoryWriter:
     batch: int = 100_000
     sessions: int = 0
     next_start_us: int = BASE_US
+    last_assembled_us: int = 0
     steps_written: int = 0
     seconds: float = 0.0
     _vocab: pa.Array = field(init=False, repr=False)
@@ -200,6 +210,12 @@ class HistoryWriter:
         started = start_us + np.arange(n, dtype=np.int64) * SPACING_US
         duration_us = (n_steps * rng.uniform(3, 20, n) * 1e6).astype(np.int64)
         ended = started + duration_us
+        # assembled_at in the history's own time: each session shortly after it ended, never before an
+        # earlier-written one (assembly stamps only move forward), so a scoring run's watermark falls
+        # between history and the new day as in production (wall-clock stamps would put the whole
+        # freshly written history inside the run's watermark lag, ``TRAJLAKE_SCORE_WATERMARK_LAG_S``)
+        assembled = np.maximum(np.maximum.accumulate(ended + ASSEMBLY_DELAY_US), self.last_assembled_us + 1)
+        self.last_assembled_us = int(assembled[-1])
         # steps evenly inside the session; each feedback within its step's interval
         interval = duration_us // (n_steps + 1)
         ts = started[owner] + (step_index + 1) * interval[owner]
@@ -266,7 +282,7 @@ class HistoryWriter:
             "tests_passed": pa.array(np.where(passed, 10, rng.integers(0, 10, n))),
             "reward": pa.array(np.where(passed, 1.0, 0.25)),
             "completed": pa.array(~timeout),
-            "assembled_at": pa.repeat(pa.scalar(datetime.now(UTC), ts_type), n),  # the time of writing
+            "assembled_at": pa.array(assembled).cast(ts_type),
             "task_family": pc.binary_join_element_wise(
                 task_type, pc.cast(pa.array(task % _FAMILIES), pa.string()), "-"
             ),
@@ -309,42 +325,84 @@ class HistoryWriter:
         )
 
 
+_SCORE_CHILD = """
+import json
+from common.settings import load_settings
+from pipelines.score import score_all
+print(json.dumps(score_all(load_settings(), force={force}).as_dict(), default=str))
+"""
+
+
 @dataclass
 class ScoreRun:
-    """One ``trajlake score`` child: wall time, peak RSS of its process tree, what it left in ``scores``."""
+    """One scoring child: wall time, peak RSS of its process tree, its ``ScoreStats``, the ``scores`` rows after it."""
 
     wall_s: float
     peak_rss_mib: float
     scores_rows: int
     scores_sessions: int
-    rescored: int  # scores rows the run wrote (``scored_at`` after its start)
+    stats: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict: the measurements and the run's own counters (mode, changed and rescored sessions, days)."""
+        keep = ("mode", "sessions", "changed_sessions", "rescored_sessions", "affected_days", "seconds", "skipped")
+        return {
+            "wall_s": self.wall_s,
+            "peak_rss_mib": self.peak_rss_mib,
+            "scores_rows": self.scores_rows,
+            "scores_sessions": self.scores_sessions,
+            **{key: self.stats[key] for key in keep if key in self.stats},
+        }
 
 
 def score_child(settings: Settings, force: bool = False) -> ScoreRun:
-    """Run ``trajlake score [--force]`` in a child process on ``settings``' lakehouse and measure it.
+    """Run ``score_all`` (what ``trajlake score [--force]`` runs) in a fresh child process and measure it.
+
+    The child prints its :class:`~pipelines.score.ScoreStats` as JSON; the parent samples the RSS of
+    the child's process tree every 0.1 s, then counts the ``scores`` rows the run left.
 
     Raises:
         RuntimeError: the child exited non-zero (its stderr tail is in the message).
     """
-    began = datetime.now(UTC)
-    peak, seconds = child_peak_rss(["score", "--force"] if force else ["score"], cli_env(settings))
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        started = time.perf_counter()
+        child = subprocess.Popen(
+            [sys.executable, "-c", _SCORE_CHILD.format(force=force)],
+            env={**os.environ, **cli_env(settings), "PYTHONPATH": str(_ROOT)},
+            cwd=_ROOT,
+            stdout=stdout,
+            stderr=stderr,
+        )
+        peak = 0
+        while child.poll() is None:
+            peak = max(peak, tree_rss_bytes(child.pid))
+            time.sleep(0.1)
+        seconds = time.perf_counter() - started
+        stdout.seek(0)
+        stderr.seek(0)
+        if child.returncode != 0:
+            raise RuntimeError(f"score child exited {child.returncode}: {stderr.read()[-2000:]}")
+        stats = json.loads(stdout.read().strip().splitlines()[-1])
     scores = ensure_table(open_catalog(settings), settings, SCORES.name)
-    rows = scores.scan(selected_fields=("session_id", "scored_at")).to_arrow()
-    rescored = int(pc.sum(pc.greater_equal(rows.column("scored_at"), pa.scalar(began))).as_py() or 0)
+    rows = scores.scan(selected_fields=("session_id",)).to_arrow()
     return ScoreRun(
         wall_s=seconds,
         peak_rss_mib=peak / _MIB,
         scores_rows=rows.num_rows,
         scores_sessions=pc.count_distinct(rows.column("session_id")).as_py(),
-        rescored=rescored,
+        stats=stats,
     )
+
+
+def _count(value: object) -> str:
+    return f"{value:,}" if isinstance(value, int) else "?"
 
 
 def bench_incremental(
     history: list[int] | None = None,
     day: int = 100_000,
     force: bool = True,
-    batch: int = 250_000,
+    batch: int = 100_000,
     seed: int = 0,
     home: Path | None = None,
 ) -> dict[str, Any]:
@@ -377,8 +435,8 @@ def bench_incremental(
                 {
                     "history": h,
                     "day": new_day.date().isoformat(),
-                    "catch_up": catch_up.__dict__,
-                    "new_day": run.__dict__,
+                    "catch_up": catch_up.as_dict(),
+                    "new_day": run.as_dict(),
                 }
             )
         if force:
@@ -430,7 +488,12 @@ def bench_incremental(
             stats = entry[phase]
             printed[f"{h}: {phase} score wall_s"] = stats["wall_s"]
             printed[f"{h}: {phase} score peak_rss_mib"] = stats["peak_rss_mib"]
-            printed[f"{h}: {phase} rescored / scores rows"] = f"{stats['rescored']:,} / {stats['scores_rows']:,}"
+            counts = " / ".join(
+                _count(stats.get(key)) for key in ("changed_sessions", "rescored_sessions", "scores_rows")
+            )
+            printed[f"{h}: {phase} score sessions changed / rescored / scores rows"] = (
+                f"{counts} ({stats.get('mode', '?')}, {_count(stats.get('affected_days'))} days)"
+            )
     if rescore is not None:
         printed["full rescore wall_s"] = rescore.wall_s
         printed["full rescore peak_rss_mib"] = rescore.peak_rss_mib
@@ -442,6 +505,6 @@ def bench_incremental(
         "steps_written": writer.steps_written,
         "writer_sessions_per_s": writer_rate,
         "runs": runs,
-        "force": rescore.__dict__ if rescore is not None else None,
+        "force": rescore.as_dict() if rescore is not None else None,
         "figures": [f.as_dict() for f in figures],
     }

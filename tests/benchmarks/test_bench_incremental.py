@@ -25,7 +25,6 @@ def test_parse_sizes() -> None:
 
 
 def test_history_writer_fills_real_tables_by_day(tmp_path: Path) -> None:
-    before = datetime.now(UTC)
     with bench_home(tmp_path, kafka=False) as settings:
         writer = HistoryWriter(settings, seed=3, batch=700)
         writer.write(1_500)  # three batches
@@ -39,7 +38,10 @@ def test_history_writer_fills_real_tables_by_day(tmp_path: Path) -> None:
     assert t.columns == TRAJECTORIES.arrow_schema().names and s.columns == STEPS.arrow_schema().names
     assert t.height == t["session_id"].n_unique() == writer.sessions == 1_800
     assert s.height == writer.steps_written == t["n_steps"].sum()
-    assert t["assembled_at"].min() >= before
+    # assembled after it ended, in the order written: the new day after all of history
+    assert (t["assembled_at"] > t["ended_at"]).all()
+    assert (t["assembled_at"].diff().drop_nulls() >= timedelta(0)).all()
+    assert t["assembled_at"].tail(300).min() > t["assembled_at"].head(1_500).max()
     # history at 35 sessions/s from BASE; the new day from the next midnight, in its own partition
     assert day == BASE + timedelta(days=1) and len(partitions) == 2
     started = t["started_at"].dt.epoch("us")
@@ -67,7 +69,11 @@ def test_history_writer_fills_real_tables_by_day(tmp_path: Path) -> None:
     assert all(tuple(commands[1:]) in pool for commands in copies["command"].to_list())
 
 
-def test_bench_incremental_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_incremental_tiny(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the scoring children's watermark lag: 10 s of history (~350 sessions) instead of 120 s (all of a tiny one)
+    monkeypatch.setenv("TRAJLAKE_SCORE_WATERMARK_LAG_S", "10")
     day = 500
     result = bench_incremental(history=[2_000, 6_000], day=day, batch=2_500, home=tmp_path)
     runs = result["runs"]
@@ -77,11 +83,15 @@ def test_bench_incremental_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[st
         history = run["history"]
         assert run["catch_up"]["scores_rows"] == history
         new_day = run["new_day"]
-        # every session scored once; the run scored at least the new day (only it, once scoring is incremental)
-        assert new_day["scores_rows"] == new_day["scores_sessions"] == history + day
-        assert day <= new_day["rescored"] <= history + day
+        # every session scored once; the run looked at the new day and the watermark lag's tail, not all history
+        assert new_day["scores_rows"] == new_day["scores_sessions"] == new_day["sessions"] == history + day
+        assert new_day["mode"] == "incremental"
+        assert day <= new_day["changed_sessions"] < history + day
+        assert new_day["changed_sessions"] <= new_day["rescored_sessions"] <= history + day
         assert new_day["wall_s"] > 0 and new_day["peak_rss_mib"] > 50
-    assert result["force"]["rescored"] == result["force"]["scores_rows"] == 6_500
+    assert runs[0]["catch_up"]["mode"] == "full" and runs[1]["catch_up"]["mode"] == "incremental"
+    rescore = result["force"]
+    assert rescore["mode"] == "full" and rescore["changed_sessions"] == rescore["scores_rows"] == 6_500
     names = [f["name"] for f in result["figures"]]
     assert names == [
         "history writer",
@@ -92,4 +102,5 @@ def test_bench_incremental_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[st
     ]
     assert all(f["value"] > 0 and f["ratio"] > 0 for f in result["figures"])
     printed = capsys.readouterr().out
-    assert "== bench incremental ==" in printed and "6000: new_day rescored / scores rows" in printed
+    assert "== bench incremental ==" in printed
+    assert "6000: new_day score sessions changed / rescored / scores rows" in printed
