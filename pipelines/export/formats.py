@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipelines.errors import ExportError
+from pipelines.errors import ExportError, RecordError
 from pipelines.export.conversation import Conversation
 
 FORMATS = ("hf", "openai", "sharegpt", "rl", "atif")
@@ -150,11 +150,27 @@ def token_sequences(conversation: Conversation) -> tuple[list[int], list[int], l
     return prompt, response, mask, logprobs
 
 
+def episode_reward(session: dict[str, Any]) -> float | None:
+    """The reward an RL trainer gets: the scored completion (a verdict a flag voided is 0), None when never evaluated.
+
+    Never the evaluator's raw reward: a cheat that forged its verdict would be rewarded. A session
+    nobody evaluated has no reward at all (0 would teach the policy that an honest run failed).
+    """
+    unevaluated = session.get("failure_cause") == "unevaluated" or (
+        "eval_passed" in session and session.get("eval_passed") is None and session.get("reward") is None
+    )
+    if unevaluated or session.get("completion") is None:
+        return None
+    return float(session["completion"])
+
+
 def rl_record(session: dict[str, Any], conversation: Conversation) -> dict[str, Any]:
     """The ``rl`` record: token level when ids were recorded, else message form with ``has_token_ids = false``."""
     tokens = token_sequences(conversation)
     prompt, response, mask, logprobs = tokens or ([], [], [], [])
-    reward = float(session["completion"] if session.get("reward") is None else session["reward"])
+    reward = episode_reward(session)
+    if reward is None:
+        raise RecordError("no_reward", "the session was never evaluated: an RL record needs a reward")
     turns = len(conversation.calls) or sum(1 for m in conversation.messages if m["role"] == "assistant")
     return {
         "prompt_ids": prompt,
@@ -256,7 +272,7 @@ def atif_record(session: dict[str, Any], conversation: Conversation) -> dict[str
         "steps": steps,
         "final_metrics": {k: v for k, v in final.items() if v is not None},
         "extra": {
-            "reward": float(session["completion"] if session.get("reward") is None else session["reward"]),
+            "reward": episode_reward(session),
             "stop_reason": stop_reason(session, conversation),
             **{k: v for k, v in meta.items() if k != "session_id"},
         },

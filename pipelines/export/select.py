@@ -165,6 +165,7 @@ def _sessions(
         "CREATE TEMP TABLE chosen AS SELECT t.session_id, t.task_id, t.task_type, t.instruction, s.quality, "
         "s.completion, s.flags, coalesce(t.task_family, s.task_family, t.task_id) AS task_family, t.policy_version, "
         "t.group_id, t.attempt, t.agent_name, t.agent_version, t.agent_model, t.status, t.exit_reason, t.reward, "
+        "t.eval_passed, s.failure_cause, "
         "t.input_tokens, t.cached_tokens, t.output_tokens, t.cost_usd "
         f"FROM trajectories t JOIN scores s USING (session_id) WHERE {where}",
         params,

@@ -256,3 +256,20 @@ def test_cli_export_filters_and_a_bad_split_is_one_line(lake: Settings, tmp_path
     assert record["extra"]["task_family"] == "django__django-11099"
     manifest = json.loads((tmp_path / "ok" / "manifest.json").read_text())
     assert manifest["filters"]["task_family"] == "django__django-11099" and manifest["filters"]["since"]
+
+
+def test_rl_reward_is_the_scored_completion_and_an_unevaluated_run_has_none() -> None:
+    from pipelines.errors import RecordError
+    from pipelines.export.conversation import Conversation
+    from pipelines.export.formats import episode_reward, rl_record
+
+    # a forged verdict: the evaluator said 1.0, a flag voided it (completion 0): the trainer gets 0
+    assert episode_reward({"reward": 1.0, "eval_passed": True, "completion": 0.0, "failure_cause": "cheating"}) == 0.0
+    assert episode_reward({"reward": 0.75, "eval_passed": True, "completion": 0.75, "failure_cause": "success"}) == 0.75
+    unevaluated = {"reward": None, "eval_passed": None, "completion": 0.0, "failure_cause": "unevaluated"}
+    assert episode_reward(unevaluated) is None
+    with pytest.raises(RecordError) as caught:
+        rl_record(
+            {**unevaluated, "session_id": "s"}, Conversation(messages=[], tools=[], prompt_source="reconstructed")
+        )
+    assert caught.value.reason == "no_reward"
