@@ -26,7 +26,7 @@ from producers.fleet.agent_api import AgentSession
 from producers.fleet.agent_caps import CapReached
 from producers.fleet.agents import PRICE_PER_MTOK
 from producers.fleet.llm.client import ChatClient, Try
-from producers.fleet.llm.record import CallRecorder, ContentStore, canonical, parse_response
+from producers.fleet.llm.record import CallRecorder, ContentStore, canonical, parse_response, request_message
 
 POLICY_VERSION = "llm-agent-1"
 
@@ -227,7 +227,7 @@ class LLMAgent:
             self._emit(ctx, record, message_id)
             ctx.model_tokens += (parsed.usage.get("prompt_tokens") or 0) + (parsed.usage.get("completion_tokens") or 0)
             ctx.cost_usd += cost
-            messages.append(parsed.message)
+            messages.append(request_message(parsed.message))
             calls = parsed.message.get("tool_calls") or []
             if not calls:  # the model answered without a tool: it is done
                 session.submit()

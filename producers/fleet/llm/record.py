@@ -202,8 +202,15 @@ class ParsedResponse:
 
 
 def assistant_message(message: Mapping[str, Any]) -> dict[str, Any]:
-    """The assistant message as it goes back into the next request (role, content, tool calls)."""
+    """The assistant reply as recorded: role, content, tool calls, and the reasoning of a reasoning model.
+
+    The reasoning is ``reasoning_content`` (DeepSeek, SGLang, LiteLLM) or ``reasoning`` (vLLM); it is
+    kept under ``reasoning_content``. What goes back into the next request is :func:`request_message`.
+    """
     out: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if isinstance(reasoning, str) and reasoning:
+        out["reasoning_content"] = reasoning
     if message.get("tool_calls"):
         out["tool_calls"] = [
             {
@@ -217,6 +224,11 @@ def assistant_message(message: Mapping[str, Any]) -> dict[str, Any]:
             for call in message["tool_calls"]
         ]
     return out
+
+
+def request_message(reply: Mapping[str, Any]) -> dict[str, Any]:
+    """The reply as it goes back into the next request: without its reasoning (providers reject or ignore it)."""
+    return {k: v for k, v in reply.items() if k != "reasoning_content"}
 
 
 def parse_response(response: Mapping[str, Any]) -> ParsedResponse:

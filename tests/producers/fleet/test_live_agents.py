@@ -327,3 +327,13 @@ def test_model_api_timeouts_are_retried_then_reported():
             client.complete({"model": "m", "messages": []}, on_failure=lambda t, i: failures.append((t.status, i)))
         client.close()
     assert failures == [(None, 0), (None, 1), (None, 2), (400, 0)]
+
+
+def test_a_reasoning_models_reasoning_is_recorded_but_not_sent_back() -> None:
+    from producers.fleet.llm.record import parse_response, request_message
+
+    for field in ("reasoning_content", "reasoning"):  # DeepSeek/SGLang, vLLM
+        response = {"choices": [{"message": {"role": "assistant", "content": "ls", field: "think first"}}]}
+        reply = parse_response(response).message
+        assert reply["reasoning_content"] == "think first" and reply["content"] == "ls"
+        assert request_message(reply) == {"role": "assistant", "content": "ls"}
