@@ -121,6 +121,12 @@ class Settings(BaseSettings):
     sql_timeout_s: float = Field(
         300.0, gt=0, description="TRAJLAKE_SQL_TIMEOUT_S: a query still running after this long is interrupted."
     )
+    export_memory_limit: str = Field(
+        "512MB",
+        pattern=r"(?i)^\s*\d+(\.\d+)?\s*([KMGT]i?B|B|bytes)\s*$",
+        description="TRAJLAKE_EXPORT_MEMORY_LIMIT: DuckDB memory of an export's query; past it the ordering spills "
+        "to TRAJLAKE_HOME/tmp/export, so an export's memory does not follow its size.",
+    )
     sql_memory_limit: str = Field(
         "4GB",
         pattern=r"(?i)^\s*\d+(\.\d+)?\s*([KMGT]i?B|B|bytes)\s*$",

@@ -18,9 +18,6 @@ from pyiceberg.catalog import Catalog
 from common.settings import Settings
 from warehouse.sql import open_views
 
-#: DuckDB memory of an export's query; past it the ordering spills to ``TRAJLAKE_HOME/tmp/export``, so
-#: an export's memory does not follow its size.
-EXPORT_MEMORY_LIMIT = "512MB"
 #: Split shares (percent of task families, by the sha256 of the family name).
 SPLIT_PERCENT = {"train": 80, "validation": 10, "test": 10}
 
@@ -154,7 +151,8 @@ def _sessions(
     con = open_views(settings, catalog)
     spill = settings.home_dir / "tmp" / "export"
     spill.mkdir(mode=0o700, parents=True, exist_ok=True)
-    con.execute(f"SET memory_limit = '{EXPORT_MEMORY_LIMIT}'")
+    # past the limit the ordering spills to TRAJLAKE_HOME/tmp/export: an export's memory does not follow its size
+    con.execute(f"SET memory_limit = '{settings.export_memory_limit.strip()}'")
     con.execute(f"SET temp_directory = '{spill}'")
     con.execute("SET threads = 2")  # each thread holds its own sort buffers
     where, params = _selection(filters)
