@@ -628,12 +628,12 @@ def bench_incremental_cmd(
     history: Annotated[str, typer.Option(help="History sizes in sessions, comma-separated.")] = "1000000,5000000",
     day: Annotated[int, typer.Option(min=1, help="Sessions of the new day scored on top of each history.")] = 100_000,
     force: Annotated[bool, typer.Option(help="Also time a full rescore (score --force) of the largest.")] = True,
-    quick: Annotated[bool, typer.Option(help="Small sizes (history 20000,100000, day 5000): about a minute.")] = False,
+    quick: Annotated[bool, typer.Option(help="Small sizes (history 10000,50000, day 2500): < 2 min.")] = False,
 ) -> None:
     """Scoring one new day on top of histories of different sizes (wall, peak RSS), and a full rescore."""
     from benchmarks.incremental import bench_incremental, parse_sizes
 
-    sizes, day = ([20_000, 100_000], 5_000) if quick else (parse_sizes(history), day)
+    sizes, day = ([10_000, 50_000], 2_500) if quick else (parse_sizes(history), day)
     bench_incremental(history=sizes, day=day, force=force)
 
 
