@@ -157,6 +157,7 @@ class HistoryWriter:
                 del trajectories, steps
             if pending is not None:
                 pending.result()
+        pa.default_memory_pool().release_unused()  # the batches' buffers, while a scoring child runs
         elapsed = time.perf_counter() - started
         self.seconds += elapsed
         return elapsed
