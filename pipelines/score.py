@@ -61,7 +61,8 @@ from pyiceberg.table import Table
 
 from common.errors import ConfigError
 from common.settings import Settings
-from quality.combine import clusters, combine, exportable
+from quality.anomalies import FEATURES, MIN_GROUP
+from quality.combine import baseline_days, baseline_stats, clusters, combine, exportable, profiles
 from quality.config import QualityConfig
 from quality.facts import FACTS_SCHEMA, facts_digest, session_facts
 from quality.scoring import finish_scores
@@ -359,24 +360,30 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
                 current = _current_facts(con, facts_digest(config))
                 to_index = changed.filter(~pl.col("session_id").is_in(current.implode()))
         new_watermark = _max_watermark(changed, watermark)
+        if not full:
+            # the lag window comes back every run: a session whose facts match its trajectory has not changed
+            current = _current_facts(con, facts_digest(config), changed["session_id"])
+            changed = changed.filter(~pl.col("session_id").is_in(current.implode()))
+            to_index = changed
         # where changed sessions stood (rows to delete where their start moved); a full run cleared those tables
         old_positions = _index_positions(con, [] if full else to_index["session_id"].to_list())
         for chunk in _chunks(to_index, settings.score_chunk_sessions):
             _index_sessions(settings, catalog, con, chunk["session_id"].to_list(), config)
             stats.changed_sessions += chunk.height
         _refresh(con, settings, catalog, SESSION_INDEX)
-        day_sizes = con.sql("SELECT day, count(*) AS n FROM session_index GROUP BY day").pl()
-        if full:  # every day; every session's links are new (the clusters were cleared)
-            days = sorted(day_sizes["day"].to_list(), key=lambda d: (d is None, d or date.min))
+        if full:  # every session; every session's links are new (the clusters were cleared)
+            targets = con.sql("SELECT session_id, day FROM session_index ORDER BY day NULLS LAST, session_id").pl()
             changed_ids: set[str] | None = None
         else:
-            days = _affected_days(con, changed, old_positions, config)
+            targets = _affected_sessions(con, changed, old_positions, config)
             changed_ids = set(changed["session_id"].to_list())
-        stats.affected_days = len(days)
-        for day_chunk in _day_chunks(days, day_sizes, settings.score_chunk_sessions):
-            stats.rescored_sessions += _rescore_days(
-                settings, catalog, con, day_chunk, changed_ids, config, old_positions
+        stats.affected_days = targets["day"].n_unique()
+        for chunk in _chunks(targets, settings.score_chunk_sessions):
+            stats.rescored_sessions += _rescore(
+                settings, catalog, con, chunk["session_id"].to_list(), changed_ids, config, old_positions
             )
+        touched = targets["day"].unique().to_list() if full else _touched_days(changed, old_positions)
+        _write_profiles(settings, catalog, con, touched, config)
         _commit_scores(settings, catalog, config, stats, props, new_watermark)
         _summarize(con, settings, catalog, stats)
     finally:
@@ -422,16 +429,20 @@ def index_days(settings: Settings, days: list[date | None], catalog: Catalog | N
 # ---------------------------------------------------------------------------------------- level 1
 
 
-def _current_facts(con: duckdb.DuckDBPyConnection, digest: str) -> pl.Series:
-    """Sessions whose index row was computed from their current trajectory under this configuration."""
-    rows = con.execute(
+def _current_facts(con: duckdb.DuckDBPyConnection, digest: str, among: pl.Series | None = None) -> pl.Series:
+    """Sessions (of ``among``; None: all) whose index row matches their current trajectory and configuration."""
+    where = ""
+    if among is not None:
+        con.register("__among", pa.table({"session_id": among.to_arrow()}))
+        where = "AND t.session_id IN (SELECT session_id FROM __among)"
+    rows = con.sql(
         "SELECT t.session_id FROM trajectories t JOIN session_index i USING (session_id) "
-        "WHERE i.config_digest = $digest AND i.assembled_at IS NOT DISTINCT FROM t.assembled_at",
-        {"digest": digest},
-    ).to_arrow_table()
-    if rows is None:
-        return pl.Series("session_id", [], dtype=pl.Utf8)
-    return pl.Series("session_id", rows.column("session_id"), dtype=pl.Utf8)
+        f"WHERE i.config_digest = $digest AND i.assembled_at IS NOT DISTINCT FROM t.assembled_at {where}",
+        params={"digest": digest},
+    ).pl()
+    if among is not None:
+        con.unregister("__among")
+    return rows["session_id"].cast(pl.Utf8)
 
 
 def _changed(con: duckdb.DuckDBPyConnection, since_us: int | None) -> pl.DataFrame:
@@ -460,8 +471,8 @@ def _index_positions(con: duckdb.DuckDBPyConnection, sessions: list[str]) -> pl.
     con.register("__changed", pa.table({"session_id": pa.array(sessions, pa.string())}))
     try:
         return con.sql(
-            "SELECT session_id, family, started_at, day FROM session_index "
-            "WHERE session_id IN (SELECT session_id FROM __changed)"
+            "SELECT session_id, family, started_at, day, coalesce(task_type, 'unknown') AS task_type "
+            "FROM session_index WHERE session_id IN (SELECT session_id FROM __changed)"
         ).pl()
     finally:
         con.unregister("__changed")
@@ -498,22 +509,26 @@ def _index_sessions(
 # ---------------------------------------------------------------------------------------- level 2
 
 
-def _affected_days(
+def _affected_sessions(
     con: duckdb.DuckDBPyConnection, changed: pl.DataFrame, old: pl.DataFrame, config: QualityConfig
-) -> list[date | None]:
-    """Days of the changed sessions and of every session whose novelty window one of them entered or left."""
-    days: set[date | None] = set(changed["day"].to_list()) | set(old["day"].to_list())
+) -> pl.DataFrame:
+    """``session_id``, ``day`` of every session whose level-2 answer a changed session can move, ordered by day.
+
+    The changed sessions; those whose novelty window one of them entered or left; the whole
+    (task type, day) group of a changed session when that group is its own baseline; and the whole
+    next day's group of its task type when this group is (or was) that day's baseline.
+    """
     con.register("__changed", changed.select("session_id").to_arrow())
-    con.register("__old", old.select("session_id", "family", "started_at").to_arrow())
+    con.register("__old", old.select("session_id", "family", "started_at", "day", "task_type").to_arrow())
     try:
-        # markers: the changed sessions where they stand now, and where they stood before this run
-        rows = con.execute(
+        return con.sql(
             f"""
             WITH fam AS (
                 SELECT DISTINCT coalesce(family, chr(0)) AS f FROM session_index
                 WHERE session_id IN (SELECT session_id FROM __changed)
                 UNION SELECT DISTINCT coalesce(family, chr(0)) FROM __old
             ),
+            -- markers: the changed sessions where they stand now, and where they stood before this run
             members AS (
                 SELECT session_id, family, started_at, day,
                        session_id IN (SELECT session_id FROM __changed) AS marker
@@ -531,33 +546,58 @@ def _affected_days(
                 SELECT *, max(CASE WHEN marker THEN rank END)
                           OVER (PARTITION BY family ORDER BY rank ROWS UNBOUNDED PRECEDING) AS last_marker
                 FROM ranked
+            ),
+            novelty AS (
+                SELECT session_id FROM reach
+                WHERE NOT marker AND last_marker IS NOT NULL
+                  AND rank - last_marker <= {config.novelty_max_history} + markers
+            ),
+            now_in AS (
+                SELECT coalesce(task_type, 'unknown') AS task_type, day, count(*) AS n_new FROM session_index
+                WHERE session_id IN (SELECT session_id FROM __changed) GROUP BY ALL
+            ),
+            was_in AS (SELECT task_type, day, count(*) AS n_old FROM __old GROUP BY ALL),
+            touched AS (
+                SELECT task_type, day, coalesce(n_new, 0) AS n_new, coalesce(n_old, 0) AS n_old
+                FROM now_in FULL JOIN was_in USING (task_type, day)
+            ),
+            counts AS (
+                SELECT coalesce(task_type, 'unknown') AS task_type, day, count(*) AS n FROM session_index
+                WHERE day IN (SELECT day - 1 FROM touched UNION SELECT day FROM touched)
+                   OR (day IS NULL AND EXISTS (SELECT 1 FROM touched WHERE day IS NULL))
+                GROUP BY ALL
+            ),
+            groups AS (
+                -- its own baseline: the previous day has fewer than MIN_GROUP sessions of the task type
+                SELECT t.task_type, t.day FROM touched t
+                LEFT JOIN counts p ON p.task_type = t.task_type AND p.day = t.day - 1
+                WHERE t.day IS NULL OR coalesce(p.n, 0) < {MIN_GROUP}
+                UNION
+                -- the next day's baseline, before or after this run
+                SELECT t.task_type, t.day + 1 FROM touched t
+                LEFT JOIN counts c ON c.task_type = t.task_type AND c.day = t.day
+                WHERE greatest(coalesce(c.n, 0), coalesce(c.n, 0) - t.n_new + t.n_old) >= {MIN_GROUP}
+            ),
+            grouped AS (
+                SELECT i.session_id FROM session_index i JOIN groups g
+                  ON coalesce(i.task_type, 'unknown') = g.task_type AND i.day IS NOT DISTINCT FROM g.day
             )
-            SELECT DISTINCT day FROM reach
-            WHERE NOT marker AND last_marker IS NOT NULL
-              AND rank - last_marker <= {config.novelty_max_history} + markers
+            SELECT session_id, day FROM session_index
+            WHERE session_id IN (
+                SELECT session_id FROM __changed UNION SELECT session_id FROM novelty
+                UNION SELECT session_id FROM grouped
+            )
+            ORDER BY day NULLS LAST, session_id
             """
-        ).fetchall()
+        ).pl()
     finally:
         con.unregister("__changed")
         con.unregister("__old")
-    days.update(day for (day,) in rows)
-    return sorted(days, key=lambda d: (d is None, d or date.min))
 
 
-def _day_chunks(days: list[date | None], sizes: pl.DataFrame, limit: int) -> Iterator[list[date | None]]:
-    """``days`` in order, grouped into chunks of about ``limit`` sessions (a day is never split)."""
-    size = dict(sizes.iter_rows())
-    chunk: list[date | None] = []
-    total = 0
-    for day in days:
-        n = int(size.get(day, 0))
-        if chunk and total + n > limit:
-            yield chunk
-            chunk, total = [], 0
-        chunk.append(day)
-        total += n
-    if chunk:
-        yield chunk
+def _touched_days(changed: pl.DataFrame, old: pl.DataFrame) -> list[date | None]:
+    """The days whose profiles a run recomputes: where changed sessions are and were."""
+    return sorted(set(changed["day"].to_list()) | set(old["day"].to_list()), key=lambda d: (d is None, d or date.min))
 
 
 def _day_filter(days: list[date | None], column: str = "day") -> str:
@@ -568,26 +608,55 @@ def _day_filter(days: list[date | None], column: str = "day") -> str:
     return "(" + " OR ".join(terms or ["FALSE"]) + ")"
 
 
-def _rescore_days(
+def _baselines(con: duckdb.DuckDBPyConnection, facts: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """:func:`quality.combine.baseline_days` of ``facts``' groups and the stats of those baselines (from the index)."""
+    days = [d for d in facts["day"].unique().to_list()]
+    near = days + [d - timedelta(days=1) for d in days if d is not None]
+    counts = con.sql(
+        f"SELECT coalesce(task_type, 'unknown') AS task_type, day, count(*) AS n FROM session_index "
+        f"WHERE {_day_filter(near)} GROUP BY ALL"
+    ).pl()
+    wanted = facts.select(pl.col("task_type").fill_null("unknown"), "day").unique()
+    baselines = baseline_days(counts).join(wanted, on=["task_type", "day"], how="inner", nulls_equal=True)
+    groups = baselines.select("task_type", pl.col("baseline_day").alias("day")).unique()
+    con.register("__groups", groups.to_arrow())
+    try:
+        members = con.sql(
+            f"SELECT session_id, coalesce(i.task_type, 'unknown') AS task_type, i.day, {', '.join(FEATURES)} "
+            "FROM session_index i JOIN __groups g "
+            "ON coalesce(i.task_type, 'unknown') = g.task_type AND i.day IS NOT DISTINCT FROM g.day"
+        ).pl()
+    finally:
+        con.unregister("__groups")
+    return baselines, baseline_stats(members)
+
+
+def _rescore(
     settings: Settings,
     catalog: Catalog,
     con: duckdb.DuckDBPyConnection,
-    days: list[date | None],
+    targets: list[str],
     changed: set[str] | None,
     config: QualityConfig,
     moved: pl.DataFrame,
 ) -> int:
-    """Level 2 for every session of ``days``; clusters of the closed set around them. Returns the sessions."""
-    facts = con.sql(
-        f"SELECT * EXCLUDE (assembled_at, config_digest, scored_at) FROM session_index WHERE {_day_filter(days)}"
-    ).pl()
-    facts = facts.with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC"))).cast(
-        {k: v for k, v in FACTS_SCHEMA.items() if k in facts.columns}
-    )
-    if facts.height == 0:
-        return 0
-    context = _novelty_context(con, days, config)
-    level2 = combine(facts, context, config)
+    """Level 2 for ``targets``; clusters of the closed set around them. Returns the sessions rescored."""
+    con.register("__targets", pa.table({"session_id": pa.array(targets, pa.string())}))
+    try:
+        facts = con.sql(
+            "SELECT * EXCLUDE (assembled_at, config_digest, scored_at) FROM session_index "
+            "WHERE session_id IN (SELECT session_id FROM __targets)"
+        ).pl()
+        if facts.height == 0:
+            return 0
+        facts = facts.with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC"))).cast(
+            {k: v for k, v in FACTS_SCHEMA.items() if k in facts.columns}
+        )
+        context = _novelty_context(con, config)
+    finally:
+        con.unregister("__targets")
+    baselines, stats = _baselines(con, facts)
+    level2 = combine(facts, context, config, baselines, stats)
     members, ranking, outside = _cluster_set(con, facts, level2.scores, changed, config)
     duplicates = clusters(members, ranking, config)
     now = datetime.now(UTC)
@@ -595,45 +664,71 @@ def _rescore_days(
     if outside.height:  # sessions of other days in the touched clusters: only their exportability can change
         kept = outside.with_columns(exportable(outside, duplicates).alias("exportable"))
         scores = pl.concat([scores, kept.select(scores.columns).cast(scores.schema)])
-    scores_table = ensure_table(catalog, settings, SCORES.name)
-    flags_table = ensure_table(catalog, settings, FLAGS.name)
-    dup_table = ensure_table(catalog, settings, DUPLICATES.name)
-    profiles_table = ensure_table(catalog, settings, PROFILES.name)
     started = members.select("session_id", "started_at")
     dup_rows = duplicates.join(started, on="session_id", how="left")
     anomalies = level2.anomaly_flags.join(facts.select("session_id", "started_at"), on="session_id", how="left")
-    ids = _keys(facts, moved)
     anomaly_rows = _arrow(anomalies, FLAGS, config.scorer_version, now)
-    _replace(flags_table, anomaly_rows, ids, extra=EqualTo(term=Reference("flag_class"), value=literal("anomaly")))
+    flags_table = ensure_table(catalog, settings, FLAGS.name)
+    _replace(
+        flags_table,
+        anomaly_rows,
+        _keys(facts, moved),
+        extra=EqualTo(term=Reference("flag_class"), value=literal("anomaly")),
+    )
+    dup_table = ensure_table(catalog, settings, DUPLICATES.name)
     _replace(dup_table, _arrow(dup_rows, DUPLICATES, config.scorer_version, now), _keys(started, moved))
-    profiles = level2.profiles.with_columns(pl.lit(config.scorer_version).alias("scorer_version"))
-    _replace_days(profiles_table, _arrow(profiles, PROFILES, config.scorer_version, now), days)
     score_keys = _keys(scores.select("session_id", "started_at"), moved)
-    _replace(scores_table, _arrow(scores, SCORES, config.scorer_version, now), score_keys)
-    for spec in (FLAGS, DUPLICATES, PROFILES, SCORES):
+    _replace(
+        ensure_table(catalog, settings, SCORES.name), _arrow(scores, SCORES, config.scorer_version, now), score_keys
+    )
+    for spec in (FLAGS, DUPLICATES, SCORES):
         _refresh(con, settings, catalog, spec)
     return facts.height
 
 
-def _novelty_context(con: duckdb.DuckDBPyConnection, days: list[date | None], config: QualityConfig) -> pl.DataFrame:
-    """Index rows from ``novelty_max_history`` before each family's first session on ``days`` to its last."""
+def _write_profiles(
+    settings: Settings, catalog: Catalog, con: duckdb.DuckDBPyConnection, days: list[date | None], config: QualityConfig
+) -> None:
+    """Recompute the profiles of ``days`` (every task type of each) from the index."""
+    table = ensure_table(catalog, settings, PROFILES.name)
+    ordered = sorted(days, key=lambda d: (d is None, d or date.min))
+    for offset in range(0, len(ordered), 7):  # a week of days at a time: a few feature columns each
+        chunk = ordered[offset : offset + 7]
+        members = con.sql(
+            f"SELECT session_id, task_type, day, {', '.join(FEATURES)}, tool_counts, exit_code_counts "
+            f"FROM session_index WHERE {_day_filter(chunk)}"
+        ).pl()
+        rows = profiles(members).with_columns(pl.lit(config.scorer_version).alias("scorer_version"))
+        _replace_days(table, _arrow(rows, PROFILES, config.scorer_version, datetime.now(UTC)), chunk)
+    _refresh(con, settings, catalog, PROFILES)
+
+
+def _novelty_context(con: duckdb.DuckDBPyConnection, config: QualityConfig) -> pl.DataFrame:
+    """Index rows among the ``novelty_max_history`` before each session of ``__targets`` in its family."""
     return (
         con.sql(
             f"""
-        WITH targets AS (SELECT DISTINCT coalesce(family, chr(0)) AS f FROM session_index WHERE {_day_filter(days)}),
-        ranked AS (
-            SELECT session_id, family, started_at, {_day_filter(days)} AS target,
-                   row_number() OVER (PARTITION BY family ORDER BY started_at NULLS LAST, session_id) AS rank
-            FROM session_index WHERE coalesce(family, chr(0)) IN (SELECT f FROM targets)
-        ),
-        bounds AS (SELECT family, min(rank) AS lo, max(rank) AS hi FROM ranked WHERE target GROUP BY family),
-        wanted AS (
-            SELECT r.session_id FROM ranked r JOIN bounds b ON r.family IS NOT DISTINCT FROM b.family
-            WHERE r.rank BETWEEN b.lo - {config.novelty_max_history} AND b.hi
-        )
-        SELECT session_id, family, started_at::TIMESTAMPTZ AS started_at, signature FROM session_index
-        WHERE session_id IN (SELECT session_id FROM wanted)
-        """
+            WITH fam AS (
+                SELECT DISTINCT coalesce(family, chr(0)) AS f FROM session_index
+                WHERE session_id IN (SELECT session_id FROM __targets)
+            ),
+            ranked AS (
+                SELECT session_id, family, session_id IN (SELECT session_id FROM __targets) AS target,
+                       row_number() OVER (PARTITION BY family ORDER BY started_at NULLS LAST, session_id) AS rank
+                FROM session_index WHERE coalesce(family, chr(0)) IN (SELECT f FROM fam)
+            ),
+            reach AS (
+                SELECT session_id, rank, min(CASE WHEN target THEN rank END)
+                       OVER (PARTITION BY family ORDER BY rank ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING)
+                       AS next_target
+                FROM ranked
+            )
+            SELECT session_id, family, started_at::TIMESTAMPTZ AS started_at, signature FROM session_index
+            WHERE session_id IN (
+                SELECT session_id FROM reach
+                WHERE next_target IS NOT NULL AND next_target - rank <= {config.novelty_max_history}
+            )
+            """
         )
         .pl()
         .with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC")))

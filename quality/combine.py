@@ -1,8 +1,9 @@
 """Level 2 of scoring: a session compared with others, from stored facts only (see :mod:`quality.facts`).
 
-- z-scores and ``behaviour_anomaly`` flags within the session's task type **and day** (its
-  ``started_at`` date, UTC): a group is complete once its day is, so adding sessions to one day
-  never changes another day's scores;
+- z-scores and ``behaviour_anomaly`` flags against a **baseline**: the session's task type on the
+  previous day (its ``started_at`` date, UTC) when that day has at least ``MIN_GROUP`` sessions of
+  it, else the task type on the session's own day (a young or sparse lakehouse). At scale a new
+  session is compared with a completed day, so scoring it changes no other session's z-score;
 - novelty against the ``novelty_max_history`` most recent earlier trajectories of its family;
 - completion, validity, quality (see :mod:`quality.scoring`);
 - duplicate clusters over a closed set of sessions (complete old clusters plus the candidates
@@ -16,11 +17,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import timedelta
 
 import numpy as np
 import polars as pl
 
-from quality.anomalies import FEATURES, anomaly_flags, robust_z
+from quality.anomalies import _MIN_SCALE, FEATURES, MIN_GROUP, anomaly_flags
 from quality.cheats import FLAGS_SCHEMA
 from quality.config import QualityConfig
 from quality.dedup import DUPLICATES_SCHEMA, Documents, estimated_similarity, find_duplicates
@@ -55,11 +57,10 @@ PROFILE_GROUP = ["task_type", "day"]
 
 @dataclass
 class Combined:
-    """Level-2 output for a set of sessions whose (task type, day) groups are complete."""
+    """Level-2 output for a set of sessions."""
 
     scores: pl.DataFrame  # COMBINED_SCHEMA
     anomaly_flags: pl.DataFrame  # FLAGS_SCHEMA
-    profiles: pl.DataFrame  # one row per (task_type, day)
 
 
 def novelty(targets: pl.DataFrame, context: pl.DataFrame, config: QualityConfig) -> pl.DataFrame:
@@ -87,17 +88,77 @@ def novelty(targets: pl.DataFrame, context: pl.DataFrame, config: QualityConfig)
     return targets.select("session_id").join(out, on="session_id", how="left")
 
 
-def combine(facts: pl.DataFrame, context: pl.DataFrame, config: QualityConfig) -> Combined:
-    """Scores (before clusters), anomaly flags and profiles of ``facts``.
+GROUP = ["task_type", "day"]
+
+
+def baseline_days(counts: pl.DataFrame) -> pl.DataFrame:
+    """``task_type``, ``day``, ``baseline_day`` for each group of ``counts`` (task_type, day, n).
+
+    The baseline is the previous calendar day when it holds at least ``MIN_GROUP`` sessions of the
+    task type, else the day itself.
+    """
+    counts = counts.with_columns(pl.col("task_type").fill_null("unknown"))
+    previous = counts.select("task_type", (pl.col("day") + timedelta(days=1)).alias("day"), pl.col("n").alias("prev"))
+    return (
+        counts.join(previous, on=GROUP, how="left", nulls_equal=True)
+        .select(
+            *GROUP,
+            pl.when(pl.col("prev").fill_null(0) >= MIN_GROUP)
+            .then(pl.col("day") - timedelta(days=1))
+            .otherwise(pl.col("day"))
+            .alias("baseline_day"),
+        )
+        .unique(GROUP)
+    )
+
+
+def baseline_stats(members: pl.DataFrame) -> pl.DataFrame:
+    """Per (task_type, day) of ``members`` (session_id, task_type, day, features): n, median, robust σ."""
+    members = members.with_columns(pl.col("task_type").fill_null("unknown"))
+    aggs: list[pl.Expr] = [pl.len().alias("n")]
+    for name in FEATURES:
+        x = pl.col(name).log1p()
+        aggs.append(x.median().alias(f"m_{name}"))
+        aggs.append(((x - x.median()).abs().median() * 1.4826).alias(f"s_{name}"))
+    return members.group_by(GROUP).agg(aggs).rename({"day": "baseline_day"})
+
+
+def z_scores(facts: pl.DataFrame, baselines: pl.DataFrame, stats: pl.DataFrame) -> pl.DataFrame:
+    """``facts``' features with ``z_<feature>`` columns against their baseline (0 when it is smaller than MIN_GROUP)."""
+    frame = (
+        facts.select("session_id", pl.col("task_type").fill_null("unknown"), "day", *FEATURES)
+        .join(baselines, on=GROUP, how="left", nulls_equal=True)
+        .join(stats, on=["task_type", "baseline_day"], how="left", nulls_equal=True)
+    )
+    exprs = []
+    for name in FEATURES:
+        scale = pl.max_horizontal(pl.col(f"s_{name}"), pl.lit(_MIN_SCALE))
+        exprs.append(
+            pl.when(pl.col("n").fill_null(0) >= MIN_GROUP)
+            .then((pl.col(name).log1p() - pl.col(f"m_{name}")) / scale)
+            .otherwise(0.0)
+            .alias(f"z_{name}")
+        )
+    return frame.with_columns(exprs).select("session_id", "task_type", "day", *FEATURES, *[f"z_{n}" for n in FEATURES])
+
+
+def combine(
+    facts: pl.DataFrame,
+    context: pl.DataFrame,
+    config: QualityConfig,
+    baselines: pl.DataFrame,
+    stats: pl.DataFrame,
+) -> Combined:
+    """Scores (before clusters) and anomaly flags of ``facts``.
 
     Args:
-        facts: :data:`quality.facts.FACTS_SCHEMA` rows; every (task_type, day) group in it complete.
+        facts: :data:`quality.facts.FACTS_SCHEMA` rows of the sessions to score.
         context: what :func:`novelty` needs for these sessions.
         config: weights, thresholds and governance.
+        baselines: :func:`baseline_days` of (at least) the groups of ``facts``.
+        stats: :func:`baseline_stats` of (at least) those baselines' members.
     """
-    features = robust_z(
-        facts.select("session_id", pl.col("task_type").fill_null("unknown"), "day", *FEATURES), by=("task_type", "day")
-    )
+    features = z_scores(facts, baselines, stats)
     anomalies = anomaly_flags(features, config.outlier_z)
     anomaly_weight = config.policies().get("behaviour_anomaly")
     weight_of_anomaly = anomaly_weight.weight if anomaly_weight and anomaly_weight.weight is not None else 1.0
@@ -151,18 +212,20 @@ def combine(facts: pl.DataFrame, context: pl.DataFrame, config: QualityConfig) -
         .cast(COMBINED_SCHEMA)
         .sort("session_id")
     )
-    return Combined(scores, anomalies.cast(FLAGS_SCHEMA).sort("session_id", "flag"), profiles(facts, features))
+    return Combined(scores, anomalies.cast(FLAGS_SCHEMA).sort("session_id", "flag"))
 
 
-def profiles(facts: pl.DataFrame, features: pl.DataFrame) -> pl.DataFrame:
-    """Per (task_type, day): sessions, p50 and p90 of each feature, tool mix and step exit codes (JSON shares)."""
-    stats = features.group_by(PROFILE_GROUP).agg(
+def profiles(members: pl.DataFrame) -> pl.DataFrame:
+    """Per (task_type, day) of ``members`` (complete groups of facts): sessions, p50 and p90 of each feature,
+    tool mix and step exit codes (JSON shares)."""
+    members = members.with_columns(pl.col("task_type").fill_null("unknown"))
+    stats = members.group_by(PROFILE_GROUP).agg(
         pl.len().cast(pl.Int64).alias("sessions"),
         *[pl.col(c).median().alias(f"{c}_p50") for c in FEATURES],
         *[pl.col(c).quantile(0.9).alias(f"{c}_p90") for c in FEATURES],
     )
     mixes: dict[tuple[object, object], dict[str, dict[str, int]]] = {}
-    typed = facts.select(pl.col("task_type").fill_null("unknown"), "day", "tool_counts", "exit_code_counts")
+    typed = members.select("task_type", "day", "tool_counts", "exit_code_counts")
     for task_type, day, tools, codes in typed.iter_rows():
         group = mixes.setdefault((task_type, day), {"tool_mix": {}, "exit_codes": {}})
         for name, raw in (("tool_mix", tools), ("exit_codes", codes)):

@@ -23,7 +23,16 @@ from dataclasses import dataclass
 import polars as pl
 
 from quality.cheats import FLAGS_SCHEMA
-from quality.combine import LOOP_PENALTY, STEPS_PENALTY, clusters, combine, exportable
+from quality.combine import (
+    LOOP_PENALTY,
+    STEPS_PENALTY,
+    baseline_days,
+    baseline_stats,
+    clusters,
+    combine,
+    exportable,
+    profiles,
+)
 from quality.config import QualityConfig
 from quality.dedup import DUPLICATES_SCHEMA
 from quality.facts import session_facts
@@ -103,7 +112,10 @@ def score_sessions(
     config = config or QualityConfig()
     level1 = session_facts(trajectories, steps, file_ops, network, config, sessions)
     facts = level1.facts
-    level2 = combine(facts, facts.select("session_id", "family", "started_at", "signature"), config)
+    counts = facts.group_by(pl.col("task_type").fill_null("unknown"), "day").agg(pl.len().alias("n"))
+    baselines = baseline_days(counts)
+    stats = baseline_stats(facts)
+    level2 = combine(facts, facts.select("session_id", "family", "started_at", "signature"), config, baselines, stats)
     ranking = level2.scores.select("session_id", "quality", "started_at")
     duplicates = clusters(facts.select("session_id", "exact_key", "signature"), ranking, config)
     flags = pl.concat([level1.cheat_flags, level2.anomaly_flags]).cast(FLAGS_SCHEMA).sort("session_id", "flag")
@@ -111,5 +123,5 @@ def score_sessions(
         scores=finish_scores(level2.scores, duplicates, config),
         flags=flags,
         duplicates=duplicates.cast(DUPLICATES_SCHEMA).sort("cluster_id", "session_id"),
-        profiles=level2.profiles,
+        profiles=profiles(facts),
     )

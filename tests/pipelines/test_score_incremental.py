@@ -170,3 +170,17 @@ def test_the_index_table_holds_every_fact_and_the_profiles_every_feature() -> No
     assert set(FACTS_SCHEMA) <= set(index.names)
     profile_columns = set(PROFILES.arrow_schema().names)
     assert {f"{name}_{stat}" for name in FEATURES for stat in ("p50", "p90")} <= profile_columns
+
+
+def test_new_sessions_of_a_day_with_a_complete_baseline_rescore_only_themselves(settings: Settings) -> None:
+    settings = settings.model_copy(update={"score_watermark_lag_s": 0.0})
+    hour = 3_600_000_000
+    for n, seed, start in ((120, 1, BASE_US), (30, 2, BASE_US + DAY_US), (10, 3, BASE_US + DAY_US + 6 * hour)):
+        write_raw(settings, [e for s in synthetic_sessions(n, seed=seed, start_us=start) for e in s])
+        assemble(settings)
+        run = score_all(settings)
+    # day 0 (about 40 sessions per task type) is the baseline of day 1: the ten newest sessions of day 1
+    # change no other session's z-score, and come after every other session of their task families
+    assert run.mode == "incremental" and run.changed_sessions == 10 and run.rescored_sessions == 10
+    assert run.sessions == 160
+    _assert_matches_pure(settings, _tables(settings), "after the last batch")
