@@ -497,7 +497,7 @@ def _index_sessions(
         pl.lit(facts_digest(config)).alias("config_digest")
     )
     index = ensure_table(catalog, settings, SESSION_INDEX.name)
-    keys = _keys(facts, _index_positions(con, sessions))
+    keys = _keys(_index_positions(con, sessions))  # flags exist only where an index row does
     _replace(index, _arrow(facts, SESSION_INDEX, config.scorer_version, now), keys)
     # detector flags: replaced for these sessions (anomaly flags belong to level 2)
     flags = level1.cheat_flags.join(facts.select("session_id", "started_at"), on="session_id", how="left")
@@ -672,12 +672,13 @@ def _rescore(
     _replace(
         flags_table,
         anomaly_rows,
-        _keys(facts, moved),
+        _existing(con, "flags", facts["session_id"], "flag_class = 'anomaly'"),
         extra=EqualTo(term=Reference("flag_class"), value=literal("anomaly")),
     )
     dup_table = ensure_table(catalog, settings, DUPLICATES.name)
-    _replace(dup_table, _arrow(dup_rows, DUPLICATES, config.scorer_version, now), _keys(started, moved))
-    score_keys = _keys(scores.select("session_id", "started_at"), moved)
+    dup_keys = _existing(con, "duplicates", started["session_id"])
+    _replace(dup_table, _arrow(dup_rows, DUPLICATES, config.scorer_version, now), dup_keys)
+    score_keys = _existing(con, "scores", scores["session_id"])
     _replace(
         ensure_table(catalog, settings, SCORES.name), _arrow(scores, SCORES, config.scorer_version, now), score_keys
     )
@@ -812,6 +813,19 @@ def _cluster_set(
 
 
 # ---------------------------------------------------------------------------------------- writes
+
+
+def _existing(con: duckdb.DuckDBPyConnection, view: str, ids: pl.Series, where: str = "TRUE") -> pl.DataFrame:
+    """``session_id``, ``started_at`` of the rows of ``view`` for ``ids``: what a replace deletes (often nothing)."""
+    con.register("__ids", pa.table({"session_id": ids.cast(pl.Utf8).to_arrow()}))
+    try:
+        found = con.sql(
+            f"SELECT DISTINCT session_id, started_at::TIMESTAMPTZ AS started_at FROM {view} "
+            f"WHERE session_id IN (SELECT session_id FROM __ids) AND {where}"
+        ).pl()
+    finally:
+        con.unregister("__ids")
+    return _keys(found)
 
 
 def _keys(*frames: pl.DataFrame) -> pl.DataFrame:

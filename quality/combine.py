@@ -224,22 +224,29 @@ def profiles(members: pl.DataFrame) -> pl.DataFrame:
         *[pl.col(c).median().alias(f"{c}_p50") for c in FEATURES],
         *[pl.col(c).quantile(0.9).alias(f"{c}_p90") for c in FEATURES],
     )
-    mixes: dict[tuple[object, object], dict[str, dict[str, int]]] = {}
-    typed = members.select("task_type", "day", "tool_counts", "exit_code_counts")
-    for task_type, day, tools, codes in typed.iter_rows():
-        group = mixes.setdefault((task_type, day), {"tool_mix": {}, "exit_codes": {}})
-        for name, raw in (("tool_mix", tools), ("exit_codes", codes)):
-            for key, n in json.loads(raw or "{}").items():
-                group[name][key] = group[name].get(key, 0) + n
+    mix = None
+    for column, name in (("tool_counts", "tool_mix"), ("exit_code_counts", "exit_codes")):
+        shares = _shares(members, column, name)
+        mix = shares if mix is None else mix.join(shares, on=PROFILE_GROUP, how="full", coalesce=True, nulls_equal=True)
+    assert mix is not None
+    return stats.join(mix, on=PROFILE_GROUP, how="left", nulls_equal=True).sort(PROFILE_GROUP)
+
+
+def _shares(members: pl.DataFrame, column: str, name: str) -> pl.DataFrame:
+    """Per group: the JSON share of each key of the per-session JSON counts in ``column`` (keys sorted)."""
+    # sessions repeat the same few count objects: parse each distinct one once
+    distinct = members.group_by(*PROFILE_GROUP, column).len("sessions")
+    totals: dict[tuple[object, object], dict[str, int]] = {}
+    for task_type, day, raw, sessions in distinct.iter_rows():
+        group = totals.setdefault((task_type, day), {})
+        for key, n in json.loads(raw or "{}").items():
+            group[key] = group.get(key, 0) + n * sessions
     rows = []
-    for (task_type, day), group in mixes.items():
-        shares = {}
-        for name, counts in group.items():
-            total = sum(counts.values())
-            shares[name] = json.dumps({k: round(v / total, 4) for k, v in sorted(counts.items())}) if total else None
-        rows.append({"task_type": task_type, "day": day, **shares})
-    mix = pl.DataFrame(rows, schema={"task_type": pl.Utf8, "day": pl.Date, "tool_mix": pl.Utf8, "exit_codes": pl.Utf8})
-    return stats.join(mix, on=PROFILE_GROUP, how="left").sort(PROFILE_GROUP)
+    for (task_type, day), counts in totals.items():
+        total = sum(counts.values())
+        text = json.dumps({k: round(v / total, 4) for k, v in sorted(counts.items())}) if total else None
+        rows.append({"task_type": task_type, "day": day, name: text})
+    return pl.DataFrame(rows, schema={"task_type": pl.Utf8, "day": pl.Date, name: pl.Utf8})
 
 
 def clusters(members: pl.DataFrame, ranking: pl.DataFrame, config: QualityConfig) -> pl.DataFrame:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from quality.anomalies import FEATURES, session_features
 from quality.cheats import FLAGS_SCHEMA, detect_cheats
@@ -171,8 +172,8 @@ def session_facts(
     documents = docs.sessions.select(
         "session_id",
         pl.col("exact_key").cast(pl.UInt64).reinterpret(signed=True).alias("exact_key"),
-        pl.Series("signature", [row.astype("<u4").tobytes() for row in signatures], dtype=pl.Binary),
-        pl.Series("bands", bands.tolist(), dtype=pl.List(pl.Int64)),
+        pl.Series("signature", _binary_rows(signatures.astype("<u4"))),
+        pl.Series("bands", _list_rows(bands)),
     )
     counts = _step_counts(steps)
     family = pl.coalesce(pl.col("task_family"), pl.col("task_id"))
@@ -226,25 +227,35 @@ def _longest_identical_run(tokens: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _binary_rows(matrix: np.ndarray) -> pa.Array:
+    """One binary value per row of a 2-D array, without a Python object per row."""
+    n, width = matrix.shape[0], matrix.shape[1] * matrix.itemsize
+    offsets = pa.py_buffer((np.arange(n + 1, dtype=np.int32) * width).tobytes())
+    return pa.Array.from_buffers(pa.binary(), n, [None, offsets, pa.py_buffer(np.ascontiguousarray(matrix).tobytes())])
+
+
+def _list_rows(matrix: np.ndarray) -> pa.Array:
+    """One list<int64> per row of a 2-D int64 array."""
+    n, width = matrix.shape
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * width)
+    return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(matrix).reshape(-1)))
+
+
 def _step_counts(steps: pl.DataFrame) -> pl.DataFrame:
     """``session_id``, ``tool_counts``, ``exit_code_counts`` (JSON objects, keys sorted)."""
-    out: dict[object, dict[str, str]] = {}
+    frames = []
     for column, name in (("tool_name", "tool_counts"), ("exit_code", "exit_code_counts")):
         key = pl.col(column).cast(pl.Utf8).fill_null("none" if column == "exit_code" else "")
-        grouped = steps.group_by("session_id", key.alias("k")).len().sort("session_id", "k")
-        per: dict[object, dict[str, int]] = {}
-        for session, k, n in grouped.iter_rows():
-            per.setdefault(session, {})[k] = n
-        for session, value in per.items():
-            out.setdefault(session, {})[name] = json.dumps(value, sort_keys=True)
-    return pl.DataFrame(
-        {
-            "session_id": list(out),
-            "tool_counts": [v.get("tool_counts", "{}") for v in out.values()],
-            "exit_code_counts": [v.get("exit_code_counts", "{}") for v in out.values()],
-        },
-        schema={"session_id": steps.schema["session_id"], "tool_counts": pl.Utf8, "exit_code_counts": pl.Utf8},
-    )
+        grouped = steps.group_by("session_id", key.alias("k")).len()
+        quoted = {k: json.dumps(k) for k in grouped["k"].unique().to_list()}  # few distinct keys
+        frames.append(
+            grouped.sort("session_id", "k")
+            .with_columns(pl.col("k").replace_strict(quoted, return_dtype=pl.Utf8))
+            .group_by("session_id", maintain_order=True)
+            .agg(pl.format("{}: {}", "k", "len").str.join(", ").alias(name))
+            .with_columns(pl.concat_str(pl.lit("{"), pl.col(name), pl.lit("}")).alias(name))
+        )
+    return frames[0].join(frames[1], on="session_id", how="full", coalesce=True)
 
 
 def encode(frame: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
