@@ -78,9 +78,11 @@ def novelty(targets: pl.DataFrame, context: pl.DataFrame, config: QualityConfig)
     rank = ordered.select(pl.int_range(pl.len()).over("family").alias("rank"))["rank"].to_numpy()
     best = np.zeros(ordered.height)
     max_rank = int(rank.max()) if ordered.height else 0
+    # only the targets' rows are answered (the context around them can be far larger)
+    wanted = ordered["session_id"].is_in(targets["session_id"].implode()).to_numpy()
     rows = np.arange(ordered.height)
     for offset in range(1, min(max_rank, config.novelty_max_history) + 1):
-        later = rows[rank >= offset]
+        later = rows[(rank >= offset) & wanted]
         earlier = later - offset
         sim = estimated_similarity(signatures, later, earlier)
         best[later] = np.maximum(best[later], sim)
