@@ -158,7 +158,7 @@ class Settings(BaseSettings):
         "before the last run's watermark (clocks of machines assembling into one catalog may differ by this much).",
     )
     score_chunk_sessions: int = Field(
-        200_000,
+        100_000,
         ge=1,
         description="TRAJLAKE_SCORE_CHUNK_SESSIONS: sessions a scoring run holds in memory at once (whole days; "
         "a full rescore streams day partitions in chunks of about this many sessions).",
