@@ -611,7 +611,7 @@ def _day_filter(days: list[date | None], column: str = "day") -> str:
 def _baselines(con: duckdb.DuckDBPyConnection, facts: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """:func:`quality.combine.baseline_days` of ``facts``' groups and the stats of those baselines (from the index)."""
     days = [d for d in facts["day"].unique().to_list()]
-    near = days + [d - timedelta(days=1) for d in days if d is not None]
+    near = days + [d - timedelta(days=1) for d in days if d is not None and d > date.min]
     counts = con.sql(
         f"SELECT coalesce(task_type, 'unknown') AS task_type, day, count(*) AS n FROM session_index "
         f"WHERE {_day_filter(near)} GROUP BY ALL"
@@ -839,18 +839,16 @@ def _keys(*frames: pl.DataFrame) -> pl.DataFrame:
 def _day_terms(column: str, values: list[datetime | None]) -> BooleanExpression:
     """Iceberg predicate: ``column`` on one of the days of ``values`` (partition pruning for day-partitioned tables)."""
     days = sorted({v.date() for v in values if v is not None})
-    terms: list[BooleanExpression] = [
-        And(
-            GreaterThanOrEqual(
-                term=Reference(column), value=literal(datetime.combine(d, dt_time.min, UTC).isoformat())
-            ),
-            LessThan(
-                term=Reference(column),
-                value=literal(datetime.combine(d + timedelta(days=1), dt_time.min, UTC).isoformat()),
-            ),
+    terms: list[BooleanExpression] = []
+    for d in days:
+        start = GreaterThanOrEqual(
+            term=Reference(column), value=literal(datetime.combine(d, dt_time.min, UTC).isoformat())
         )
-        for d in days
-    ]
+        if d == date.max:  # no next day to bound it
+            terms.append(start)
+            continue
+        end = datetime.combine(d + timedelta(days=1), dt_time.min, UTC).isoformat()
+        terms.append(And(start, LessThan(term=Reference(column), value=literal(end))))
     # rows without a start (and rows of an older scorer, from before the column existed) sit in the null partition
     terms.append(IsNull(term=Reference(column)))
     return terms[0] if len(terms) == 1 else Or(*terms)
