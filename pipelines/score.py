@@ -661,11 +661,16 @@ def _rescore(
     duplicates = clusters(members, ranking, config)
     now = datetime.now(UTC)
     scores = finish_scores(level2.scores, duplicates, config)
-    if outside.height:  # sessions of other days in the touched clusters: only their exportability can change
-        kept = outside.with_columns(exportable(outside, duplicates).alias("exportable"))
+    if outside.height:
+        # members of the touched clusters outside the targets: only their exportability can change, and
+        # only those whose exportability did change are written (a cluster can span all of history)
+        kept = outside.with_columns(exportable(outside, duplicates).alias("_new")).filter(
+            pl.col("_new") != pl.col("_old")
+        )
+        kept = kept.with_columns(pl.col("_new").alias("exportable"))
         scores = pl.concat([scores, kept.select(scores.columns).cast(scores.schema)])
     started = members.select("session_id", "started_at")
-    dup_rows = duplicates.join(started, on="session_id", how="left")
+    dup_rows, dup_ids = _changed_duplicates(con, duplicates.join(started, on="session_id", how="left"), started)
     anomalies = level2.anomaly_flags.join(facts.select("session_id", "started_at"), on="session_id", how="left")
     anomaly_rows = _arrow(anomalies, FLAGS, config.scorer_version, now)
     flags_table = ensure_table(catalog, settings, FLAGS.name)
@@ -676,7 +681,7 @@ def _rescore(
         extra=EqualTo(term=Reference("flag_class"), value=literal("anomaly")),
     )
     dup_table = ensure_table(catalog, settings, DUPLICATES.name)
-    dup_keys = _existing(con, "duplicates", started["session_id"])
+    dup_keys = _existing(con, "duplicates", dup_ids)
     _replace(dup_table, _arrow(dup_rows, DUPLICATES, config.scorer_version, now), dup_keys)
     score_keys = _existing(con, "scores", scores["session_id"])
     _replace(
@@ -685,6 +690,28 @@ def _rescore(
     for spec in (FLAGS, DUPLICATES, SCORES):
         _refresh(con, settings, catalog, spec)
     return facts.height
+
+
+def _changed_duplicates(
+    con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, members: pl.DataFrame
+) -> tuple[pl.DataFrame, pl.Series]:
+    """The new rows to write and the members whose row is new, changed or gone (whose old rows go).
+
+    Only those are rewritten: a new duplicate of an old cluster leaves its other members' rows as they were.
+    """
+    columns = ["session_id", "cluster_id", "is_representative", "similarity", "method"]
+    con.register("__members", members.select("session_id").to_arrow())
+    try:
+        old = con.sql(
+            f"SELECT {', '.join(columns)} FROM duplicates WHERE session_id IN (SELECT session_id FROM __members)"
+        ).pl()
+    finally:
+        con.unregister("__members")
+    new = rows.select(columns)
+    old = old.cast(dict(new.schema))
+    changed = pl.concat([new.join(old, on=columns, how="anti"), old.join(new, on=columns, how="anti")])
+    ids = changed["session_id"].unique()
+    return rows.filter(pl.col("session_id").is_in(ids.implode())), ids
 
 
 def _write_profiles(
@@ -787,7 +814,7 @@ def _cluster_set(
         con.register("__members", members.select("session_id").to_arrow())
         outside = con.sql(
             """
-            SELECT * EXCLUDE (scored_at, exportable),
+            SELECT * EXCLUDE (scored_at, exportable), exportable AS _old,
                    quality >= $min_quality AND NOT coalesce(security_flagged, FALSE)
                    AND coalesce(failure_cause, '') <> 'still_running' AS exportable_base
             FROM scores WHERE session_id IN (SELECT session_id FROM __members)
