@@ -1,10 +1,11 @@
-"""Behaviour profiles per task type and robust outlier scores per session.
+"""Behaviour features per session and the anomaly flags of their robust outlier scores.
 
-Features are compared on a ``log1p`` scale against the median of their task type, scaled by
-the median absolute deviation (MAD × 1.4826, a robust σ). A session whose largest |z| passes
-the configured threshold gets an ``anomaly`` flag with that score — e.g. a one-step success
-where the task type's median is twenty steps. Groups smaller than ``MIN_GROUP`` are not scored:
-a median of three sessions says little.
+Features are compared on a ``log1p`` scale against the median of the session's baseline (its
+task type on the previous or its own day: :mod:`quality.combine`), scaled by the median absolute
+deviation (MAD × 1.4826, a robust σ). A session whose largest |z| passes the configured threshold
+gets an ``anomaly`` flag with that score — e.g. a one-step success where the task type's median
+is twenty steps. Baselines smaller than ``MIN_GROUP`` do not score: a median of three sessions
+says little.
 """
 
 from __future__ import annotations
@@ -31,9 +32,6 @@ TRAJECTORY_FEATURES = [
 #: Features per session (log1p scale for scoring); the last two come from the steps.
 FEATURES = [*TRAJECTORY_FEATURES, "error_rate", "run_tests_share"]
 MIN_GROUP = 20
-# Floor of the robust σ on the log scale: integer-valued features (often all equal) would
-# otherwise have MAD = 0 and make any difference infinitely anomalous.
-_MIN_SCALE = 0.25
 
 
 def session_features(trajectories: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
@@ -61,62 +59,11 @@ def session_features(trajectories: pl.DataFrame, steps: pl.DataFrame) -> pl.Data
     )
 
 
-def robust_z(features: pl.DataFrame, by: tuple[str, ...] = ("task_type",)) -> pl.DataFrame:
-    """``z_<feature>`` columns: robust z-scores within each group of ``by`` (0 in small groups).
-
-    The scorer groups by task type and day (:mod:`quality.combine`): a day's group is complete
-    once the day is, so scores stay comparable and incremental.
-    """
-    group = list(by)
-    exprs = []
-    for name in FEATURES:
-        x = pl.col(name).log1p()
-        median = x.median().over(group)
-        mad = (x - median).abs().median().over(group) * 1.4826
-        scale = pl.max_horizontal(mad, pl.lit(_MIN_SCALE))
-        exprs.append(
-            pl.when(pl.len().over(group) >= MIN_GROUP).then((x - median) / scale).otherwise(0.0).alias(f"z_{name}")
-        )
-    return features.with_columns(exprs)
-
-
-def behaviour_profiles(features: pl.DataFrame, steps: pl.DataFrame, trajectories: pl.DataFrame) -> pl.DataFrame:
-    """Per task type: sessions, medians and p90 of each feature, tool mix and exit-code distribution.
-
-    Returns:
-        One row per ``task_type``; ``tool_mix`` and ``exit_codes`` are JSON objects (share of steps).
-    """
-    stats = features.group_by("task_type").agg(
-        pl.len().alias("sessions"),
-        *[pl.col(c).median().alias(f"{c}_p50") for c in FEATURES],
-        *[pl.col(c).quantile(0.9).alias(f"{c}_p90") for c in FEATURES],
-    )
-    typed = steps.join(trajectories.select("session_id", "task_type"), on="session_id", how="inner")
-    tools = _shares(typed, "tool_name", "tool_mix")
-    codes = _shares(typed.with_columns(pl.col("exit_code").cast(pl.Utf8).fill_null("none")), "exit_code", "exit_codes")
-    return stats.join(tools, on="task_type", how="left").join(codes, on="task_type", how="left").sort("task_type")
-
-
-def _shares(frame: pl.DataFrame, column: str, alias: str) -> pl.DataFrame:
-    counts = (
-        frame.group_by("task_type", column)
-        .len()
-        .with_columns((pl.col("len") / pl.col("len").sum().over("task_type")).round(4).alias("share"))
-    )
-    rows: dict[str, dict[str, float]] = {}
-    for task_type, key, share in counts.select("task_type", column, "share").iter_rows():
-        rows.setdefault(task_type, {})[str(key)] = share
-    return pl.DataFrame(
-        {"task_type": list(rows), alias: [json.dumps(dict(sorted(v.items()))) for v in rows.values()]},
-        schema={"task_type": pl.Utf8, alias: pl.Utf8},
-    )
-
-
 def anomaly_flags(scored: pl.DataFrame, threshold: float) -> pl.DataFrame:
     """Flags for sessions whose largest |z| exceeds ``threshold``.
 
     Args:
-        scored: output of :func:`robust_z`.
+        scored: the features with their ``z_<feature>`` columns (:func:`quality.combine.z_scores`).
         threshold: robust z above which a session is anomalous.
 
     Returns:

@@ -22,7 +22,7 @@ from datetime import timedelta
 import numpy as np
 import polars as pl
 
-from quality.anomalies import _MIN_SCALE, FEATURES, MIN_GROUP, anomaly_flags
+from quality.anomalies import FEATURES, MIN_GROUP, anomaly_flags
 from quality.cheats import FLAGS_SCHEMA
 from quality.config import QualityConfig
 from quality.dedup import DUPLICATES_SCHEMA, Documents, estimated_similarity, find_duplicates
@@ -53,6 +53,9 @@ _COMBINED_SCHEMA_TYPES: dict[str, pl.DataType | type[pl.DataType]] = {
 }
 COMBINED_SCHEMA = pl.Schema(_COMBINED_SCHEMA_TYPES)
 PROFILE_GROUP = ["task_type", "day"]
+# Floor of the robust σ on the log scale: integer-valued features (often all equal) would
+# otherwise have MAD = 0 and make any difference infinitely anomalous.
+MIN_SCALE = 0.25
 
 
 @dataclass
@@ -134,7 +137,7 @@ def z_scores(facts: pl.DataFrame, baselines: pl.DataFrame, stats: pl.DataFrame) 
     )
     exprs = []
     for name in FEATURES:
-        scale = pl.max_horizontal(pl.col(f"s_{name}"), pl.lit(_MIN_SCALE))
+        scale = pl.max_horizontal(pl.col(f"s_{name}"), pl.lit(MIN_SCALE))
         exprs.append(
             pl.when(pl.col("n").fill_null(0) >= MIN_GROUP)
             .then((pl.col(name).log1p() - pl.col(f"m_{name}")) / scale)

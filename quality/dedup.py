@@ -184,6 +184,18 @@ def estimated_similarity(sig: np.ndarray, left: np.ndarray, right: np.ndarray, c
     return out
 
 
+def band_keys(signatures: np.ndarray, config: QualityConfig) -> np.ndarray:
+    """LSH band keys (``n × bands`` uint64): rows equal in one band's key are candidate duplicates."""
+    rng = np.random.default_rng(config.seed)
+    mult = rng.integers(1, 1 << 62, size=config.dedup_rows, dtype=np.uint64) | np.uint64(1)
+    out = np.zeros((signatures.shape[0], config.dedup_bands), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for band in range(config.dedup_bands):
+            cols = signatures[:, band * config.dedup_rows : (band + 1) * config.dedup_rows].astype(np.uint64)
+            out[:, band] = (cols * mult).sum(axis=1, dtype=np.uint64) ^ (cols[:, 0] << np.uint64(32))
+    return out
+
+
 def lsh_pairs(signatures: np.ndarray, config: QualityConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Candidate pairs from LSH banding, confirmed by estimated Jaccard ≥ threshold.
 
@@ -194,24 +206,19 @@ def lsh_pairs(signatures: np.ndarray, config: QualityConfig) -> tuple[np.ndarray
     if n < 2:
         empty = np.empty(0, dtype=np.int64)
         return empty, empty, np.empty(0)
-    rng = np.random.default_rng(config.seed)
-    mult = rng.integers(1, 1 << 62, size=config.dedup_rows, dtype=np.uint64) | np.uint64(1)
+    keys = band_keys(signatures, config)
     lefts, rights = [], []
-    with np.errstate(over="ignore"):
-        for band in range(config.dedup_bands):
-            cols = signatures[:, band * config.dedup_rows : (band + 1) * config.dedup_rows].astype(np.uint64)
-            key = (cols * mult).sum(axis=1, dtype=np.uint64) ^ (cols[:, 0] << np.uint64(32))
-            order = np.argsort(key, kind="stable")
-            sorted_key = key[order]
-            same = np.flatnonzero(sorted_key[1:] == sorted_key[:-1]) + 1
-            if not len(same):
-                continue
-            # link each member of a bucket to the bucket's first row
-            bucket_start = np.maximum.accumulate(
-                np.where(np.r_[True, sorted_key[1:] != sorted_key[:-1]], np.arange(n), 0)
-            )
-            lefts.append(order[bucket_start[same]])
-            rights.append(order[same])
+    for band in range(config.dedup_bands):
+        key = keys[:, band]
+        order = np.argsort(key, kind="stable")
+        sorted_key = key[order]
+        same = np.flatnonzero(sorted_key[1:] == sorted_key[:-1]) + 1
+        if not len(same):
+            continue
+        # link each member of a bucket to the bucket's first row
+        bucket_start = np.maximum.accumulate(np.where(np.r_[True, sorted_key[1:] != sorted_key[:-1]], np.arange(n), 0))
+        lefts.append(order[bucket_start[same]])
+        rights.append(order[same])
     if not lefts:
         empty = np.empty(0, dtype=np.int64)
         return empty, empty, np.empty(0)
@@ -271,37 +278,3 @@ def find_duplicates(docs: Documents, ranking: pl.DataFrame, config: QualityConfi
         .otherwise(pl.lit("minhash"))
         .alias("method"),
     ).sort("cluster_id", "session_id")
-
-
-def novelty(docs: Documents, trajectories: pl.DataFrame, config: QualityConfig) -> pl.DataFrame:
-    """``session_id``, ``novelty`` = 1 − the highest similarity to an earlier trajectory of the same task family.
-
-    The family is ``task_family`` (the fleet's task template, the benchmark instance of an
-    imported run), else ``task_id``: fleet sessions each get their own task id, so comparing
-    within a task id would make every session novel. Compares with at most
-    ``config.novelty_max_history`` earlier trajectories per family (the most recent ones). The
-    first trajectory of a family has novelty 1.
-    """
-    family = (
-        pl.coalesce(pl.col("task_family"), pl.col("task_id"))
-        if "task_family" in trajectories.columns
-        else pl.col("task_id")
-    )
-    ordered = (
-        trajectories.select("session_id", family.alias("family"), "started_at")
-        .join(docs.sessions.select("session_id", "exact_group"), on="session_id", how="left")
-        .sort("family", "started_at", "session_id", nulls_last=True)
-    )
-    group = ordered["exact_group"].to_numpy()
-    task_rank = ordered.select(pl.int_range(pl.len()).over("family").alias("rank"))["rank"].to_numpy()
-    best = np.zeros(ordered.height)
-    max_rank = int(task_rank.max()) if ordered.height else 0
-    for offset in range(1, min(max_rank, config.novelty_max_history) + 1):
-        later = np.flatnonzero(task_rank >= offset)
-        earlier = later - offset
-        same = group[later] == group[earlier]  # identical documents: similarity 1 without comparing
-        best[later[same]] = 1.0
-        later, earlier = later[~same], earlier[~same]
-        sim = estimated_similarity(docs.signatures, group[later], group[earlier])
-        best[later] = np.maximum(best[later], sim)
-    return ordered.select("session_id").with_columns(pl.Series("novelty", np.round(1.0 - best, 4)))

@@ -29,7 +29,7 @@ import pyarrow as pa
 from quality.anomalies import FEATURES, session_features
 from quality.cheats import FLAGS_SCHEMA, detect_cheats
 from quality.config import QualityConfig
-from quality.dedup import action_tokens, build_documents
+from quality.dedup import action_tokens, band_keys, build_documents
 from quality.failure import failure_causes
 
 #: The session facts (``session_index`` rows without the bookkeeping columns).
@@ -81,18 +81,6 @@ def facts_digest(config: QualityConfig) -> str:
     manifest.pop("weights")
     manifest["thresholds"] = {k: v for k, v in manifest["thresholds"].items() if k not in LEVEL2_THRESHOLDS}
     return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
-
-
-def band_keys(signatures: np.ndarray, config: QualityConfig) -> np.ndarray:
-    """LSH band keys (``n × bands`` uint64): rows equal in one band's key are candidate duplicates."""
-    rng = np.random.default_rng(config.seed)
-    mult = rng.integers(1, 1 << 62, size=config.dedup_rows, dtype=np.uint64) | np.uint64(1)
-    out = np.zeros((signatures.shape[0], config.dedup_bands), dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for band in range(config.dedup_bands):
-            cols = signatures[:, band * config.dedup_rows : (band + 1) * config.dedup_rows].astype(np.uint64)
-            out[:, band] = (cols * mult).sum(axis=1, dtype=np.uint64) ^ (cols[:, 0] << np.uint64(32))
-    return out
 
 
 def signatures_of(column: pl.Series, num_perm: int) -> np.ndarray:

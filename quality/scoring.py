@@ -24,6 +24,7 @@ import polars as pl
 
 from quality.cheats import FLAGS_SCHEMA
 from quality.combine import (
+    COMBINED_SCHEMA,
     LOOP_PENALTY,
     STEPS_PENALTY,
     baseline_days,
@@ -39,28 +40,11 @@ from quality.facts import session_facts
 
 __all__ = ["LOOP_PENALTY", "SCORES_SCHEMA", "STEPS_PENALTY", "QualityResult", "score_sessions"]
 
-_SCORES_SCHEMA_TYPES: dict[str, pl.DataType | type[pl.DataType]] = {
-    "session_id": pl.Utf8,
-    "task_id": pl.Utf8,
-    "task_type": pl.Utf8,
-    "completion": pl.Float64,
-    "validity": pl.Float64,
-    "novelty": pl.Float64,
-    "quality": pl.Float64,
-    "has_loop": pl.Boolean,
-    "steps_z": pl.Float64,
-    "n_cheat_flags": pl.Int64,
-    "security_flagged": pl.Boolean,
-    "failure_cause": pl.Utf8,
-    "retry_advice": pl.Utf8,
-    "exportable": pl.Boolean,
-    "scorer_version": pl.Utf8,
-    "flags": pl.Utf8,
-    "task_family": pl.Utf8,
-    "config_digest": pl.Utf8,
-    "started_at": pl.Datetime("us", "UTC"),
+#: ``scores`` rows: level 2's, with ``exportable`` (clusters applied) for ``exportable_base``, and the configuration.
+_SCORES_TYPES: dict[str, pl.DataType | type[pl.DataType]] = {
+    ("exportable" if k == "exportable_base" else k): v for k, v in COMBINED_SCHEMA.items()
 }
-SCORES_SCHEMA = pl.Schema(_SCORES_SCHEMA_TYPES)
+SCORES_SCHEMA = pl.Schema({**_SCORES_TYPES, "scorer_version": pl.Utf8, "config_digest": pl.Utf8})
 
 
 @dataclass
