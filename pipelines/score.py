@@ -35,6 +35,7 @@ import logging
 import time
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as dt_time
@@ -172,6 +173,17 @@ class ScoreStats:
     changed_sessions: int = 0  # whose own facts were recomputed (level 1)
     rescored_sessions: int = 0  # whose scores were recomputed (level 2: every session of the affected days)
     affected_days: int = 0
+    #: wall seconds by phase (changed, level1, affected, level2, profiles, summary): where a run's time went
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Add the wall time of the block to ``phases[name]``."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = round(self.phases.get(name, 0.0) + time.monotonic() - started, 3)
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict for printing and asset metadata."""
@@ -253,8 +265,12 @@ def _inputs(con: duckdb.DuckDBPyConnection) -> dict[str, pl.DataFrame]:
     }
 
 
-def _scope(con: duckdb.DuckDBPyConnection, sessions: list[str] | None) -> None:
-    """``scoped_*`` views: the views restricted to ``sessions`` (and, for events and steps, to their days)."""
+def _scope(con: duckdb.DuckDBPyConnection, sessions: list[str] | None, days: list[date | None] | None = None) -> None:
+    """``scoped_*`` views: the views restricted to ``sessions`` (and, for events and steps, to their days).
+
+    ``days``, when given, are the days the sessions started on: trajectories are then read only from
+    those days' files (a lookup by session id alone reads every file's ids).
+    """
     if sessions is None:
         for view in ("trajectories", "steps", "events"):
             con.execute(f"CREATE OR REPLACE TEMP VIEW scoped_{view} AS SELECT * FROM {view}")
@@ -262,17 +278,26 @@ def _scope(con: duckdb.DuckDBPyConnection, sessions: list[str] | None) -> None:
     con.register("__todo", pa.table({"session_id": pa.array(sessions, pa.string())}))
     con.execute("CREATE OR REPLACE TEMP TABLE todo AS SELECT DISTINCT session_id FROM __todo")
     con.unregister("__todo")
+    on_days = "TRUE" if days is None else _on_days(days)
     con.execute(
         "CREATE OR REPLACE TEMP TABLE scoped_traj AS SELECT * FROM trajectories "
-        "WHERE session_id IN (SELECT session_id FROM todo)"
+        f"WHERE {on_days} AND session_id IN (SELECT session_id FROM todo)"
     )
     con.execute("CREATE OR REPLACE TEMP VIEW scoped_trajectories AS SELECT * FROM scoped_traj")
-    # A session's events and steps are not older than a day before its start (clock skew between a
-    # host and the session start is far less): the bound lets DuckDB skip older files by their statistics.
-    since = con.execute(
-        "SELECT CASE WHEN count(*) = count(started_at) THEN min(started_at) - INTERVAL 1 DAY END FROM scoped_traj"
+    # A trajectory's ``started_at`` and ``last_event_at`` are its events' least and greatest ``ts``
+    # (assembly): its steps, and the events scoring reads, lie between them (later events are not
+    # assembled yet; they change the trajectory, and the session is scored again). The bounds let
+    # DuckDB read only those days' files.
+    span = con.execute(
+        "SELECT CASE WHEN count(*) = count(started_at) THEN min(started_at) END, "
+        "CASE WHEN count(*) = count(last_event_at) THEN max(last_event_at) END FROM scoped_traj"
     ).fetchone()
-    bound = "TRUE" if since is None or since[0] is None else f"(ts IS NULL OR ts >= TIMESTAMPTZ '{since[0]}')"
+    terms = []
+    if span is not None and span[0] is not None:
+        terms.append(f"ts >= {_instant(span[0])}")
+    if span is not None and span[1] is not None:
+        terms.append(f"ts <= {_instant(span[1])}")
+    bound = f"(ts IS NULL OR ({' AND '.join(terms)}))" if terms else "TRUE"
     for view in ("steps", "events"):
         con.execute(
             f"CREATE OR REPLACE TEMP VIEW scoped_{view} AS SELECT * FROM {view} "
@@ -336,7 +361,8 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
         # trajectories assembled up to the lag before the watermark are looked at again: other machines'
         # clocks may lag (on one machine assembly stamps ``assembled_at`` under its lock: exact at lag 0)
         since = None if full else int(watermark or 0) - int(settings.score_watermark_lag_s * 1_000_000)
-        changed = _changed(con, since)
+        with stats.phase("changed"):
+            changed = _changed(con, since)
         if changed.height == 0 and not full:  # a new snapshot without new trajectories (tiering, compaction)
             _commit_scores(settings, catalog, config, stats, props, watermark)
             _summarize(con, settings, catalog, stats)
@@ -357,35 +383,45 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
             for spec in (SCORES, FLAGS, DUPLICATES, PROFILES):
                 _refresh(con, settings, catalog, spec)
             if not force:  # facts already computed for this configuration and trajectory (``index_days``) are kept
-                current = _current_facts(con, facts_digest(config))
+                with stats.phase("changed"):
+                    current = _current_facts(con, facts_digest(config))
                 to_index = changed.filter(~pl.col("session_id").is_in(current.implode()))
         new_watermark = _max_watermark(changed, watermark)
         if not full:
             # the lag window comes back every run: a session whose facts match its trajectory has not changed
-            current = _current_facts(con, facts_digest(config), changed["session_id"])
+            with stats.phase("changed"):
+                current = _current_facts(con, facts_digest(config), changed)
             changed = changed.filter(~pl.col("session_id").is_in(current.implode()))
             to_index = changed
-        # where changed sessions stood (rows to delete where their start moved); a full run cleared those tables
-        old_positions = _index_positions(con, [] if full else to_index["session_id"].to_list())
-        for chunk in _chunks(to_index, settings.score_chunk_sessions):
-            _index_sessions(settings, catalog, con, chunk["session_id"].to_list(), config)
-            stats.changed_sessions += chunk.height
-        _refresh(con, settings, catalog, SESSION_INDEX)
-        if full:  # every session; every session's links are new (the clusters were cleared)
-            targets = con.sql("SELECT session_id, day FROM session_index ORDER BY day NULLS LAST, session_id").pl()
-            changed_ids: set[str] | None = None
-        else:
-            targets = _affected_sessions(con, changed, old_positions, config)
-            changed_ids = set(changed["session_id"].to_list())
+        with stats.phase("level1"):
+            # where changed sessions stood (rows to delete where their start moved); a full run cleared those tables
+            old_positions = _index_positions(con, to_index.clear() if full else to_index)
+            for chunk in _chunks(to_index, settings.score_chunk_sessions):
+                _index_sessions(settings, catalog, con, chunk, config, None if full else old_positions)
+                stats.changed_sessions += chunk.height
+            _refresh(con, settings, catalog, SESSION_INDEX)
+        with stats.phase("affected"):
+            if full:  # every session; every session's links are new (the clusters were cleared)
+                targets = con.sql("SELECT session_id, day FROM session_index ORDER BY day NULLS LAST, session_id").pl()
+                changed_ids: set[str] | None = None
+            else:
+                targets = _affected_sessions(con, changed, old_positions, config)
+                changed_ids = set(changed["session_id"].to_list())
         stats.affected_days = targets["day"].n_unique()
-        for chunk in _chunks(targets, settings.score_chunk_sessions):
-            stats.rescored_sessions += _rescore(
-                settings, catalog, con, chunk["session_id"].to_list(), changed_ids, config, old_positions
-            )
-        touched = targets["day"].unique().to_list() if full else _touched_days(changed, old_positions)
-        _write_profiles(settings, catalog, con, touched, config)
-        _commit_scores(settings, catalog, config, stats, props, new_watermark)
-        _summarize(con, settings, catalog, stats)
+        # changed sessions now on another day than their index row was (before this run)
+        moved = to_index.join(old_positions.select("session_id", pl.col("day").alias("was")), on="session_id")
+        moved = moved.filter(pl.col("day").ne_missing(pl.col("was"))).select("session_id", "day")
+        with stats.phase("level2"):
+            for chunk in _chunks(targets, settings.score_chunk_sessions):
+                stats.rescored_sessions += _rescore(
+                    settings, catalog, con, chunk, changed_ids, config, old_positions, moved, stats
+                )
+        with stats.phase("profiles"):
+            touched = targets["day"].unique().to_list() if full else _touched_days(changed, old_positions)
+            _write_profiles(settings, catalog, con, touched, config)
+        with stats.phase("summary"):
+            _commit_scores(settings, catalog, config, stats, props, new_watermark)
+            _summarize(con, settings, catalog, stats)
     finally:
         con.close()
     stats.seconds = time.monotonic() - started
@@ -420,7 +456,7 @@ def index_days(settings: Settings, days: list[date | None], catalog: Catalog | N
             f"WHERE CAST(started_at AS DATE) IN (SELECT day FROM __days) {nulls} ORDER BY session_id"
         ).pl()
         for chunk in _chunks(sessions, settings.score_chunk_sessions):
-            _index_sessions(settings, catalog, con, chunk["session_id"].to_list(), config)
+            _index_sessions(settings, catalog, con, chunk, config)
         return sessions.height
     finally:
         con.close()
@@ -429,12 +465,20 @@ def index_days(settings: Settings, days: list[date | None], catalog: Catalog | N
 # ---------------------------------------------------------------------------------------- level 1
 
 
-def _current_facts(con: duckdb.DuckDBPyConnection, digest: str, among: pl.Series | None = None) -> pl.Series:
-    """Sessions (of ``among``; None: all) whose index row matches their current trajectory and configuration."""
+def _current_facts(con: duckdb.DuckDBPyConnection, digest: str, among: pl.DataFrame | None = None) -> pl.Series:
+    """Sessions (of ``among``: session_id, day; None: all) whose index row matches their trajectory and configuration.
+
+    Only ``among``'s days are read: an index row on another day has another ``started_at``, so it is
+    not current anyway.
+    """
     where = ""
     if among is not None:
-        con.register("__among", pa.table({"session_id": among.to_arrow()}))
-        where = "AND t.session_id IN (SELECT session_id FROM __among)"
+        con.register("__among", among.select("session_id").to_arrow())
+        days = among["day"].unique().to_list()
+        where = (
+            f"AND t.session_id IN (SELECT session_id FROM __among) AND {_on_days(days, 't.started_at')} "
+            f"AND {_on_days(days, 'i.started_at')}"
+        )
     rows = con.sql(
         "SELECT t.session_id FROM trajectories t JOIN session_index i USING (session_id) "
         f"WHERE i.config_digest = $digest AND i.assembled_at IS NOT DISTINCT FROM t.assembled_at {where}",
@@ -466,13 +510,18 @@ def _chunks(frame: pl.DataFrame, size: int) -> Iterator[pl.DataFrame]:
         yield frame.slice(offset, size)
 
 
-def _index_positions(con: duckdb.DuckDBPyConnection, sessions: list[str]) -> pl.DataFrame:
-    """Where ``sessions`` stood in the index before this run (family, started_at, day)."""
-    con.register("__changed", pa.table({"session_id": pa.array(sessions, pa.string())}))
+def _index_positions(con: duckdb.DuckDBPyConnection, sessions: pl.DataFrame, anywhere: bool = True) -> pl.DataFrame:
+    """Where ``sessions`` (session_id, day) stood in the index before this run (family, started_at, day).
+
+    ``anywhere``: also find the rows of sessions whose start moved to another day (a lookup over
+    every day's session ids); else only ``sessions``' own days are read.
+    """
+    con.register("__changed", sessions.select("session_id").to_arrow())
     try:
+        where = "TRUE" if anywhere else _on_days(sessions["day"].unique().to_list())
         return con.sql(
             "SELECT session_id, family, started_at, day, coalesce(task_type, 'unknown') AS task_type "
-            "FROM session_index WHERE session_id IN (SELECT session_id FROM __changed)"
+            f"FROM session_index WHERE {where} AND session_id IN (SELECT session_id FROM __changed)"
         ).pl()
     finally:
         con.unregister("__changed")
@@ -482,13 +531,18 @@ def _index_sessions(
     settings: Settings,
     catalog: Catalog,
     con: duckdb.DuckDBPyConnection,
-    sessions: list[str],
+    chunk: pl.DataFrame,
     config: QualityConfig,
+    old: pl.DataFrame | None = None,
 ) -> None:
-    """Level 1 for ``sessions``: their index rows and detector flags replace the previous ones."""
-    if not sessions:
+    """Level 1 for ``chunk``'s sessions (session_id, day): their index rows and detector flags are replaced.
+
+    ``old``: where the run found them before (:func:`_index_positions`); looked up when not given.
+    """
+    if chunk.height == 0:
         return
-    _scope(con, sessions)
+    sessions = chunk["session_id"].to_list()
+    _scope(con, sessions, chunk["day"].unique().to_list())
     inputs = _inputs(con)
     assembled = con.sql("SELECT session_id, assembled_at FROM scoped_traj").pl()
     level1 = session_facts(**inputs, config=config)
@@ -497,7 +551,10 @@ def _index_sessions(
         pl.lit(facts_digest(config)).alias("config_digest")
     )
     index = ensure_table(catalog, settings, SESSION_INDEX.name)
-    keys = _keys(_index_positions(con, sessions))  # flags exist only where an index row does
+    if old is None:
+        old = _index_positions(con, chunk)
+    mine = old.filter(pl.col("session_id").is_in(chunk["session_id"].implode()))
+    keys = _keys(mine)  # flags exist only where an index row does
     _replace(index, _arrow(facts, SESSION_INDEX, config.scorer_version, now), keys)
     # detector flags: replaced for these sessions (anomaly flags belong to level 2)
     flags = level1.cheat_flags.join(facts.select("session_id", "started_at"), on="session_id", how="left")
@@ -516,23 +573,59 @@ def _affected_sessions(
 
     The changed sessions; those whose novelty window one of them entered or left; the whole
     (task type, day) group of a changed session when that group is its own baseline; and the whole
-    next day's group of its task type when this group is (or was) that day's baseline.
+    next day's group of its task type when this group is (or was) that day's baseline. Only the
+    days and families these can be on are read.
     """
-    con.register("__changed", changed.select("session_id").to_arrow())
-    con.register("__old", old.select("session_id", "family", "started_at", "day", "task_type").to_arrow())
+    now = _index_positions(con, changed, anywhere=False)
+    columns = ["session_id", "family", "started_at", "day", "task_type"]
+    markers = pl.concat([now.select(columns), old.select(columns)]).with_columns(
+        pl.col("family").fill_null(chr(0)).alias("f"), pl.col("started_at").cast(pl.Datetime("us", "UTC"))
+    )
+    # a family's rows before its first marker are in no marker's window: the ranking starts there
+    firsts = markers.group_by("f").agg(pl.col("started_at").min().alias("first"))
+    lowest = firsts["first"].min()
+    timed = "FALSE" if lowest is None else f"started_at >= {_instant(lowest)}"
+    touched_days = sorted(
+        {d for d in now["day"].to_list() + old["day"].to_list()}, key=lambda d: (d is None, d or date.min)
+    )
+    near = touched_days + [d - timedelta(days=1) for d in touched_days if d is not None and d > date.min]
+    con.register("__now", now.select(columns).to_arrow())
+    con.register("__old", old.select(columns).to_arrow())
+    con.register("__firsts", firsts.to_arrow())
     try:
+        counts = con.sql(
+            "SELECT coalesce(task_type, 'unknown') AS task_type, day, count(*) AS n FROM session_index "
+            f"WHERE {_on_days(near)} GROUP BY ALL"
+        ).pl()
+        con.register("__counts", counts.to_arrow())
+        groups = con.sql(
+            f"""
+            WITH now_in AS (SELECT task_type, day, count(*) AS n_new FROM __now GROUP BY ALL),
+            was_in AS (SELECT task_type, day, count(*) AS n_old FROM __old GROUP BY ALL),
+            touched AS (
+                SELECT task_type, day, coalesce(n_new, 0) AS n_new, coalesce(n_old, 0) AS n_old
+                FROM now_in FULL JOIN was_in USING (task_type, day)
+            )
+            -- its own baseline: the previous day has fewer than MIN_GROUP sessions of the task type
+            SELECT t.task_type, t.day FROM touched t
+            LEFT JOIN __counts p ON p.task_type = t.task_type AND p.day = t.day - 1
+            WHERE t.day IS NULL OR coalesce(p.n, 0) < {MIN_GROUP}
+            UNION
+            -- the next day's baseline, before or after this run
+            SELECT t.task_type, t.day + 1 FROM touched t
+            LEFT JOIN __counts c ON c.task_type = t.task_type AND c.day = t.day
+            WHERE greatest(coalesce(c.n, 0), coalesce(c.n, 0) - t.n_new + t.n_old) >= {MIN_GROUP}
+            """
+        ).pl()
+        con.register("__groups", groups.to_arrow())
         return con.sql(
             f"""
-            WITH fam AS (
-                SELECT DISTINCT coalesce(family, chr(0)) AS f FROM session_index
-                WHERE session_id IN (SELECT session_id FROM __changed)
-                UNION SELECT DISTINCT coalesce(family, chr(0)) FROM __old
-            ),
-            -- markers: the changed sessions where they stand now, and where they stood before this run
-            members AS (
-                SELECT session_id, family, started_at, day,
-                       session_id IN (SELECT session_id FROM __changed) AS marker
-                FROM session_index WHERE coalesce(family, chr(0)) IN (SELECT f FROM fam)
+            WITH members AS (
+                -- markers: the changed sessions where they stand now, and where they stood before this run
+                SELECT session_id, i.family, i.started_at, i.day,
+                       session_id IN (SELECT session_id FROM __now) AS marker
+                FROM session_index i JOIN __firsts a ON coalesce(i.family, chr(0)) = a.f
+                WHERE (({timed} AND i.started_at >= a.first) OR i.started_at IS NULL)
                 UNION ALL
                 SELECT session_id, family, started_at, NULL, TRUE FROM __old
             ),
@@ -548,51 +641,24 @@ def _affected_sessions(
                 FROM ranked
             ),
             novelty AS (
-                SELECT session_id FROM reach
+                SELECT session_id, day FROM reach
                 WHERE NOT marker AND last_marker IS NOT NULL
                   AND rank - last_marker <= {config.novelty_max_history} + markers
             ),
-            now_in AS (
-                SELECT coalesce(task_type, 'unknown') AS task_type, day, count(*) AS n_new FROM session_index
-                WHERE session_id IN (SELECT session_id FROM __changed) GROUP BY ALL
-            ),
-            was_in AS (SELECT task_type, day, count(*) AS n_old FROM __old GROUP BY ALL),
-            touched AS (
-                SELECT task_type, day, coalesce(n_new, 0) AS n_new, coalesce(n_old, 0) AS n_old
-                FROM now_in FULL JOIN was_in USING (task_type, day)
-            ),
-            counts AS (
-                SELECT coalesce(task_type, 'unknown') AS task_type, day, count(*) AS n FROM session_index
-                WHERE day IN (SELECT day - 1 FROM touched UNION SELECT day FROM touched)
-                   OR (day IS NULL AND EXISTS (SELECT 1 FROM touched WHERE day IS NULL))
-                GROUP BY ALL
-            ),
-            groups AS (
-                -- its own baseline: the previous day has fewer than MIN_GROUP sessions of the task type
-                SELECT t.task_type, t.day FROM touched t
-                LEFT JOIN counts p ON p.task_type = t.task_type AND p.day = t.day - 1
-                WHERE t.day IS NULL OR coalesce(p.n, 0) < {MIN_GROUP}
-                UNION
-                -- the next day's baseline, before or after this run
-                SELECT t.task_type, t.day + 1 FROM touched t
-                LEFT JOIN counts c ON c.task_type = t.task_type AND c.day = t.day
-                WHERE greatest(coalesce(c.n, 0), coalesce(c.n, 0) - t.n_new + t.n_old) >= {MIN_GROUP}
-            ),
             grouped AS (
-                SELECT i.session_id FROM session_index i JOIN groups g
+                SELECT i.session_id, i.day FROM session_index i JOIN __groups g
                   ON coalesce(i.task_type, 'unknown') = g.task_type AND i.day IS NOT DISTINCT FROM g.day
+                WHERE {_on_days(groups["day"].to_list())}
             )
-            SELECT session_id, day FROM session_index
-            WHERE session_id IN (
-                SELECT session_id FROM __changed UNION SELECT session_id FROM novelty
-                UNION SELECT session_id FROM grouped
+            SELECT DISTINCT session_id, day FROM (
+                SELECT session_id, day FROM __now UNION ALL SELECT * FROM novelty UNION ALL SELECT * FROM grouped
             )
             ORDER BY day NULLS LAST, session_id
             """
         ).pl()
     finally:
-        con.unregister("__changed")
-        con.unregister("__old")
+        for name in ("__now", "__old", "__firsts", "__counts", "__groups"):
+            con.unregister(name)  # a name never registered is no error
 
 
 def _touched_days(changed: pl.DataFrame, old: pl.DataFrame) -> list[date | None]:
@@ -600,9 +666,30 @@ def _touched_days(changed: pl.DataFrame, old: pl.DataFrame) -> list[date | None]
     return sorted(set(changed["day"].to_list()) | set(old["day"].to_list()), key=lambda d: (d is None, d or date.min))
 
 
-def _day_filter(days: list[date | None], column: str = "day") -> str:
-    listed = ", ".join(f"DATE '{d.isoformat()}'" for d in days if d is not None)
-    terms = [f"{column} IN ({listed})"] if listed else []
+def _instant(value: datetime) -> str:
+    """SQL literal of an aware timestamp."""
+    return f"TIMESTAMPTZ '{value.astimezone(UTC).isoformat(sep=' ')}'"
+
+
+def _on_days(days: list[date | None], column: str = "started_at") -> str:
+    """SQL: the UTC timestamp ``column`` falls on one of ``days`` (None: is NULL).
+
+    As ranges of consecutive days, which DuckDB checks against each file's and row group's
+    statistics: the day-partitioned tables are then read only on those days (a
+    ``CAST(… AS DATE) IN …`` reads every file).
+    """
+    ordered = sorted({d for d in days if d is not None})
+    terms: list[str] = []
+    start = 0
+    while start < len(ordered):
+        end = start
+        while end + 1 < len(ordered) and (ordered[end + 1] - ordered[end]).days == 1:
+            end += 1
+        term = f"{column} >= TIMESTAMPTZ '{ordered[start].isoformat()} 00:00:00+00'"
+        if ordered[end] < date.max:
+            term += f" AND {column} < TIMESTAMPTZ '{(ordered[end] + timedelta(days=1)).isoformat()} 00:00:00+00'"
+        terms.append(f"({term})")
+        start = end + 1
     if None in days:
         terms.append(f"{column} IS NULL")
     return "(" + " OR ".join(terms or ["FALSE"]) + ")"
@@ -614,7 +701,7 @@ def _baselines(con: duckdb.DuckDBPyConnection, facts: pl.DataFrame) -> tuple[pl.
     near = days + [d - timedelta(days=1) for d in days if d is not None and d > date.min]
     counts = con.sql(
         f"SELECT coalesce(task_type, 'unknown') AS task_type, day, count(*) AS n FROM session_index "
-        f"WHERE {_day_filter(near)} GROUP BY ALL"
+        f"WHERE {_on_days(near)} GROUP BY ALL"
     ).pl()
     wanted = facts.select(pl.col("task_type").fill_null("unknown"), "day").unique()
     baselines = baseline_days(counts).join(wanted, on=["task_type", "day"], how="inner", nulls_equal=True)
@@ -624,7 +711,8 @@ def _baselines(con: duckdb.DuckDBPyConnection, facts: pl.DataFrame) -> tuple[pl.
         members = con.sql(
             f"SELECT session_id, coalesce(i.task_type, 'unknown') AS task_type, i.day, {', '.join(FEATURES)} "
             "FROM session_index i JOIN __groups g "
-            "ON coalesce(i.task_type, 'unknown') = g.task_type AND i.day IS NOT DISTINCT FROM g.day"
+            "ON coalesce(i.task_type, 'unknown') = g.task_type AND i.day IS NOT DISTINCT FROM g.day "
+            f"WHERE {_on_days(groups['day'].to_list())}"
         ).pl()
     finally:
         con.unregister("__groups")
@@ -635,32 +723,44 @@ def _rescore(
     settings: Settings,
     catalog: Catalog,
     con: duckdb.DuckDBPyConnection,
-    targets: list[str],
+    targets: pl.DataFrame,
     changed: set[str] | None,
     config: QualityConfig,
+    old: pl.DataFrame,
     moved: pl.DataFrame,
+    run: ScoreStats,
 ) -> int:
-    """Level 2 for ``targets``; clusters of the closed set around them. Returns the sessions rescored."""
-    con.register("__targets", pa.table({"session_id": pa.array(targets, pa.string())}))
+    """Level 2 for ``targets`` (session_id, day), and the clusters of the closed set around them.
+
+    Returns:
+        The sessions rescored.
+    """
+    con.register("__targets", targets.select("session_id").to_arrow())
     try:
-        facts = con.sql(
-            "SELECT * EXCLUDE (assembled_at, config_digest, scored_at) FROM session_index "
-            "WHERE session_id IN (SELECT session_id FROM __targets)"
-        ).pl()
+        with run.phase("level2.read"):
+            facts = con.sql(
+                "SELECT * EXCLUDE (assembled_at, config_digest, scored_at) FROM session_index "
+                f"WHERE {_on_days(targets['day'].unique().to_list())} "
+                "AND session_id IN (SELECT session_id FROM __targets)"
+            ).pl()
         if facts.height == 0:
             return 0
         facts = facts.with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC"))).cast(
             {k: v for k, v in FACTS_SCHEMA.items() if k in facts.columns}
         )
-        context = _novelty_context(con, config)
     finally:
         con.unregister("__targets")
-    baselines, stats = _baselines(con, facts)
-    level2 = combine(facts, context, config, baselines, stats)
-    members, ranking, outside = _cluster_set(con, facts, level2.scores, changed, config)
-    duplicates = clusters(members, ranking, config)
+    with run.phase("level2.context"):
+        context = _novelty_context(con, facts, config)
+        baselines, stats = _baselines(con, facts)
+    with run.phase("level2.combine"):
+        level2 = combine(facts, context, config, baselines, stats)
+    with run.phase("level2.clusters"):
+        members, ranking, outside = _cluster_set(con, facts, level2.scores, changed, config, moved)
+        duplicates = clusters(members, ranking, config)
     now = datetime.now(UTC)
     scores = finish_scores(level2.scores, duplicates, config)
+    kept = outside.clear()
     if outside.height:
         # members of the touched clusters outside the targets: only their exportability can change, and
         # only those whose exportability did change are written (a cluster can span all of history)
@@ -673,17 +773,19 @@ def _rescore(
     dup_rows, dup_ids = _changed_duplicates(con, duplicates.join(started, on="session_id", how="left"), started)
     anomalies = level2.anomaly_flags.join(facts.select("session_id", "started_at"), on="session_id", how="left")
     anomaly_rows = _arrow(anomalies, FLAGS, config.scorer_version, now)
+    # the targets' rows are on their days, or where a moved session was before this run
+    near = facts["day"].unique().to_list() + old["day"].unique().to_list()
     flags_table = ensure_table(catalog, settings, FLAGS.name)
     _replace(
         flags_table,
         anomaly_rows,
-        _existing(con, "flags", facts["session_id"], "flag_class = 'anomaly'"),
+        _existing(con, "flags", facts["session_id"], near, "flag_class = 'anomaly'"),
         extra=EqualTo(term=Reference("flag_class"), value=literal("anomaly")),
     )
     dup_table = ensure_table(catalog, settings, DUPLICATES.name)
     dup_keys = _existing(con, "duplicates", dup_ids)
     _replace(dup_table, _arrow(dup_rows, DUPLICATES, config.scorer_version, now), dup_keys)
-    score_keys = _existing(con, "scores", scores["session_id"])
+    score_keys = _keys(_existing(con, "scores", facts["session_id"], near), kept)  # kept: rows read just now
     _replace(
         ensure_table(catalog, settings, SCORES.name), _arrow(scores, SCORES, config.scorer_version, now), score_keys
     )
@@ -724,43 +826,95 @@ def _write_profiles(
         chunk = ordered[offset : offset + 7]
         members = con.sql(
             f"SELECT session_id, task_type, day, {', '.join(FEATURES)}, tool_counts, exit_code_counts "
-            f"FROM session_index WHERE {_day_filter(chunk)}"
+            f"FROM session_index WHERE {_on_days(chunk)}"
         ).pl()
         rows = profiles(members).with_columns(pl.lit(config.scorer_version).alias("scorer_version"))
         _replace_days(table, _arrow(rows, PROFILES, config.scorer_version, datetime.now(UTC)), chunk)
     _refresh(con, settings, catalog, PROFILES)
 
 
-def _novelty_context(con: duckdb.DuckDBPyConnection, config: QualityConfig) -> pl.DataFrame:
-    """Index rows among the ``novelty_max_history`` before each session of ``__targets`` in its family."""
-    return (
-        con.sql(
-            f"""
-            WITH fam AS (
-                SELECT DISTINCT coalesce(family, chr(0)) AS f FROM session_index
-                WHERE session_id IN (SELECT session_id FROM __targets)
-            ),
-            ranked AS (
-                SELECT session_id, family, session_id IN (SELECT session_id FROM __targets) AS target,
-                       row_number() OVER (PARTITION BY family ORDER BY started_at NULLS LAST, session_id) AS rank
-                FROM session_index WHERE coalesce(family, chr(0)) IN (SELECT f FROM fam)
-            ),
-            reach AS (
-                SELECT session_id, rank, min(CASE WHEN target THEN rank END)
-                       OVER (PARTITION BY family ORDER BY rank ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING)
-                       AS next_target
-                FROM ranked
-            )
-            SELECT session_id, family, started_at::TIMESTAMPTZ AS started_at, signature FROM session_index
-            WHERE session_id IN (
-                SELECT session_id FROM reach
-                WHERE next_target IS NOT NULL AND next_target - rank <= {config.novelty_max_history}
-            )
-            """
-        )
-        .pl()
-        .with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC")))
+#: How far back a run first looks for a family's earlier sessions, then further (days; None: all history).
+_LOOKBACK_DAYS: tuple[int | None, ...] = (1, 7, 49, None)
+
+
+def _novelty_context(con: duckdb.DuckDBPyConnection, facts: pl.DataFrame, config: QualityConfig) -> pl.DataFrame:
+    """Index rows among the ``novelty_max_history`` before each session of ``facts`` in its family.
+
+    Per family: every row from its first target on (``started_at`` at or after the first target's,
+    or NULL), and the ``novelty_max_history`` latest rows before that, found by looking back a day,
+    then a week, … until enough are found or the whole history was read. Each look reads only
+    the files of its time range (and the session ids first: signatures only of the rows kept).
+    """
+    depth = config.novelty_max_history
+    targets = facts.select(
+        pl.col("family").fill_null(chr(0)).alias("f"), pl.col("started_at").cast(pl.Datetime("us", "UTC"))
     )
+    firsts = targets.group_by("f").agg(
+        pl.col("started_at").min().alias("first"),
+        pl.col("started_at").max().alias("last"),
+        pl.col("started_at").is_null().any().alias("nulls"),
+    )
+    found: list[pl.DataFrame] = []
+    con.register("__firsts", firsts.to_arrow())
+    try:
+        # rows from each family's first target to its last (NULL-started rows come last, after every other)
+        lowest, highest = firsts["first"].min(), firsts["last"].max()
+        timed = "FALSE"
+        if lowest is not None and highest is not None:
+            timed = f"started_at BETWEEN {_instant(lowest)} AND {_instant(highest)}"
+        found.append(
+            con.sql(
+                f"""
+                SELECT session_id, day FROM session_index i JOIN __firsts a ON coalesce(i.family, chr(0)) = a.f
+                WHERE i.started_at BETWEEN a.first AND a.last AND {timed}
+                UNION ALL
+                SELECT session_id, day FROM session_index i JOIN __firsts a ON coalesce(i.family, chr(0)) = a.f
+                WHERE a.nulls AND i.started_at IS NULL
+                """
+            ).pl()
+        )
+        # the ``depth`` rows before it, looking further back until each family has them or history ends
+        pending = firsts.with_columns(
+            pl.col("first").fill_null(datetime.max.replace(tzinfo=UTC)).alias("anchor")
+        ).select("f", "anchor")
+        for lookback in _LOOKBACK_DAYS:
+            if pending.height == 0:
+                break
+            con.register("__anchors", pending.to_arrow())
+            low = pending["anchor"].min()
+            high = pending["anchor"].max()
+            since = "TRUE" if lookback is None else f"i.started_at >= a.anchor - INTERVAL {lookback} DAY"
+            prune = f"started_at < {_instant(high)}"
+            if lookback is not None and low - datetime.min.replace(tzinfo=UTC) > timedelta(days=lookback):
+                prune += f" AND started_at >= {_instant(low - timedelta(days=lookback))}"
+            before = con.sql(
+                f"""
+                SELECT session_id, day, a.f FROM session_index i JOIN __anchors a ON coalesce(i.family, chr(0)) = a.f
+                WHERE {prune} AND i.started_at < a.anchor AND {since}
+                QUALIFY row_number() OVER (PARTITION BY a.f ORDER BY i.started_at DESC, session_id DESC) <= {depth}
+                """
+            ).pl()
+            con.unregister("__anchors")
+            found.append(before.select("session_id", "day"))
+            complete = before.group_by("f").len().filter(pl.col("len") >= depth)["f"]
+            pending = pending.filter(~pl.col("f").is_in(complete.implode()))
+            if lookback is None:
+                break
+    finally:
+        con.unregister("__firsts")
+    rows = pl.concat(found).unique("session_id")
+    con.register("__context", rows.select("session_id").to_arrow())
+    try:
+        return (
+            con.sql(
+                "SELECT session_id, family, started_at::TIMESTAMPTZ AS started_at, signature FROM session_index "
+                f"WHERE {_on_days(rows['day'].unique().to_list())} AND session_id IN (SELECT session_id FROM __context)"
+            )
+            .pl()
+            .with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC")))
+        )
+    finally:
+        con.unregister("__context")
 
 
 def _cluster_set(
@@ -769,6 +923,7 @@ def _cluster_set(
     scores: pl.DataFrame,
     changed: set[str] | None,
     config: QualityConfig,
+    moved: pl.DataFrame,
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """The closed set whose clusters a run recomputes, its ranking, and its members' rows outside ``facts``.
 
@@ -776,41 +931,51 @@ def _cluster_set(
     and every member of an old cluster any of those is in. No duplicate link leaves it: an unchanged
     session's links are those it had, and every one of them is inside its old cluster.
 
+    ``moved``: session_id, day (now) of the sessions whose start moved to another day in this run.
+
     Returns:
         (members: session_id, exact_key, signature, started_at; ranking: session_id, quality,
         started_at; outside: current ``scores`` rows of members not in ``facts``, with ``exportable_base``)
     """
     here = facts["session_id"]
-    fresh = here.to_list() if changed is None else [s for s in here.to_list() if s in changed]
+    fresh = facts if changed is None else facts.filter(pl.col("session_id").is_in(list(changed)))
+    # the fresh sessions' band keys, from their facts: (band, key) pairs
+    probe = (
+        fresh.select(pl.col("bands").alias("key"), pl.int_ranges(1, pl.col("bands").list.len() + 1).alias("band"))
+        .explode("key", "band")
+        .drop_nulls()
+    )
     con.register("__here", pa.table({"session_id": here.to_arrow()}))
-    con.register("__fresh", pa.table({"session_id": pa.array(fresh, pa.string())}))
+    con.register("__keys", probe.unique().to_arrow())
     try:
-        members = con.sql(
+        closed = con.sql(
             """
-            WITH probe AS (
-                SELECT unnest(bands) AS key, generate_subscripts(bands, 1) AS band FROM session_index
-                WHERE session_id IN (SELECT session_id FROM __fresh)
-            ),
-            keys AS (SELECT DISTINCT band, key FROM probe),
-            candidates AS (
-                SELECT i.session_id FROM (
-                    SELECT session_id, unnest(bands) AS key, generate_subscripts(bands, 1) AS band FROM session_index
-                ) i JOIN keys USING (band, key)
+            WITH candidates AS (
+                SELECT i.session_id, i.day FROM (
+                    SELECT session_id, day, unnest(bands) AS key, generate_subscripts(bands, 1) AS band
+                    FROM session_index
+                ) i JOIN __keys USING (band, key)
             ),
             seed AS (
                 SELECT session_id FROM __here UNION SELECT session_id FROM candidates
             ),
             touched AS (
                 SELECT DISTINCT cluster_id FROM duplicates WHERE session_id IN (SELECT session_id FROM seed)
-            ),
-            closed AS (
-                SELECT session_id FROM seed
-                UNION SELECT session_id FROM duplicates WHERE cluster_id IN (SELECT cluster_id FROM touched)
             )
-            SELECT session_id, exact_key, signature, started_at::TIMESTAMPTZ AS started_at FROM session_index
-            WHERE session_id IN (SELECT session_id FROM closed)
+            SELECT session_id, day FROM candidates
+            UNION SELECT session_id, CAST(started_at AS DATE) FROM duplicates
+            WHERE cluster_id IN (SELECT cluster_id FROM touched)
             """
         ).pl()
+        # a changed session's row is on its new day (its ``duplicates`` row may still be on the old one)
+        now = moved.join(closed.select("session_id"), on="session_id", how="semi")
+        closed = pl.concat([closed, facts.select("session_id", "day"), now.select("session_id", "day")])
+        con.register("__closed", closed.select("session_id").to_arrow())
+        members = con.sql(
+            "SELECT session_id, exact_key, signature, started_at::TIMESTAMPTZ AS started_at FROM session_index "
+            f"WHERE {_on_days(closed['day'].unique().to_list())} AND session_id IN (SELECT session_id FROM __closed)"
+        ).pl()
+        con.unregister("__closed")
         con.register("__members", members.select("session_id").to_arrow())
         outside = con.sql(
             """
@@ -825,7 +990,7 @@ def _cluster_set(
         con.unregister("__members")
     finally:
         con.unregister("__here")
-        con.unregister("__fresh")
+        con.unregister("__keys")
     members = members.with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC")))
     outside = outside.with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC")))
     ranking = pl.concat(
@@ -842,13 +1007,23 @@ def _cluster_set(
 # ---------------------------------------------------------------------------------------- writes
 
 
-def _existing(con: duckdb.DuckDBPyConnection, view: str, ids: pl.Series, where: str = "TRUE") -> pl.DataFrame:
-    """``session_id``, ``started_at`` of the rows of ``view`` for ``ids``: what a replace deletes (often nothing)."""
+def _existing(
+    con: duckdb.DuckDBPyConnection,
+    view: str,
+    ids: pl.Series,
+    days: list[date | None] | None = None,
+    where: str = "TRUE",
+) -> pl.DataFrame:
+    """``session_id``, ``started_at`` of the rows of ``view`` for ``ids``: what a replace deletes (often nothing).
+
+    ``days``: the rows can only be on these days (only their files are read); None: anywhere.
+    """
     con.register("__ids", pa.table({"session_id": ids.cast(pl.Utf8).to_arrow()}))
+    on_days = "TRUE" if days is None else _on_days(days)
     try:
         found = con.sql(
             f"SELECT DISTINCT session_id, started_at::TIMESTAMPTZ AS started_at FROM {view} "
-            f"WHERE session_id IN (SELECT session_id FROM __ids) AND {where}"
+            f"WHERE {on_days} AND session_id IN (SELECT session_id FROM __ids) AND {where}"
         ).pl()
     finally:
         con.unregister("__ids")
