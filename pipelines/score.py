@@ -583,7 +583,7 @@ def _affected_sessions(
     )
     # a family's rows before its first marker are in no marker's window: the ranking starts there
     firsts = markers.group_by("f").agg(pl.col("started_at").min().alias("first"))
-    lowest = firsts["first"].min()
+    lowest = _moment(firsts["first"], "min")
     timed = "FALSE" if lowest is None else f"started_at >= {_instant(lowest)}"
     touched_days = sorted(
         {d for d in now["day"].to_list() + old["day"].to_list()}, key=lambda d: (d is None, d or date.min)
@@ -664,6 +664,12 @@ def _affected_sessions(
 def _touched_days(changed: pl.DataFrame, old: pl.DataFrame) -> list[date | None]:
     """The days whose profiles a run recomputes: where changed sessions are and were."""
     return sorted(set(changed["day"].to_list()) | set(old["day"].to_list()), key=lambda d: (d is None, d or date.min))
+
+
+def _moment(values: pl.Series, how: str) -> datetime | None:
+    """The least (``how="min"``) or greatest aware timestamp of ``values`` (None: none)."""
+    value = values.min() if how == "min" else values.max()
+    return value if isinstance(value, datetime) else None
 
 
 def _instant(value: datetime) -> str:
@@ -833,16 +839,23 @@ def _write_profiles(
     _refresh(con, settings, catalog, PROFILES)
 
 
-#: How far back a run first looks for a family's earlier sessions, then further (days; None: all history).
-_LOOKBACK_DAYS: tuple[int | None, ...] = (1, 7, 49, None)
+#: How far back a run looks for a family's earlier sessions first, then further (None: all history).
+_LOOKBACK: tuple[timedelta | None, ...] = (
+    timedelta(hours=1),
+    timedelta(days=1),
+    timedelta(days=7),
+    timedelta(days=49),
+    None,
+)
 
 
 def _novelty_context(con: duckdb.DuckDBPyConnection, facts: pl.DataFrame, config: QualityConfig) -> pl.DataFrame:
     """Index rows among the ``novelty_max_history`` before each session of ``facts`` in its family.
 
     Per family: every row from its first target on (``started_at`` at or after the first target's,
-    or NULL), and the ``novelty_max_history`` latest rows before that, found by looking back a day,
-    then a week, … until enough are found or the whole history was read. Each look reads only
+    or NULL), and the ``novelty_max_history`` latest rows before that, found by looking back an hour
+    from the latest earlier row, then a day, a week, … until enough are found or the whole history
+    was read. Each look reads only
     the files of its time range (and the session ids first: signatures only of the rows kept).
     """
     depth = config.novelty_max_history
@@ -858,7 +871,7 @@ def _novelty_context(con: duckdb.DuckDBPyConnection, facts: pl.DataFrame, config
     con.register("__firsts", firsts.to_arrow())
     try:
         # rows from each family's first target to its last (NULL-started rows come last, after every other)
-        lowest, highest = firsts["first"].min(), firsts["last"].max()
+        lowest, highest = _moment(firsts["first"], "min"), _moment(firsts["last"], "max")
         timed = "FALSE"
         if lowest is not None and highest is not None:
             timed = f"started_at BETWEEN {_instant(lowest)} AND {_instant(highest)}"
@@ -873,20 +886,28 @@ def _novelty_context(con: duckdb.DuckDBPyConnection, facts: pl.DataFrame, config
                 """
             ).pl()
         )
-        # the ``depth`` rows before it, looking further back until each family has them or history ends
-        pending = firsts.with_columns(
-            pl.col("first").fill_null(datetime.max.replace(tzinfo=UTC)).alias("anchor")
-        ).select("f", "anchor")
-        for lookback in _LOOKBACK_DAYS:
+        # the ``depth`` rows before it, looking further back until each family has them or history ends; the
+        # looks start from the latest earlier row (a gap in the history before the targets costs nothing)
+        pending = firsts.select("f", pl.col("first").fill_null(datetime.max.replace(tzinfo=UTC)).alias("anchor"))
+        ceiling = _moment(pending["anchor"], "max") or datetime.max.replace(tzinfo=UTC)
+        earlier = f"SELECT max(started_at) FROM session_index WHERE started_at < {_instant(ceiling)}"
+        latest = con.sql(earlier).fetchall()[0]
+        if latest[0] is None:
+            pending = pending.clear()  # nothing started before any target
+        else:
+            reference = latest[0] + timedelta(microseconds=1)
+            pending = pending.with_columns(pl.min_horizontal("anchor", pl.lit(reference)).alias("reference"))
+        for lookback in _LOOKBACK:
             if pending.height == 0:
                 break
             con.register("__anchors", pending.to_arrow())
-            low = pending["anchor"].min()
-            high = pending["anchor"].max()
-            since = "TRUE" if lookback is None else f"i.started_at >= a.anchor - INTERVAL {lookback} DAY"
-            prune = f"started_at < {_instant(high)}"
-            if lookback is not None and low - datetime.min.replace(tzinfo=UTC) > timedelta(days=lookback):
-                prune += f" AND started_at >= {_instant(low - timedelta(days=lookback))}"
+            prune = f"started_at < {_instant(ceiling)}"
+            since = "TRUE"
+            if lookback is not None:
+                since = f"i.started_at >= a.reference - INTERVAL {int(lookback.total_seconds())} SECOND"
+                low = _moment(pending["reference"], "min")
+                if low is not None and low - datetime.min.replace(tzinfo=UTC) > lookback:
+                    prune += f" AND started_at >= {_instant(low - lookback)}"
             before = con.sql(
                 f"""
                 SELECT session_id, day, a.f FROM session_index i JOIN __anchors a ON coalesce(i.family, chr(0)) = a.f
@@ -898,8 +919,6 @@ def _novelty_context(con: duckdb.DuckDBPyConnection, facts: pl.DataFrame, config
             found.append(before.select("session_id", "day"))
             complete = before.group_by("f").len().filter(pl.col("len") >= depth)["f"]
             pending = pending.filter(~pl.col("f").is_in(complete.implode()))
-            if lookback is None:
-                break
     finally:
         con.unregister("__firsts")
     rows = pl.concat(found).unique("session_id")
