@@ -397,7 +397,7 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
             # where changed sessions stood (rows to delete where their start moved); a full run cleared those tables
             old_positions = _index_positions(con, to_index.clear() if full else to_index)
             for chunk in _chunks(to_index, settings.score_chunk_sessions):
-                _index_sessions(settings, catalog, con, chunk, config, None if full else old_positions)
+                _index_sessions(settings, catalog, con, chunk, config, None if full else old_positions, stats)
                 stats.changed_sessions += chunk.height
             _refresh(con, settings, catalog, SESSION_INDEX)
         with stats.phase("affected"):
@@ -534,33 +534,41 @@ def _index_sessions(
     chunk: pl.DataFrame,
     config: QualityConfig,
     old: pl.DataFrame | None = None,
+    run: ScoreStats | None = None,
 ) -> None:
     """Level 1 for ``chunk``'s sessions (session_id, day): their index rows and detector flags are replaced.
 
     ``old``: where the run found them before (:func:`_index_positions`); looked up when not given.
+    ``run``: the run whose phase timings to add to.
     """
     if chunk.height == 0:
         return
+    run = run or ScoreStats()
     sessions = chunk["session_id"].to_list()
-    _scope(con, sessions, chunk["day"].unique().to_list())
-    inputs = _inputs(con)
-    assembled = con.sql("SELECT session_id, assembled_at FROM scoped_traj").pl()
-    level1 = session_facts(**inputs, config=config)
-    now = datetime.now(UTC)
-    facts = level1.facts.join(assembled, on="session_id", how="left").with_columns(
-        pl.lit(facts_digest(config)).alias("config_digest")
-    )
-    index = ensure_table(catalog, settings, SESSION_INDEX.name)
-    if old is None:
-        old = _index_positions(con, chunk)
-    mine = old.filter(pl.col("session_id").is_in(chunk["session_id"].implode()))
-    keys = _keys(mine)  # flags exist only where an index row does
-    _replace(index, _arrow(facts, SESSION_INDEX, config.scorer_version, now), keys)
-    # detector flags: replaced for these sessions (anomaly flags belong to level 2)
-    flags = level1.cheat_flags.join(facts.select("session_id", "started_at"), on="session_id", how="left")
-    flags_table = ensure_table(catalog, settings, FLAGS.name)
-    flag_rows = _arrow(flags, FLAGS, config.scorer_version, now)
-    _replace(flags_table, flag_rows, keys, extra=Not(EqualTo(term=Reference("flag_class"), value=literal("anomaly"))))
+    with run.phase("level1.read"):
+        _scope(con, sessions, chunk["day"].unique().to_list())
+        inputs = _inputs(con)
+        assembled = con.sql("SELECT session_id, assembled_at FROM scoped_traj").pl()
+    with run.phase("level1.facts"):
+        level1 = session_facts(**inputs, config=config)
+    with run.phase("level1.write"):
+        now = datetime.now(UTC)
+        facts = level1.facts.join(assembled, on="session_id", how="left").with_columns(
+            pl.lit(facts_digest(config)).alias("config_digest")
+        )
+        index = ensure_table(catalog, settings, SESSION_INDEX.name)
+        if old is None:
+            old = _index_positions(con, chunk)
+        mine = old.filter(pl.col("session_id").is_in(chunk["session_id"].implode()))
+        keys = _keys(mine)  # flags exist only where an index row does
+        _replace(index, _arrow(facts, SESSION_INDEX, config.scorer_version, now), keys)
+        # detector flags: replaced for these sessions (anomaly flags belong to level 2)
+        flags = level1.cheat_flags.join(facts.select("session_id", "started_at"), on="session_id", how="left")
+        flags_table = ensure_table(catalog, settings, FLAGS.name)
+        flag_rows = _arrow(flags, FLAGS, config.scorer_version, now)
+        _replace(
+            flags_table, flag_rows, keys, extra=Not(EqualTo(term=Reference("flag_class"), value=literal("anomaly")))
+        )
 
 
 # ---------------------------------------------------------------------------------------- level 2
@@ -778,25 +786,26 @@ def _rescore(
     started = members.select("session_id", "started_at")
     dup_rows, dup_ids = _changed_duplicates(con, duplicates.join(started, on="session_id", how="left"), started)
     anomalies = level2.anomaly_flags.join(facts.select("session_id", "started_at"), on="session_id", how="left")
-    anomaly_rows = _arrow(anomalies, FLAGS, config.scorer_version, now)
-    # the targets' rows are on their days, or where a moved session was before this run
-    near = facts["day"].unique().to_list() + old["day"].unique().to_list()
-    flags_table = ensure_table(catalog, settings, FLAGS.name)
-    _replace(
-        flags_table,
-        anomaly_rows,
-        _existing(con, "flags", facts["session_id"], near, "flag_class = 'anomaly'"),
-        extra=EqualTo(term=Reference("flag_class"), value=literal("anomaly")),
-    )
-    dup_table = ensure_table(catalog, settings, DUPLICATES.name)
-    dup_keys = _existing(con, "duplicates", dup_ids)
-    _replace(dup_table, _arrow(dup_rows, DUPLICATES, config.scorer_version, now), dup_keys)
-    score_keys = _keys(_existing(con, "scores", facts["session_id"], near), kept)  # kept: rows read just now
-    _replace(
-        ensure_table(catalog, settings, SCORES.name), _arrow(scores, SCORES, config.scorer_version, now), score_keys
-    )
-    for spec in (FLAGS, DUPLICATES, SCORES):
-        _refresh(con, settings, catalog, spec)
+    with run.phase("level2.write"):
+        anomaly_rows = _arrow(anomalies, FLAGS, config.scorer_version, now)
+        # the targets' rows are on their days, or where a moved session was before this run
+        near = facts["day"].unique().to_list() + old["day"].unique().to_list()
+        flags_table = ensure_table(catalog, settings, FLAGS.name)
+        _replace(
+            flags_table,
+            anomaly_rows,
+            _existing(con, "flags", facts["session_id"], near, "flag_class = 'anomaly'"),
+            extra=EqualTo(term=Reference("flag_class"), value=literal("anomaly")),
+        )
+        dup_table = ensure_table(catalog, settings, DUPLICATES.name)
+        dup_keys = _existing(con, "duplicates", dup_ids)
+        _replace(dup_table, _arrow(dup_rows, DUPLICATES, config.scorer_version, now), dup_keys)
+        score_keys = _keys(_existing(con, "scores", facts["session_id"], near), kept)  # kept: rows read just now
+        _replace(
+            ensure_table(catalog, settings, SCORES.name), _arrow(scores, SCORES, config.scorer_version, now), score_keys
+        )
+        for spec in (FLAGS, DUPLICATES, SCORES):
+            _refresh(con, settings, catalog, spec)
     return facts.height
 
 
