@@ -346,7 +346,16 @@ class ScoreRun:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict: the measurements and the run's own counters (mode, changed and rescored sessions, days)."""
-        keep = ("mode", "sessions", "changed_sessions", "rescored_sessions", "affected_days", "seconds", "skipped")
+        keep = (
+            "mode",
+            "sessions",
+            "changed_sessions",
+            "rescored_sessions",
+            "affected_days",
+            "seconds",
+            "skipped",
+            "phases",
+        )
         return {
             "wall_s": self.wall_s,
             "peak_rss_mib": self.peak_rss_mib,
@@ -495,6 +504,9 @@ def bench_incremental(
             printed[f"{h}: {phase} score sessions changed / rescored / scores rows"] = (
                 f"{counts} ({stats.get('mode', '?')}, {_count(stats.get('affected_days'))} days)"
             )
+            if phase == "new_day" and stats.get("phases"):
+                # where the run's time went: what grows with history shows here first
+                printed[f"{h}: new_day phases s"] = ", ".join(f"{k} {v:.2f}" for k, v in stats["phases"].items())
     if rescore is not None:
         printed["full rescore wall_s"] = rescore.wall_s
         printed["full rescore peak_rss_mib"] = rescore.peak_rss_mib

@@ -65,12 +65,14 @@ from common.settings import Settings
 from quality.anomalies import FEATURES, MIN_GROUP
 from quality.combine import baseline_days, baseline_stats, clusters, combine, exportable, profiles
 from quality.config import QualityConfig
+from quality.dedup import flat_band_keys, session_keys
 from quality.facts import FACTS_SCHEMA, facts_digest, session_facts
 from quality.scoring import finish_scores
 from warehouse.catalog import open_catalog
 from warehouse.locks import job_lock
 from warehouse.sql import open_views, register_table
 from warehouse.tables import (
+    BAND_KEYS,
     DUPLICATES,
     FLAGS,
     PROFILES,
@@ -400,6 +402,7 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
                 _index_sessions(settings, catalog, con, chunk, config, None if full else old_positions, stats)
                 stats.changed_sessions += chunk.height
             _refresh(con, settings, catalog, SESSION_INDEX)
+            _refresh(con, settings, catalog, BAND_KEYS)
         with stats.phase("affected"):
             if full:  # every session; every session's links are new (the clusters were cleared)
                 targets = con.sql("SELECT session_id, day FROM session_index ORDER BY day NULLS LAST, session_id").pl()
@@ -554,7 +557,7 @@ def _index_sessions(
     with run.phase("level1.write"):
         now = datetime.now(UTC)
         facts = level1.facts.join(assembled, on="session_id", how="left").with_columns(
-            pl.lit(facts_digest(config)).alias("config_digest")
+            pl.lit(facts_digest(config)).alias("config_digest"), session_keys(level1.facts["session_id"])
         )
         index = ensure_table(catalog, settings, SESSION_INDEX.name)
         if old is None:
@@ -562,6 +565,11 @@ def _index_sessions(
         mine = old.filter(pl.col("session_id").is_in(chunk["session_id"].implode()))
         keys = _keys(mine)  # flags exist only where an index row does
         _replace(index, _arrow(facts, SESSION_INDEX, config.scorer_version, now), keys)
+        # their band keys (the old rows found by the keys of the same session ids)
+        band_rows = _band_rows(facts)
+        old_bands = keys.with_columns(session_keys(keys["session_id"]))
+        band_table = ensure_table(catalog, settings, BAND_KEYS.name)
+        _replace(band_table, _arrow(band_rows, BAND_KEYS, config.scorer_version, now), old_bands, "session_key")
         # detector flags: replaced for these sessions (anomaly flags belong to level 2)
         flags = level1.cheat_flags.join(facts.select("session_id", "started_at"), on="session_id", how="left")
         flags_table = ensure_table(catalog, settings, FLAGS.name)
@@ -569,6 +577,16 @@ def _index_sessions(
         _replace(
             flags_table, flag_rows, keys, extra=Not(EqualTo(term=Reference("flag_class"), value=literal("anomaly")))
         )
+
+
+def _band_rows(facts: pl.DataFrame) -> pl.DataFrame:
+    """``band_keys`` rows of ``facts`` (session_key, started_at, bands): one per session and band."""
+    rows = facts.select(
+        "session_key", "started_at", "bands", pl.int_ranges(1, pl.col("bands").list.len() + 1).alias("band")
+    ).explode("bands", "band")
+    rows = rows.filter(pl.col("bands").is_not_null())
+    mixed = flat_band_keys(rows["bands"].to_numpy(), rows["band"].to_numpy())
+    return rows.select(pl.Series("band_key", mixed, pl.Int64), "session_key", "started_at")
 
 
 # ---------------------------------------------------------------------------------------- level 2
@@ -781,7 +799,8 @@ def _rescore(
         kept = outside.with_columns(exportable(outside, duplicates).alias("_new")).filter(
             pl.col("_new") != pl.col("_old")
         )
-        kept = kept.with_columns(pl.col("_new").alias("exportable"))
+        rows = _score_rows(con, kept).join(kept.select("session_id", "_new"), on="session_id")
+        kept = rows.with_columns(pl.col("_new").alias("exportable"))
         scores = pl.concat([scores, kept.select(scores.columns).cast(scores.schema)])
     started = members.select("session_id", "started_at")
     dup_rows, dup_ids = _changed_duplicates(con, duplicates.join(started, on="session_id", how="left"), started)
@@ -807,6 +826,20 @@ def _rescore(
         for spec in (FLAGS, DUPLICATES, SCORES):
             _refresh(con, settings, catalog, spec)
     return facts.height
+
+
+def _score_rows(con: duckdb.DuckDBPyConnection, sessions: pl.DataFrame) -> pl.DataFrame:
+    """The current ``scores`` rows of ``sessions`` (session_id, started_at), read from their days only."""
+    con.register("__rows", sessions.select("session_id").to_arrow())
+    days = sessions.select(pl.col("started_at").cast(pl.Datetime("us", "UTC")).dt.date())["started_at"]
+    try:
+        rows = con.sql(
+            f"SELECT * EXCLUDE (scored_at) FROM scores WHERE {_on_days(days.unique().to_list())} "
+            "AND session_id IN (SELECT session_id FROM __rows)"
+        ).pl()
+    finally:
+        con.unregister("__rows")
+    return rows.with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC")))
 
 
 def _changed_duplicates(
@@ -955,7 +988,8 @@ def _cluster_set(
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """The closed set whose clusters a run recomputes, its ranking, and its members' rows outside ``facts``.
 
-    The set: the sessions of ``facts``, the index sessions sharing an LSH band key with a changed one,
+    The set: the sessions of ``facts``, the index sessions sharing an LSH band key with a changed one
+    (the ``band_keys`` table joined with the changed sessions' keys),
     and every member of an old cluster any of those is in. No duplicate link leaves it: an unchanged
     session's links are those it had, and every one of them is inside its old cluster.
 
@@ -967,22 +1001,19 @@ def _cluster_set(
     """
     here = facts["session_id"]
     fresh = facts if changed is None else facts.filter(pl.col("session_id").is_in(list(changed)))
-    # the fresh sessions' band keys, from their facts: (band, key) pairs
-    probe = (
-        fresh.select(pl.col("bands").alias("key"), pl.int_ranges(1, pl.col("bands").list.len() + 1).alias("band"))
-        .explode("key", "band")
-        .drop_nulls()
-    )
+    # the fresh sessions' band keys, from their facts
+    probe = _band_rows(fresh.with_columns(pl.lit(0, pl.Int64).alias("session_key"))).select("band_key").unique()
     con.register("__here", pa.table({"session_id": here.to_arrow()}))
-    con.register("__keys", probe.unique().to_arrow())
+    con.register("__keys", probe.to_arrow())
     try:
         closed = con.sql(
             """
-            WITH candidates AS (
-                SELECT i.session_id, i.day FROM (
-                    SELECT session_id, day, unnest(bands) AS key, generate_subscripts(bands, 1) AS band
-                    FROM session_index
-                ) i JOIN __keys USING (band, key)
+            WITH hits AS (
+                SELECT DISTINCT session_key FROM band_keys JOIN __keys USING (band_key)
+            ),
+            candidates AS (
+                -- every session with a key that was hit (two ids may share a key: both are candidates)
+                SELECT session_id, day FROM session_index WHERE session_key IN (SELECT session_key FROM hits)
             ),
             seed AS (
                 SELECT session_id FROM __here UNION SELECT session_id FROM candidates
@@ -1005,12 +1036,15 @@ def _cluster_set(
         ).pl()
         con.unregister("__closed")
         con.register("__members", members.select("session_id").to_arrow())
+        # a member's scores row is on its day; only what ranking and exportability read
+        member_days = members.select(pl.col("started_at").cast(pl.Datetime("us", "UTC")).dt.date())
         outside = con.sql(
-            """
-            SELECT * EXCLUDE (scored_at, exportable), exportable AS _old,
+            f"""
+            SELECT session_id, quality, started_at, exportable AS _old,
                    quality >= $min_quality AND NOT coalesce(security_flagged, FALSE)
                    AND coalesce(failure_cause, '') <> 'still_running' AS exportable_base
-            FROM scores WHERE session_id IN (SELECT session_id FROM __members)
+            FROM scores WHERE {_on_days(member_days["started_at"].unique().to_list())}
+              AND session_id IN (SELECT session_id FROM __members)
               AND session_id NOT IN (SELECT session_id FROM __here)
             """,
             params={"min_quality": config.min_quality},
@@ -1084,13 +1118,19 @@ def _day_terms(column: str, values: list[datetime | None]) -> BooleanExpression:
     return terms[0] if len(terms) == 1 else Or(*terms)
 
 
-def _replace(table: Table, rows: pa.Table, keys: pl.DataFrame, extra: BooleanExpression | None = None) -> None:
-    """Delete the rows of the sessions in ``keys`` (and ``extra``), append ``rows``: one commit, re-planned."""
+def _replace(
+    table: Table,
+    rows: pa.Table,
+    keys: pl.DataFrame,
+    by: str = "session_id",
+    extra: BooleanExpression | None = None,
+) -> None:
+    """Delete the rows of the sessions in ``keys`` (``by``, started_at; and ``extra``), append ``rows``: one commit."""
     predicate: BooleanExpression | None = None
     if keys.height:
-        ids = keys["session_id"].unique().to_list()
+        ids = keys[by].unique().to_list()
         predicate = And(
-            In(term=Reference("session_id"), literals={literal(v) for v in ids}),
+            In(term=Reference(by), literals={literal(v) for v in ids}),
             _day_terms("started_at", keys["started_at"].to_list()),
         )
         if extra is not None:

@@ -16,6 +16,7 @@ Clusters are connected components of exact groups and confirmed pairs; the best 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -194,6 +195,37 @@ def band_keys(signatures: np.ndarray, config: QualityConfig) -> np.ndarray:
             cols = signatures[:, band * config.dedup_rows : (band + 1) * config.dedup_rows].astype(np.uint64)
             out[:, band] = (cols * mult).sum(axis=1, dtype=np.uint64) ^ (cols[:, 0] << np.uint64(32))
     return out
+
+
+#: Odd 64-bit constant (the golden ratio's): multiplied by the band number, it keeps band keys of different bands apart.
+_BAND_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def flat_band_keys(keys: np.ndarray, band: np.ndarray) -> np.ndarray:
+    """One int64 per (key, band number ≥ 1) pair: the band number mixed into the LSH key.
+
+    Equal only where the keys of the same band are (up to 64-bit collisions): a table of these
+    can be probed with a plain equality join instead of by (band, key) pairs.
+    """
+    with np.errstate(over="ignore"):
+        mixed = keys.astype(np.int64).view(np.uint64) ^ (band.astype(np.uint64) * _BAND_MIX)
+    return mixed.view(np.int64)
+
+
+def session_keys(session_ids: pl.Series) -> pl.Series:
+    """A stable 64-bit key per session id (the first 8 bytes of its BLAKE2b digest, signed).
+
+    Stable across library versions (unlike ``polars``' or DuckDB's ``hash``), so keys stored in a
+    table stay comparable with keys computed later. Two ids may share a key (about 1 in 10⁷ for a
+    lakehouse of 5M sessions); a lookup by key then finds both, which the callers allow for.
+    """
+    digests = [
+        int.from_bytes(hashlib.blake2b(sid.encode(), digest_size=8).digest(), "little", signed=True)
+        if sid is not None
+        else None
+        for sid in session_ids.to_list()
+    ]
+    return pl.Series("session_key", digests, dtype=pl.Int64)
 
 
 def lsh_pairs(signatures: np.ndarray, config: QualityConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

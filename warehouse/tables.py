@@ -331,6 +331,7 @@ SESSION_INDEX = register(
         schema=pa.schema(
             [
                 ("session_id", pa.string()),
+                ("session_key", pa.int64()),  # quality.dedup.session_keys: what band_keys rows point at
                 ("task_id", pa.string()),
                 ("task_type", pa.string()),
                 ("task_family", pa.string()),
@@ -363,6 +364,24 @@ SESSION_INDEX = register(
         partition_by=[("started_at", DayTransform())],
         sort_by=["family", "started_at"],
         properties=_PARQUET_BY_SESSION,
+    )
+)
+# The LSH band keys of session_index, one row per (session, band) with the band number mixed into
+# the key (quality.dedup.flat_band_keys): finding the sessions that share a band with new ones is an
+# equality join over two integer columns, not an unnest of every session's list of keys.
+BAND_KEYS = register(
+    TableSpec(
+        name="band_keys",
+        view="band_keys",
+        schema=pa.schema(
+            [
+                ("band_key", pa.int64()),
+                ("session_key", pa.int64()),
+                ("started_at", _TS),  # of the session: the rows live in its day partition
+            ]
+        ),
+        partition_by=[("started_at", DayTransform())],
+        properties=_PARQUET,
     )
 )
 EXPORTS = register(

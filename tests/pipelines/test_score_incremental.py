@@ -184,3 +184,54 @@ def test_new_sessions_of_a_day_with_a_complete_baseline_rescore_only_themselves(
     assert run.mode == "incremental" and run.changed_sessions == 10 and run.rescored_sessions == 10
     assert run.sessions == 160
     _assert_matches_pure(settings, _tables(settings), "after the last batch")
+
+
+def _passing(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``events`` with the evaluation passed and rewarded (the same trajectory, done right)."""
+    out = copy.deepcopy(events)
+    for event in out:
+        if event["event_type"] == "evaluation":
+            payload = event["payload"]
+            payload.update(passed=True, reward=1.0, tests_passed=payload["tests_total"])
+        if event["event_type"] == "session_end":
+            event["payload"]["reward"] = 1.0
+    return out
+
+
+def test_a_better_copy_days_later_takes_over_and_the_old_representative_loses_exportability(
+    settings: Settings,
+) -> None:
+    # every ended session is exportable unless a better duplicate shadows it
+    settings = settings.model_copy(update={"score_watermark_lag_s": 0.0, "quality_min": 0.0})
+    rng = random.Random(11)
+    day0 = [list(s) for s in synthetic_sessions(70, seed=4, start_us=BASE_US + 3_600_000_000)]
+    failed = [
+        s
+        for s in day0
+        if s[-1]["event_type"] == "session_end"
+        and any(e["event_type"] == "evaluation" and not e["payload"]["passed"] for e in s)
+    ]
+    assert len(failed) >= 3
+    originals = failed[:3]
+    write_raw(settings, [e for s in day0 for e in s])
+    assemble(settings)
+    score_all(settings)
+    before = _tables(settings)["scores"]
+    ids = [s[0]["session_id"] for s in originals]
+    assert before.filter(pl.col("session_id").is_in(ids))["exportable"].all()
+
+    # two days later: the same trajectories, each passing; day 0 is not a baseline of day 2
+    better = [_passing(_copy_of(s, 2 * DAY_US, rng)) for s in originals]
+    write_raw(settings, [e for s in better for e in s])
+    assemble(settings)
+    run = score_all(settings)
+    assert run.mode == "incremental" and run.rescored_sessions == len(better)  # day 0 is not rescored
+    tables = _tables(settings)
+    scores, dups = tables["scores"], tables["duplicates"]
+    copies = [s[0]["session_id"] for s in better]
+    reps = dups.filter(pl.col("is_representative"))["session_id"].to_list()
+    assert set(copies) <= set(reps) and not set(ids) & set(reps)
+    # the old representatives' rows were rewritten although their day was not rescored
+    assert not scores.filter(pl.col("session_id").is_in(ids))["exportable"].any()
+    assert scores.filter(pl.col("session_id").is_in(copies))["exportable"].all()
+    _assert_matches_pure(settings, tables, "after the better copies")
