@@ -243,6 +243,9 @@ def score(
     )
     if stats.flags_by_type:
         out.print("  flags: " + ", ".join(f"{k}={v}" for k, v in stats.flags_by_type.items()))
+    phases = {k: v for k, v in stats.phases.items() if "." not in k}
+    if phases:
+        out.print("  seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
 
 
 @app.command()
