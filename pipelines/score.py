@@ -371,6 +371,7 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
             stats.seconds = time.monotonic() - started
             return stats
         to_index = changed
+        current = pl.Series("session_id", [], pl.Utf8)
         if full:
             # Rebuilt from empty (the index keeps its rows until each is replaced): clusters must be (see
             # ``_cluster_set``), and rows of an older scorer would otherwise linger. Readers see partial
@@ -398,14 +399,24 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
         with stats.phase("level1"):
             # where changed sessions stood (rows to delete where their start moved); a full run cleared those tables
             old_positions = _index_positions(con, to_index.clear() if full else to_index)
+            if full:
+                # the facts to recompute go first, in one pass per table (deleting them chunk by chunk would
+                # rewrite the same day files once per chunk); with none kept, the tables are simply emptied
+                if force or current.len() == 0:
+                    for spec in (SESSION_INDEX, BAND_KEYS, FLAGS):
+                        _clear(ensure_table(catalog, settings, spec.name))
+                else:
+                    _drop_facts(settings, catalog, _index_positions(con, to_index))
             for chunk in _chunks(to_index, settings.score_chunk_sessions):
-                _index_sessions(settings, catalog, con, chunk, config, None if full else old_positions, stats)
+                _index_sessions(settings, catalog, con, chunk, config, old_positions, stats)
                 stats.changed_sessions += chunk.height
             _refresh(con, settings, catalog, SESSION_INDEX)
             _refresh(con, settings, catalog, BAND_KEYS)
         with stats.phase("affected"):
             if full:  # every session; every session's links are new (the clusters were cleared)
-                targets = con.sql("SELECT session_id, day FROM session_index ORDER BY day NULLS LAST, session_id").pl()
+                targets = con.sql(
+                    "SELECT session_id, day FROM session_index ORDER BY started_at NULLS LAST, session_id"
+                ).pl()
                 changed_ids: set[str] | None = None
             else:
                 targets = _affected_sessions(con, changed, old_positions, config)
@@ -458,8 +469,10 @@ def index_days(settings: Settings, days: list[date | None], catalog: Catalog | N
             "SELECT session_id, CAST(started_at AS DATE) AS day FROM trajectories "
             f"WHERE CAST(started_at AS DATE) IN (SELECT day FROM __days) {nulls} ORDER BY session_id"
         ).pl()
+        _drop_facts(settings, catalog, _index_positions(con, sessions))
+        none = _index_positions(con, sessions.clear())
         for chunk in _chunks(sessions, settings.score_chunk_sessions):
-            _index_sessions(settings, catalog, con, chunk, config)
+            _index_sessions(settings, catalog, con, chunk, config, none)
         return sessions.height
     finally:
         con.close()
@@ -497,7 +510,7 @@ def _changed(con: duckdb.DuckDBPyConnection, since_us: int | None) -> pl.DataFra
     where = "" if since_us is None else f"WHERE epoch_us(assembled_at) > {int(since_us)}"
     return con.sql(
         "SELECT session_id, CAST(started_at AS DATE) AS day, epoch_us(assembled_at) AS assembled_us "
-        f"FROM trajectories {where} ORDER BY day NULLS LAST, session_id"
+        f"FROM trajectories {where} ORDER BY started_at NULLS LAST, session_id"
     ).pl()
 
 
@@ -579,6 +592,22 @@ def _index_sessions(
         )
 
 
+def _drop_facts(settings: Settings, catalog: Catalog, positions: pl.DataFrame) -> None:
+    """Delete the level-1 rows (index, band keys, detector flags) of the sessions at ``positions``, one commit each."""
+    if positions.height == 0:
+        return
+    keys = _keys(positions)
+    detector = Not(EqualTo(term=Reference("flag_class"), value=literal("anomaly")))
+    for spec, by, extra in (
+        (SESSION_INDEX, "session_id", None),
+        (BAND_KEYS, "session_key", None),
+        (FLAGS, "session_id", detector),
+    ):
+        table = ensure_table(catalog, settings, spec.name)
+        rows = spec.arrow_schema().empty_table()
+        _replace(table, rows, keys.with_columns(session_keys(keys["session_id"])), by, extra)
+
+
 def _band_rows(facts: pl.DataFrame) -> pl.DataFrame:
     """``band_keys`` rows of ``facts`` (session_key, started_at, bands): one per session and band."""
     rows = facts.select(
@@ -595,7 +624,7 @@ def _band_rows(facts: pl.DataFrame) -> pl.DataFrame:
 def _affected_sessions(
     con: duckdb.DuckDBPyConnection, changed: pl.DataFrame, old: pl.DataFrame, config: QualityConfig
 ) -> pl.DataFrame:
-    """``session_id``, ``day`` of every session whose level-2 answer a changed session can move, ordered by day.
+    """``session_id``, ``day``, ``started_at`` of every session whose level-2 answer a changed session moves.
 
     The changed sessions; those whose novelty window one of them entered or left; the whole
     (task type, day) group of a changed session when that group is its own baseline; and the whole
@@ -667,19 +696,20 @@ def _affected_sessions(
                 FROM ranked
             ),
             novelty AS (
-                SELECT session_id, day FROM reach
+                SELECT session_id, day, started_at FROM reach
                 WHERE NOT marker AND last_marker IS NOT NULL
                   AND rank - last_marker <= {config.novelty_max_history} + markers
             ),
             grouped AS (
-                SELECT i.session_id, i.day FROM session_index i JOIN __groups g
+                SELECT i.session_id, i.day, i.started_at FROM session_index i JOIN __groups g
                   ON coalesce(i.task_type, 'unknown') = g.task_type AND i.day IS NOT DISTINCT FROM g.day
                 WHERE {_on_days(groups["day"].to_list())}
             )
-            SELECT DISTINCT session_id, day FROM (
-                SELECT session_id, day FROM __now UNION ALL SELECT * FROM novelty UNION ALL SELECT * FROM grouped
+            SELECT DISTINCT session_id, day, started_at FROM (
+                SELECT session_id, day, started_at FROM __now
+                UNION ALL SELECT * FROM novelty UNION ALL SELECT * FROM grouped
             )
-            ORDER BY day NULLS LAST, session_id
+            ORDER BY started_at NULLS LAST, session_id
             """
         ).pl()
     finally:

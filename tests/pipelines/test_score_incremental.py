@@ -122,9 +122,11 @@ def _assert_matches_pure(settings: Settings, stored: dict[str, pl.DataFrame], wh
     assert flags.equals(result.flags.select(flag_cols).sort(flag_cols)), what
 
 
-@pytest.mark.timeout(600)
-def test_incremental_runs_equal_a_full_recomputation_on_a_shuffled_history(settings: Settings) -> None:
-    settings = settings.model_copy(update={"score_watermark_lag_s": 0.0})  # one machine: the watermark is exact
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("chunk", [100_000, 40], ids=["one-chunk", "many-chunks"])
+def test_incremental_runs_equal_a_full_recomputation_on_a_shuffled_history(settings: Settings, chunk: int) -> None:
+    # one machine: the watermark is exact; ``many-chunks``: every run's sessions span several chunks
+    settings = settings.model_copy(update={"score_watermark_lag_s": 0.0, "score_chunk_sessions": chunk})
     runs = []
     for i, batch in enumerate(_history()):
         write_raw(settings, batch)
