@@ -12,10 +12,16 @@ work, not the history.
    (the ``novelty_max_history`` earlier trajectories of the family) a changed session entered or
    left. Level 2 (:mod:`quality.combine`) is recomputed for every session of those days from the
    index alone: z-scores within task type and day, novelty, quality.
-3. **Clusters**: the changed sessions' band keys are joined against the whole index in DuckDB; the
-   candidates, the affected days' sessions and every old cluster any of them is in form a closed
-   set, whose clusters and representatives are recomputed (a new better trajectory becomes the
-   representative, the old one is marked a duplicate) and whose exportability is updated.
+3. **Clusters**: the changed sessions' band keys are joined against the ``band_keys`` table (one
+   integer row per session and band) in DuckDB; the candidates, the affected days' sessions and
+   every old cluster any of them is in form a closed set, whose clusters and representatives are
+   recomputed (a new better trajectory becomes the representative, the old one is marked a
+   duplicate) and whose exportability is updated.
+
+Every lookup is bounded by what a run can touch: rows of known sessions are read only on their
+days (the tables are day-partitioned: DuckDB skips other days' files by their statistics), a
+session's steps and events only between its first and last event, a family's earlier sessions by
+looking back from the latest one an hour, a day, … (:func:`_novelty_context`).
 
 Every table is updated by session (a delete restricted to the rows' day partitions, and an
 append), never rewritten wholesale; the ``scores`` commit, last, records the watermark, the
@@ -23,8 +29,9 @@ trajectories snapshot and the configuration digest. A crash before it leaves the
 it was: the next run recomputes the same sessions (every step is idempotent). Days are processed
 in chronological chunks of about ``score_chunk_sessions`` sessions, so memory is bounded whatever
 the size of a run. A changed scorer version or configuration (or ``force``) rescores everything:
-the same steps over every day, chunk by chunk (level 1 in any order, or in parallel as Dagster
-partitions, :func:`index_days`), with the duplicate clusters rebuilt from empty. The result equals
+the facts to recompute are deleted first, in one pass per table, then the same steps run over
+every day, chunk by chunk (level 1 in any order, or in parallel as Dagster partitions,
+:func:`index_days`), with the duplicate clusters rebuilt from empty. The result equals
 :func:`quality.scoring.score_sessions` over all sessions at once (tested on a shuffled history).
 """
 
