@@ -413,7 +413,7 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
                     for spec in (SESSION_INDEX, BAND_KEYS, FLAGS):
                         _clear(ensure_table(catalog, settings, spec.name))
                 else:
-                    _drop_facts(settings, catalog, _index_positions(con, to_index))
+                    _drop_facts(con, settings, catalog, _index_positions(con, to_index))
             for chunk in _chunks(to_index, settings.score_chunk_sessions):
                 _index_sessions(settings, catalog, con, chunk, config, old_positions, stats)
                 stats.changed_sessions += chunk.height
@@ -476,7 +476,7 @@ def index_days(settings: Settings, days: list[date | None], catalog: Catalog | N
             "SELECT session_id, CAST(started_at AS DATE) AS day FROM trajectories "
             f"WHERE CAST(started_at AS DATE) IN (SELECT day FROM __days) {nulls} ORDER BY session_id"
         ).pl()
-        _drop_facts(settings, catalog, _index_positions(con, sessions))
+        _drop_facts(con, settings, catalog, _index_positions(con, sessions))
         none = _index_positions(con, sessions.clear())
         for chunk in _chunks(sessions, settings.score_chunk_sessions):
             _index_sessions(settings, catalog, con, chunk, config, none)
@@ -599,11 +599,20 @@ def _index_sessions(
         )
 
 
-def _drop_facts(settings: Settings, catalog: Catalog, positions: pl.DataFrame) -> None:
-    """Delete the level-1 rows (index, band keys, detector flags) of the sessions at ``positions``, one commit each."""
+def _drop_facts(con: duckdb.DuckDBPyConnection, settings: Settings, catalog: Catalog, positions: pl.DataFrame) -> None:
+    """Delete the level-1 rows (index, band keys, detector flags) of the sessions at ``positions``.
+
+    A day all of whose index rows go is deleted by its partition (files dropped, nothing read);
+    the rest by session id, in batches (a predicate of millions of ids costs more to bind than the
+    delete), each batch restricted to its days.
+    """
     if positions.height == 0:
         return
-    keys = _keys(positions)
+    days = positions["day"].unique().to_list()
+    counts = con.sql(f"SELECT day, count(*) AS n FROM session_index WHERE {_on_days(days)} GROUP BY day").pl()
+    per_day = positions.group_by("day").len().join(counts, on="day", how="left", nulls_equal=True)
+    whole = per_day.filter(pl.col("len") == pl.col("n"))["day"].to_list()
+    partial = positions.filter(~pl.col("day").is_in(whole, nulls_equal=True)).sort("started_at", nulls_last=True)
     detector = Not(EqualTo(term=Reference("flag_class"), value=literal("anomaly")))
     for spec, by, extra in (
         (SESSION_INDEX, "session_id", None),
@@ -611,8 +620,12 @@ def _drop_facts(settings: Settings, catalog: Catalog, positions: pl.DataFrame) -
         (FLAGS, "session_id", detector),
     ):
         table = ensure_table(catalog, settings, spec.name)
-        rows = spec.arrow_schema().empty_table()
-        _replace(table, rows, keys.with_columns(session_keys(keys["session_id"])), by, extra)
+        if whole:
+            on_days = _whole_days("started_at", whole)
+            _commit(table, None, on_days if extra is None else And(on_days, extra))
+        for batch in _chunks(partial, 50_000):
+            keys = _keys(batch).with_columns(session_keys(batch["session_id"]))
+            _replace(table, spec.arrow_schema().empty_table(), keys, by, extra)
 
 
 def _band_rows(facts: pl.DataFrame) -> pl.DataFrame:
@@ -1137,22 +1150,30 @@ def _keys(*frames: pl.DataFrame) -> pl.DataFrame:
     return pl.concat(parts).unique()
 
 
-def _day_terms(column: str, values: list[datetime | None]) -> BooleanExpression:
-    """Iceberg predicate: ``column`` on one of the days of ``values`` (partition pruning for day-partitioned tables)."""
-    days = sorted({v.date() for v in values if v is not None})
+def _whole_days(column: str, days: list[date | None]) -> BooleanExpression:
+    """Iceberg predicate: ``column`` on one of ``days`` (None: NULL), exactly."""
     terms: list[BooleanExpression] = []
-    for d in days:
+    for d in sorted(d for d in days if d is not None):
         start = GreaterThanOrEqual(
             term=Reference(column), value=literal(datetime.combine(d, dt_time.min, UTC).isoformat())
         )
-        if d == date.max:  # no next day to bound it
+        if d == date.max:
             terms.append(start)
             continue
         end = datetime.combine(d + timedelta(days=1), dt_time.min, UTC).isoformat()
         terms.append(And(start, LessThan(term=Reference(column), value=literal(end))))
-    # rows without a start (and rows of an older scorer, from before the column existed) sit in the null partition
-    terms.append(IsNull(term=Reference(column)))
+    if None in days:
+        terms.append(IsNull(term=Reference(column)))
     return terms[0] if len(terms) == 1 else Or(*terms)
+
+
+def _day_terms(column: str, values: list[datetime | None]) -> BooleanExpression:
+    """Iceberg predicate: ``column`` on one of the days of ``values`` (partition pruning for day-partitioned tables).
+
+    Rows without a start (and rows of an older scorer, from before the column existed) sit in the
+    null partition: it is always included.
+    """
+    return _whole_days(column, [*{v.date() for v in values if v is not None}, None])
 
 
 def _replace(
