@@ -26,6 +26,7 @@ QUERIES = {
     "duplicates": "SELECT * EXCLUDE (scored_at) FROM duplicates ORDER BY session_id",
     "profiles": "SELECT * EXCLUDE (scored_at) FROM profiles ORDER BY day, task_type",
     "session_index": "SELECT * EXCLUDE (scored_at) FROM session_index ORDER BY session_id",
+    "band_keys": "SELECT * FROM band_keys ORDER BY session_key, band_key",
 }
 MATERIALIZE = textwrap.dedent(
     """

@@ -237,3 +237,43 @@ def test_a_better_copy_days_later_takes_over_and_the_old_representative_loses_ex
     assert not scores.filter(pl.col("session_id").is_in(ids))["exportable"].any()
     assert scores.filter(pl.col("session_id").is_in(copies))["exportable"].all()
     _assert_matches_pure(settings, tables, "after the better copies")
+
+
+def test_a_full_rescore_keeps_current_facts_and_leaves_no_stale_row(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from common.settings import load_settings
+    from pipelines.score import index_days
+
+    settings = settings.model_copy(update={"score_watermark_lag_s": 0.0})
+    sessions = [list(s) for d in range(DAYS) for s in synthetic_sessions(30, seed=d, start_us=BASE_US + d * DAY_US)]
+    write_raw(settings, [e for s in sessions for e in s])
+    assemble(settings)
+    score_all(settings)
+    # facts depend on the LSH bands: after the change, only days 0 and 1 are indexed again (as Dagster
+    # partitions would), and then one of day 1's sessions changes (a late event): its facts are stale
+    monkeypatch.setenv("TRAJLAKE_DEDUP_ROWS", "7")
+    changed = load_settings().model_copy(update={"score_watermark_lag_s": 0.0})
+    day0 = (BASE_US // DAY_US) * DAY_US
+    from datetime import UTC, datetime
+
+    index_days(changed, [datetime.fromtimestamp((day0 + d * DAY_US) / 1e6, UTC).date() for d in (0, 1)])
+    late = copy.deepcopy(next(s for s in sessions[30:60] if s[-1]["event_type"] == "session_end"))
+    extra = {**late[-2], "event_id": uuid.uuid4().hex, "seq": max(e["seq"] for e in late) + 1}
+    write_raw(changed, [extra])
+    assemble(changed)
+    run = score_all(changed)
+    assert run.mode == "full" and run.changed_sessions == 30 + 1  # day 2 and the changed session
+    stored = _tables(changed)
+    con = open_views(changed)
+    try:
+        index = con.sql("SELECT session_id, count(*) AS n FROM session_index GROUP BY ALL").pl()
+        bands = con.sql("SELECT count(*) FROM band_keys").fetchall()[0][0]
+        width = con.sql("SELECT max(len(bands)) FROM session_index").fetchall()[0][0]
+    finally:
+        con.close()
+    assert index.height == DAYS * 30 and index["n"].max() == 1  # one row per session, none left behind
+    assert bands == DAYS * 30 * width
+    _assert_matches_pure(changed, stored, "after a full rescore that kept current facts")
+    score_all(changed, force=True)
+    _assert_equal(stored, _tables(changed), "kept facts vs every fact recomputed")
