@@ -413,7 +413,10 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
                     for spec in (SESSION_INDEX, BAND_KEYS, FLAGS):
                         _clear(ensure_table(catalog, settings, spec.name))
                 else:
-                    _drop_facts(con, settings, catalog, _index_positions(con, to_index))
+                    again = _drop_facts(con, settings, catalog, _index_positions(con, to_index))
+                    to_index = pl.concat([to_index, changed.join(again, on="session_id", how="semi")]).sort(
+                        "started_at", "session_id", nulls_last=True
+                    )
             for chunk in _chunks(to_index, settings.score_chunk_sessions):
                 _index_sessions(settings, catalog, con, chunk, config, old_positions, stats)
                 stats.changed_sessions += chunk.height
@@ -513,12 +516,19 @@ def _current_facts(con: duckdb.DuckDBPyConnection, digest: str, among: pl.DataFr
 
 
 def _changed(con: duckdb.DuckDBPyConnection, since_us: int | None) -> pl.DataFrame:
-    """``session_id``, ``day``, ``assembled_us`` of the trajectories assembled after ``since_us`` (None: all)."""
+    """``session_id``, ``day``, ``started_at``, ``assembled_us`` of the trajectories assembled after ``since_us``.
+
+    ``since_us`` None: every trajectory. Ordered by start.
+    """
     where = "" if since_us is None else f"WHERE epoch_us(assembled_at) > {int(since_us)}"
-    return con.sql(
-        "SELECT session_id, CAST(started_at AS DATE) AS day, epoch_us(assembled_at) AS assembled_us "
-        f"FROM trajectories {where} ORDER BY started_at NULLS LAST, session_id"
-    ).pl()
+    return (
+        con.sql(
+            "SELECT session_id, CAST(started_at AS DATE) AS day, started_at, epoch_us(assembled_at) AS assembled_us "
+            f"FROM trajectories {where} ORDER BY started_at NULLS LAST, session_id"
+        )
+        .pl()
+        .with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC")))
+    )
 
 
 def _max_watermark(changed: pl.DataFrame, previous: str | None) -> str | None:
@@ -599,20 +609,40 @@ def _index_sessions(
         )
 
 
-def _drop_facts(con: duckdb.DuckDBPyConnection, settings: Settings, catalog: Catalog, positions: pl.DataFrame) -> None:
+#: Stale sessions of one day deleted by id at most; a day with more goes whole (its current facts recomputed too).
+_BY_ID_PER_DAY = 10_000
+
+
+def _drop_facts(
+    con: duckdb.DuckDBPyConnection, settings: Settings, catalog: Catalog, positions: pl.DataFrame
+) -> pl.DataFrame:
     """Delete the level-1 rows (index, band keys, detector flags) of the sessions at ``positions``.
 
-    A day all of whose index rows go is deleted by its partition (files dropped, nothing read);
-    the rest by session id, in batches (a predicate of millions of ids costs more to bind than the
-    delete), each batch restricted to its days.
+    A day all of whose index rows go — or more than :data:`_BY_ID_PER_DAY` of them — is deleted
+    by its partition (files dropped, nothing read); the few stale sessions of other days by id
+    (a predicate naming millions of ids costs pyiceberg more to bind than the delete itself).
+
+    Returns:
+        session_id of the sessions whose facts were current but went with their day: index them again.
     """
+    empty = pl.DataFrame(schema={"session_id": pl.Utf8})
     if positions.height == 0:
-        return
+        return empty
     days = positions["day"].unique().to_list()
     counts = con.sql(f"SELECT day, count(*) AS n FROM session_index WHERE {_on_days(days)} GROUP BY day").pl()
     per_day = positions.group_by("day").len().join(counts, on="day", how="left", nulls_equal=True)
-    whole = per_day.filter(pl.col("len") == pl.col("n"))["day"].to_list()
-    partial = positions.filter(~pl.col("day").is_in(whole, nulls_equal=True)).sort("started_at", nulls_last=True)
+    whole = per_day.filter((pl.col("len") == pl.col("n")) | (pl.col("len") > _BY_ID_PER_DAY))["day"].to_list()
+    partial = positions.filter(~pl.col("day").is_in(whole, nulls_equal=True))
+    kept = empty
+    if whole:
+        con.register("__stale", positions.select("session_id").to_arrow())
+        try:
+            kept = con.sql(
+                f"SELECT session_id FROM session_index WHERE {_on_days(whole)} "
+                "AND session_id NOT IN (SELECT session_id FROM __stale)"
+            ).pl()
+        finally:
+            con.unregister("__stale")
     detector = Not(EqualTo(term=Reference("flag_class"), value=literal("anomaly")))
     for spec, by, extra in (
         (SESSION_INDEX, "session_id", None),
@@ -623,9 +653,10 @@ def _drop_facts(con: duckdb.DuckDBPyConnection, settings: Settings, catalog: Cat
         if whole:
             on_days = _whole_days("started_at", whole)
             _commit(table, None, on_days if extra is None else And(on_days, extra))
-        for batch in _chunks(partial, 50_000):
-            keys = _keys(batch).with_columns(session_keys(batch["session_id"]))
+        if partial.height:
+            keys = _keys(partial).with_columns(session_keys(partial["session_id"]))
             _replace(table, spec.arrow_schema().empty_table(), keys, by, extra)
+    return kept
 
 
 def _band_rows(facts: pl.DataFrame) -> pl.DataFrame:

@@ -239,11 +239,16 @@ def test_a_better_copy_days_later_takes_over_and_the_old_representative_loses_ex
     _assert_matches_pure(settings, tables, "after the better copies")
 
 
+@pytest.mark.parametrize("by_id", [10_000, 0], ids=["stale-by-id", "stale-days-whole"])
 def test_a_full_rescore_keeps_current_facts_and_leaves_no_stale_row(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, by_id: int
 ) -> None:
+    import pipelines.score
     from common.settings import load_settings
     from pipelines.score import index_days
+
+    # 0: a day with any stale session goes whole, its current facts recomputed with it
+    monkeypatch.setattr(pipelines.score, "_BY_ID_PER_DAY", by_id)
 
     settings = settings.model_copy(update={"score_watermark_lag_s": 0.0})
     sessions = [list(s) for d in range(DAYS) for s in synthetic_sessions(30, seed=d, start_us=BASE_US + d * DAY_US)]
@@ -263,7 +268,8 @@ def test_a_full_rescore_keeps_current_facts_and_leaves_no_stale_row(
     write_raw(changed, [extra])
     assemble(changed)
     run = score_all(changed)
-    assert run.mode == "full" and run.changed_sessions == 30 + 1  # day 2 and the changed session
+    # day 2 and the changed session (or its whole day)
+    assert run.mode == "full" and run.changed_sessions == (30 + 1 if by_id else 60)
     stored = _tables(changed)
     con = open_views(changed)
     try:
