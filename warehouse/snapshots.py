@@ -9,6 +9,8 @@ pyiceberg's own scan instead, so the result is still correct.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -34,16 +36,8 @@ def current_files(table: Table) -> FileSet:
     snapshot = table.current_snapshot()
     if snapshot is None:
         return FileSet(None, [], False)
-    paths: list[str] = []
-    has_deletes = False
-    for manifest in snapshot.manifests(table.io):
-        if manifest.content == ManifestContent.DELETES:
-            has_deletes = has_deletes or manifest.added_files_count != 0 or manifest.existing_files_count != 0
-            continue
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            if entry.data_file.content == DataFileContent.DATA:
-                paths.append(entry.data_file.file_path)
-    return FileSet(snapshot.snapshot_id, paths, has_deletes)
+    live, has_deletes = _planned(table)
+    return FileSet(snapshot.snapshot_id, [f.path for f in live], has_deletes)
 
 
 def snapshots_since(table: Table, snapshot_id: int | None) -> set[int] | None:
@@ -110,17 +104,46 @@ class LiveFile:
 
 def live_files(table: Table) -> list[LiveFile]:
     """Live data files of the current snapshot, with the snapshot that added each."""
-    snapshot = table.current_snapshot()
-    if snapshot is None:
+    if table.current_snapshot() is None:
         return []
+    return list(_planned(table)[0])
+
+
+#: (metadata file, snapshot id) → that snapshot's live data files and whether it has delete files.
+_PLANS: OrderedDict[tuple[str, int], tuple[tuple[LiveFile, ...], bool]] = OrderedDict()
+_PLANS_KEPT = 64
+_PLANS_LOCK = threading.Lock()
+
+
+def _planned(table: Table) -> tuple[tuple[LiveFile, ...], bool]:
+    """The current snapshot's manifests read once per process (a snapshot never changes).
+
+    Opening the views asks for a table's files more than once (paths, then sizes for the object
+    store); on ``s3://`` every manifest read is a request, so they are kept for the last
+    :data:`_PLANS_KEPT` snapshots.
+    """
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    key = (table.metadata_location, snapshot.snapshot_id)
+    with _PLANS_LOCK:
+        if key in _PLANS:
+            _PLANS.move_to_end(key)
+            return _PLANS[key]
     found: list[LiveFile] = []
+    has_deletes = False
     for manifest in snapshot.manifests(table.io):
-        if manifest.content != ManifestContent.DATA:
+        if manifest.content == ManifestContent.DELETES:
+            has_deletes = has_deletes or manifest.added_files_count != 0 or manifest.existing_files_count != 0
             continue
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
             if entry.data_file.content == DataFileContent.DATA:
                 found.append(LiveFile(entry.data_file, entry.snapshot_id, entry.sequence_number))
-    return found
+    plan = (tuple(found), has_deletes)
+    with _PLANS_LOCK:
+        _PLANS[key] = plan
+        while len(_PLANS) > _PLANS_KEPT:
+            _PLANS.popitem(last=False)
+    return plan
 
 
 def size_bundles(
