@@ -951,10 +951,10 @@ def _write_profiles(
     """Recompute the profiles of ``days`` (every task type of each) from the index."""
     table = ensure_table(catalog, settings, PROFILES.name)
     ordered = sorted(days, key=lambda d: (d is None, d or date.min))
-    for offset in range(0, len(ordered), 7):  # a week of days at a time: a few feature columns each
-        chunk = ordered[offset : offset + 7]
+    for day in ordered:  # a day at a time (3M sessions at the design scale: a week would not fit)
+        chunk = [day]
         members = con.sql(
-            f"SELECT session_id, task_type, day, {', '.join(FEATURES)}, tool_counts, exit_code_counts "
+            f"SELECT task_type, day, {', '.join(FEATURES)}, tool_counts, exit_code_counts "
             f"FROM session_index WHERE {_on_days(chunk)}"
         ).pl()
         rows = profiles(members).with_columns(pl.lit(config.scorer_version).alias("scorer_version"))
