@@ -386,7 +386,7 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
             for spec in (SCORES, DUPLICATES, PROFILES):
                 _clear(ensure_table(catalog, settings, spec.name))
             stale_flags = Or(
-                EqualTo(term=Reference("flag_class"), value=literal("anomaly")),
+                _ANOMALY_FLAGS,
                 Not(EqualTo(term=Reference("scorer_version"), value=literal(config.scorer_version))),
             )
             _commit(ensure_table(catalog, settings, FLAGS.name), None, stale_flags)
@@ -405,7 +405,7 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
             to_index = changed
         with stats.phase("level1"):
             # where changed sessions stood (rows to delete where their start moved); a full run cleared those tables
-            old_positions = _index_positions(con, to_index.clear() if full else to_index)
+            old_positions = _NO_POSITIONS if full else _index_positions(con, to_index)
             if full:
                 # the facts to recompute go first, in one pass per table (deleting them chunk by chunk would
                 # rewrite the same day files once per chunk); with none kept, the tables are simply emptied
@@ -480,12 +480,53 @@ def index_days(settings: Settings, days: list[date | None], catalog: Catalog | N
             f"WHERE CAST(started_at AS DATE) IN (SELECT day FROM __days) {nulls} ORDER BY session_id"
         ).pl()
         _drop_facts(con, settings, catalog, _index_positions(con, sessions))
-        none = _index_positions(con, sessions.clear())
         for chunk in _chunks(sessions, settings.score_chunk_sessions):
-            _index_sessions(settings, catalog, con, chunk, config, none)
+            _index_sessions(settings, catalog, con, chunk, config, _NO_POSITIONS)
         return sessions.height
     finally:
         con.close()
+
+
+#: Iceberg predicates: the anomaly flags (level 2) and the detector flags (level 1) of the ``flags`` table.
+_ANOMALY_FLAGS = EqualTo(term=Reference("flag_class"), value=literal("anomaly"))
+_DETECTOR_FLAGS = Not(_ANOMALY_FLAGS)
+#: ``session_index`` positions of no session (:func:`_index_positions`' schema).
+_NO_POSITIONS = pl.DataFrame(
+    schema={
+        "session_id": pl.Utf8,
+        "family": pl.Utf8,
+        "started_at": pl.Datetime("us", "UTC"),
+        "day": pl.Date,
+        "task_type": pl.Utf8,
+    }
+)
+
+
+def _lookup(
+    con: duckdb.DuckDBPyConnection,
+    columns: str,
+    view: str,
+    ids: pl.Series,
+    days: list[date | None] | None,
+    where: str = "TRUE",
+) -> pl.DataFrame:
+    """``columns`` of the rows of ``view`` for the session ids ``ids``.
+
+    ``days``: the rows can only be on these days, so only their files are read (a lookup by id
+    alone reads every file's ids); None: anywhere. A ``started_at`` column comes back as UTC.
+    """
+    con.register("__lookup", pa.table({"session_id": ids.cast(pl.Utf8).to_arrow()}))
+    on_days = "TRUE" if days is None else _on_days(days)
+    try:
+        rows = con.sql(
+            f"SELECT {columns} FROM {view} "
+            f"WHERE {on_days} AND session_id IN (SELECT session_id FROM __lookup) AND {where}"
+        ).pl()
+    finally:
+        con.unregister("__lookup")
+    if "started_at" in rows.columns:
+        rows = rows.with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC")))
+    return rows
 
 
 # ---------------------------------------------------------------------------------------- level 1
@@ -549,15 +590,9 @@ def _index_positions(con: duckdb.DuckDBPyConnection, sessions: pl.DataFrame, any
     ``anywhere``: also find the rows of sessions whose start moved to another day (a lookup over
     every day's session ids); else only ``sessions``' own days are read.
     """
-    con.register("__changed", sessions.select("session_id").to_arrow())
-    try:
-        where = "TRUE" if anywhere else _on_days(sessions["day"].unique().to_list())
-        return con.sql(
-            "SELECT session_id, family, started_at, day, coalesce(task_type, 'unknown') AS task_type "
-            f"FROM session_index WHERE {where} AND session_id IN (SELECT session_id FROM __changed)"
-        ).pl()
-    finally:
-        con.unregister("__changed")
+    days = None if anywhere else sessions["day"].unique().to_list()
+    columns = "session_id, family, started_at, day, coalesce(task_type, 'unknown') AS task_type"
+    return _lookup(con, columns, "session_index", sessions["session_id"], days)
 
 
 def _index_sessions(
@@ -566,13 +601,13 @@ def _index_sessions(
     con: duckdb.DuckDBPyConnection,
     chunk: pl.DataFrame,
     config: QualityConfig,
-    old: pl.DataFrame | None = None,
+    old: pl.DataFrame,
     run: ScoreStats | None = None,
 ) -> None:
     """Level 1 for ``chunk``'s sessions (session_id, day): their index rows and detector flags are replaced.
 
-    ``old``: where the run found them before (:func:`_index_positions`); looked up when not given.
-    ``run``: the run whose phase timings to add to.
+    ``old``: where the run found them before (:func:`_index_positions`; :data:`_NO_POSITIONS` when
+    their old rows are already gone). ``run``: the run whose phase timings to add to.
     """
     if chunk.height == 0:
         return
@@ -590,8 +625,6 @@ def _index_sessions(
             pl.lit(facts_digest(config)).alias("config_digest"), session_keys(level1.facts["session_id"])
         )
         index = ensure_table(catalog, settings, SESSION_INDEX.name)
-        if old is None:
-            old = _index_positions(con, chunk)
         mine = old.filter(pl.col("session_id").is_in(chunk["session_id"].implode()))
         keys = _keys(mine)  # flags exist only where an index row does
         _replace(index, _arrow(facts, SESSION_INDEX, config.scorer_version, now), keys)
@@ -604,9 +637,7 @@ def _index_sessions(
         flags = level1.cheat_flags.join(facts.select("session_id", "started_at"), on="session_id", how="left")
         flags_table = ensure_table(catalog, settings, FLAGS.name)
         flag_rows = _arrow(flags, FLAGS, config.scorer_version, now)
-        _replace(
-            flags_table, flag_rows, keys, extra=Not(EqualTo(term=Reference("flag_class"), value=literal("anomaly")))
-        )
+        _replace(flags_table, flag_rows, keys, extra=_DETECTOR_FLAGS)
 
 
 #: Stale sessions of one day deleted by id at most; a day with more goes whole (its current facts recomputed too).
@@ -643,11 +674,10 @@ def _drop_facts(
             ).pl()
         finally:
             con.unregister("__stale")
-    detector = Not(EqualTo(term=Reference("flag_class"), value=literal("anomaly")))
     for spec, by, extra in (
         (SESSION_INDEX, "session_id", None),
         (BAND_KEYS, "session_key", None),
-        (FLAGS, "session_id", detector),
+        (FLAGS, "session_id", _DETECTOR_FLAGS),
     ):
         table = ensure_table(catalog, settings, spec.name)
         if whole:
@@ -798,9 +828,9 @@ def _on_days(days: list[date | None], column: str = "started_at") -> str:
         end = start
         while end + 1 < len(ordered) and (ordered[end + 1] - ordered[end]).days == 1:
             end += 1
-        term = f"{column} >= TIMESTAMPTZ '{ordered[start].isoformat()} 00:00:00+00'"
+        term = f"{column} >= {_instant(datetime.combine(ordered[start], dt_time.min, UTC))}"
         if ordered[end] < date.max:
-            term += f" AND {column} < TIMESTAMPTZ '{(ordered[end] + timedelta(days=1)).isoformat()} 00:00:00+00'"
+            term += f" AND {column} < {_instant(datetime.combine(ordered[end] + timedelta(days=1), dt_time.min, UTC))}"
         terms.append(f"({term})")
         start = end + 1
     if None in days:
@@ -848,21 +878,12 @@ def _rescore(
     Returns:
         The sessions rescored.
     """
-    con.register("__targets", targets.select("session_id").to_arrow())
-    try:
-        with run.phase("level2.read"):
-            facts = con.sql(
-                "SELECT * EXCLUDE (assembled_at, config_digest, scored_at) FROM session_index "
-                f"WHERE {_on_days(targets['day'].unique().to_list())} "
-                "AND session_id IN (SELECT session_id FROM __targets)"
-            ).pl()
-        if facts.height == 0:
-            return 0
-        facts = facts.with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC"))).cast(
-            {k: v for k, v in FACTS_SCHEMA.items() if k in facts.columns}
-        )
-    finally:
-        con.unregister("__targets")
+    with run.phase("level2.read"):
+        columns = "* EXCLUDE (assembled_at, config_digest, scored_at)"
+        facts = _lookup(con, columns, "session_index", targets["session_id"], targets["day"].unique().to_list())
+    if facts.height == 0:
+        return 0
+    facts = facts.cast({k: v for k, v in FACTS_SCHEMA.items() if k in facts.columns})
     with run.phase("level2.context"):
         context = _novelty_context(con, facts, config)
         baselines, stats = _baselines(con, facts)
@@ -895,7 +916,7 @@ def _rescore(
             flags_table,
             anomaly_rows,
             _existing(con, "flags", facts["session_id"], near, "flag_class = 'anomaly'"),
-            extra=EqualTo(term=Reference("flag_class"), value=literal("anomaly")),
+            extra=_ANOMALY_FLAGS,
         )
         dup_table = ensure_table(catalog, settings, DUPLICATES.name)
         dup_keys = _existing(con, "duplicates", dup_ids)
@@ -911,16 +932,8 @@ def _rescore(
 
 def _score_rows(con: duckdb.DuckDBPyConnection, sessions: pl.DataFrame) -> pl.DataFrame:
     """The current ``scores`` rows of ``sessions`` (session_id, started_at), read from their days only."""
-    con.register("__rows", sessions.select("session_id").to_arrow())
     days = sessions.select(pl.col("started_at").cast(pl.Datetime("us", "UTC")).dt.date())["started_at"]
-    try:
-        rows = con.sql(
-            f"SELECT * EXCLUDE (scored_at) FROM scores WHERE {_on_days(days.unique().to_list())} "
-            "AND session_id IN (SELECT session_id FROM __rows)"
-        ).pl()
-    finally:
-        con.unregister("__rows")
-    return rows.with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC")))
+    return _lookup(con, "* EXCLUDE (scored_at)", "scores", sessions["session_id"], days.unique().to_list())
 
 
 def _changed_duplicates(
@@ -975,11 +988,11 @@ _LOOKBACK: tuple[timedelta | None, ...] = (
 def _novelty_context(con: duckdb.DuckDBPyConnection, facts: pl.DataFrame, config: QualityConfig) -> pl.DataFrame:
     """Index rows among the ``novelty_max_history`` before each session of ``facts`` in its family.
 
-    Per family: every row from its first target on (``started_at`` at or after the first target's,
-    or NULL), and the ``novelty_max_history`` latest rows before that, found by looking back an hour
-    from the latest earlier row, then a day, a week, … until enough are found or the whole history
-    was read. Each look reads only
-    the files of its time range (and the session ids first: signatures only of the rows kept).
+    Per family: every row from its first target to its last (and the NULL-started rows when a
+    target has no start), and the ``novelty_max_history`` latest rows before the first, found by
+    looking back an hour from the latest earlier row, then a day, a week, … until enough are found
+    or the whole history was read. Each look reads only the files of its time range, and only
+    session ids: signatures are read last, of the rows kept.
     """
     depth = config.novelty_max_history
     targets = facts.select(
@@ -1045,18 +1058,8 @@ def _novelty_context(con: duckdb.DuckDBPyConnection, facts: pl.DataFrame, config
     finally:
         con.unregister("__firsts")
     rows = pl.concat(found).unique("session_id")
-    con.register("__context", rows.select("session_id").to_arrow())
-    try:
-        return (
-            con.sql(
-                "SELECT session_id, family, started_at::TIMESTAMPTZ AS started_at, signature FROM session_index "
-                f"WHERE {_on_days(rows['day'].unique().to_list())} AND session_id IN (SELECT session_id FROM __context)"
-            )
-            .pl()
-            .with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC")))
-        )
-    finally:
-        con.unregister("__context")
+    columns = "session_id, family, started_at::TIMESTAMPTZ AS started_at, signature"
+    return _lookup(con, columns, "session_index", rows["session_id"], rows["day"].unique().to_list())
 
 
 def _cluster_set(
@@ -1083,7 +1086,7 @@ def _cluster_set(
     here = facts["session_id"]
     fresh = facts if changed is None else facts.filter(pl.col("session_id").is_in(list(changed)))
     # the fresh sessions' band keys, from their facts
-    probe = _band_rows(fresh.with_columns(pl.lit(0, pl.Int64).alias("session_key"))).select("band_key").unique()
+    probe = _band_rows(fresh).select("band_key").unique()
     con.register("__here", pa.table({"session_id": here.to_arrow()}))
     con.register("__keys", probe.to_arrow())
     try:
@@ -1110,32 +1113,24 @@ def _cluster_set(
         # a changed session's row is on its new day (its ``duplicates`` row may still be on the old one)
         now = moved.join(closed.select("session_id"), on="session_id", how="semi")
         closed = pl.concat([closed, facts.select("session_id", "day"), now.select("session_id", "day")])
-        con.register("__closed", closed.select("session_id").to_arrow())
-        members = con.sql(
-            "SELECT session_id, exact_key, signature, started_at::TIMESTAMPTZ AS started_at FROM session_index "
-            f"WHERE {_on_days(closed['day'].unique().to_list())} AND session_id IN (SELECT session_id FROM __closed)"
-        ).pl()
-        con.unregister("__closed")
-        con.register("__members", members.select("session_id").to_arrow())
-        # a member's scores row is on its day; only what ranking and exportability read
-        member_days = members.select(pl.col("started_at").cast(pl.Datetime("us", "UTC")).dt.date())
-        outside = con.sql(
-            f"""
-            SELECT session_id, quality, started_at, exportable AS _old,
-                   quality >= $min_quality AND NOT coalesce(security_flagged, FALSE)
-                   AND coalesce(failure_cause, '') <> 'still_running' AS exportable_base
-            FROM scores WHERE {_on_days(member_days["started_at"].unique().to_list())}
-              AND session_id IN (SELECT session_id FROM __members)
-              AND session_id NOT IN (SELECT session_id FROM __here)
-            """,
-            params={"min_quality": config.min_quality},
-        ).pl()
-        con.unregister("__members")
     finally:
         con.unregister("__here")
         con.unregister("__keys")
-    members = members.with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC")))
-    outside = outside.with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC")))
+    columns = "session_id, exact_key, signature, started_at::TIMESTAMPTZ AS started_at"
+    members = _lookup(con, columns, "session_index", closed["session_id"], closed["day"].unique().to_list())
+    # a member's scores row is on its day; only what ranking and exportability read
+    others = members.filter(~pl.col("session_id").is_in(here.implode()))
+    base = (
+        f"quality >= {float(config.min_quality)!r} AND NOT coalesce(security_flagged, FALSE) "
+        "AND coalesce(failure_cause, '') <> 'still_running'"
+    )
+    outside = _lookup(
+        con,
+        f"session_id, quality, started_at, exportable AS _old, {base} AS exportable_base",
+        "scores",
+        others["session_id"],
+        others["started_at"].dt.date().unique().to_list(),
+    )
     ranking = pl.concat(
         [
             scores.select("session_id", "quality", "started_at"),
@@ -1161,16 +1156,7 @@ def _existing(
 
     ``days``: the rows can only be on these days (only their files are read); None: anywhere.
     """
-    con.register("__ids", pa.table({"session_id": ids.cast(pl.Utf8).to_arrow()}))
-    on_days = "TRUE" if days is None else _on_days(days)
-    try:
-        found = con.sql(
-            f"SELECT DISTINCT session_id, started_at::TIMESTAMPTZ AS started_at FROM {view} "
-            f"WHERE {on_days} AND session_id IN (SELECT session_id FROM __ids) AND {where}"
-        ).pl()
-    finally:
-        con.unregister("__ids")
-    return _keys(found)
+    return _keys(_lookup(con, "DISTINCT session_id, started_at::TIMESTAMPTZ AS started_at", view, ids, days, where))
 
 
 def _keys(*frames: pl.DataFrame) -> pl.DataFrame:
