@@ -55,6 +55,21 @@ class Settings(BaseSettings):
     cold_target_file_bytes: int = Field(
         128 << 20, ge=1 << 10, description="TRAJLAKE_COLD_TARGET_FILE_BYTES: Parquet file size in the cold tier."
     )
+    cold_row_group_rows: int = Field(
+        65_536,
+        ge=1_024,
+        description="TRAJLAKE_COLD_ROW_GROUP_ROWS: rows per Parquet row group in the cold tier (a lookup "
+        "reads the row groups its session's Bloom filter and statistics keep).",
+    )
+    footer_cache_bytes: int = Field(
+        1 << 30,
+        ge=0,
+        description="TRAJLAKE_FOOTER_CACHE_BYTES: local disk kept for the footers (and Bloom filters) of "
+        "object-store Parquet files, so a new process does not fetch them again; 0 turns the cache off.",
+    )
+    footer_cache_dir: Path | None = Field(
+        None, description="TRAJLAKE_FOOTER_CACHE_DIR: where that cache lives; default home/cache/footers."
+    )
     rewrite_memory_bytes: int = Field(
         768 << 20,
         ge=1 << 20,
@@ -238,6 +253,11 @@ class Settings(BaseSettings):
     def spool_path(self) -> Path:
         """Directory of the producer outage spool."""
         return self.spool_dir.expanduser() if self.spool_dir else self.home_dir / "spool"
+
+    @property
+    def footer_cache_path(self) -> Path:
+        """Directory of the object-store footer cache."""
+        return self.footer_cache_dir.expanduser() if self.footer_cache_dir else self.home_dir / "cache" / "footers"
 
     @property
     def broker_dir(self) -> Path:

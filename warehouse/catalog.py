@@ -19,11 +19,16 @@ from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 
 from common.settings import Settings
+from warehouse import parquet_writer
 from warehouse.object_store import s3_properties
 
 
 def open_catalog(settings: Settings) -> Catalog:
-    """The configured Iceberg catalog, with trajlake's namespace created."""
+    """The configured Iceberg catalog, with trajlake's namespace created.
+
+    Tables written through it honour their Bloom filter properties (:mod:`warehouse.parquet_writer`).
+    """
+    parquet_writer.install()
     props = s3_properties(settings.catalog_properties)
     if "type" in props:
         props.setdefault("warehouse", settings.hot_location)

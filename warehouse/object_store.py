@@ -12,17 +12,30 @@ never a whole table. The S3 client is pyarrow's, configured exactly as pyiceberg
 Iceberg data files are immutable and their sizes are in the table metadata, so the filesystem
 answers size, existence and modification time of the planned files itself: no ``HEAD`` request
 per file per query, and DuckDB's Parquet metadata cache stays valid for the connection's life.
+
+That cache dies with the connection, and every ``trajlake sql`` is a new process: before it can
+prune a single row group DuckDB reads the footer of every file of the views (two ranged GETs per
+file; 120 KB each for the cold ``raw_events``, 127 columns). A :class:`FooterCache` keeps each
+file's tail — everything after its last column chunk: Bloom filters, page indexes, the footer — on
+local disk, keyed by URI and size (data files are never rewritten in place and their names are
+unique), so a query in a new process asks the store only for the row groups it reads.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import struct
+import tempfile
 import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 from fsspec.implementations.arrow import ArrowFSWrapper
 from fsspec.spec import AbstractBufferedFile
 from pyarrow import fs as pafs
@@ -55,15 +68,171 @@ def s3_properties(properties: Mapping[str, str]) -> dict[str, str]:
     return props
 
 
+#: Bytes of a file's end fetched at once on a cache miss (most footers fit; a larger one takes a second GET).
+_FIRST_TAIL_BYTES = 256 << 10
+#: A tail longer than this (huge page indexes or Bloom filters) is cached from the footer on only.
+_MAX_TAIL_BYTES = 16 << 20
+#: A cached tail starts at a multiple of this: DuckDB reads in aligned blocks, so the block holding
+#: a footer's first byte starts before it.
+_TAIL_ALIGN = 64 << 10
+_MAGIC = b"PAR1"
+#: Ranged GETs of data files this process made, and their bytes (see :func:`fetched`).
+_FETCHED = [0, 0]
+_FETCHED_LOCK = threading.Lock()
+
+
+def fetched() -> tuple[int, int]:
+    """Ranged GETs of object-store data files made by this process so far, and the bytes they returned."""
+    with _FETCHED_LOCK:
+        return _FETCHED[0], _FETCHED[1]
+
+
+def _metadata_start(footer: bytes, footer_start: int) -> int:
+    """Offset where a Parquet file's data ends: after its last column chunk (``footer`` = footer + length + magic).
+
+    What follows it — Bloom filters, column and offset indexes, the footer — is metadata, written
+    after every row group by both Arrow's and parquet-mr's writers. ``footer_start`` if unknown.
+    """
+    try:
+        meta = pq.read_metadata(pa.BufferReader(_MAGIC + footer))
+    except (pa.ArrowException, OSError):
+        return footer_start
+    end = 0
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        for j in range(group.num_columns):
+            chunk = group.column(j)
+            offsets = [o for o in (chunk.dictionary_page_offset, chunk.data_page_offset) if o]
+            if offsets:
+                end = max(end, min(offsets) + chunk.total_compressed_size)
+    return end if 0 < end <= footer_start else footer_start
+
+
+class FooterCache:
+    """The tails of immutable Parquet files on object storage, on local disk, shared by every process.
+
+    An entry is the bytes from a file's end of data (see :func:`_metadata_start`) to its end, in a
+    file named by a digest of the URI and size; it is written atomically (temporary file, rename),
+    so concurrent processes see a whole entry or none. Past ``limit_bytes`` the least recently used
+    entries go. A file that does not end like Parquet is not cached.
+
+    Args:
+        directory: Where the entries live (created owner-only).
+        limit_bytes: Disk the entries may take.
+    """
+
+    def __init__(self, directory: Path, limit_bytes: int) -> None:
+        self.directory = directory
+        self.limit_bytes = limit_bytes
+        self._total: int | None = None  # bytes of all entries, learnt from the disk at the first fill
+        self._lock = threading.Lock()
+
+    def _entry(self, uri: str, size: int) -> Path:
+        digest = hashlib.sha256(f"{uri}\0{size}".encode()).hexdigest()
+        return self.directory / digest[:2] / f"{digest}.tail"
+
+    def lookup(self, uri: str, size: int) -> tuple[int, Path] | None:
+        """``(offset, entry)`` of the cached tail of ``uri``, or None."""
+        entry = self._entry(uri, size)
+        try:
+            length = entry.stat().st_size
+        except OSError:
+            return None
+        if not 0 < length <= size:
+            return None
+        try:
+            os.utime(entry)  # recency, for eviction
+        except OSError:
+            pass
+        return size - length, entry
+
+    def fill(self, uri: str, size: int, read_at: Any) -> tuple[int, Path] | None:
+        """Fetch the tail of ``uri`` with ``read_at(nbytes, offset)`` and keep it; None if it is not Parquet."""
+        first = min(size, _FIRST_TAIL_BYTES)
+        start = size - first
+        data = bytes(read_at(first, start))
+        if len(data) < 12 or data[-4:] != _MAGIC:
+            return None
+        footer_length = struct.unpack("<I", data[-8:-4])[0]
+        footer_start = size - 8 - footer_length
+        if footer_start < 4:
+            return None
+        if footer_start < start:
+            data = bytes(read_at(start - footer_start, footer_start)) + data
+            start = footer_start
+        begin = _metadata_start(data[footer_start - start :], footer_start) // _TAIL_ALIGN * _TAIL_ALIGN
+        if begin < start:
+            if start - begin <= _MAX_TAIL_BYTES:
+                data = bytes(read_at(start - begin, begin)) + data
+                start = begin
+        else:
+            data, start = data[begin - start :], begin
+        entry = self._entry(uri, size)
+        temporary: str | None = None
+        try:
+            entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=entry.parent, prefix=".tmp-", delete=False) as out:
+                temporary = out.name
+                out.write(data)
+            os.replace(temporary, entry)
+        except OSError:
+            if temporary is not None:
+                Path(temporary).unlink(missing_ok=True)
+            return None  # a full or read-only disk costs speed, not correctness
+        self._account(len(data))
+        return start, entry
+
+    def _entries(self) -> list[tuple[float, int, Path]]:
+        found = []
+        for path in self.directory.glob("*/*.tail"):
+            try:
+                stat = path.stat()
+            except OSError:
+                continue  # evicted by another process meanwhile
+            found.append((stat.st_mtime, stat.st_size, path))
+        return found
+
+    def _account(self, written: int) -> None:
+        with self._lock:
+            if self._total is None:
+                self._total = sum(size for _, size, _ in self._entries())  # other processes' entries too
+            else:
+                self._total += written
+            if self._total <= self.limit_bytes:
+                return
+            self._total = self.evict()
+
+    def evict(self) -> int:
+        """Remove the least recently used entries until at most 80 % of ``limit_bytes`` is taken; returns the rest."""
+        entries = self._entries()
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries):
+            if total <= self.limit_bytes * 0.8:
+                break
+            path.unlink(missing_ok=True)
+            total -= size
+        return total
+
+
 class _RangeFile(AbstractBufferedFile):
-    """A read-only file of known size whose reads are ranged GETs on the filesystem's shared S3 handle."""
+    """A read-only file of known size: its tail from the footer cache, other reads ranged GETs on a shared handle."""
 
     def __init__(self, fs: ObjectStoreFS, path: str, size: int) -> None:
         super().__init__(fs, path, mode="rb", block_size=0, cache_type="none", size=size)
 
     def _fetch_range(self, start: int, end: int) -> bytes:
-        data: bytes = self.fs.input_file(self.path).read_at(end - start, start)
-        return data
+        fs: ObjectStoreFS = self.fs
+        tail = fs.tail(self.path, self.size, load=end >= self.size - 8)
+        if tail is not None and start >= tail[0]:
+            try:
+                with open(tail[1], "rb") as cached:
+                    cached_bytes = os.pread(cached.fileno(), end - start, start - tail[0])
+                if len(cached_bytes) == end - start:
+                    return cached_bytes
+            except OSError:
+                pass
+            fs.forget_tail(self.path)  # evicted meanwhile (another process's cache is the same directory)
+        return fs.read_at(self.path, end - start, start)
 
 
 class ObjectStoreFS(ArrowFSWrapper):
@@ -75,12 +244,48 @@ class ObjectStoreFS(ArrowFSWrapper):
 
     protocol = "s3"
 
-    def __init__(self, properties: Mapping[str, str]) -> None:
+    def __init__(self, properties: Mapping[str, str], cache: FooterCache | None = None) -> None:
         self._io = PyArrowFileIO(s3_properties(properties))
         self._sizes: dict[str, int] = {}
         self._handles: dict[str, Any] = {}
+        self._tails: dict[str, tuple[int, Path] | None] = {}
+        self._cache = cache
         self._open_lock = threading.Lock()
+        self._tail_lock = threading.Lock()
+        self._tail_locks: dict[str, threading.Lock] = {}
         super().__init__(self.arrow_fs("s3://"))
+
+    def forget_tail(self, key: str) -> None:
+        """Stop serving ``key``'s tail from the cache (its entry went): later reads go to the store."""
+        self._tails[key] = None
+
+    def tail(self, key: str, size: int, load: bool) -> tuple[int, Path] | None:
+        """The cached tail of ``key`` as ``(offset, local file)``; fetched into the cache first when ``load``."""
+        if self._cache is None:
+            return None
+        if key in self._tails:
+            return self._tails[key]
+        with self._tail_lock:  # one lock per file: other files' footers are fetched meanwhile
+            lock = self._tail_locks.setdefault(key, threading.Lock())
+        with lock:
+            if key in self._tails:
+                return self._tails[key]
+            uri = f"s3://{key}"
+            found = self._cache.lookup(uri, size)
+            if found is None and not load:
+                return None  # a data read before any footer read: nothing to fill from yet
+            if found is None:
+                found = self._cache.fill(uri, size, lambda n, offset: self.read_at(key, n, offset))
+            self._tails[key] = found
+            return found
+
+    def read_at(self, key: str, nbytes: int, offset: int) -> bytes:
+        """One ranged GET of ``key`` (counted in :func:`fetched`)."""
+        data: bytes = self.input_file(key).read_at(nbytes, offset)
+        with _FETCHED_LOCK:
+            _FETCHED[0] += 1
+            _FETCHED[1] += len(data)
+        return data
 
     def input_file(self, key: str) -> Any:
         """pyarrow's random-access S3 file of ``key``, opened once (its ``HEAD``) and shared by every open.
@@ -127,8 +332,23 @@ class ObjectStoreFS(ArrowFSWrapper):
         return super()._open(path, mode, block_size, seekable, **kwargs)
 
 
-def register_object_store(con: duckdb.DuckDBPyConnection, properties: Mapping[str, str]) -> ObjectStoreFS:
+class ObjectStores:
+    """The object-store filesystem of one DuckDB connection (registered on first use) and its footer cache."""
+
+    def __init__(self, cache: FooterCache | None = None) -> None:
+        self.cache = cache
+        self.s3: ObjectStoreFS | None = None
+
+
+def footer_cache(directory: Path, limit_bytes: int) -> FooterCache | None:
+    """The footer cache at ``directory``, or None when ``limit_bytes`` is 0 (turned off)."""
+    return FooterCache(directory, limit_bytes) if limit_bytes > 0 else None
+
+
+def register_object_store(
+    con: duckdb.DuckDBPyConnection, properties: Mapping[str, str], cache: FooterCache | None = None
+) -> ObjectStoreFS:
     """A new :class:`ObjectStoreFS` registered on ``con`` (one per connection: DuckDB keys them by protocol)."""
-    store = ObjectStoreFS(properties)
+    store = ObjectStoreFS(properties, cache)
     con.register_filesystem(store)
     return store

@@ -62,7 +62,7 @@ from common.settings import Settings
 from warehouse.catalog import open_catalog
 from warehouse.errors import LockBusy, WarehouseError
 from warehouse.locks import job_lock
-from warehouse.object_store import ObjectStoreFS
+from warehouse.parquet_writer import BLOOM_ENABLED, ROW_GROUP_LIMIT
 from warehouse.snapshots import LiveFile, arrow_row_bytes, live_files, read_data_files, size_bundles
 from warehouse.tables import RAW_EVENTS, STEPS, TABLES, TRAJECTORIES, ensure_table
 from warehouse.transactions import retry_on_conflict, transaction
@@ -117,7 +117,14 @@ def ensure_cold_table(catalog: Catalog, settings: Settings, name: str) -> Table:
     # The namespace location decides where new tables go, in SQL and REST catalogs alike.
     catalog.create_namespace_if_not_exists(namespace, {"location": location})
     table = ensure_table(catalog, cold_settings(settings), name)
-    wanted = {"write.target-file-size-bytes": str(settings.cold_target_file_bytes)}
+    wanted = {
+        "write.target-file-size-bytes": str(settings.cold_target_file_bytes),
+        ROW_GROUP_LIMIT: str(settings.cold_row_group_rows),
+    }
+    keys = TABLES[name].sort_by
+    if keys and keys[0] == "session_id":
+        # A session lookup prunes the row groups of every other day by the filter (parquet_writer).
+        wanted[f"{BLOOM_ENABLED}.session_id"] = "true"
     if any(table.properties.get(k) != v for k, v in wanted.items()):
         with transaction(table) as tx:
             tx.set_properties(wanted)
@@ -247,9 +254,9 @@ def late_event_files(con: duckdb.DuckDBPyConnection, catalog: Catalog, settings:
     Returns:
         The cold data files, or ``[]`` when no affected session is in the cold tier.
     """
-    from warehouse.sql import parquet_source, readable_files
+    from warehouse.sql import object_stores, parquet_source, readable_files
 
-    stores: dict[str, ObjectStoreFS] = {}
+    stores = object_stores(settings)
     tiered = readable_files(con, ensure_cold_table(catalog, settings, TRAJECTORIES.name), stores)
     if not tiered:
         return []

@@ -125,23 +125,29 @@ def test_cold_views_on_s3_read_in_place(
 
     monkeypatch.setattr(ArrowScan, "to_table", no_whole_table)
     sid = expected["session"]
-    # A one-session lookup and a day aggregate, on the locked connection user SQL runs on.
-    recorder.clear()
-    _, rows = run_query(settings, f"SELECT event_id FROM cold_events WHERE session_id = '{sid}' ORDER BY event_id")
-    assert sorted(rows) == expected["events"] and rows
-    _, rows = run_query(settings, f"SELECT n_events FROM trajectories WHERE session_id = '{sid}'")
-    assert rows == expected["trajectory"]
     day = (BASE + timedelta(days=1)).isoformat()
     next_day = (BASE + timedelta(days=2)).isoformat()
-    _, rows = run_query(
-        settings,
-        "SELECT count(*), count(DISTINCT session_id) FROM cold_events "
-        f"WHERE ts >= TIMESTAMPTZ '{day}' AND ts < TIMESTAMPTZ '{next_day}'",
-    )
-    assert rows == expected["day"] and rows[0][0] > 0
-    # Objects are fetched by key (Iceberg metadata and the planned data files): nothing is listed.
-    assert recorder.data_bytes() > 0
-    assert not any(method == "GET" and path.endswith(("/", BUCKET)) for method, path in recorder.requests)
+    # These files are small enough to sit whole in the footer cache (its tail is from a 64 KiB boundary):
+    # first without it, to see the data fetched from the store, then with it, for the same answers.
+    for cache_bytes in ("0", str(1 << 30)):
+        monkeypatch.setenv("TRAJLAKE_FOOTER_CACHE_BYTES", cache_bytes)
+        settings = load_settings()
+        # A one-session lookup and a day aggregate, on the locked connection user SQL runs on.
+        recorder.clear()
+        query = f"SELECT event_id FROM cold_events WHERE session_id = '{sid}' ORDER BY event_id"
+        _, rows = run_query(settings, query)
+        assert sorted(rows) == expected["events"] and rows
+        _, rows = run_query(settings, f"SELECT n_events FROM trajectories WHERE session_id = '{sid}'")
+        assert rows == expected["trajectory"]
+        _, rows = run_query(
+            settings,
+            "SELECT count(*), count(DISTINCT session_id) FROM cold_events "
+            f"WHERE ts >= TIMESTAMPTZ '{day}' AND ts < TIMESTAMPTZ '{next_day}'",
+        )
+        assert rows == expected["day"] and rows[0][0] > 0
+        # Objects are fetched by key (Iceberg metadata and the planned data files): nothing is listed.
+        assert recorder.data_bytes() > 0 or cache_bytes != "0"
+        assert not any(method == "GET" and path.endswith(("/", BUCKET)) for method, path in recorder.requests)
     # Every row of every view is still counted once.
     monkeypatch.undo()
     assert lake_state(settings) == expected["state"]
@@ -162,15 +168,20 @@ def test_locked_connection_reads_only_the_planned_objects(cold_lake: tuple[Setti
             run_query(settings, query)
 
 
-def _synthetic_day(day: int, rows: int, seed: int) -> pa.Table:
-    """``rows`` raw events of one day, sorted by session like tiered files (random ids: a file of several MB)."""
+def _synthetic_day(day: int, rows: int, seed: int, interleaved: bool = False) -> pa.Table:
+    """``rows`` raw events of one day, sorted by session like tiered files (random ids: a file of several MB).
+
+    ``interleaved``: session ids of every day cover the same range (as random UUIDs do), so a file's
+    statistics cannot tell which day a session is on.
+    """
     import numpy as np
 
     rng = np.random.default_rng(seed)
     schema = RAW_EVENTS.arrow_schema()
     columns = {f.name: pa.nulls(rows, f.type) for f in schema}
     sessions = rows // 50
-    columns["session_id"] = pa.array([f"d{day:02d}-s{i // 50:06d}" for i in range(rows)])
+    ids = [f"s{i // 50:06d}-d{day:02d}" if interleaved else f"d{day:02d}-s{i // 50:06d}" for i in range(rows)]
+    columns["session_id"] = pa.array(ids)
     columns["seq"] = pa.array(np.arange(rows) % 50, schema.field("seq").type)
     columns["event_id"] = pa.array([rng.bytes(16).hex() for _ in range(rows)])
     columns["event_type"] = pa.array(rng.choice(["agent_action", "env_feedback"], rows))
@@ -228,3 +239,52 @@ def test_queries_fetch_only_the_row_groups_they_need(
     assert 0 < fetched(lookup) < total / 8, (fetched(lookup), total)
     # The day aggregate reads one column of one day: the other day's file gives its footer only.
     assert 0 < fetched(aggregate) < total / 4, (fetched(aggregate), total)
+
+
+def test_a_lookup_in_a_new_process_fetches_only_its_own_day(
+    settings: Settings, counting_s3: tuple[str, Recorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Footers come from the local footer cache and the other days' row groups are skipped by their Bloom filters."""
+    import boto3
+
+    endpoint, recorder = counting_s3
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    if BUCKET not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+        client.create_bucket(Bucket=BUCKET)
+    monkeypatch.setenv("TRAJLAKE_COLD_WAREHOUSE", f"s3://{BUCKET}/{settings.topic}-bloom")
+    monkeypatch.delenv("TRAJLAKE_CATALOG_PROPERTIES", raising=False)
+    monkeypatch.setenv("TRAJLAKE_COLD_TARGET_FILE_BYTES", str(4 << 30))  # one file per day
+    monkeypatch.setenv("TRAJLAKE_COLD_ROW_GROUP_ROWS", "5000")
+    settings = load_settings()
+    cold = ensure_cold_table(open_catalog(settings), settings, RAW_EVENTS.name)
+    days = 4
+    for day in range(days):
+        cold.append(_synthetic_day(day, 40_000, seed=10 + day, interleaved=True))
+    cold = open_catalog(settings).load_table(cold.name())
+    by_day = {
+        t.file.file_path.split("://", 1)[1]: t.file.partition[0]
+        for t in cold.scan().plan_files()  # day partition of each file
+    }
+    assert len(by_day) == days
+    own = {path for path, day in by_day.items() if day == max(by_day.values())}
+
+    def lookup(session: str) -> dict[str, int]:
+        recorder.clear()
+        _, rows = run_query(settings, f"SELECT count(*), max(seq) FROM cold_events WHERE session_id = '{session}'")
+        assert rows == [(50, 49)]
+        return {path.lstrip("/"): n for path, n in recorder.sent.items() if path.lstrip("/") in by_day}
+
+    first = lookup("s000100-d03")  # fills the footer cache: every file's tail is fetched once
+    assert set(first) == set(by_day)
+    again = lookup("s000010-d03")  # a new connection and filesystem, as a new `trajlake sql` process
+    assert set(again) == own, again  # the three other days: not one byte, footers included
+    assert sum(again.values()) < sum(cold.inspect.files().column("file_size_in_bytes").to_pylist()) / days / 4
+
+    # Without the cache every file's footer is fetched again.
+    monkeypatch.setenv("TRAJLAKE_FOOTER_CACHE_BYTES", "0")
+    settings = load_settings()
+    assert set(lookup("s000300-d03")) == set(by_day)
