@@ -92,3 +92,17 @@ def test_bench_automation_measures_every_closed_session(tmp_path: Path) -> None:
         assert run["trajectories_assembled_at_max_s"] <= run["trajectories_max_s"]
         assert run["scores_scored_at_max_s"] <= run["scores_max_s"]
     assert result["loop"]["loop_runs"]["score"] >= 1
+
+
+@pytest.mark.integration
+def test_bench_cold_smoke_finds_its_sessions_at_both_sizes() -> None:
+    pytest.importorskip("moto.server", reason="moto[server] is a dev extra: pip install -e '.[dev]'")
+    from benchmarks.cold import bench_cold
+
+    result = bench_cold(events=20_000, larger=40_000, per_day=10_000, baseline=False)
+    for size in ("20000", "40000"):
+        measured = result["sizes"][size]
+        assert measured["lookup_rows"] > 0  # the looked-up sessions exist: an empty answer is fast and wrong
+        assert measured["aggregate_rows"] == 10_000  # one day's events, counted once
+        assert measured["lookup_first_s"] > 0 and measured["peak_rss_bytes"] > 0
+        assert measured["lookup_gets"] > 0  # the data comes from the store (footers from the cache)
