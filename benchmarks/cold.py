@@ -7,6 +7,11 @@ connection locked, one query) in a fresh child process per size, which reports i
 and peak RSS. The cold tier then grows and the same child runs again: RSS should not move.
 Baseline: what every ``open_views`` did before, reading the whole cold table into Arrow
 (pyiceberg's scan), measured at the smaller size only.
+
+Each child starts with an empty footer cache (:class:`warehouse.object_store.FooterCache`): its
+first lookup fetches every file's footer (``lookup_first_s``); the later ones, each of a session not
+looked up before, are what a new ``trajlake sql`` process sees once the machine has read the tier.
+The child also reports the ranged GETs and bytes each query asked of the store.
 """
 
 from __future__ import annotations
