@@ -191,13 +191,10 @@ def _synthetic_day(day: int, rows: int, seed: int, interleaved: bool = False) ->
     return pa.table({f.name: columns[f.name].cast(f.type) for f in schema}, schema=schema)
 
 
-def test_queries_fetch_only_the_row_groups_they_need(
-    settings: Settings, counting_s3: tuple[str, Recorder], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Files large enough that DuckDB reads ranges (it fetches a small file whole): two days of 300k events."""
+def _cold_on_s3(endpoint: str, warehouse: str, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Settings with the cold tier at ``warehouse`` on the counting server, one file per day partition."""
     import boto3
 
-    endpoint, recorder = counting_s3
     for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
@@ -206,11 +203,19 @@ def test_queries_fetch_only_the_row_groups_they_need(
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     if BUCKET not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
         client.create_bucket(Bucket=BUCKET)
-    monkeypatch.setenv("TRAJLAKE_COLD_WAREHOUSE", f"s3://{BUCKET}/{settings.topic}")
+    monkeypatch.setenv("TRAJLAKE_COLD_WAREHOUSE", warehouse)
     monkeypatch.delenv("TRAJLAKE_CATALOG_PROPERTIES", raising=False)
     # pyiceberg cuts files by Arrow size, which these mostly-null rows inflate: one file per day.
     monkeypatch.setenv("TRAJLAKE_COLD_TARGET_FILE_BYTES", str(4 << 30))
-    settings = load_settings()
+    return load_settings()
+
+
+def test_queries_fetch_only_the_row_groups_they_need(
+    settings: Settings, counting_s3: tuple[str, Recorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files of several MB, so that a row group is a small part of one: two days of 300k events."""
+    endpoint, recorder = counting_s3
+    settings = _cold_on_s3(endpoint, f"s3://{BUCKET}/{settings.topic}", monkeypatch)
     cold = ensure_cold_table(open_catalog(settings), settings, RAW_EVENTS.name)
     with transaction(cold) as tx:
         tx.set_properties({"write.parquet.row-group-limit": "10000"})
@@ -245,21 +250,9 @@ def test_a_lookup_in_a_new_process_fetches_only_its_own_day(
     settings: Settings, counting_s3: tuple[str, Recorder], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Footers come from the local footer cache and the other days' row groups are skipped by their Bloom filters."""
-    import boto3
-
     endpoint, recorder = counting_s3
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-    if BUCKET not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
-        client.create_bucket(Bucket=BUCKET)
-    monkeypatch.setenv("TRAJLAKE_COLD_WAREHOUSE", f"s3://{BUCKET}/{settings.topic}-bloom")
-    monkeypatch.delenv("TRAJLAKE_CATALOG_PROPERTIES", raising=False)
-    monkeypatch.setenv("TRAJLAKE_COLD_TARGET_FILE_BYTES", str(4 << 30))  # one file per day
     monkeypatch.setenv("TRAJLAKE_COLD_ROW_GROUP_ROWS", "5000")
-    settings = load_settings()
+    settings = _cold_on_s3(endpoint, f"s3://{BUCKET}/{settings.topic}-bloom", monkeypatch)
     cold = ensure_cold_table(open_catalog(settings), settings, RAW_EVENTS.name)
     days = 4
     for day in range(days):
