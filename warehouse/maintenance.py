@@ -61,7 +61,7 @@ from warehouse.snapshots import (
     snapshots_since,
 )
 from warehouse.tables import RAW_EVENTS, TABLES, TRAJECTORIES, ensure_table
-from warehouse.tiering import TIERED_TABLES, ensure_cold_table, lifecycle_lock, tiered_files
+from warehouse.tiering import FILTERS_SINCE, TIERED_TABLES, ensure_cold_table, lifecycle_lock, tiered_files
 from warehouse.transactions import retry_on_conflict, transaction
 
 log = logging.getLogger("trajlake.maintenance")
@@ -216,15 +216,8 @@ def compact_table(
         for entry in live_files(current):
             if entry.data_file.file_size_in_bytes < target * _SMALL and eligible(entry):
                 groups.setdefault(_partition_key(entry), []).append(entry)
-        spec = TABLES.get(table.name()[-1])
-        sort_by = tuple(spec.sort_by) if spec and spec.sort_by else ()
         old: list[DataFile] = []
         new: list[DataFile] = []
-        # pyiceberg splits what it writes at the target size measured in Arrow bytes, which is
-        # 10-30× the Parquet bytes here: left to it, one rewrite came out as dozens of small files.
-        one_file = current.metadata.model_copy(
-            update={"properties": {**current.metadata.properties, "write.target-file-size-bytes": str(1 << 60)}}
-        )
         for files in groups.values():
             if len(files) < min_files:
                 continue
@@ -234,23 +227,78 @@ def compact_table(
             files = [f for f in files if f.data_file.record_count * row_bytes < memory_bytes * _SMALL]
             if len(files) < min_files:
                 continue
-            for rows in _rewrites(current, files, sort_by, target, memory_bytes, row_bytes):
-                new.extend(_dataframe_to_data_files(one_file, rows, current.io))
+            new.extend(_rewritten(current, files, target, memory_bytes, row_bytes))
             old.extend(f.data_file for f in files)
-        if not old:
-            result = (0, 0)
-            return
-        with transaction(current) as tx:
-            properties = {REWRITE_MARKER: "true", "trajlake.rewrite.files": str(len(old))}
-            with tx.update_snapshot(snapshot_properties=properties).overwrite() as overwrite:
-                for data_file in old:
-                    overwrite.delete_data_file(data_file)
-                for data_file in new:
-                    overwrite.append_data_file(data_file)
-        result = (len(old), len(new))
+        result = _swap(current, old, new)
 
     retry_on_conflict(f"compact {'.'.join(table.name())}", attempt)
     return result
+
+
+def _rewritten(
+    current: Table, files: list[LiveFile], target: int, memory_bytes: int, row_bytes: float
+) -> list[DataFile]:
+    """New data files holding the rows of ``files`` (one partition's), sorted and split by :func:`_rewrites`."""
+    spec = TABLES.get(current.name()[-1])
+    sort_by = tuple(spec.sort_by) if spec and spec.sort_by else ()
+    # pyiceberg splits what it writes at the target size measured in Arrow bytes, which is
+    # 10-30× the Parquet bytes here: left to it, one rewrite came out as dozens of small files.
+    one_file = current.metadata.model_copy(
+        update={"properties": {**current.metadata.properties, "write.target-file-size-bytes": str(1 << 60)}}
+    )
+    new: list[DataFile] = []
+    for rows in _rewrites(current, files, sort_by, target, memory_bytes, row_bytes):
+        new.extend(_dataframe_to_data_files(one_file, rows, current.io))
+    return new
+
+
+def _swap(current: Table, old: list[DataFile], new: list[DataFile]) -> tuple[int, int]:
+    """Replace ``old`` by ``new`` in one rewrite commit (marked, so incremental readers skip it)."""
+    if not old:
+        return (0, 0)
+    with transaction(current) as tx:
+        properties = {REWRITE_MARKER: "true", "trajlake.rewrite.files": str(len(old))}
+        with tx.update_snapshot(snapshot_properties=properties).overwrite() as overwrite:
+            for data_file in old:
+                overwrite.delete_data_file(data_file)
+            for data_file in new:
+                overwrite.append_data_file(data_file)
+    return (len(old), len(new))
+
+
+def rewrite_unfiltered(catalog: Catalog, table: Table, memory_bytes: int = 768 << 20) -> tuple[int, int]:
+    """Rewrite the data files written before ``table``'s Bloom filters were turned on, a partition per commit.
+
+    ``FILTERS_SINCE`` (set by :func:`warehouse.tiering.ensure_cold_table` when it turns them on for a
+    table that already holds data) is the first data sequence number written with them; a rewritten
+    file gets a new one, so a run killed midway goes on where it stopped.
+
+    Returns:
+        (files removed, files written).
+    """
+    since = table.properties.get(FILTERS_SINCE)
+    if since is None:
+        return (0, 0)
+    removed = written = 0
+    while True:
+        done = (0, 0)
+
+        def attempt() -> None:
+            nonlocal done
+            current = catalog.load_table(table.name())
+            old = [e for e in live_files(current) if e.sequence_number is not None and e.sequence_number < int(since)]
+            if not old:
+                done = (0, 0)
+                return
+            files = [e for e in old if _partition_key(e) == _partition_key(old[0])]
+            target = int(current.properties.get("write.target-file-size-bytes", str(128 << 20)))
+            new = _rewritten(current, files, target, memory_bytes, arrow_row_bytes(current, files))
+            done = _swap(current, [f.data_file for f in files], new)
+
+        retry_on_conflict(f"add Bloom filters to {'.'.join(table.name())}", attempt)
+        if done == (0, 0):
+            return removed, written
+        removed, written = removed + done[0], written + done[1]
 
 
 def protected_snapshots(catalog: Catalog, settings: Settings, table: Table) -> set[int]:
@@ -365,6 +413,9 @@ def maintain(
             report.files_rewritten, report.files_written = compact_table(
                 catalog, table, settings.compact_min_files, eligible, settings.rewrite_memory_bytes
             )
+            removed, written = rewrite_unfiltered(catalog, table, settings.rewrite_memory_bytes)
+            report.files_rewritten += removed
+            report.files_written += written
             table = catalog.load_table(table.name())
             keep = protected_snapshots(catalog, settings, table)
             report.snapshots_expired = expire_snapshots(

@@ -100,6 +100,11 @@ class TierStats:
         return dict(self.__dict__)
 
 
+#: Cold-table property: data files with a lower data sequence number were written before the
+#: table's Bloom filters were turned on (``trajlake maintain`` rewrites them).
+FILTERS_SINCE = "trajlake.bloom-filters-since-sequence"
+
+
 def cold_namespace(settings: Settings) -> str:
     """Namespace of the cold tables."""
     return f"{settings.namespace}_cold"
@@ -124,7 +129,12 @@ def ensure_cold_table(catalog: Catalog, settings: Settings, name: str) -> Table:
     keys = TABLES[name].sort_by
     if keys and keys[0] == "session_id":
         # A session lookup prunes the row groups of every other day by the filter (parquet_writer).
-        wanted[f"{BLOOM_ENABLED}.session_id"] = "true"
+        bloom = f"{BLOOM_ENABLED}.session_id"
+        wanted[bloom] = "true"
+        snapshot = table.current_snapshot()
+        if table.properties.get(bloom) != "true" and snapshot is not None:
+            # The files already there were written without it: maintenance rewrites them.
+            wanted[FILTERS_SINCE] = str((snapshot.sequence_number or 0) + 1)
     if any(table.properties.get(k) != v for k, v in wanted.items()):
         with transaction(table) as tx:
             tx.set_properties(wanted)

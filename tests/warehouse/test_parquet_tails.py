@@ -160,3 +160,37 @@ def test_tiny_tables_still_write(settings: Settings, rows: int) -> None:
     table = open_catalog(settings).load_table(table.name())
     table.append(_rows(rows, "tiny"))
     assert table.scan().to_arrow().num_rows == rows
+
+
+def test_maintain_rewrites_the_cold_files_written_before_bloom_filters(settings: Settings) -> None:
+    from warehouse.maintenance import maintain, rewrite_unfiltered
+    from warehouse.tiering import FILTERS_SINCE, ensure_cold_table
+
+    catalog = open_catalog(settings)
+    cold = ensure_cold_table(catalog, settings, TRAJECTORIES.name)
+    bloom = f"{BLOOM_ENABLED}.session_id"
+    with transaction(cold) as tx:  # a cold table from before the filters
+        tx.remove_properties(bloom)
+    cold = catalog.load_table(cold.name())
+    cold.append(_rows(3_000, "old"))
+    cold = ensure_cold_table(catalog, settings, TRAJECTORIES.name)  # an upgraded trajlake opens it
+    assert cold.properties[bloom] == "true" and FILTERS_SINCE in cold.properties
+    cold.append(_rows(2_000, "new"))
+    cold = catalog.load_table(cold.name())
+    (unfiltered,) = [p for p in _files(cold) if not _has_bloom(p)]
+    (filtered,) = [p for p in _files(cold) if _has_bloom(p)]
+    before = sorted(cold.scan(selected_fields=("session_id",)).to_arrow().column("session_id").to_pylist())
+
+    maintain(settings)
+    cold = catalog.load_table(cold.name())
+    files = _files(cold)
+    assert unfiltered not in files and filtered in files  # only the old file was rewritten
+    assert all(_has_bloom(p) for p in files)
+    assert sorted(cold.scan(selected_fields=("session_id",)).to_arrow().column("session_id").to_pylist()) == before
+    assert rewrite_unfiltered(catalog, cold) == (0, 0)  # done: the next run has nothing to do
+
+
+def _has_bloom(path: str) -> bool:
+    meta = pq.read_metadata(path)
+    column = meta.schema.names.index("session_id")
+    return all(meta.row_group(i).column(column).bloom_filter_length for i in range(meta.num_row_groups))
