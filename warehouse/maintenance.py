@@ -290,7 +290,8 @@ def rewrite_unfiltered(catalog: Catalog, table: Table, memory_bytes: int = 768 <
             if not old:
                 done = (0, 0)
                 return
-            files = [e for e in old if _partition_key(e) == _partition_key(old[0])]
+            partition = _partition_key(old[0])
+            files = [e for e in old if _partition_key(e) == partition]
             target = int(current.properties.get("write.target-file-size-bytes", str(128 << 20)))
             new = _rewritten(current, files, target, memory_bytes, arrow_row_bytes(current, files))
             done = _swap(current, [f.data_file for f in files], new)
