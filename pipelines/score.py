@@ -48,6 +48,7 @@ from datetime import UTC, date, datetime, timedelta
 from datetime import time as dt_time
 
 import duckdb
+import numpy as np
 import polars as pl
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -72,8 +73,8 @@ from common.settings import Settings
 from quality.anomalies import FEATURES, MIN_GROUP
 from quality.combine import baseline_days, baseline_stats, clusters, combine, exportable, profiles
 from quality.config import QualityConfig
-from quality.dedup import flat_band_keys, session_keys
-from quality.facts import FACTS_SCHEMA, facts_digest, session_facts
+from quality.dedup import DUPLICATES_SCHEMA, components, flat_band_keys, session_keys
+from quality.facts import FACTS_SCHEMA, facts_digest, session_facts, signatures_of
 from quality.scoring import finish_scores
 from warehouse.catalog import open_catalog
 from warehouse.locks import job_lock
@@ -182,6 +183,9 @@ class ScoreStats:
     changed_sessions: int = 0  # whose own facts were recomputed (level 1)
     rescored_sessions: int = 0  # whose scores were recomputed (level 2: every session of the affected days)
     affected_days: int = 0
+    #: level-2 chunks whose clusters were recomputed from a closed set of sessions (the others grew from their
+    #: fresh sessions' links alone: see ``_grown_clusters``)
+    closed_sets: int = 0
     #: wall seconds by phase (changed, level1, affected, level2, profiles, summary): where a run's time went
     phases: dict[str, float] = field(default_factory=dict)
 
@@ -498,6 +502,15 @@ _NO_POSITIONS = pl.DataFrame(
         "started_at": pl.Datetime("us", "UTC"),
         "day": pl.Date,
         "task_type": pl.Utf8,
+    }
+)
+_NO_OUTSIDE = pl.DataFrame(
+    schema={
+        "session_id": pl.Utf8,
+        "quality": pl.Float64,
+        "started_at": pl.Datetime("us", "UTC"),
+        "_old": pl.Boolean,
+        "exportable_base": pl.Boolean,
     }
 )
 
@@ -890,8 +903,13 @@ def _rescore(
     with run.phase("level2.combine"):
         level2 = combine(facts, context, config, baselines, stats)
     with run.phase("level2.clusters"):
-        members, ranking, outside = _cluster_set(con, facts, level2.scores, changed, config, moved)
-        duplicates = clusters(members, ranking, config)
+        grown = None if changed is None else _grown_clusters(con, facts, level2.scores, changed, config, old)
+        if grown is None:
+            members, ranking, outside = _cluster_set(con, facts, level2.scores, changed, config, moved)
+            duplicates = clusters(members, ranking, config)
+            run.closed_sets += 1
+        else:
+            members, duplicates, outside = grown
     now = datetime.now(UTC)
     scores = finish_scores(level2.scores, duplicates, config)
     kept = outside.clear()
@@ -1140,6 +1158,223 @@ def _cluster_set(
         ]
     )
     return members, ranking, outside
+
+
+def _ranked_first(frame: pl.DataFrame, by: str) -> pl.DataFrame:
+    """The best-ranked row per ``by``: highest quality, then earliest start, then smallest id (nulls last)."""
+    return frame.sort(
+        [by, "quality", "started_at", "session_id"], descending=[False, True, False, False], nulls_last=True
+    ).unique(by, keep="first", maintain_order=True)
+
+
+def _grown_clusters(
+    con: duckdb.DuckDBPyConnection,
+    facts: pl.DataFrame,
+    scores: pl.DataFrame,
+    changed: set[str],
+    config: QualityConfig,
+    old: pl.DataFrame,
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame] | None:
+    """The clusters around ``facts`` updated from the fresh sessions' links alone; None where that is not exact.
+
+    Documents are linked to the earliest session of each LSH bucket they are in (:func:`quality.combine.clusters`),
+    so a session that is new to the index and later than the first of each of its buckets adds links and changes
+    none: clusters only grow and merge, and the members of an old cluster keep their rows unless its
+    representative changes. That holds unless a fresh session was indexed before (re-assembled: its old links
+    may be gone, so a cluster can split) or heads a bucket that holds older sessions (every one of them links to
+    it now): then None, and the caller recomputes the closed set (:func:`_cluster_set`).
+
+    What is read: the band keys that a fresh session's keys hit and their sessions' ids and starts; the rows of
+    the old clusters the fresh sessions, their links and ``facts`` are in (``duplicates`` holds cluster members
+    only); the ``scores`` rows of sessions that can take or lose a representative's place; signatures only of the
+    links' heads and of the members whose row changes. Not every member's signature across history.
+
+    Returns:
+        As :func:`_cluster_set` followed by :func:`quality.combine.clusters`: (members: session_id,
+        started_at of every member of a touched cluster; duplicates: their rows; outside: current ``scores``
+        rows, with ``_old`` and ``exportable_base``, of members outside ``facts`` whose role can change).
+    """
+    fresh = facts.filter(pl.col("session_id").is_in(list(changed)))
+    if old.height and fresh["session_id"].is_in(old["session_id"].implode()).any():
+        return None
+    utc = pl.Datetime("us", "UTC")
+    con.register("__keys", _band_rows(fresh).select("band_key").unique().to_arrow())
+    try:
+        hits = con.sql(
+            "SELECT band_key, session_key FROM band_keys WHERE band_key IN (SELECT band_key FROM __keys)"
+        ).pl()
+        con.register("__hit", hits.select("session_key").unique().to_arrow())
+        candidates = con.sql(
+            "SELECT session_id, session_key, exact_key, started_at::TIMESTAMPTZ AS started_at, day "
+            "FROM session_index WHERE session_key IN (SELECT session_key FROM __hit)"
+        ).pl()
+    finally:
+        con.unregister("__keys")
+        con.unregister("__hit")
+    changed_ids = pl.Series(list(changed), dtype=pl.Utf8).implode()
+    candidates = candidates.with_columns(
+        pl.col("started_at").cast(utc), pl.col("session_id").is_in(changed_ids).alias("fresh")
+    )
+    buckets = hits.join(candidates.drop("day", "exact_key"), on="session_key")
+    heads = (
+        buckets.sort("started_at", "session_id", nulls_last=True)
+        .group_by("band_key", maintain_order=True)
+        .agg(
+            pl.col("session_id").first().alias("head"),
+            pl.col("fresh").first().alias("head_fresh"),
+            pl.col("fresh").all().alias("all_fresh"),
+        )
+    )
+    if heads.filter(pl.col("head_fresh") & ~pl.col("all_fresh")).height:
+        return None
+    here = facts["session_id"].implode()
+    mine = buckets.filter(pl.col("session_id").is_in(fresh["session_id"].implode()))
+    links = (
+        mine.join(heads.select("band_key", "head"), on="band_key")
+        .filter(pl.col("session_id") != pl.col("head"))
+        .select(pl.col("session_id").alias("a"), pl.col("head").alias("b"))
+        .unique()
+    )
+    twins = (
+        fresh.select(pl.col("session_id").alias("a"), "exact_key")
+        .join(candidates.select(pl.col("session_id").alias("b"), "exact_key"), on="exact_key")
+        .filter(pl.col("a") != pl.col("b"))
+        .select("a", "b")
+    )
+    # signatures: the fresh sessions' from their facts, the heads' (and later other members') from the index
+    known = facts.select("session_id", "exact_key", "signature")
+    positions = candidates.select("session_id", "started_at")
+
+    def signatures(ids: pl.Series, where: pl.DataFrame) -> pl.DataFrame:
+        nonlocal known
+        wanted = ids.unique()
+        missing = wanted.filter(~wanted.is_in(known["session_id"].implode()))
+        if missing.len():
+            days = where.filter(pl.col("session_id").is_in(missing.implode()))["started_at"].dt.date()
+            found = _lookup(con, "session_id, exact_key, signature", "session_index", missing, days.unique().to_list())
+            known = pl.concat([known, found.select(known.columns).cast(known.schema)])
+        return known
+
+    sigs = signatures(links["b"], positions)
+    left = links.join(sigs, left_on="a", right_on="session_id", how="left", maintain_order="left")
+    right = links.join(sigs, left_on="b", right_on="session_id", how="left", maintain_order="left")
+    similar = (
+        (signatures_of(left["signature"], config.num_perm) == signatures_of(right["signature"], config.num_perm)).mean(
+            axis=1
+        )
+        if links.height
+        else np.empty(0)
+    )
+    edges = pl.concat([links.filter(pl.Series(similar >= config.dedup_threshold, dtype=pl.Boolean)), twins])
+    # the old clusters any of these is in, whole (``duplicates`` holds only members of clusters)
+    involved = pl.concat([edges["a"], edges["b"], facts["session_id"]]).unique()
+    con.register("__involved", pa.table({"session_id": involved.to_arrow()}))
+    try:
+        rows = con.sql(
+            """
+            SELECT session_id, cluster_id, is_representative, similarity, method,
+                   started_at::TIMESTAMPTZ AS started_at
+            FROM duplicates WHERE cluster_id IN (
+                SELECT DISTINCT cluster_id FROM duplicates WHERE session_id IN (SELECT session_id FROM __involved)
+            )
+            """
+        ).pl()
+    finally:
+        con.unregister("__involved")
+    rows = rows.with_columns(pl.col("started_at").cast(utc))
+    if rows.height == 0 and edges.height == 0:
+        empty = pl.DataFrame(schema={"session_id": pl.Utf8, "started_at": utc})
+        return empty, pl.DataFrame(schema=DUPLICATES_SCHEMA), _NO_OUTSIDE
+    # components over labels: a member of an old cluster is its cluster, any other session itself
+    label = rows.select("session_id", pl.col("cluster_id").alias("label"))
+    ends = pl.concat([edges["a"], edges["b"]]).unique()
+    loose = ends.filter(~ends.is_in(label["session_id"].implode()))
+    label = pl.concat([label, pl.DataFrame({"session_id": loose, "label": loose})])
+    names = label["label"].unique().sort()
+    index = {name: i for i, name in enumerate(names.to_list())}
+    to_label = dict(zip(label["session_id"].to_list(), label["label"].to_list(), strict=True))
+    a = np.array([index[to_label[v]] for v in edges["a"].to_list()], dtype=np.int64)
+    b = np.array([index[to_label[v]] for v in edges["b"].to_list()], dtype=np.int64)
+    component = components(len(names), a, b)
+    groups = pl.DataFrame({"label": names, "component": component})
+    members = label.join(groups, on="label").join(rows.drop("cluster_id"), on="session_id", how="left")
+    starts = pl.concat([positions, facts.select("session_id", pl.col("started_at").cast(utc))]).unique("session_id")
+    members = (
+        members.join(starts, on="session_id", how="left", suffix="_c")
+        .with_columns(pl.coalesce("started_at", "started_at_c").alias("started_at"))
+        .drop("started_at_c")
+    )
+    # who can represent a component: its old representatives, sessions new to a cluster, and rescored ones
+    # (``scores``: this run's quality); an old representative rescored worse lets any member take over
+    base = (
+        f"quality >= {float(config.min_quality)!r} AND NOT coalesce(security_flagged, FALSE) "
+        "AND coalesce(failure_cause, '') <> 'still_running'"
+    )
+    table_columns = f"session_id, quality, started_at, exportable AS _old, {base} AS exportable_base"
+    contenders = members.filter(pl.col("is_representative").fill_null(True) | pl.col("session_id").is_in(here))
+
+    def stored(ids: pl.Series, where: pl.DataFrame) -> pl.DataFrame:
+        days = where.filter(pl.col("session_id").is_in(ids.implode()))["started_at"].dt.date().unique()
+        found = _lookup(con, table_columns, "scores", ids, days.to_list())
+        return found.cast({"quality": pl.Float64, "started_at": utc})
+
+    table = stored(contenders["session_id"], members)
+    now = scores.select("session_id", pl.col("quality").cast(pl.Float64), pl.col("started_at").cast(utc))
+    worse = (
+        contenders.filter(pl.col("is_representative").fill_null(False))
+        .join(table.select("session_id", pl.col("quality").alias("was")), on="session_id")
+        .join(now.select("session_id", "quality"), on="session_id")
+        .filter(pl.col("quality").is_null() & pl.col("was").is_not_null() | (pl.col("quality") < pl.col("was")))
+    )
+    if worse.height:
+        rest = members.filter(
+            pl.col("component").is_in(worse["component"].implode())
+            & ~pl.col("session_id").is_in(contenders["session_id"].implode())
+            & ~pl.col("session_id").is_in(here)
+        )
+        table = pl.concat([table, stored(rest["session_id"], members)])
+        contenders = pl.concat([contenders, rest])
+    outside = table.filter(~pl.col("session_id").is_in(here))
+    ranking = pl.concat([now, outside.select("session_id", "quality", "started_at")])
+    candidates_ranked = contenders.select("session_id", "component").join(ranking, on="session_id", how="left")
+    reps = _ranked_first(candidates_ranked, "component").select("component", pl.col("session_id").alias("rep"))
+    members = members.join(reps, on="component")
+    # rows that stay: same representative as before (same similarity and method, no signature changed)
+    keep = pl.col("is_representative").is_not_null() & (pl.col("rep") == pl.col("label"))
+    stay = members.filter(keep)
+    redo = members.filter(~keep)
+    sigs = signatures(pl.concat([redo["session_id"], redo["rep"]]), members)
+    redo_left = redo.join(sigs, on="session_id", how="left", maintain_order="left")
+    redo_right = redo.select("rep").join(sigs, left_on="rep", right_on="session_id", how="left", maintain_order="left")
+    similarity = (
+        (
+            signatures_of(redo_left["signature"], config.num_perm)
+            == signatures_of(redo_right["signature"], config.num_perm)
+        ).mean(axis=1)
+        if redo.height
+        else np.empty(0)
+    )
+    redone = redo_left.select(
+        "session_id",
+        pl.col("rep").alias("cluster_id"),
+        (pl.col("session_id") == pl.col("rep")).alias("is_representative"),
+        pl.Series("similarity", similarity, dtype=pl.Float64).round(4),
+        pl.when(redo_left["exact_key"] == redo_right["exact_key"])
+        .then(pl.lit("exact"))
+        .otherwise(pl.lit("minhash"))
+        .alias("method"),
+    )
+    kept = stay.select(
+        "session_id",
+        pl.col("rep").alias("cluster_id"),
+        (pl.col("session_id") == pl.col("rep")).alias("is_representative"),
+        "similarity",
+        "method",
+    )
+    duplicates = pl.concat([kept, redone]).cast(DUPLICATES_SCHEMA).sort("cluster_id", "session_id")
+    # members outside ``facts`` whose exportability can change: those that were or now are a representative
+    roles = outside.filter(pl.col("session_id").is_in(contenders["session_id"].implode()))
+    return members.select("session_id", "started_at"), duplicates, roles
 
 
 # ---------------------------------------------------------------------------------------- writes

@@ -140,7 +140,9 @@ def z_scores(facts: pl.DataFrame, baselines: pl.DataFrame, stats: pl.DataFrame) 
         scale = pl.max_horizontal(pl.col(f"s_{name}"), pl.lit(MIN_SCALE))
         exprs.append(
             pl.when(pl.col("n").fill_null(0) >= MIN_GROUP)
-            .then((pl.col(name).log1p() - pl.col(f"m_{name}")) / scale)
+            # rounded: vectorized log1p can differ in the last bit with an element's place in its
+            # array, and an incremental run holds other rows than a full one (z to 1e-9 is plenty)
+            .then(((pl.col(name).log1p() - pl.col(f"m_{name}")) / scale).round(9))
             .otherwise(0.0)
             .alias(f"z_{name}")
         )
@@ -257,8 +259,13 @@ def _shares(members: pl.DataFrame, column: str, name: str) -> pl.DataFrame:
 def clusters(members: pl.DataFrame, ranking: pl.DataFrame, config: QualityConfig) -> pl.DataFrame:
     """Duplicate clusters of a closed set of sessions (no duplicate link leaves it).
 
+    Documents are taken in arrival order — by start, then session id (no start: last) — so an LSH
+    bucket's first row, which every other member of the bucket is compared with, is its earliest
+    session: a later session joining a bucket adds a link and changes none (what lets
+    :mod:`pipelines.score` update clusters from new sessions alone).
+
     Args:
-        members: session_id, exact_key, signature.
+        members: session_id, exact_key, signature, started_at.
         ranking: session_id, quality, started_at (the representative: best quality, then earliest,
             then smallest id; a session without a quality yet ranks last).
         config: LSH parameters and threshold.
@@ -268,7 +275,7 @@ def clusters(members: pl.DataFrame, ranking: pl.DataFrame, config: QualityConfig
     """
     if members.height < 2:
         return pl.DataFrame(schema=DUPLICATES_SCHEMA)
-    ordered = members.unique("session_id").sort("session_id")
+    ordered = members.unique("session_id").sort("started_at", "session_id", nulls_last=True)
     firsts = ordered.unique("exact_key", keep="first", maintain_order=True).with_columns(
         pl.int_range(pl.len(), dtype=pl.Int64).alias("exact_group")
     )

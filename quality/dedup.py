@@ -263,7 +263,7 @@ def lsh_pairs(signatures: np.ndarray, config: QualityConfig) -> tuple[np.ndarray
     return pairs[keep, 0], pairs[keep, 1], similarity[keep]
 
 
-def _components(n: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+def components(n: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
     """Connected-component label of each of ``n`` nodes linked by the ``left``–``right`` pairs."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
@@ -287,7 +287,7 @@ def find_duplicates(docs: Documents, ranking: pl.DataFrame, config: QualityConfi
         representative) or ``minhash``.
     """
     left, right, _ = lsh_pairs(docs.signatures, config)
-    component = _components(docs.signatures.shape[0], left, right)
+    component = components(docs.signatures.shape[0], left, right)
     members = docs.sessions.with_columns(pl.Series("component", component[docs.exact_group]))
     members = members.filter(pl.len().over("component") > 1)
     if members.is_empty():

@@ -101,7 +101,7 @@ def score_sessions(
     stats = baseline_stats(facts)
     level2 = combine(facts, facts.select("session_id", "family", "started_at", "signature"), config, baselines, stats)
     ranking = level2.scores.select("session_id", "quality", "started_at")
-    duplicates = clusters(facts.select("session_id", "exact_key", "signature"), ranking, config)
+    duplicates = clusters(facts.select("session_id", "exact_key", "signature", "started_at"), ranking, config)
     flags = pl.concat([level1.cheat_flags, level2.anomaly_flags]).cast(FLAGS_SCHEMA).sort("session_id", "flag")
     return QualityResult(
         scores=finish_scores(level2.scores, duplicates, config),

@@ -239,6 +239,51 @@ def test_a_better_copy_days_later_takes_over_and_the_old_representative_loses_ex
     _assert_matches_pure(settings, tables, "after the better copies")
 
 
+def test_clusters_grow_from_new_sessions_alone_and_a_better_later_member_takes_over(settings: Settings) -> None:
+    settings = settings.model_copy(update={"score_watermark_lag_s": 0.0, "quality_min": 0.0})
+    rng = random.Random(5)
+    day0 = [list(s) for s in synthetic_sessions(70, seed=6, start_us=BASE_US + 3_600_000_000)]
+    failed = [
+        s
+        for s in day0
+        if s[-1]["event_type"] == "session_end"
+        and any(e["event_type"] == "evaluation" and not e["payload"]["passed"] for e in s)
+    ]
+    originals = sorted(failed, key=lambda s: -sum(e["event_type"] == "agent_action" for e in s))[:2]
+    write_raw(settings, [e for s in day0 for e in s])
+    assemble(settings)
+    score_all(settings)
+    # day 1: a failing copy of each (two clusters of two), the first's last command changed (a near-duplicate);
+    # day 2: a passing copy of the first, its first command changed, joins its cluster and takes it over
+    later = [_copy_of(s, DAY_US, rng) for s in originals]
+    [e for e in later[0] if e["event_type"] == "agent_action"][-1]["payload"]["command"] = "echo changed"
+    best = _passing(_copy_of(originals[0], 2 * DAY_US, rng))
+    [e for e in best if e["event_type"] == "agent_action"][0]["payload"]["command"] = "echo first"
+    # last, late: a near-copy of the second that started before it (now the first of its buckets: the old
+    # members link to it, not to each other, so their clusters are recomputed from every session around them)
+    early = _copy_of(originals[1], -1_800_000_000, rng)
+    [e for e in early if e["event_type"] == "agent_action"][-1]["payload"]["command"] = "echo early"
+    runs = []
+    for batch in (later, [best], [early]):
+        write_raw(settings, [e for s in batch for e in s])
+        assemble(settings)
+        runs.append(score_all(settings))
+        _assert_matches_pure(settings, _tables(settings), f"after {len(runs)} batches of copies")
+    # the first two runs recomputed no closed set of sessions: the clusters grew from the new sessions' links
+    assert [r.closed_sets for r in runs] == [0, 0, 1], [r.closed_sets for r in runs]
+    dups = _tables(settings)["duplicates"]
+    assert early[0]["session_id"] in dups.filter(pl.col("cluster_id") != best[0]["session_id"])["session_id"]
+    winner = best[0]["session_id"]
+    cluster = dups.filter(pl.col("cluster_id") == winner)
+    # every older member's row now names the new representative (their rows were rewritten, not kept)
+    members = {originals[0][0]["session_id"], later[0][0]["session_id"], winner}
+    assert set(cluster["session_id"]) == members, dups
+    assert cluster.filter(pl.col("is_representative"))["session_id"].to_list() == [winner]
+    # similarity to the new representative: the original and the first copy have rows unlike their old ones
+    assert cluster.filter(pl.col("session_id") != winner)["method"].to_list() == ["minhash"] * 2, cluster
+    assert dups["cluster_id"].n_unique() == 2
+
+
 @pytest.mark.parametrize("by_id", [10_000, 0], ids=["stale-by-id", "stale-days-whole"])
 def test_a_full_rescore_keeps_current_facts_and_leaves_no_stale_row(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, by_id: int
