@@ -914,10 +914,12 @@ def _rescore(
     scores = finish_scores(level2.scores, duplicates, config)
     kept = outside.clear()
     if outside.height:
-        # members of the touched clusters outside the targets: only their exportability can change, and
-        # only those whose exportability did change are written (a cluster can span all of history)
+        # members of the touched clusters outside the targets: only their exportability can change. One
+        # that loses it (shadowed by a better duplicate) needs no write: the ``scores`` view applies
+        # ``duplicates`` (see ``SCORES.derived``), so a cluster spanning history rewrites no history
+        # files; one that gains it (a representative again) is rewritten (``_old`` is the view's)
         kept = outside.with_columns(exportable(outside, duplicates).alias("_new")).filter(
-            pl.col("_new") != pl.col("_old")
+            pl.col("_new") & ~pl.col("_old").fill_null(False)
         )
         rows = _score_rows(con, kept).join(kept.select("session_id", "_new"), on="session_id")
         kept = rows.with_columns(pl.col("_new").alias("exportable"))
@@ -925,7 +927,7 @@ def _rescore(
     started = members.select("session_id", "started_at")
     dup_rows, dup_ids = _changed_duplicates(con, duplicates.join(started, on="session_id", how="left"), started)
     anomalies = level2.anomaly_flags.join(facts.select("session_id", "started_at"), on="session_id", how="left")
-    with run.phase("level2.write"):
+    with run.phase("level2.write"), run.phase("level2.write.flags"):
         anomaly_rows = _arrow(anomalies, FLAGS, config.scorer_version, now)
         # the targets' rows are on their days, or where a moved session was before this run
         near = facts["day"].unique().to_list() + old["day"].unique().to_list()
@@ -936,13 +938,16 @@ def _rescore(
             _existing(con, "flags", facts["session_id"], near, "flag_class = 'anomaly'"),
             extra=_ANOMALY_FLAGS,
         )
+    with run.phase("level2.write"), run.phase("level2.write.duplicates"):
         dup_table = ensure_table(catalog, settings, DUPLICATES.name)
         dup_keys = _existing(con, "duplicates", dup_ids)
         _replace(dup_table, _arrow(dup_rows, DUPLICATES, config.scorer_version, now), dup_keys)
+    with run.phase("level2.write"), run.phase("level2.write.scores"):
         score_keys = _keys(_existing(con, "scores", facts["session_id"], near), kept)  # kept: rows read just now
         _replace(
             ensure_table(catalog, settings, SCORES.name), _arrow(scores, SCORES, config.scorer_version, now), score_keys
         )
+    with run.phase("level2.write"):
         for spec in (FLAGS, DUPLICATES, SCORES):
             _refresh(con, settings, catalog, spec)
     return facts.height

@@ -173,10 +173,16 @@ def register_table(
 ) -> None:
     """Create view ``name`` over ``table``'s current snapshot; the files it reads go into ``reads``.
 
-    ``stores`` holds the connection's object-store filesystem across calls (see :func:`_source`).
+    A table whose spec has a ``derived`` query gets two: ``<name>_stored``, its rows, and ``name``,
+    the query over them (and the views it reads, created before). ``stores`` holds the
+    connection's object-store filesystem across calls (see :func:`_source`).
     """
     source = _source(con, name, table, spec, reads=reads, stores=stores)
-    con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM {source}')
+    if spec.derived is None:
+        con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM {source}')
+        return
+    con.execute(f'CREATE OR REPLACE VIEW "{name}_stored" AS SELECT * FROM {source}')
+    con.execute(f'CREATE OR REPLACE VIEW "{name}" AS {spec.derived.format(stored=f"{name}_stored")}')
 
 
 def register_tiered(
@@ -236,7 +242,8 @@ def open_views(settings: Settings, catalog: Catalog | None = None, locked: bool 
     con = connect()
     reads: set[str] = set()
     stores = object_stores(settings)
-    for spec in TABLES.values():
+    # derived views read the others: created last
+    for spec in sorted(TABLES.values(), key=lambda s: s.derived is not None):
         if spec.name in TIERED_TABLES:
             register_tiered(con, settings, catalog, spec, reads=reads, stores=stores)
         else:

@@ -36,6 +36,8 @@ class TableSpec:
         partition_by: (source column, transform) pairs.
         sort_by: columns of the sort order, ascending.
         properties: extra table properties.
+        derived: a query over ``{stored}`` (the table's rows, view ``<view>_stored``) and the views
+            of tables without one, defining the view; None: the view is the rows.
     """
 
     name: str
@@ -44,6 +46,7 @@ class TableSpec:
     partition_by: list[tuple[str, Transform[Any, Any]]] = field(default_factory=list)
     sort_by: list[str] = field(default_factory=list)
     properties: dict[str, str] = field(default_factory=dict)
+    derived: str | None = None
 
     def arrow_schema(self) -> pa.Schema:
         """The Arrow schema of the table's rows."""
@@ -240,6 +243,14 @@ SCORES = register(
         partition_by=[("started_at", DayTransform())],
         sort_by=["session_id"],
         properties=_PARQUET,
+        # A session another one later shadows as the better duplicate is marked in ``duplicates`` only:
+        # rewriting its scores row would rewrite its day's files (copy-on-write), whichever day it is on.
+        # The stored ``exportable`` is the session's as of its own last scoring; the view applies the
+        # duplicates of today (a later representative is always written, so this is all it can lack).
+        derived=(
+            "SELECT s.* REPLACE (s.exportable AND s.session_id NOT IN "
+            "(SELECT session_id FROM duplicates WHERE NOT is_representative) AS exportable) FROM {stored} s"
+        ),
     )
 )
 FLAGS = register(
