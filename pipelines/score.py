@@ -41,7 +41,7 @@ import json
 import logging
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -197,6 +197,19 @@ class ScoreStats:
             yield
         finally:
             self.phases[name] = round(self.phases.get(name, 0.0) + time.monotonic() - started, 3)
+
+    def laps(self, prefix: str) -> Callable[[str], None]:
+        """A stopwatch: ``lap(name)`` adds the time since the previous lap to ``phases[prefix + name]``."""
+        last = time.monotonic()
+
+        def lap(name: str) -> None:
+            nonlocal last
+            now = time.monotonic()
+            key = prefix + name
+            self.phases[key] = round(self.phases.get(key, 0.0) + now - last, 3)
+            last = now
+
+        return lap
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict for printing and asset metadata."""
@@ -522,14 +535,19 @@ def _lookup(
     ids: pl.Series,
     days: list[date | None] | None,
     where: str = "TRUE",
+    starts: pl.Series | None = None,
 ) -> pl.DataFrame:
     """``columns`` of the rows of ``view`` for the session ids ``ids``.
 
     ``days``: the rows can only be on these days, so only their files are read (a lookup by id
-    alone reads every file's ids); None: anywhere. A ``started_at`` column comes back as UTC.
+    alone reads every file's ids); None: anywhere. ``starts``: the rows' exact ``started_at``
+    values, when known: only the files and row groups around them are read (:func:`_on_times`).
+    A ``started_at`` column comes back as UTC.
     """
     con.register("__lookup", pa.table({"session_id": ids.cast(pl.Utf8).to_arrow()}))
     on_days = "TRUE" if days is None else _on_days(days)
+    if starts is not None:
+        on_days += f" AND {_on_times(starts)}"
     try:
         rows = con.sql(
             f"SELECT {columns} FROM {view} "
@@ -851,6 +869,35 @@ def _on_days(days: list[date | None], column: str = "started_at") -> str:
     return "(" + " OR ".join(terms or ["FALSE"]) + ")"
 
 
+#: Start times closer than this go into one range of :func:`_on_times`; at most this many ranges.
+_TIME_GAP = timedelta(minutes=10)
+_TIME_RANGES = 64
+
+
+def _on_times(values: pl.Series, column: str = "started_at") -> str:
+    """A SQL predicate true for rows whose ``column`` is one of ``values`` (and some around them).
+
+    The values, sorted, go into ranges where they are closer than :data:`_TIME_GAP` (at most
+    :data:`_TIME_RANGES`: the smallest gaps are closed first): files and row groups written at
+    other times are skipped by their statistics (a day's files are written a run's chunk at a time,
+    so rows of a few moments are in a few of them). Null values: ``column IS NULL`` too.
+    """
+    times = values.cast(pl.Datetime("us", "UTC"))
+    present = times.drop_nulls().unique().sort()
+    terms = [f"{column} IS NULL"] if times.null_count() else []
+    if present.len():
+        micros = present.dt.epoch("us").to_numpy()
+        gaps = np.diff(micros)
+        breaks = np.flatnonzero(gaps > _TIME_GAP / timedelta(microseconds=1))
+        if len(breaks) >= _TIME_RANGES:  # keep the widest gaps only
+            breaks = np.sort(breaks[np.argsort(gaps[breaks])[-(_TIME_RANGES - 1) :]])
+        starts = np.r_[0, breaks + 1]
+        ends = np.r_[breaks, len(micros) - 1]
+        for lo, hi in zip(micros[starts].tolist(), micros[ends].tolist(), strict=True):
+            terms.append(f"{column} BETWEEN make_timestamptz({lo}::BIGINT) AND make_timestamptz({hi}::BIGINT)")
+    return "(" + " OR ".join(terms or ["FALSE"]) + ")"
+
+
 def _baselines(con: duckdb.DuckDBPyConnection, facts: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """:func:`quality.combine.baseline_days` of ``facts``' groups and the stats of those baselines (from the index)."""
     days = [d for d in facts["day"].unique().to_list()]
@@ -903,7 +950,7 @@ def _rescore(
     with run.phase("level2.combine"):
         level2 = combine(facts, context, config, baselines, stats)
     with run.phase("level2.clusters"):
-        grown = None if changed is None else _grown_clusters(con, facts, level2.scores, changed, config, old)
+        grown = None if changed is None else _grown_clusters(con, facts, level2.scores, changed, config, old, run)
         if grown is None:
             members, ranking, outside = _cluster_set(con, facts, level2.scores, changed, config, moved)
             duplicates = clusters(members, ranking, config)
@@ -965,12 +1012,15 @@ def _changed_duplicates(
     """The new rows to write and the members whose row is new, changed or gone (whose old rows go).
 
     Only those are rewritten: a new duplicate of an old cluster leaves its other members' rows as they were.
+    A row whose session's start moved is rewritten too (lookups find a member's rows by its start).
     """
-    columns = ["session_id", "cluster_id", "is_representative", "similarity", "method"]
+    columns = ["session_id", "cluster_id", "is_representative", "similarity", "method", "started_at"]
     con.register("__members", members.select("session_id").to_arrow())
     try:
         old = con.sql(
-            f"SELECT {', '.join(columns)} FROM duplicates WHERE session_id IN (SELECT session_id FROM __members)"
+            "SELECT session_id, cluster_id, is_representative, similarity, method, "
+            "started_at::TIMESTAMPTZ AS started_at "
+            "FROM duplicates WHERE session_id IN (SELECT session_id FROM __members)"
         ).pl()
     finally:
         con.unregister("__members")
@@ -1179,6 +1229,7 @@ def _grown_clusters(
     changed: set[str],
     config: QualityConfig,
     old: pl.DataFrame,
+    run: ScoreStats,
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame] | None:
     """The clusters around ``facts`` updated from the fresh sessions' links alone; None where that is not exact.
 
@@ -1203,15 +1254,19 @@ def _grown_clusters(
     if old.height and fresh["session_id"].is_in(old["session_id"].implode()).any():
         return None
     utc = pl.Datetime("us", "UTC")
+    lap = run.laps("level2.clusters.")
     con.register("__keys", _band_rows(fresh).select("band_key").unique().to_arrow())
     try:
+        # buckets of one (most keys of most sessions: only their own row) link nothing
         hits = con.sql(
-            "SELECT band_key, session_key FROM band_keys WHERE band_key IN (SELECT band_key FROM __keys)"
+            "SELECT band_key, session_key, started_at::TIMESTAMPTZ AS started_at FROM band_keys "
+            "WHERE band_key IN (SELECT band_key FROM __keys) QUALIFY count(*) OVER (PARTITION BY band_key) > 1"
         ).pl()
         con.register("__hit", hits.select("session_key").unique().to_arrow())
         candidates = con.sql(
             "SELECT session_id, session_key, exact_key, started_at::TIMESTAMPTZ AS started_at, day "
-            "FROM session_index WHERE session_key IN (SELECT session_key FROM __hit)"
+            f"FROM session_index WHERE {_on_times(hits['started_at'])} "
+            "AND session_key IN (SELECT session_key FROM __hit)"
         ).pl()
     finally:
         con.unregister("__keys")
@@ -1220,7 +1275,7 @@ def _grown_clusters(
     candidates = candidates.with_columns(
         pl.col("started_at").cast(utc), pl.col("session_id").is_in(changed_ids).alias("fresh")
     )
-    buckets = hits.join(candidates.drop("day", "exact_key"), on="session_key")
+    buckets = hits.drop("started_at").join(candidates.drop("day", "exact_key"), on="session_key")
     heads = (
         buckets.sort("started_at", "session_id", nulls_last=True)
         .group_by("band_key", maintain_order=True)
@@ -1246,6 +1301,7 @@ def _grown_clusters(
         .filter(pl.col("a") != pl.col("b"))
         .select("a", "b")
     )
+    lap("probe")
     # signatures: the fresh sessions' from their facts, the heads' (and later other members') from the index
     known = facts.select("session_id", "exact_key", "signature")
     positions = candidates.select("session_id", "started_at")
@@ -1255,8 +1311,9 @@ def _grown_clusters(
         wanted = ids.unique()
         missing = wanted.filter(~wanted.is_in(known["session_id"].implode()))
         if missing.len():
-            days = where.filter(pl.col("session_id").is_in(missing.implode()))["started_at"].dt.date()
-            found = _lookup(con, "session_id, exact_key, signature", "session_index", missing, days.unique().to_list())
+            times = where.filter(pl.col("session_id").is_in(missing.implode()))["started_at"]
+            days = times.dt.date().unique().to_list()
+            found = _lookup(con, "session_id, exact_key, signature", "session_index", missing, days, starts=times)
             known = pl.concat([known, found.select(known.columns).cast(known.schema)])
         return known
 
@@ -1271,6 +1328,7 @@ def _grown_clusters(
         else np.empty(0)
     )
     edges = pl.concat([links.filter(pl.Series(similar >= config.dedup_threshold, dtype=pl.Boolean)), twins])
+    lap("links")
     # the old clusters any of these is in, whole (``duplicates`` holds only members of clusters)
     involved = pl.concat([edges["a"], edges["b"], facts["session_id"]]).unique()
     con.register("__involved", pa.table({"session_id": involved.to_arrow()}))
@@ -1290,6 +1348,7 @@ def _grown_clusters(
     if rows.height == 0 and edges.height == 0:
         empty = pl.DataFrame(schema={"session_id": pl.Utf8, "started_at": utc})
         return empty, pl.DataFrame(schema=DUPLICATES_SCHEMA), _NO_OUTSIDE
+    lap("old_clusters")
     # components over labels: a member of an old cluster is its cluster, any other session itself
     label = rows.select("session_id", pl.col("cluster_id").alias("label"))
     ends = pl.concat([edges["a"], edges["b"]]).unique()
@@ -1309,6 +1368,7 @@ def _grown_clusters(
         .with_columns(pl.coalesce("started_at", "started_at_c").alias("started_at"))
         .drop("started_at_c")
     )
+    lap("components")
     # who can represent a component: its old representatives, sessions new to a cluster, and rescored ones
     # (``scores``: this run's quality); an old representative rescored worse lets any member take over
     base = (
@@ -1319,8 +1379,8 @@ def _grown_clusters(
     contenders = members.filter(pl.col("is_representative").fill_null(True) | pl.col("session_id").is_in(here))
 
     def stored(ids: pl.Series, where: pl.DataFrame) -> pl.DataFrame:
-        days = where.filter(pl.col("session_id").is_in(ids.implode()))["started_at"].dt.date().unique()
-        found = _lookup(con, table_columns, "scores", ids, days.to_list())
+        times = where.filter(pl.col("session_id").is_in(ids.implode()))["started_at"]
+        found = _lookup(con, table_columns, "scores", ids, times.dt.date().unique().to_list(), starts=times)
         return found.cast({"quality": pl.Float64, "started_at": utc})
 
     table = stored(contenders["session_id"], members)
@@ -1344,6 +1404,7 @@ def _grown_clusters(
     candidates_ranked = contenders.select("session_id", "component").join(ranking, on="session_id", how="left")
     reps = _ranked_first(candidates_ranked, "component").select("component", pl.col("session_id").alias("rep"))
     members = members.join(reps, on="component")
+    lap("representatives")
     # rows that stay: same representative as before (same similarity and method, no signature changed)
     keep = pl.col("is_representative").is_not_null() & (pl.col("rep") == pl.col("label"))
     stay = members.filter(keep)
@@ -1379,6 +1440,7 @@ def _grown_clusters(
     duplicates = pl.concat([kept, redone]).cast(DUPLICATES_SCHEMA).sort("cluster_id", "session_id")
     # members outside ``facts`` whose exportability can change: those that were or now are a representative
     roles = outside.filter(pl.col("session_id").is_in(contenders["session_id"].implode()))
+    lap("rows")
     return members.select("session_id", "started_at"), duplicates, roles
 
 
