@@ -972,7 +972,9 @@ def _rescore(
         kept = rows.with_columns(pl.col("_new").alias("exportable"))
         scores = pl.concat([scores, kept.select(scores.columns).cast(scores.schema)])
     started = members.select("session_id", "started_at")
-    dup_rows, dup_ids = _changed_duplicates(con, duplicates.join(started, on="session_id", how="left"), started)
+    # each row carries its member's exact key and signature: a later run grows the cluster without the index
+    own = members.select("session_id", "started_at", "exact_key", "signature")
+    dup_rows, dup_ids = _changed_duplicates(con, duplicates.join(own, on="session_id", how="left"), started)
     anomalies = level2.anomaly_flags.join(facts.select("session_id", "started_at"), on="session_id", how="left")
     with run.phase("level2.write"), run.phase("level2.write.flags"):
         anomaly_rows = _arrow(anomalies, FLAGS, config.scorer_version, now)
@@ -1247,8 +1249,9 @@ def _grown_clusters(
 
     Returns:
         As :func:`_cluster_set` followed by :func:`quality.combine.clusters`: (members: session_id,
-        started_at of every member of a touched cluster; duplicates: their rows; outside: current ``scores``
-        rows, with ``_old`` and ``exportable_base``, of members outside ``facts`` whose role can change).
+        started_at, exact_key, signature (where known) of every member of a touched cluster;
+        duplicates: their rows; outside: current ``scores`` rows, with ``_old`` and
+        ``exportable_base``, of members outside ``facts`` whose role can change).
     """
     fresh = facts.filter(pl.col("session_id").is_in(list(changed)))
     if old.height and fresh["session_id"].is_in(old["session_id"].implode()).any():
@@ -1302,8 +1305,31 @@ def _grown_clusters(
         .select("a", "b")
     )
     lap("probe")
-    # signatures: the fresh sessions' from their facts, the heads' (and later other members') from the index
-    known = facts.select("session_id", "exact_key", "signature")
+    # the old clusters the heads, twins and targets are in, whole (``duplicates`` holds only members of
+    # clusters, with their signatures: a member's is not read from the index, wherever in history it is)
+    involved = pl.concat([links["b"], twins["b"], facts["session_id"]]).unique()
+    con.register("__involved", pa.table({"session_id": involved.to_arrow()}))
+    try:
+        rows = con.sql(
+            """
+            SELECT session_id, cluster_id, is_representative, similarity, method,
+                   started_at::TIMESTAMPTZ AS started_at, exact_key, signature
+            FROM duplicates WHERE cluster_id IN (
+                SELECT DISTINCT cluster_id FROM duplicates WHERE session_id IN (SELECT session_id FROM __involved)
+            )
+            """
+        ).pl()
+    finally:
+        con.unregister("__involved")
+    rows = rows.with_columns(pl.col("started_at").cast(utc))
+    lap("old_clusters")
+    # signatures: the fresh sessions' from their facts, members' from their rows, the rest from the index
+    known = pl.concat(
+        [
+            facts.select("session_id", "exact_key", "signature"),
+            rows.filter(pl.col("signature").is_not_null()).select("session_id", "exact_key", "signature"),
+        ]
+    ).unique("session_id", keep="first")
     positions = candidates.select("session_id", "started_at")
 
     def signatures(ids: pl.Series, where: pl.DataFrame) -> pl.DataFrame:
@@ -1328,27 +1354,17 @@ def _grown_clusters(
         else np.empty(0)
     )
     edges = pl.concat([links.filter(pl.Series(similar >= config.dedup_threshold, dtype=pl.Boolean)), twins])
-    lap("links")
-    # the old clusters any of these is in, whole (``duplicates`` holds only members of clusters)
-    involved = pl.concat([edges["a"], edges["b"], facts["session_id"]]).unique()
-    con.register("__involved", pa.table({"session_id": involved.to_arrow()}))
-    try:
-        rows = con.sql(
-            """
-            SELECT session_id, cluster_id, is_representative, similarity, method,
-                   started_at::TIMESTAMPTZ AS started_at
-            FROM duplicates WHERE cluster_id IN (
-                SELECT DISTINCT cluster_id FROM duplicates WHERE session_id IN (SELECT session_id FROM __involved)
-            )
-            """
-        ).pl()
-    finally:
-        con.unregister("__involved")
-    rows = rows.with_columns(pl.col("started_at").cast(utc))
+    # only the clusters a confirmed link or a target is in are touched
+    touched = rows.filter(
+        pl.col("session_id").is_in(pl.concat([edges["a"], edges["b"], facts["session_id"]]).implode())
+    )["cluster_id"].unique()
+    rows = rows.filter(pl.col("cluster_id").is_in(touched.implode())).drop("exact_key", "signature")
     if rows.height == 0 and edges.height == 0:
-        empty = pl.DataFrame(schema={"session_id": pl.Utf8, "started_at": utc})
+        empty = pl.DataFrame(
+            schema={"session_id": pl.Utf8, "started_at": utc, "exact_key": pl.Int64, "signature": pl.Binary}
+        )
         return empty, pl.DataFrame(schema=DUPLICATES_SCHEMA), _NO_OUTSIDE
-    lap("old_clusters")
+    lap("links")
     # components over labels: a member of an old cluster is its cluster, any other session itself
     label = rows.select("session_id", pl.col("cluster_id").alias("label"))
     ends = pl.concat([edges["a"], edges["b"]]).unique()
@@ -1441,7 +1457,8 @@ def _grown_clusters(
     # members outside ``facts`` whose exportability can change: those that were or now are a representative
     roles = outside.filter(pl.col("session_id").is_in(contenders["session_id"].implode()))
     lap("rows")
-    return members.select("session_id", "started_at"), duplicates, roles
+    members = members.select("session_id", "started_at").join(known, on="session_id", how="left")
+    return members, duplicates, roles
 
 
 # ---------------------------------------------------------------------------------------- writes

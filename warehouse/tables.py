@@ -324,6 +324,10 @@ DUPLICATES = register(
                 ("scorer_version", pa.string()),
                 ("scored_at", _TS),
                 ("started_at", _TS),  # the session's; the partition
+                # the member's, as in session_index: a new session joins a cluster without its members
+                # being read from the index across history (pipelines.score._grown_clusters)
+                ("exact_key", pa.int64()),
+                ("signature", pa.binary()),
             ]
         ),
         partition_by=[("started_at", DayTransform())],

@@ -284,6 +284,16 @@ def test_clusters_grow_from_new_sessions_alone_and_a_better_later_member_takes_o
     assert [r.closed_sets for r in runs] == [0, 0, 1], [r.closed_sets for r in runs]
     dups = _tables(settings)["duplicates"]
     assert early[0]["session_id"] in dups.filter(pl.col("cluster_id") != best[0]["session_id"])["session_id"]
+    # every row carries its member's exact key and signature, as the index has them
+    con = open_views(settings)
+    try:
+        stale = con.sql(
+            "SELECT count(*) FROM duplicates d JOIN session_index i USING (session_id) "
+            "WHERE d.signature IS DISTINCT FROM i.signature OR d.exact_key IS DISTINCT FROM i.exact_key"
+        ).fetchall()[0][0]
+    finally:
+        con.close()
+    assert stale == 0
     winner = best[0]["session_id"]
     cluster = dups.filter(pl.col("cluster_id") == winner)
     # every older member's row now names the new representative (their rows were rewritten, not kept)
