@@ -1089,10 +1089,12 @@ def _novelty_context(con: duckdb.DuckDBPyConnection, facts: pl.DataFrame, config
         found.append(
             con.sql(
                 f"""
-                SELECT session_id, day FROM session_index i JOIN __firsts a ON coalesce(i.family, chr(0)) = a.f
+                SELECT session_id, day, i.started_at::TIMESTAMPTZ AS started_at
+                FROM session_index i JOIN __firsts a ON coalesce(i.family, chr(0)) = a.f
                 WHERE i.started_at BETWEEN a.first AND a.last AND {timed}
                 UNION ALL
-                SELECT session_id, day FROM session_index i JOIN __firsts a ON coalesce(i.family, chr(0)) = a.f
+                SELECT session_id, day, i.started_at::TIMESTAMPTZ AS started_at
+                FROM session_index i JOIN __firsts a ON coalesce(i.family, chr(0)) = a.f
                 WHERE a.nulls AND i.started_at IS NULL
                 """
             ).pl()
@@ -1121,20 +1123,23 @@ def _novelty_context(con: duckdb.DuckDBPyConnection, facts: pl.DataFrame, config
                     prune += f" AND started_at >= {_instant(low - lookback)}"
             before = con.sql(
                 f"""
-                SELECT session_id, day, a.f FROM session_index i JOIN __anchors a ON coalesce(i.family, chr(0)) = a.f
+                SELECT session_id, day, i.started_at::TIMESTAMPTZ AS started_at, a.f
+                FROM session_index i JOIN __anchors a ON coalesce(i.family, chr(0)) = a.f
                 WHERE {prune} AND i.started_at < a.anchor AND {since}
                 QUALIFY row_number() OVER (PARTITION BY a.f ORDER BY i.started_at DESC, session_id DESC) <= {depth}
                 """
             ).pl()
             con.unregister("__anchors")
-            found.append(before.select("session_id", "day"))
+            found.append(before.select("session_id", "day", "started_at"))
             complete = before.group_by("f").len().filter(pl.col("len") >= depth)["f"]
             pending = pending.filter(~pl.col("f").is_in(complete.implode()))
     finally:
         con.unregister("__firsts")
-    rows = pl.concat(found).unique("session_id")
+    rows = pl.concat([f.with_columns(pl.col("started_at").cast(pl.Datetime("us", "UTC"))) for f in found])
+    rows = rows.unique("session_id")
     columns = "session_id, family, started_at::TIMESTAMPTZ AS started_at, signature"
-    return _lookup(con, columns, "session_index", rows["session_id"], rows["day"].unique().to_list())
+    days = rows["day"].unique().to_list()
+    return _lookup(con, columns, "session_index", rows["session_id"], days, starts=rows["started_at"])
 
 
 def _cluster_set(
