@@ -352,6 +352,7 @@ class ScoreRun:
             "changed_sessions",
             "rescored_sessions",
             "affected_days",
+            "closed_sets",
             "seconds",
             "skipped",
             "phases",
@@ -502,7 +503,8 @@ def bench_incremental(
                 _count(stats.get(key)) for key in ("changed_sessions", "rescored_sessions", "scores_rows")
             )
             printed[f"{h}: {phase} score sessions changed / rescored / scores rows"] = (
-                f"{counts} ({stats.get('mode', '?')}, {_count(stats.get('affected_days'))} days)"
+                f"{counts} ({stats.get('mode', '?')}, {_count(stats.get('affected_days'))} days, "
+                f"{_count(stats.get('closed_sets'))} closed sets)"
             )
             if phase == "new_day" and stats.get("phases"):
                 # where the run's time went: what grows with history shows here first
