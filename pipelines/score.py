@@ -1266,15 +1266,15 @@ def _grown_clusters(
     con.register("__keys", _band_rows(fresh).select("band_key").unique().to_arrow())
     try:
         # buckets of one (most keys of most sessions: only their own row) link nothing
+        # (two integer columns of every band_keys row are what a run reads in proportion to history)
         hits = con.sql(
-            "SELECT band_key, session_key, started_at::TIMESTAMPTZ AS started_at FROM band_keys "
+            "SELECT band_key, session_key FROM band_keys "
             "WHERE band_key IN (SELECT band_key FROM __keys) QUALIFY count(*) OVER (PARTITION BY band_key) > 1"
         ).pl()
         con.register("__hit", hits.select("session_key").unique().to_arrow())
         candidates = con.sql(
             "SELECT session_id, session_key, exact_key, started_at::TIMESTAMPTZ AS started_at, day "
-            f"FROM session_index WHERE {_on_times(hits['started_at'])} "
-            "AND session_key IN (SELECT session_key FROM __hit)"
+            "FROM session_index WHERE session_key IN (SELECT session_key FROM __hit)"
         ).pl()
     finally:
         con.unregister("__keys")
@@ -1283,7 +1283,7 @@ def _grown_clusters(
     candidates = candidates.with_columns(
         pl.col("started_at").cast(utc), pl.col("session_id").is_in(changed_ids).alias("fresh")
     )
-    buckets = hits.drop("started_at").join(candidates.drop("day", "exact_key"), on="session_key")
+    buckets = hits.join(candidates.drop("day", "exact_key"), on="session_key")
     heads = (
         buckets.sort("started_at", "session_id", nulls_last=True)
         .group_by("band_key", maintain_order=True)
