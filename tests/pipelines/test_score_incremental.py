@@ -349,3 +349,34 @@ def test_a_full_rescore_keeps_current_facts_and_leaves_no_stale_row(
     _assert_matches_pure(changed, stored, "after a full rescore that kept current facts")
     score_all(changed, force=True)
     _assert_equal(stored, _tables(changed), "kept facts vs every fact recomputed")
+
+
+@pytest.mark.parametrize("spread", [1, 10_000], ids=["few-ranges", "more-ranges-than-allowed"])
+def test_a_lookup_by_start_times_keeps_every_wanted_row_and_skips_other_moments(spread: int) -> None:
+    from datetime import UTC, datetime
+
+    import duckdb
+
+    from pipelines.score import _on_times
+
+    rng = random.Random(spread)
+    base = datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1e6
+    wanted = [int(base + rng.randrange(spread) * 3_600_000_000 + rng.randrange(60_000_000)) for _ in range(300)]
+    others = [int(base + 24 * 3_600_000_000 * 500 + k) for k in range(100)]  # 500 days later: in no range
+    values = pl.Series("started_at", wanted + [None], dtype=pl.Int64).cast(pl.Datetime("us", "UTC"))
+    table = pl.DataFrame({"started_at": pl.Series(wanted + others + [None]).cast(pl.Datetime("us", "UTC"))})
+    con = duckdb.connect()
+    con.register("t", table.to_arrow())
+    predicate = _on_times(values)
+    found = con.sql(f"SELECT started_at FROM t WHERE {predicate}").pl()["started_at"]
+    assert set(values.to_list()) <= set(found.to_list())  # every wanted start, and the NULL one
+    assert not set(table["started_at"].to_list()[300:400]) & set(found.to_list())
+    assert predicate.count("BETWEEN") <= 64
+    if spread > 1:  # the ranges close the narrowest gaps: a minute grid over the span is mostly outside them
+        lo, hi = min(wanted), max(wanted)
+        grid = pl.DataFrame({"started_at": pl.int_range(lo, hi, 60_000_000, eager=True)}).with_columns(
+            pl.col("started_at").cast(pl.Datetime("us", "UTC"))
+        )
+        con.register("grid", grid.to_arrow())
+        inside = con.sql(f"SELECT count(*) FROM grid WHERE {predicate}").fetchall()[0][0]
+        assert inside < 0.75 * grid.height, (inside, grid.height)
