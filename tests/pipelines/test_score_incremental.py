@@ -208,6 +208,16 @@ def _score_files(settings: Settings) -> set[str]:
     return set(current_files(ensure_table(open_catalog(settings), settings, SCORES.name)).paths)
 
 
+def _failed(sessions: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+    """The sessions of ``sessions`` that ended with a failed evaluation (a passing copy ranks above them)."""
+    return [
+        s
+        for s in sessions
+        if s[-1]["event_type"] == "session_end"
+        and any(e["event_type"] == "evaluation" and not e["payload"]["passed"] for e in s)
+    ]
+
+
 def test_a_better_copy_days_later_takes_over_and_the_old_representative_loses_exportability(
     settings: Settings,
 ) -> None:
@@ -215,12 +225,7 @@ def test_a_better_copy_days_later_takes_over_and_the_old_representative_loses_ex
     settings = settings.model_copy(update={"score_watermark_lag_s": 0.0, "quality_min": 0.0})
     rng = random.Random(11)
     day0 = [list(s) for s in synthetic_sessions(70, seed=4, start_us=BASE_US + 3_600_000_000)]
-    failed = [
-        s
-        for s in day0
-        if s[-1]["event_type"] == "session_end"
-        and any(e["event_type"] == "evaluation" and not e["payload"]["passed"] for e in s)
-    ]
+    failed = _failed(day0)
     assert len(failed) >= 3
     originals = failed[:3]
     write_raw(settings, [e for s in day0 for e in s])
@@ -254,12 +259,7 @@ def test_clusters_grow_from_new_sessions_alone_and_a_better_later_member_takes_o
     settings = settings.model_copy(update={"score_watermark_lag_s": 0.0, "quality_min": 0.0})
     rng = random.Random(5)
     day0 = [list(s) for s in synthetic_sessions(70, seed=6, start_us=BASE_US + 3_600_000_000)]
-    failed = [
-        s
-        for s in day0
-        if s[-1]["event_type"] == "session_end"
-        and any(e["event_type"] == "evaluation" and not e["payload"]["passed"] for e in s)
-    ]
+    failed = _failed(day0)
     originals = sorted(failed, key=lambda s: -sum(e["event_type"] == "agent_action" for e in s))[:2]
     write_raw(settings, [e for s in day0 for e in s])
     assemble(settings)
