@@ -1142,6 +1142,14 @@ def _novelty_context(con: duckdb.DuckDBPyConnection, facts: pl.DataFrame, config
     return _lookup(con, columns, "session_index", rows["session_id"], days, starts=rows["started_at"])
 
 
+def _exportable_base(config: QualityConfig) -> str:
+    """SQL over ``scores`` columns: exportable on the session's own merits (before duplicate clusters)."""
+    return (
+        f"quality >= {float(config.min_quality)!r} AND NOT coalesce(security_flagged, FALSE) "
+        "AND coalesce(failure_cause, '') <> 'still_running'"
+    )
+
+
 def _cluster_set(
     con: duckdb.DuckDBPyConnection,
     facts: pl.DataFrame,
@@ -1200,10 +1208,7 @@ def _cluster_set(
     members = _lookup(con, columns, "session_index", closed["session_id"], closed["day"].unique().to_list())
     # a member's scores row is on its day; only what ranking and exportability read
     others = members.filter(~pl.col("session_id").is_in(here.implode()))
-    base = (
-        f"quality >= {float(config.min_quality)!r} AND NOT coalesce(security_flagged, FALSE) "
-        "AND coalesce(failure_cause, '') <> 'still_running'"
-    )
+    base = _exportable_base(config)
     outside = _lookup(
         con,
         f"session_id, quality, started_at, exportable AS _old, {base} AS exportable_base",
@@ -1392,10 +1397,7 @@ def _grown_clusters(
     lap("components")
     # who can represent a component: its old representatives, sessions new to a cluster, and rescored ones
     # (``scores``: this run's quality); an old representative rescored worse lets any member take over
-    base = (
-        f"quality >= {float(config.min_quality)!r} AND NOT coalesce(security_flagged, FALSE) "
-        "AND coalesce(failure_cause, '') <> 'still_running'"
-    )
+    base = _exportable_base(config)
     table_columns = f"session_id, quality, started_at, exportable AS _old, {base} AS exportable_base"
     contenders = members.filter(pl.col("is_representative").fill_null(True) | pl.col("session_id").is_in(here))
 
