@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
-from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestFile
 from pyiceberg.table import Table
 
 #: Snapshot-summary key marking a commit that only rewrote existing rows (compaction).
@@ -74,7 +74,7 @@ def files_added_since(table: Table, snapshot_id: int | None) -> list[str] | None
     for manifest in snapshot.manifests(table.io):
         if manifest.content != ManifestContent.DATA:
             continue
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+        for entry in _entries(table, manifest):
             # Merged manifests keep the adding snapshot id on EXISTING entries, so test the id only.
             if entry.snapshot_id in newer:
                 paths.append(entry.data_file.file_path)
@@ -135,7 +135,7 @@ def _planned(table: Table) -> tuple[tuple[LiveFile, ...], bool]:
         if manifest.content == ManifestContent.DELETES:
             has_deletes = has_deletes or manifest.added_files_count != 0 or manifest.existing_files_count != 0
             continue
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+        for entry in _entries(table, manifest):
             if entry.data_file.content == DataFileContent.DATA:
                 found.append(LiveFile(entry.data_file, entry.snapshot_id, entry.sequence_number))
     plan = (tuple(found), has_deletes)
@@ -144,6 +144,32 @@ def _planned(table: Table) -> tuple[tuple[LiveFile, ...], bool]:
         while len(_PLANS) > _PLANS_KEPT:
             _PLANS.popitem(last=False)
     return plan
+
+
+#: manifest file → its live entries. A manifest is written once and never changes, and each commit
+#: lists mostly the manifests of the snapshot before it: re-planning after a commit reads only the new ones.
+_MANIFESTS: OrderedDict[str, tuple[ManifestEntry, ...]] = OrderedDict()
+_MANIFEST_ENTRIES_KEPT = 500_000
+_manifest_entries = 0
+
+
+def _entries(table: Table, manifest: ManifestFile) -> tuple[ManifestEntry, ...]:
+    """The live (not deleted) entries of ``manifest``, read once per process (at most
+    :data:`_MANIFEST_ENTRIES_KEPT` entries are kept, the least recently used dropped first)."""
+    global _manifest_entries
+    path = manifest.manifest_path
+    with _PLANS_LOCK:
+        if path in _MANIFESTS:
+            _MANIFESTS.move_to_end(path)
+            return _MANIFESTS[path]
+    entries = tuple(manifest.fetch_manifest_entry(table.io, discard_deleted=True))
+    with _PLANS_LOCK:
+        if path not in _MANIFESTS:
+            _MANIFESTS[path] = entries
+            _manifest_entries += len(entries)
+        while _manifest_entries > _MANIFEST_ENTRIES_KEPT and len(_MANIFESTS) > 1:
+            _manifest_entries -= len(_MANIFESTS.popitem(last=False)[1])
+    return entries
 
 
 def size_bundles(

@@ -68,3 +68,54 @@ def test_locked_views_read_the_same_rows_and_nothing_else(settings: Settings) ->
     assert data_files == {local_path(p) for p in current_files(table).paths}
     with pytest.raises(duckdb.Error, match="disabled by configuration"):
         locked.execute(f"SELECT * FROM read_text('{settings.home_dir / 'catalog.db'}')")
+
+
+def test_planning_after_a_commit_reads_only_the_new_manifests(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot lists the manifests of the one before it plus new ones: only those are read again."""
+    from pyiceberg.expressions import EqualTo
+    from pyiceberg.manifest import ManifestFile
+
+    import warehouse.snapshots as snapshots
+
+    read: list[str] = []
+    real = ManifestFile.fetch_manifest_entry
+
+    def counted(self: ManifestFile, *args: object, **kwargs: object) -> object:
+        read.append(self.manifest_path)
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ManifestFile, "fetch_manifest_entry", counted)
+    table = ensure_table(open_catalog(settings), settings, RAW_EVENTS.name)
+    for start in range(0, 50, 10):  # five appends: five manifests
+        with transaction(table) as tx:
+            tx.append(raw_rows(10, start))
+        table = table.refresh()
+    assert len(current_files(table).paths) == 5
+    assert len(read) == 5
+    with transaction(table) as tx:
+        tx.append(raw_rows(10, 50))
+    table = table.refresh()
+    read.clear()
+    assert len(current_files(table).paths) == 6
+    assert len(read) == 1  # the new one; five came from the cache
+    # a delete rewrites a file: the manifests it writes are new (read once), the removed file is gone
+    before = set(current_files(table).paths)
+    with transaction(table) as tx:
+        tx.delete(EqualTo("event_id", "e3"))
+    table = table.refresh()
+    read.clear()
+    files = set(current_files(table).paths)
+    assert len(files) == 6 and len(files - before) == 1 and 1 <= len(read) <= 2
+    assert table.scan().to_arrow().num_rows == 59
+    con = open_views(settings)
+    assert con.execute("SELECT count(*), count(*) FILTER (WHERE event_id = 'e3') FROM events").fetchone() == (59, 0)
+    # a bounded cache: the oldest manifests are dropped first
+    monkeypatch.setattr(snapshots, "_MANIFEST_ENTRIES_KEPT", 2)
+    monkeypatch.setattr(snapshots, "_MANIFESTS", type(snapshots._MANIFESTS)())
+    monkeypatch.setattr(snapshots, "_manifest_entries", 0)
+    monkeypatch.setattr(snapshots, "_PLANS", type(snapshots._PLANS)())
+    read.clear()
+    assert len(current_files(table).paths) == 6
+    assert len(snapshots._MANIFESTS) <= 2 and snapshots._manifest_entries <= 2
