@@ -37,6 +37,7 @@ every day, chunk by chunk (level 1 in any order, or in parallel as Dagster parti
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -67,17 +68,19 @@ from pyiceberg.expressions import (
     literal,
 )
 from pyiceberg.table import Table
+from pyiceberg.transforms import DayTransform
 
 from common.errors import ConfigError
 from common.settings import Settings
 from quality.anomalies import FEATURES, MIN_GROUP
-from quality.combine import baseline_days, baseline_stats, clusters, combine, exportable, profiles
+from quality.combine import baseline_days, baseline_of, clusters, combine, exportable, profiles
 from quality.config import QualityConfig
 from quality.dedup import DUPLICATES_SCHEMA, components, flat_band_keys, session_keys
 from quality.facts import FACTS_SCHEMA, facts_digest, session_facts, signatures_of
 from quality.scoring import finish_scores
 from warehouse.catalog import open_catalog
 from warehouse.locks import job_lock
+from warehouse.snapshots import live_files
 from warehouse.sql import open_views, register_table
 from warehouse.tables import (
     BAND_KEYS,
@@ -869,6 +872,15 @@ def _on_days(days: list[date | None], column: str = "started_at") -> str:
     return "(" + " OR ".join(terms or ["FALSE"]) + ")"
 
 
+def _on_dates(days: list[date | None], column: str = "day") -> str:
+    """SQL: the DATE ``column`` is one of ``days`` (None: is NULL)."""
+    listed = ", ".join(f"DATE '{d.isoformat()}'" for d in sorted({d for d in days if d is not None}))
+    terms = [f"{column} IN ({listed})"] if listed else []
+    if None in days:
+        terms.append(f"{column} IS NULL")
+    return "(" + " OR ".join(terms or ["FALSE"]) + ")"
+
+
 #: Start times closer than this go into one range of :func:`_on_times`; at most this many ranges.
 _TIME_GAP = timedelta(minutes=10)
 _TIME_RANGES = 64
@@ -898,8 +910,15 @@ def _on_times(values: pl.Series, column: str = "started_at") -> str:
     return "(" + " OR ".join(terms or ["FALSE"]) + ")"
 
 
-def _baselines(con: duckdb.DuckDBPyConnection, facts: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """:func:`quality.combine.baseline_days` of ``facts``' groups and the stats of those baselines (from the index)."""
+def _baselines(
+    settings: Settings, catalog: Catalog, con: duckdb.DuckDBPyConnection, facts: pl.DataFrame, config: QualityConfig
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """:func:`quality.combine.baseline_days` of ``facts``' groups and the stats of those baselines.
+
+    The stats are the baseline days' ``profiles`` rows (:func:`quality.combine.baseline_of`): a day's
+    rows are recomputed only when its index files changed since (:func:`_write_profiles`), so a new
+    day's sessions read their complete baseline day's stats instead of every session of it.
+    """
     days = [d for d in facts["day"].unique().to_list()]
     near = days + [d - timedelta(days=1) for d in days if d is not None and d > date.min]
     counts = con.sql(
@@ -908,18 +927,10 @@ def _baselines(con: duckdb.DuckDBPyConnection, facts: pl.DataFrame) -> tuple[pl.
     ).pl()
     wanted = facts.select(pl.col("task_type").fill_null("unknown"), "day").unique()
     baselines = baseline_days(counts).join(wanted, on=["task_type", "day"], how="inner", nulls_equal=True)
-    groups = baselines.select("task_type", pl.col("baseline_day").alias("day")).unique()
-    con.register("__groups", groups.to_arrow())
-    try:
-        members = con.sql(
-            f"SELECT session_id, coalesce(i.task_type, 'unknown') AS task_type, i.day, {', '.join(FEATURES)} "
-            "FROM session_index i JOIN __groups g "
-            "ON coalesce(i.task_type, 'unknown') = g.task_type AND i.day IS NOT DISTINCT FROM g.day "
-            f"WHERE {_on_days(groups['day'].to_list())}"
-        ).pl()
-    finally:
-        con.unregister("__groups")
-    return baselines, baseline_stats(members)
+    baseline_days_ = baselines["baseline_day"].unique().to_list()
+    _write_profiles(settings, catalog, con, baseline_days_, config)
+    rows = con.sql(f"SELECT * FROM profiles WHERE {_on_dates(baseline_days_)}").pl()
+    return baselines, baseline_of(rows.cast({"day": pl.Date}))
 
 
 def _rescore(
@@ -946,7 +957,7 @@ def _rescore(
     facts = facts.cast({k: v for k, v in FACTS_SCHEMA.items() if k in facts.columns})
     with run.phase("level2.context"):
         context = _novelty_context(con, facts, config)
-        baselines, stats = _baselines(con, facts)
+        baselines, stats = _baselines(settings, catalog, con, facts, config)
     with run.phase("level2.combine"):
         level2 = combine(facts, context, config, baselines, stats)
     with run.phase("level2.clusters"):
@@ -1036,18 +1047,60 @@ def _changed_duplicates(
 def _write_profiles(
     settings: Settings, catalog: Catalog, con: duckdb.DuckDBPyConnection, days: list[date | None], config: QualityConfig
 ) -> None:
-    """Recompute the profiles of ``days`` (every task type of each) from the index."""
+    """Recompute the profiles of those of ``days`` (every task type of each) whose index files changed.
+
+    A row records the ``session_index`` files of its day it was computed from (``index_files``): while
+    they are still the day's files — no session of the day was indexed, re-indexed or moved since, and
+    the scorer is the same — the row holds and the day is not read again.
+    """
     table = ensure_table(catalog, settings, PROFILES.name)
-    ordered = sorted(days, key=lambda d: (d is None, d or date.min))
-    for day in ordered:  # a day at a time (3M sessions at the design scale: a week would not fit)
+    prints = _index_files(ensure_table(catalog, settings, SESSION_INDEX.name))
+    wanted = sorted(set(days), key=lambda d: (d is None, d or date.min))
+    held: dict[date | None, set[tuple[str | None, str | None]]] = {}
+    for day, index_files, version in con.sql(
+        f"SELECT DISTINCT day, index_files, scorer_version FROM profiles WHERE {_on_dates(wanted)}"
+    ).fetchall():
+        held.setdefault(day, set()).add((index_files, version))
+    # a day without index files has no profile: stale only if it still has rows
+    stale = [
+        d
+        for d in wanted
+        if (d in prints or d in held) and (d not in prints or held.get(d) != {(prints[d], config.scorer_version)})
+    ]
+    for day in stale:  # a day at a time (3M sessions at the design scale: a week would not fit)
         chunk = [day]
         members = con.sql(
             f"SELECT task_type, day, {', '.join(FEATURES)}, tool_counts, exit_code_counts "
             f"FROM session_index WHERE {_on_days(chunk)}"
         ).pl()
-        rows = profiles(members).with_columns(pl.lit(config.scorer_version).alias("scorer_version"))
+        rows = profiles(members).with_columns(
+            pl.lit(config.scorer_version).alias("scorer_version"), pl.lit(prints.get(day)).alias("index_files")
+        )
         _replace_days(table, _arrow(rows, PROFILES, config.scorer_version, datetime.now(UTC)), chunk)
-    _refresh(con, settings, catalog, PROFILES)
+    if stale:
+        _refresh(con, settings, catalog, PROFILES)
+
+
+def _index_files(table: Table) -> dict[date | None, str]:
+    """Per ``started_at`` day of ``session_index``: a digest of the day's live data files (None: no start).
+
+    Files are immutable: the digest changes exactly when a commit adds or removes one of the day's
+    files (new or re-indexed sessions, a moved session, a compaction).
+    """
+    paths: dict[date | None, list[str]] = {}
+    specs = table.specs()
+    for entry in live_files(table):
+        data_file = entry.data_file
+        fields = specs[data_file.spec_id].fields
+        if len(fields) != 1 or not isinstance(fields[0].transform, DayTransform):
+            return {}  # not laid out by day: no digest holds (every day is recomputed)
+        value = data_file.partition[0]
+        day = None if value is None else _EPOCH + timedelta(days=int(value))
+        paths.setdefault(day, []).append(entry.path)
+    return {day: hashlib.sha256("\n".join(sorted(p)).encode()).hexdigest()[:32] for day, p in paths.items()}
+
+
+_EPOCH = date(1970, 1, 1)
 
 
 #: How far back a run looks for a family's earlier sessions first, then further (None: all history).

@@ -117,15 +117,34 @@ def baseline_days(counts: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _log_scale_aggs() -> list[pl.Expr]:
+    """Per group: median and robust σ (1.4826 × MAD) of each feature on the log1p scale."""
+    aggs: list[pl.Expr] = []
+    for name in FEATURES:
+        x = pl.col(name).log1p()
+        aggs.append(x.median().alias(f"{name}_log_median"))
+        aggs.append(((x - x.median()).abs().median() * 1.4826).alias(f"{name}_log_sigma"))
+    return aggs
+
+
 def baseline_stats(members: pl.DataFrame) -> pl.DataFrame:
     """Per (task_type, day) of ``members`` (session_id, task_type, day, features): n, median, robust σ."""
     members = members.with_columns(pl.col("task_type").fill_null("unknown"))
-    aggs: list[pl.Expr] = [pl.len().alias("n")]
-    for name in FEATURES:
-        x = pl.col(name).log1p()
-        aggs.append(x.median().alias(f"m_{name}"))
-        aggs.append(((x - x.median()).abs().median() * 1.4826).alias(f"s_{name}"))
-    return members.group_by(GROUP).agg(aggs).rename({"day": "baseline_day"})
+    return baseline_of(members.group_by(GROUP).agg(pl.len().alias("sessions"), *_log_scale_aggs()))
+
+
+def baseline_of(profiles: pl.DataFrame) -> pl.DataFrame:
+    """The :func:`baseline_stats` columns (task_type, baseline_day, n, m_*, s_*) of :func:`profiles` rows."""
+    return profiles.select(
+        "task_type",
+        pl.col("day").alias("baseline_day"),
+        pl.col("sessions").alias("n"),
+        *[
+            pl.col(f"{name}_log_{stat}").alias(f"{short}_{name}")
+            for name in FEATURES
+            for stat, short in (("median", "m"), ("sigma", "s"))
+        ],
+    )
 
 
 def z_scores(facts: pl.DataFrame, baselines: pl.DataFrame, stats: pl.DataFrame) -> pl.DataFrame:
@@ -224,12 +243,14 @@ def combine(
 
 def profiles(members: pl.DataFrame) -> pl.DataFrame:
     """Per (task_type, day) of ``members`` (complete groups of facts): sessions, p50 and p90 of each feature,
-    tool mix and step exit codes (JSON shares)."""
+    the baseline's median and robust σ of each on the log1p scale (the z-scores of the next day's
+    sessions are against them: :func:`baseline_of`), tool mix and step exit codes (JSON shares)."""
     members = members.with_columns(pl.col("task_type").fill_null("unknown"))
     stats = members.group_by(PROFILE_GROUP).agg(
         pl.len().cast(pl.Int64).alias("sessions"),
         *[pl.col(c).median().alias(f"{c}_p50") for c in FEATURES],
         *[pl.col(c).quantile(0.9).alias(f"{c}_p90") for c in FEATURES],
+        *_log_scale_aggs(),
     )
     mix = None
     for column, name in (("tool_counts", "tool_mix"), ("exit_code_counts", "exit_codes")):

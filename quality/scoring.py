@@ -28,7 +28,7 @@ from quality.combine import (
     LOOP_PENALTY,
     STEPS_PENALTY,
     baseline_days,
-    baseline_stats,
+    baseline_of,
     clusters,
     combine,
     exportable,
@@ -98,8 +98,14 @@ def score_sessions(
     facts = level1.facts
     counts = facts.group_by(pl.col("task_type").fill_null("unknown"), "day").agg(pl.len().alias("n"))
     baselines = baseline_days(counts)
-    stats = baseline_stats(facts)
-    level2 = combine(facts, facts.select("session_id", "family", "started_at", "signature"), config, baselines, stats)
+    day_profiles = profiles(facts)
+    level2 = combine(
+        facts,
+        facts.select("session_id", "family", "started_at", "signature"),
+        config,
+        baselines,
+        baseline_of(day_profiles),
+    )
     ranking = level2.scores.select("session_id", "quality", "started_at")
     duplicates = clusters(facts.select("session_id", "exact_key", "signature", "started_at"), ranking, config)
     flags = pl.concat([level1.cheat_flags, level2.anomaly_flags]).cast(FLAGS_SCHEMA).sort("session_id", "flag")
@@ -107,5 +113,5 @@ def score_sessions(
         scores=finish_scores(level2.scores, duplicates, config),
         flags=flags,
         duplicates=duplicates.cast(DUPLICATES_SCHEMA).sort("cluster_id", "session_id"),
-        profiles=profiles(facts),
+        profiles=day_profiles,
     )

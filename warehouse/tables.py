@@ -290,7 +290,8 @@ _FEATURES = (  # quality.anomalies.FEATURES (the warehouse layer does not import
     "run_tests_share",
 )
 # Behaviour profiles per task type and day (quality/combine.py): medians and p90 of the session
-# features, tool mix and step exit codes as JSON; a scoring run rewrites the days it rescored.
+# features, the z-score baseline, tool mix and step exit codes as JSON; a scoring run rewrites the
+# days whose index files changed.
 PROFILES = register(
     TableSpec(
         name="profiles",
@@ -305,6 +306,11 @@ PROFILES = register(
                 ("scored_at", _TS),
                 ("day", pa.date32()),  # the sessions' started_at day (UTC)
             ]
+            # the next day's baseline: median and robust σ on the log1p scale (quality.combine.baseline_of)
+            + [(f"{feature}_log_{stat}", pa.float64()) for feature in _FEATURES for stat in ("median", "sigma")]
+            # the session_index files of the day the row was computed from (while they are the day's
+            # files, the row holds; a run recomputes a day's rows only when they are not)
+            + [("index_files", pa.string())]
         ),
         sort_by=["day", "task_type"],
         properties=_PARQUET,

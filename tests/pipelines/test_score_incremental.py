@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import random
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import polars as pl
@@ -31,7 +32,7 @@ TABLE_QUERIES = {
     "scores": "SELECT * EXCLUDE (scored_at) FROM scores ORDER BY session_id",
     "flags": "SELECT * EXCLUDE (scored_at) FROM flags ORDER BY session_id, flag, evidence",
     "duplicates": "SELECT * EXCLUDE (scored_at) FROM duplicates ORDER BY session_id",
-    "profiles": "SELECT * EXCLUDE (scored_at) FROM profiles ORDER BY day, task_type",
+    "profiles": "SELECT * EXCLUDE (scored_at, index_files) FROM profiles ORDER BY day, task_type",
 }
 
 
@@ -174,18 +175,42 @@ def test_the_index_table_holds_every_fact_and_the_profiles_every_feature() -> No
     assert {f"{name}_{stat}" for name in FEATURES for stat in ("p50", "p90")} <= profile_columns
 
 
-def test_new_sessions_of_a_day_with_a_complete_baseline_rescore_only_themselves(settings: Settings) -> None:
+def test_new_sessions_of_a_day_with_a_complete_baseline_rescore_only_themselves(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pipelines.score as score
+
     settings = settings.model_copy(update={"score_watermark_lag_s": 0.0})
     hour = 3_600_000_000
-    for n, seed, start in ((120, 1, BASE_US), (30, 2, BASE_US + DAY_US), (10, 3, BASE_US + DAY_US + 6 * hour)):
+    profiled: list[set[object]] = []  # the days whose profiles each run computed from the index
+    real = score.profiles
+
+    def counted(members: pl.DataFrame) -> pl.DataFrame:
+        profiled[-1].update(members["day"])
+        return real(members)
+
+    monkeypatch.setattr(score, "profiles", counted)
+
+    def batch(n: int, seed: int, start: int) -> score.ScoreStats:
         write_raw(settings, [e for s in synthetic_sessions(n, seed=seed, start_us=start) for e in s])
         assemble(settings)
-        run = score_all(settings)
+        profiled.append(set())
+        return score_all(settings)
+
+    for n, seed, start in ((120, 1, BASE_US), (30, 2, BASE_US + DAY_US), (10, 3, BASE_US + DAY_US + 6 * hour)):
+        run = batch(n, seed, start)
     # day 0 (about 40 sessions per task type) is the baseline of day 1: the ten newest sessions of day 1
     # change no other session's z-score, and come after every other session of their task families
     assert run.mode == "incremental" and run.changed_sessions == 10 and run.rescored_sessions == 10
     assert run.sessions == 160
     _assert_matches_pure(settings, _tables(settings), "after the last batch")
+    # the baseline day's stats are its profile rows, computed when day 0 last changed, not read again
+    day0, day1 = (datetime.fromtimestamp(us / 1e6, UTC).date() for us in (BASE_US, BASE_US + DAY_US))
+    assert profiled == [{day0}, {day1}, {day1}]
+    # a late session of day 0 changes its index files: its profile (and every z-score against it) is redone
+    run = batch(1, 4, BASE_US + 12 * hour)
+    assert day0 in profiled[-1]
+    _assert_matches_pure(settings, _tables(settings), "after a late session of the baseline day")
 
 
 def _passing(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -103,7 +103,7 @@ def test_planning_after_a_commit_reads_only_the_new_manifests(
     # a delete rewrites a file: the manifests it writes are new (read once), the removed file is gone
     before = set(current_files(table).paths)
     with transaction(table) as tx:
-        tx.delete(EqualTo("event_id", "e3"))
+        tx.delete(EqualTo(term="event_id", value="e3"))
     table = table.refresh()
     read.clear()
     files = set(current_files(table).paths)
