@@ -1580,16 +1580,17 @@ def _replace(
     extra: BooleanExpression | None = None,
 ) -> None:
     """Delete the rows of the sessions in ``keys`` (``by``, started_at; and ``extra``), append ``rows``: one commit."""
-    predicate: BooleanExpression | None = None
-    if keys.height:
-        ids = keys[by].unique().to_list()
-        predicate = And(
-            In(term=Reference(by), literals={literal(v) for v in ids}),
-            _day_terms("started_at", keys["started_at"].to_list()),
-        )
-        if extra is not None:
-            predicate = And(predicate, extra)
-    _commit(table, rows, predicate)
+    if keys.height == 0:
+        _commit(table, rows, None)
+        return
+    ids = keys[by].unique().to_list()
+    predicate: BooleanExpression = And(
+        In(term=Reference(by), literals={literal(v) for v in ids}),
+        _day_terms("started_at", keys["started_at"].to_list()),
+    )
+    if extra is not None:
+        predicate = And(predicate, extra)
+    _commit(table, rows, predicate, (by, ids))
 
 
 def _replace_days(table: Table, rows: pa.Table, days: list[date | None]) -> None:
@@ -1608,7 +1609,17 @@ def _clear(table: Table) -> None:
     _commit(table, None, AlwaysTrue())
 
 
-def _commit(table: Table, rows: pa.Table | None, predicate: BooleanExpression | None) -> None:
+def _commit(
+    table: Table,
+    rows: pa.Table | None,
+    predicate: BooleanExpression | None,
+    keyed: tuple[str, list[object]] | None = None,
+) -> None:
+    """Delete the rows matching ``predicate`` (None: none) and append ``rows``, retried on conflicts.
+
+    ``keyed``: (column, values) that ``predicate`` restricts the rows to: only the files holding one
+    of the values are rewritten (:meth:`warehouse.transactions.Transaction.replace_rows`).
+    """
     attempts = 0
 
     def attempt() -> None:
@@ -1622,6 +1633,9 @@ def _commit(table: Table, rows: pa.Table | None, predicate: BooleanExpression | 
         with transaction(table) as tx, warnings.catch_warnings():
             # pyiceberg warns when a delete matches nothing (a new session, a day without duplicates)
             warnings.filterwarnings("ignore", "Delete operation did not match any records")
+            if keyed is not None and predicate is not None:
+                tx.replace_rows(predicate, keyed[0], keyed[1], rows)
+                return
             if predicate is not None and table.current_snapshot() is not None:
                 tx.delete(predicate)
             if has_rows:

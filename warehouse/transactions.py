@@ -28,15 +28,19 @@ import logging
 import operator
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, Self
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import BooleanExpression
+from pyiceberg.expressions.visitors import bind, expression_evaluator, inclusive_projection
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
     _check_pyarrow_schema_compatible,
+    _expression_to_complementary_pyarrow,
     _get_field_from_arrow_table,
     bin_pack_arrow_table,
     pyarrow_to_schema,
@@ -60,6 +64,7 @@ from pyiceberg.utils.config import Config
 from pyiceberg.utils.properties import property_as_int
 
 from warehouse.errors import CommitConflict
+from warehouse.snapshots import live_files, read_data_files
 
 log = logging.getLogger("trajlake.transactions")
 
@@ -206,6 +211,73 @@ class Transaction(_Transaction):
         with self._append_snapshot_producer(snapshot_properties) as append_files:
             for data_file in files:
                 append_files.append_data_file(data_file)
+
+    def replace_rows(
+        self,
+        predicate: BooleanExpression,
+        column: str,
+        values: Collection[object],
+        rows: pa.Table | None = None,
+        snapshot_properties: dict[str, str] = EMPTY_DICT,
+    ) -> None:
+        """Delete the rows matching ``predicate`` and append ``rows``, in one snapshot (copy-on-write).
+
+        ``predicate`` must imply ``column IN values``: of the files whose partition can match, only
+        those whose ``column`` holds one of ``values`` are read whole and rewritten (one column is
+        read of the others). pyiceberg's delete reads every file the predicate's metrics cannot
+        exclude — with random session ids, every file of the partitions — and evaluates the
+        predicate against each file's metrics and every row twice: the cost of a replace of a few
+        sessions grew with the files of their days.
+        """
+        metadata = self.table_metadata
+        schema = metadata.schema()
+        io = self._table.io
+        bound = bind(schema, predicate, case_sensitive=True)
+        keep = _expression_to_complementary_pyarrow(bound, schema)
+        wanted = pa.array(list(values))
+        evaluators: dict[int, Callable[[Any], bool]] = {}
+        removed: list[DataFile] = []
+        added: list[DataFile] = []
+        for entry in live_files(self._table) if self._table.current_snapshot() is not None else []:
+            data_file = entry.data_file
+            if data_file.spec_id not in evaluators:
+                spec = metadata.specs()[data_file.spec_id]
+                projected = inclusive_projection(schema, spec, True)(predicate)
+                partition_schema = Schema(*spec.partition_type(schema).fields)
+                evaluators[data_file.spec_id] = expression_evaluator(partition_schema, projected, True)
+            if not evaluators[data_file.spec_id](data_file.partition):
+                continue
+            if not _holds_any(io, data_file, column, wanted):
+                continue
+            whole = read_data_files(self._table, [data_file])
+            kept = whole.filter(keep)
+            if kept.num_rows == whole.num_rows:
+                continue
+            removed.append(data_file)
+            if kept.num_rows:
+                added.extend(data_files(metadata, kept, io, uuid.uuid4()))  # file names: uuid + task number
+        appended: list[DataFile] = []
+        if rows is not None and rows.num_rows:
+            _task_schema(metadata, rows.schema)
+            appended = data_files(metadata, rows, io, uuid.uuid4())
+        if not removed:
+            if appended:
+                self.append_files(appended, snapshot_properties)
+            return
+        with self.update_snapshot(snapshot_properties=snapshot_properties).overwrite() as overwrite:
+            for data_file in removed:
+                overwrite.delete_data_file(data_file)
+            for data_file in added + appended:
+                overwrite.append_data_file(data_file)
+
+
+def _holds_any(io: FileIO, data_file: DataFile, column: str, wanted: pa.Array) -> bool:
+    """Whether the file's ``column`` holds one of ``wanted`` (True when it cannot tell: no such column)."""
+    with io.new_input(data_file.file_path).open() as stream:
+        parquet = pq.ParquetFile(stream)
+        if column not in parquet.schema_arrow.names:
+            return True
+        return bool(pc.any(pc.is_in(parquet.read(columns=[column]).column(column), value_set=wanted)).as_py())
 
 
 def transaction(table: Table, replay_on_conflict: bool = False) -> Transaction:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pyiceberg.table
 import pytest
 
@@ -101,3 +102,54 @@ def test_append_rejects_a_schema_that_does_not_fit_before_staging_anything(setti
         with transaction(table) as tx:
             tx.append(wrong)
     assert table.refresh().current_snapshot() is None
+
+
+def test_replace_rows_rewrites_only_the_files_holding_matching_rows(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One snapshot: the files with rows to delete are rewritten without them (a row without a session
+    kept), a file holding a key whose rows the predicate spares stays as it is, the rows are appended."""
+    from pyiceberg.expressions import And, EqualTo, In
+
+    from warehouse.snapshots import current_files
+    from warehouse.sql import local_path
+
+    table = ensure_table(open_catalog(settings), settings, RAW_EVENTS.name)
+    for start in (0, 10, 20, 30):  # four files: e0-e9, …, e30-e39; session s{i % 3}
+        rows = raw_rows(10, start)
+        if start == 10:  # e10 without a session: the complement of the predicate must keep it
+            ids = [None] + rows.column("session_id").to_pylist()[1:]
+            rows = rows.set_column(rows.schema.get_field_index("session_id"), "session_id", pa.array(ids))
+        with transaction(table) as tx:
+            tx.append(rows)
+        table = table.refresh()
+    holding = {  # each file by the first event id it holds
+        pq.read_table(local_path(path), columns=["event_id"]).column("event_id")[0].as_py(): path
+        for path in current_files(table).paths
+    }
+    snapshots = len(table.snapshots())
+    keys = {"e3", "e4", "e10", "e15", "e25"}
+    read_whole: list[int] = []
+    real = transactions.read_data_files
+
+    def counted(table: pyiceberg.table.Table, files: list[Any], *args: Any) -> pa.Table:
+        read_whole.append(len(files))
+        return real(table, files, *args)
+
+    monkeypatch.setattr(transactions, "read_data_files", counted)
+    with transaction(table) as tx:  # of the keys, e3 and e15 are s0's; e25 (the third file's) is s1's
+        predicate = And(In(term="event_id", literals=keys), EqualTo(term="session_id", value="s0"))
+        tx.replace_rows(predicate, "event_id", keys, raw_rows(2, 100))
+    table = table.refresh()
+    assert len(table.snapshots()) == snapshots + 1
+    after = current_files(table).paths
+    assert holding["e20"] in after and holding["e30"] in after and len(after) == 5
+    assert holding["e0"] not in after and holding["e10"] not in after
+    assert sum(read_whole) == 3  # the file without a key (e30-e39) is not read whole
+    got = sorted(table.scan().to_arrow().column("event_id").to_pylist())
+    assert got == sorted({f"e{i}" for i in range(40)} - {"e3", "e15"} | {"e100", "e101"})
+    assert table.scan(row_filter="session_id IS NULL").to_arrow().column("event_id").to_pylist() == ["e10"]
+    # nothing to delete and nothing to append: no commit
+    with transaction(table) as tx:
+        tx.replace_rows(In(term="event_id", literals={"e999"}), "event_id", {"e999"})
+    assert len(table.refresh().snapshots()) == snapshots + 1
