@@ -1321,42 +1321,66 @@ def _grown_clusters(
         return None
     utc = pl.Datetime("us", "UTC")
     lap = run.laps("level2.clusters.")
-    con.register("__keys", _band_rows(fresh).select("band_key").unique().to_arrow())
+    fresh_bands = _band_rows(fresh).join(fresh.select("session_key", "session_id"), on="session_key")
+    con.register("__keys", fresh_bands.select("band_key").unique().to_arrow())
     try:
-        # buckets of one (most keys of most sessions: only their own row) link nothing
-        # (two integer columns of every band_keys row are what a run reads in proportion to history)
-        hits = con.sql(
-            "SELECT band_key, session_key FROM band_keys "
-            "WHERE band_key IN (SELECT band_key FROM __keys) QUALIFY count(*) OVER (PARTITION BY band_key) > 1"
+        # Buckets of one (most keys of most sessions: only their own row) link nothing; of the others only
+        # the head -- the earliest session -- is wanted (two integer columns of every band_keys row are what
+        # a run reads in proportion to history). With two earliest at one moment, or no start at all, the
+        # head is the smallest id of them: those buckets are read whole.
+        buckets = con.sql(
+            "SELECT band_key, count(*) AS n, arg_min(session_key, started_at) AS head_key, "
+            "min_by(started_at, started_at, 2) AS earliest "
+            "FROM band_keys WHERE band_key IN (SELECT band_key FROM __keys) GROUP BY band_key HAVING count(*) > 1"
         ).pl()
-        con.register("__hit", hits.select("session_key").unique().to_arrow())
+        unsure = buckets.filter(
+            pl.col("head_key").is_null()
+            | (pl.col("earliest").list.get(0) == pl.col("earliest").list.get(1, null_on_oob=True))
+        )
+        if unsure.height:
+            con.register("__unsure", unsure.select("band_key").to_arrow())
+            members = con.sql(
+                "SELECT b.band_key, b.session_key, i.session_id, b.started_at FROM band_keys b "
+                "JOIN session_index i USING (session_key) WHERE b.band_key IN (SELECT band_key FROM __unsure)"
+            ).pl()
+            con.unregister("__unsure")
+            firsts = (
+                members.sort("started_at", "session_id", nulls_last=True)
+                .group_by("band_key", maintain_order=True)
+                .agg(pl.col("session_key").first().alias("first_key"))
+            )
+            buckets = (
+                buckets.join(firsts, on="band_key", how="left")
+                .with_columns(pl.coalesce("first_key", "head_key").alias("head_key"))
+                .drop("first_key")
+            )
+        # exact twins share every band: found by their key, whichever session heads their buckets
+        con.register("__heads", buckets.select(pl.col("head_key").alias("session_key")).unique().to_arrow())
+        con.register("__exact", fresh.select("exact_key").unique().to_arrow())
         candidates = con.sql(
             "SELECT session_id, session_key, exact_key, started_at::TIMESTAMPTZ AS started_at, day "
-            "FROM session_index WHERE session_key IN (SELECT session_key FROM __hit)"
+            "FROM session_index WHERE session_key IN (SELECT session_key FROM __heads) "
+            "OR exact_key IN (SELECT exact_key FROM __exact)"
         ).pl()
     finally:
-        con.unregister("__keys")
-        con.unregister("__hit")
-    changed_ids = pl.Series(list(changed), dtype=pl.Utf8).implode()
-    candidates = candidates.with_columns(
-        pl.col("started_at").cast(utc), pl.col("session_id").is_in(changed_ids).alias("fresh")
-    )
-    buckets = hits.join(candidates.drop("day", "exact_key"), on="session_key")
+        for name in ("__keys", "__heads", "__exact"):
+            con.unregister(name)
+    candidates = candidates.with_columns(pl.col("started_at").cast(utc)).unique("session_id")
+    fresh_keys = fresh["session_key"].implode()
+    per_key = fresh_bands.group_by("band_key").len("mine")
     heads = (
-        buckets.sort("started_at", "session_id", nulls_last=True)
-        .group_by("band_key", maintain_order=True)
-        .agg(
-            pl.col("session_id").first().alias("head"),
-            pl.col("fresh").first().alias("head_fresh"),
-            pl.col("fresh").all().alias("all_fresh"),
+        buckets.join(per_key, on="band_key")
+        .join(
+            candidates.select(pl.col("session_key").alias("head_key"), pl.col("session_id").alias("head")),
+            on="head_key",
         )
+        .with_columns(pl.col("head_key").is_in(fresh_keys).alias("head_fresh"))
     )
-    if heads.filter(pl.col("head_fresh") & ~pl.col("all_fresh")).height:
-        return None
+    if heads.filter(pl.col("head_fresh") & (pl.col("n") > pl.col("mine"))).height:
+        return None  # a fresh session now heads a bucket of older ones: each of them links to it
     here = facts["session_id"].implode()
-    mine = buckets.filter(pl.col("session_id").is_in(fresh["session_id"].implode()))
     links = (
-        mine.join(heads.select("band_key", "head"), on="band_key")
+        fresh_bands.join(heads.select("band_key", "head"), on="band_key")
         .filter(pl.col("session_id") != pl.col("head"))
         .select(pl.col("session_id").alias("a"), pl.col("head").alias("b"))
         .unique()

@@ -330,6 +330,30 @@ def test_clusters_grow_from_new_sessions_alone_and_a_better_later_member_takes_o
     assert dups["cluster_id"].n_unique() == 2
 
 
+def test_a_bucket_whose_earliest_sessions_started_together_is_headed_by_the_smallest_id(settings: Settings) -> None:
+    """Copies started at the same moment as their original: their buckets' earliest sessions tie, so those
+    buckets are read whole for the head (the smallest id of them); a later copy grows their cluster as a
+    full recomputation has it."""
+    settings = settings.model_copy(update={"score_watermark_lag_s": 0.0})
+    rng = random.Random(11)
+    day0 = [list(s) for s in synthetic_sessions(40, seed=12, start_us=BASE_US + 3_600_000_000)]
+    original = max(day0, key=lambda s: sum(e["event_type"] == "agent_action" for e in s))
+    together = [_copy_of(original, 0, rng) for _ in range(3)]  # same start, other ids
+    for i, copy_ in enumerate(together):
+        [e for e in copy_ if e["event_type"] == "agent_action"][-1]["payload"]["command"] = f"echo twin {i}"
+    later = _copy_of(original, DAY_US, rng)
+    [e for e in later if e["event_type"] == "agent_action"][0]["payload"]["command"] = "echo later"
+    runs = []
+    for batch in (day0 + together, [later]):
+        write_raw(settings, [e for s in batch for e in s])
+        assemble(settings)
+        runs.append(score_all(settings))
+        _assert_matches_pure(settings, _tables(settings), f"after {len(runs)} batches")
+    assert runs[-1].closed_sets == 0
+    dups = _tables(settings)["duplicates"]
+    assert later[0]["session_id"] in dups["session_id"].to_list()
+
+
 @pytest.mark.parametrize("by_id", [10_000, 0], ids=["stale-by-id", "stale-days-whole"])
 def test_a_full_rescore_keeps_current_facts_and_leaves_no_stale_row(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, by_id: int
