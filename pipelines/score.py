@@ -1354,16 +1354,33 @@ def _grown_clusters(
                 .with_columns(pl.coalesce("first_key", "head_key").alias("head_key"))
                 .drop("first_key")
             )
-        # exact twins share every band: found by their key, whichever session heads their buckets
+        # the heads, and the older exact twins of the fresh sessions (twins share every band: found by their
+        # key, whichever session heads their buckets)
         con.register("__heads", buckets.select(pl.col("head_key").alias("session_key")).unique().to_arrow())
         con.register("__exact", fresh.select("exact_key").unique().to_arrow())
-        candidates = con.sql(
-            "SELECT session_id, session_key, exact_key, started_at::TIMESTAMPTZ AS started_at, day "
-            "FROM session_index WHERE session_key IN (SELECT session_key FROM __heads) "
-            "OR exact_key IN (SELECT exact_key FROM __exact)"
-        ).pl()
+        con.register("__fresh", fresh.select("session_key").to_arrow())
+        columns = "session_id, session_key, exact_key, started_at::TIMESTAMPTZ AS started_at, day"
+        candidates = pl.concat(
+            [
+                con.sql(
+                    f"SELECT {columns} FROM session_index WHERE session_key IN (SELECT session_key FROM __heads)"
+                ).pl(),
+                con.sql(
+                    f"SELECT {columns} FROM session_index WHERE exact_key IN (SELECT exact_key FROM __exact) "
+                    "AND session_key NOT IN (SELECT session_key FROM __fresh)"
+                ).pl(),
+                fresh.select(
+                    "session_id",
+                    "session_key",
+                    "exact_key",
+                    pl.col("started_at").cast(utc),
+                    pl.col("day").cast(pl.Date),
+                ),
+            ],
+            how="vertical_relaxed",
+        )
     finally:
-        for name in ("__keys", "__heads", "__exact"):
+        for name in ("__keys", "__heads", "__exact", "__fresh"):
             con.unregister(name)
     candidates = candidates.with_columns(pl.col("started_at").cast(utc)).unique("session_id")
     fresh_keys = fresh["session_key"].implode()
