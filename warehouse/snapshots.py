@@ -12,11 +12,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from datetime import date, timedelta
 
 import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestFile
 from pyiceberg.table import Table
+from pyiceberg.transforms import DayTransform
 
 #: Snapshot-summary key marking a commit that only rewrote existing rows (compaction).
 REWRITE_MARKER = "trajlake.rewrite"
@@ -170,6 +172,26 @@ def _entries(table: Table, manifest: ManifestFile) -> tuple[ManifestEntry, ...]:
         while _manifest_entries > _MANIFEST_ENTRIES_KEPT and len(_MANIFESTS) > 1:
             _manifest_entries -= len(_MANIFESTS.popitem(last=False)[1])
     return entries
+
+
+def day_partitions(table: Table, column: str) -> dict[str, date | None]:
+    """The day partition of ``column`` (None: NULL) of each live data file partitioned by exactly that.
+
+    Files of any other partition spec are left out: a caller pruning by day keeps them.
+    """
+    field_id = table.schema().find_field(column).field_id
+    specs = table.specs()
+    days: dict[str, date | None] = {}
+    for entry in live_files(table):
+        fields = specs[entry.data_file.spec_id].fields
+        if len(fields) != 1 or fields[0].source_id != field_id or not isinstance(fields[0].transform, DayTransform):
+            continue
+        value = entry.data_file.partition[0]
+        days[entry.path] = None if value is None else _EPOCH + timedelta(days=int(value))
+    return days
+
+
+_EPOCH = date(1970, 1, 1)
 
 
 def size_bundles(

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from datetime import date
 from typing import Any
 
 import duckdb
@@ -39,7 +40,7 @@ from warehouse.object_store import (
     is_object_store_path,
     register_object_store,
 )
-from warehouse.snapshots import current_files, live_files
+from warehouse.snapshots import current_files, day_partitions, live_files
 from warehouse.tables import TABLES, TableSpec, ensure_table
 
 #: Keywords that make an ``EXPLAIN`` run its statement.
@@ -192,6 +193,8 @@ def register_tiered(
     spec: TableSpec,
     reads: set[str] | None = None,
     stores: ObjectStores | None = None,
+    view: str | None = None,
+    on_days: Callable[[date | None], bool] | None = None,
 ) -> None:
     """Views ``hot_<view>``, ``cold_<view>`` and their union ``<view>``, which counts every row once.
 
@@ -200,19 +203,31 @@ def register_tiered(
     trajectories and steps by session (the cold copy wins). So ``hot_<view>`` is the
     hot rows not already in cold, and ``hot_<view>`` ∪ ``cold_<view>`` = ``<view>``.
     The data files the views read directly go into ``reads``; ``stores`` as for :func:`register_table`.
+
+    ``view``: the views' name (default: the spec's). ``on_days``: only the files of the day
+    partitions (None: NULL) it accepts are read, in both tiers — DuckDB then opens no other file,
+    where a filter on the partition column still reads every file's footer to skip it. A
+    session's copies in the two tiers are of the same day, so the union still counts it once.
     """
     from warehouse.tiering import ensure_cold_table, tiered_files
 
     hot = ensure_table(catalog, settings, spec.name)
     cold = ensure_cold_table(catalog, settings, spec.name)
-    view = spec.view
-    cold_src = _source(con, f"cold_{view}", cold, spec, reads=reads, stores=stores)
+    view = view or spec.view
+
+    def outside(table: Table) -> set[str]:
+        if on_days is None or not spec.partition_by:
+            return set()
+        return {path for path, day in day_partitions(table, spec.partition_by[0][0]).items() if not on_days(day)}
+
+    cold_src = _source(con, f"cold_{view}", cold, spec, exclude=outside(cold), reads=reads, stores=stores)
     con.execute(f'CREATE OR REPLACE VIEW "cold_{view}" AS SELECT * FROM {cold_src}')
     if spec.name == "raw_events":
-        hot_src = _source(con, f"hot_{view}", hot, spec, exclude=tiered_files(cold), reads=reads, stores=stores)
+        skipped = tiered_files(cold) | outside(hot)
+        hot_src = _source(con, f"hot_{view}", hot, spec, exclude=skipped, reads=reads, stores=stores)
         con.execute(f'CREATE OR REPLACE VIEW "hot_{view}" AS SELECT * FROM {hot_src}')
     else:
-        hot_src = _source(con, f"hot_{view}", hot, spec, reads=reads, stores=stores)
+        hot_src = _source(con, f"hot_{view}", hot, spec, exclude=outside(hot), reads=reads, stores=stores)
         con.execute(
             f'CREATE OR REPLACE VIEW "hot_{view}" AS SELECT * FROM {hot_src} AS h '
             f'ANTI JOIN (SELECT DISTINCT session_id FROM "cold_{view}") AS c USING (session_id)'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import duckdb
+import pyarrow as pa
 import pytest
 from pyiceberg.types import StringType
 
@@ -119,3 +120,29 @@ def test_planning_after_a_commit_reads_only_the_new_manifests(
     read.clear()
     assert len(current_files(table).paths) == 6
     assert len(snapshots._MANIFESTS) <= 2 and snapshots._manifest_entries <= 2
+
+
+def test_a_view_over_some_days_opens_only_their_files(settings: Settings) -> None:
+    """``register_tiered(on_days=…)``: the files of other day partitions are not in the view at all."""
+    from datetime import UTC, date, datetime
+
+    from warehouse.sql import register_tiered
+
+    catalog = open_catalog(settings)
+    table = ensure_table(catalog, settings, RAW_EVENTS.name)
+    for day, start in ((1, 0), (2, 10), (None, 20)):  # a file per day partition, and one without a ts
+        rows = raw_rows(10, start)
+        if day is not None:
+            ts = pa.array([datetime(2026, 1, day, 12, tzinfo=UTC)] * 10, rows.schema.field("ts").type)
+            rows = rows.set_column(rows.schema.get_field_index("ts"), "ts", ts)
+        with transaction(table) as tx:
+            tx.append(rows)
+        table = table.refresh()
+    con = open_views(settings)
+    register_tiered(con, settings, catalog, RAW_EVENTS, view="some_events", on_days=lambda d: d != date(2026, 1, 2))
+    ids = {r[0] for r in con.execute("SELECT event_id FROM some_events").fetchall()}
+    assert ids == {f"e{i}" for i in (*range(10), *range(20, 30))}
+    text = _view_sql(con, "hot_some_events")
+    day2 = [p for p in current_files(table).paths if "2026-01-02" in p]
+    assert len(day2) == 1 and local_path(day2[0]) not in text
+    assert con.execute("SELECT count(*) FROM events").fetchone() == (30,)  # the full view is untouched
