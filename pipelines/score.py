@@ -68,7 +68,6 @@ from pyiceberg.expressions import (
     literal,
 )
 from pyiceberg.table import Table
-from pyiceberg.transforms import DayTransform
 
 from common.errors import ConfigError
 from common.settings import Settings
@@ -80,15 +79,17 @@ from quality.facts import FACTS_SCHEMA, facts_digest, session_facts, signatures_
 from quality.scoring import finish_scores
 from warehouse.catalog import open_catalog
 from warehouse.locks import job_lock
-from warehouse.snapshots import live_files
-from warehouse.sql import open_views, register_table
+from warehouse.snapshots import day_partitions, live_files
+from warehouse.sql import open_views, register_table, register_tiered
 from warehouse.tables import (
     BAND_KEYS,
     DUPLICATES,
     FLAGS,
     PROFILES,
+    RAW_EVENTS,
     SCORES,
     SESSION_INDEX,
+    STEPS,
     TRAJECTORIES,
     TableSpec,
     ensure_table,
@@ -294,11 +295,18 @@ def _inputs(con: duckdb.DuckDBPyConnection) -> dict[str, pl.DataFrame]:
     }
 
 
-def _scope(con: duckdb.DuckDBPyConnection, sessions: list[str] | None, days: list[date | None] | None = None) -> None:
+def _scope(
+    con: duckdb.DuckDBPyConnection,
+    sessions: list[str] | None,
+    days: list[date | None] | None = None,
+    lakehouse: tuple[Settings, Catalog] | None = None,
+) -> None:
     """``scoped_*`` views: the views restricted to ``sessions`` (and, for events and steps, to their days).
 
     ``days``, when given, are the days the sessions started on: trajectories are then read only from
-    those days' files (a lookup by session id alone reads every file's ids).
+    those days' files (a lookup by session id alone reads every file's ids). With ``lakehouse``
+    (where the tables are), the scoped views are over only those days' data files: DuckDB opens
+    no file of another day (the footers of every file of history, otherwise).
     """
     if sessions is None:
         for view in ("trajectories", "steps", "events"):
@@ -308,8 +316,13 @@ def _scope(con: duckdb.DuckDBPyConnection, sessions: list[str] | None, days: lis
     con.execute("CREATE OR REPLACE TEMP TABLE todo AS SELECT DISTINCT session_id FROM __todo")
     con.unregister("__todo")
     on_days = "TRUE" if days is None else _on_days(days)
+    source = "trajectories"
+    if lakehouse is not None and days is not None:
+        listed = set(days)
+        register_tiered(con, *lakehouse, TRAJECTORIES, view="within_trajectories", on_days=lambda d: d in listed)
+        source = "within_trajectories"
     con.execute(
-        "CREATE OR REPLACE TEMP TABLE scoped_traj AS SELECT * FROM trajectories "
+        f"CREATE OR REPLACE TEMP TABLE scoped_traj AS SELECT * FROM {source} "
         f"WHERE {on_days} AND session_id IN (SELECT session_id FROM todo)"
     )
     con.execute("CREATE OR REPLACE TEMP VIEW scoped_trajectories AS SELECT * FROM scoped_traj")
@@ -317,19 +330,30 @@ def _scope(con: duckdb.DuckDBPyConnection, sessions: list[str] | None, days: lis
     # (assembly): its steps, and the events scoring reads, lie between them (later events are not
     # assembled yet; they change the trajectory, and the session is scored again). The bounds let
     # DuckDB read only those days' files.
-    span = con.execute(
+    span = con.sql(
         "SELECT CASE WHEN count(*) = count(started_at) THEN min(started_at) END, "
         "CASE WHEN count(*) = count(last_event_at) THEN max(last_event_at) END FROM scoped_traj"
-    ).fetchone()
+    ).fetchall()[0]
     terms = []
     if span is not None and span[0] is not None:
         terms.append(f"ts >= {_instant(span[0])}")
     if span is not None and span[1] is not None:
         terms.append(f"ts <= {_instant(span[1])}")
     bound = f"(ts IS NULL OR ({' AND '.join(terms)}))" if terms else "TRUE"
-    for view in ("steps", "events"):
+    spanned = None
+    if lakehouse is not None and span is not None and span[0] is not None and span[1] is not None:
+        first, last = span[0].astimezone(UTC).date(), span[1].astimezone(UTC).date()
+
+        def spanned(day: date | None) -> bool:
+            return day is None or first <= day <= last
+
+    for view, spec in (("steps", STEPS), ("events", RAW_EVENTS)):
+        source = view
+        if lakehouse is not None and spanned is not None:
+            register_tiered(con, *lakehouse, spec, view=f"within_{view}", on_days=spanned)
+            source = f"within_{view}"
         con.execute(
-            f"CREATE OR REPLACE TEMP VIEW scoped_{view} AS SELECT * FROM {view} "
+            f"CREATE OR REPLACE TEMP VIEW scoped_{view} AS SELECT * FROM {source} "
             f"WHERE {bound} AND session_id IN (SELECT session_id FROM todo)"
         )
 
@@ -648,7 +672,7 @@ def _index_sessions(
     run = run or ScoreStats()
     sessions = chunk["session_id"].to_list()
     with run.phase("level1.read"):
-        _scope(con, sessions, chunk["day"].unique().to_list())
+        _scope(con, sessions, chunk["day"].unique().to_list(), (settings, catalog))
         inputs = _inputs(con)
         assembled = con.sql("SELECT session_id, assembled_at FROM scoped_traj").pl()
     with run.phase("level1.facts"):
@@ -1087,20 +1111,13 @@ def _index_files(table: Table) -> dict[date | None, str]:
     Files are immutable: the digest changes exactly when a commit adds or removes one of the day's
     files (new or re-indexed sessions, a moved session, a compaction).
     """
+    days = day_partitions(table, "started_at")
+    if len(days) != len(live_files(table)):
+        return {}  # files not laid out by day: no digest holds (every day is recomputed)
     paths: dict[date | None, list[str]] = {}
-    specs = table.specs()
-    for entry in live_files(table):
-        data_file = entry.data_file
-        fields = specs[data_file.spec_id].fields
-        if len(fields) != 1 or not isinstance(fields[0].transform, DayTransform):
-            return {}  # not laid out by day: no digest holds (every day is recomputed)
-        value = data_file.partition[0]
-        day = None if value is None else _EPOCH + timedelta(days=int(value))
-        paths.setdefault(day, []).append(entry.path)
+    for path, day in days.items():
+        paths.setdefault(day, []).append(path)
     return {day: hashlib.sha256("\n".join(sorted(p)).encode()).hexdigest()[:32] for day, p in paths.items()}
-
-
-_EPOCH = date(1970, 1, 1)
 
 
 #: How far back a run looks for a family's earlier sessions first, then further (None: all history).
