@@ -127,14 +127,8 @@ def _log_scale_aggs() -> list[pl.Expr]:
     return aggs
 
 
-def baseline_stats(members: pl.DataFrame) -> pl.DataFrame:
-    """Per (task_type, day) of ``members`` (session_id, task_type, day, features): n, median, robust σ."""
-    members = members.with_columns(pl.col("task_type").fill_null("unknown"))
-    return baseline_of(members.group_by(GROUP).agg(pl.len().alias("sessions"), *_log_scale_aggs()))
-
-
 def baseline_of(profiles: pl.DataFrame) -> pl.DataFrame:
-    """The :func:`baseline_stats` columns (task_type, baseline_day, n, m_*, s_*) of :func:`profiles` rows."""
+    """The baseline stats (task_type, baseline_day, n, m_*, s_*: median and robust σ) of :func:`profiles` rows."""
     return profiles.select(
         "task_type",
         pl.col("day").alias("baseline_day"),
@@ -182,7 +176,7 @@ def combine(
         context: what :func:`novelty` needs for these sessions.
         config: weights, thresholds and governance.
         baselines: :func:`baseline_days` of (at least) the groups of ``facts``.
-        stats: :func:`baseline_stats` of (at least) those baselines' members.
+        stats: :func:`baseline_of` the profiles of (at least) those baseline days.
     """
     features = z_scores(facts, baselines, stats)
     anomalies = anomaly_flags(features, config.outlier_z)
