@@ -1,0 +1,226 @@
+"""``trajlake bench ...``: the benchmark commands, each a thin shell over one module of this package.
+
+The application's command line mounts :data:`bench_app`; every command imports its module only when it
+runs, so ``trajlake --help`` pays for none of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from common.settings import load_settings
+
+out = Console(highlight=False, soft_wrap=True)
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: a figure, its same-run baseline, the ratio.")
+
+
+@bench_app.command("ingest")
+def bench_ingest_cmd(
+    events: Annotated[int, typer.Option(help="Records in the Kafka backlog.")] = 200_000,
+    naive: Annotated[bool, typer.Option(help="Also run the naive pyiceberg baseline.")] = True,
+) -> None:
+    """Kafka → Iceberg raw events vs the consume+decode floor and a naive baseline."""
+    from benchmarks.ingest import bench_ingest
+
+    bench_ingest(events=events, naive=naive)
+
+
+@bench_app.command("decode")
+def bench_decode_cmd(events: Annotated[int, typer.Option(help="Records to decode.")] = 50_000) -> None:
+    """Batch decoding vs per-record decode_event on the same bytes."""
+    from benchmarks.ingest import bench_decode
+
+    bench_decode(events=events)
+
+
+@bench_app.command("memory")
+def bench_memory_cmd(events: Annotated[int, typer.Option(help="Records of backlog.")] = 1_000_000) -> None:
+    """Ingest peak RSS with a backlog vs a backlog ten times smaller."""
+    from benchmarks.ingest import bench_memory
+
+    bench_memory(events=events)
+
+
+@bench_app.command("query")
+def bench_query_cmd(events: Annotated[int, typer.Option(help="Events loaded into raw_events.")] = 1_000_000) -> None:
+    """DuckDB aggregates and one session's events vs a full scan."""
+    from benchmarks.lakehouse import bench_query
+
+    bench_query(events=events)
+
+
+@bench_app.command("cold")
+def bench_cold_cmd(
+    events: Annotated[int, typer.Option(help="Cold events at the first measurement.")] = 1_000_000,
+    larger: Annotated[int, typer.Option(help="Cold events at the second.")] = 3_000_000,
+    per_day: Annotated[int, typer.Option(help="Events per day partition.")] = 250_000,
+    baseline: Annotated[bool, typer.Option(help="Also time the old whole-table load.")] = True,
+) -> None:
+    """Cold tier on S3 (a local moto server): session lookup and day aggregate at two sizes; peak RSS."""
+    from benchmarks.cold import bench_cold
+
+    bench_cold(events=events, larger=larger, per_day=per_day, baseline=baseline)
+
+
+@bench_app.command("scaleout")
+def bench_scaleout_cmd(events: Annotated[int, typer.Option(help="Records of backlog.")] = 300_000) -> None:
+    """Two ingest processes in one group vs one: throughput, duplicates and loss."""
+    from benchmarks.ingest import bench_scaleout
+
+    bench_scaleout(events=events)
+
+
+@bench_app.command("replay")
+def bench_replay_cmd(
+    sessions: Annotated[int, typer.Option(help="Synthetic sessions (125,000 at 35/s ≈ one hour of 3M/day).")] = 125_000,
+    seed: Annotated[int, typer.Option(help="Traffic seed.")] = 3,
+    template_reuse: Annotated[float, typer.Option(help="Runs per generated session body (1 = all fresh).")] = 1.0,
+    workers: Annotated[int, typer.Option(min=1, help="Synthetic generator processes.")] = 2,
+) -> None:
+    """One hour of traffic: produce → ingest → assemble → score → export, wall vs traffic span."""
+    from benchmarks.replay import bench_replay
+
+    bench_replay(sessions=sessions, seed=seed, template_reuse=template_reuse, workers=workers)
+
+
+@bench_app.command("export")
+def bench_export_cmd(
+    sessions: Annotated[int, typer.Option(help="Trajectories in the lakehouse (baseline: ten times fewer).")] = 200_000,
+    steps: Annotated[int, typer.Option(help="Steps per trajectory.")] = 8,
+    format: Annotated[
+        str, typer.Option("--format", "-f", help="Training-set format: hf, openai, sharegpt, rl, atif.")
+    ] = ("rl"),
+    parquet: Annotated[bool, typer.Option(help="Parquet (--format rl).")] = False,
+) -> None:
+    """Export peak RSS over a large lakehouse vs one ten times smaller (bounded memory: ratio near 1)."""
+    from benchmarks.export import bench_export
+
+    bench_export(sessions=sessions, steps=steps, fmt=format, parquet=parquet)
+
+
+@bench_app.command("freshness")
+def bench_freshness_cmd(
+    rate: Annotated[float, typer.Option(help="Events per second sent.")] = 2_000.0,
+    seconds: Annotated[float, typer.Option(help="Seconds of traffic.")] = 60.0,
+) -> None:
+    """``ingest --follow``: send → visible in raw_events (p50/p95) vs send → Kafka consumer."""
+    from benchmarks.ingest import bench_freshness
+
+    bench_freshness(rate=rate, seconds=seconds)
+
+
+@bench_app.command("assemble")
+def bench_assemble_cmd(events: Annotated[int, typer.Option(help="Raw events to assemble.")] = 10_000_000) -> None:
+    """Assembly peak RSS over a large raw-events table vs one ten times smaller."""
+    from benchmarks.lakehouse import bench_assemble
+
+    bench_assemble(events=events)
+
+
+@bench_app.command("quality")
+def bench_quality_cmd(
+    sessions: Annotated[int, typer.Option(help="Synthetic trajectories to score and deduplicate.")] = 1_000_000,
+) -> None:
+    """Scoring + deduplication vs datasketch's per-document MinHash LSH on a sample."""
+    from benchmarks.quality import run_quality_benchmark
+
+    out.print(run_quality_benchmark(sessions).summary(), markup=False)
+
+
+@bench_app.command("incremental")
+def bench_incremental_cmd(
+    history: Annotated[str, typer.Option(help="History sizes in sessions, comma-separated.")] = "1000000,5000000",
+    day: Annotated[int, typer.Option(min=1, help="Sessions of the new day scored on top of each history.")] = 100_000,
+    force: Annotated[bool, typer.Option(help="Also time a full rescore (score --force) of the largest.")] = True,
+    quick: Annotated[bool, typer.Option(help="Small sizes (history 10000,50000, day 2500): < 2 min.")] = False,
+) -> None:
+    """Scoring one new day on top of histories of different sizes (wall, peak RSS), and a full rescore."""
+    from benchmarks.incremental import bench_incremental, parse_sizes
+
+    sizes, day = ([10_000, 50_000], 2_500) if quick else (parse_sizes(history), day)
+    bench_incremental(history=sizes, day=day, force=force)
+
+
+@bench_app.command("judgement")
+def bench_judgement_cmd(
+    per_kind: Annotated[int, typer.Option(help="Local sessions of each cheating policy.")] = 3,
+    honest: Annotated[int, typer.Option(help="Scripted honest sessions (plus one hang).")] = 12,
+    seed: Annotated[int, typer.Option(help="Fleet seed (default: one never used in development).")] = 5_550_123,
+    real: Annotated[Path | None, typer.Option(help="Directory of real agent runs to import and judge.")] = None,
+) -> None:
+    """Cheat recall per kind at an unseen seed, false positives on honest sessions, flags on real runs."""
+    from benchmarks.judgement import DEFAULT_REAL, run_judgement
+
+    report = run_judgement(per_kind=per_kind, honest=honest, seed=seed, real_dir=real or DEFAULT_REAL)
+    out.print(report.summary(), markup=False)
+
+
+@bench_app.command("redaction")
+def bench_redaction_cmd(
+    seed: Annotated[int, typer.Option(help="Seed of the fake secrets.")] = 0,
+    real: Annotated[Path | None, typer.Option(help="Recorded real runs, the must-not-change side.")] = None,
+    detect_secrets: Annotated[bool, typer.Option(help="Also measure the detect-secrets library (slow).")] = True,
+) -> None:
+    """Redaction recall per secret kind, false positives on real runs, us per event vs encoding it."""
+    from benchmarks.redaction import REAL_RUNS_DIR, run_redaction_benchmark
+
+    report = run_redaction_benchmark(seed, real or REAL_RUNS_DIR, detect_secrets=detect_secrets)
+    out.print(report.summary(), markup=False)
+
+
+@bench_app.command("agents")
+def bench_agents_cmd(
+    sessions: Annotated[int, typer.Option(min=1, help="Local sessions per agent (LLM vs scripted).")] = 8,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """LLM agent: host overhead per model call, sessions/min at concurrency 4, bytes per model-call event."""
+    from benchmarks.agents import run_agent_benchmarks
+
+    run_agent_benchmarks(load_settings(), sessions=sessions, seed=seed)
+
+
+@bench_app.command("fleet")
+def bench_fleet_cmd(
+    local_sessions: Annotated[int, typer.Option(help="Local sandbox sessions at concurrency 4.")] = 16,
+    synthetic_events: Annotated[int, typer.Option(help="Synthetic events to generate and encode.")] = 300_000,
+    hour_sessions: Annotated[
+        int, typer.Option(help="Sessions of the multi-process run (125k = one hour at 3M/day); 0 skips it.")
+    ] = 125_000,
+) -> None:
+    """Sandbox start latency, local sessions/min, synthetic generation vs the per-event baseline."""
+    from benchmarks.fleet import run_benchmarks
+
+    run_benchmarks(load_settings(), local_sessions, synthetic_events, hour_sessions=hour_sessions)
+
+
+@bench_app.command("automation")
+def bench_automation_cmd(
+    seconds: Annotated[float, typer.Option(min=1, help="Wall seconds of traffic per side.")] = 120.0,
+    rate: Annotated[float, typer.Option(min=0.01, help="Sessions per wall second (35 = 3M/day).")] = 35.0,
+    time_compression: Annotated[
+        float, typer.Option(min=1, help="Simulated seconds per wall second (closes 20 s-20 min sessions in the run).")
+    ] = 10.0,
+) -> None:
+    """Closed session → trajectories / scores p95 with Dagster automation vs an assemble && score loop."""
+    from benchmarks.automation import bench_automation
+
+    bench_automation(seconds=seconds, rate=rate, time_compression=time_compression)
+
+
+@bench_app.command("fuzz")
+def bench_fuzz_cmd(
+    examples: Annotated[int, typer.Option(min=1, help="Hypothesis examples per fuzz test.")] = 5_000,
+    select: Annotated[str | None, typer.Option("-k", help="pytest -k expression choosing fuzzers.")] = None,
+    workers: Annotated[int, typer.Option(min=0, help="pytest-xdist workers (0: one process).")] = 0,
+) -> None:
+    """Every boundary's fuzzer under a long, random Hypothesis budget (CI runs a short, fixed one)."""
+    from benchmarks.fuzz import run_fuzzers
+
+    code = run_fuzzers(examples, select=select, workers=workers)
+    if code:
+        raise typer.Exit(code)
