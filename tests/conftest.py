@@ -11,26 +11,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 from common.settings import Settings, load_settings
 
 # Fuzzers (tests marked ``fuzz``) leave max_examples to the profile: ``ci`` is bounded and
 # derandomized, so a red build reproduces; ``trajlake bench fuzz`` selects ``fuzz``, random and long.
-settings.register_profile(
+hypothesis_settings.register_profile(
     "ci",
     max_examples=int(os.environ.get("TRAJLAKE_FUZZ_EXAMPLES", "60")),
     derandomize=True,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-settings.register_profile(
+hypothesis_settings.register_profile(
     "fuzz",
     max_examples=int(os.environ.get("TRAJLAKE_FUZZ_EXAMPLES", "5000")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-settings.load_profile("ci")
+hypothesis_settings.load_profile("ci")
 
 
 # tests/kafka is a script directory (no __init__.py): import its module as top-level ``kafka_server``.
