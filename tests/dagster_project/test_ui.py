@@ -2,7 +2,7 @@
 
 ``trajlake ui`` serves the definitions; the test opens the asset graph, launches a
 materialization by clicking, waits for it, and reads a check result and its metadata plot.
-Set ``TRAJLAKE_UI_SCREENSHOTS=DIR`` to keep the screenshots (the README's come from here).
+Set ``TRAJLAKE_UI_SCREENSHOTS=DIR`` to keep the screenshots (docs/operations.md shows the ones made here).
 """
 
 from __future__ import annotations
@@ -143,5 +143,5 @@ def test_a_person_materializes_an_asset_and_reads_its_check(ui: str, tmp_path: P
         assert page.get_by_text("sessions_with_gaps").count()
         page.screenshot(path=str(shots / "asset-checks.png"), full_page=True)
         browser.close()
-    # The figure the README quotes (clicks through one materialization); not asserted: the machine is shared.
+    # The figure docs/performance.md quotes (clicks through one materialization); not asserted: the machine is shared.
     print(f"ui walk-through took {time.monotonic() - started:.1f} s")
