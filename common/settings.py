@@ -35,11 +35,11 @@ class Settings(BaseSettings):
         description="TRAJLAKE_KAFKA_EXTRA: JSON object of librdkafka settings (security, SASL, ...).",
     )
     topic: str = Field("trajlake.events", description="TRAJLAKE_TOPIC: the event topic.")
-    topic_partitions: int = Field(8, ge=1, description="TRAJLAKE_TOPIC_PARTITIONS")
-    consumer_group: str = Field("trajlake-ingest", description="TRAJLAKE_CONSUMER_GROUP")
+    topic_partitions: int = Field(8, ge=1, description="partitions of the event topic when trajlake creates it.")
+    consumer_group: str = Field("trajlake-ingest", description="Kafka consumer group of the ingest workers.")
 
     # Iceberg
-    catalog_name: str = Field("trajlake", description="TRAJLAKE_CATALOG_NAME")
+    catalog_name: str = Field("trajlake", description="name of the Iceberg catalog (pyiceberg load_catalog).")
     catalog_uri: str | None = Field(
         None, description="TRAJLAKE_CATALOG_URI: SQLAlchemy URI; unset means SQLite under home."
     )
@@ -48,10 +48,14 @@ class Settings(BaseSettings):
         description="TRAJLAKE_CATALOG_PROPERTIES: JSON object passed to pyiceberg load_catalog "
         '(e.g. {"type": "rest", "uri": ...}).',
     )
-    namespace: str = Field("trajlake", description="TRAJLAKE_NAMESPACE: Iceberg namespace.")
+    namespace: str = Field(
+        "trajlake", description="TRAJLAKE_NAMESPACE: Iceberg namespace of the tables (cold tables: <namespace>_cold)."
+    )
     hot_warehouse: str | None = Field(None, description="TRAJLAKE_HOT_WAREHOUSE: URI; default home/hot.")
     cold_warehouse: str | None = Field(None, description="TRAJLAKE_COLD_WAREHOUSE: URI; default home/cold.")
-    hot_retention_days: float = Field(7.0, gt=0, description="TRAJLAKE_HOT_RETENTION_DAYS")
+    hot_retention_days: float = Field(
+        7.0, gt=0, description="days data stays in the hot tier before `trajlake tier` moves it to cold storage."
+    )
     cold_target_file_bytes: int = Field(
         128 << 20, ge=1 << 10, description="TRAJLAKE_COLD_TARGET_FILE_BYTES: Parquet file size in the cold tier."
     )
@@ -87,11 +91,11 @@ class Settings(BaseSettings):
     )
 
     # Ingest
-    ingest_max_rows: int = Field(50_000, ge=1, description="TRAJLAKE_INGEST_MAX_ROWS per batch")
+    ingest_max_rows: int = Field(50_000, ge=1, description="rows of one ingest batch at most.")
     ingest_max_bytes: int = Field(
-        16 << 20, ge=1024, description="TRAJLAKE_INGEST_MAX_BYTES per batch (bounds ingest memory: ~1 GB peak)"
+        16 << 20, ge=1024, description="bytes of one ingest batch at most (bounds ingest memory: ~1 GB peak)."
     )
-    ingest_max_seconds: float = Field(5.0, gt=0, description="TRAJLAKE_INGEST_MAX_SECONDS per batch")
+    ingest_max_seconds: float = Field(5.0, gt=0, description="seconds an ingest batch collects records at most.")
     max_event_bytes: int = Field(
         1 << 20, ge=1024, description="TRAJLAKE_MAX_EVENT_BYTES: larger records are dead-lettered."
     )
@@ -153,7 +157,9 @@ class Settings(BaseSettings):
     quality_weights: tuple[float, float, float] = Field(
         (0.5, 0.3, 0.2), description="TRAJLAKE_QUALITY_WEIGHTS: JSON [completion, validity, novelty], sum 1."
     )
-    quality_min: float = Field(0.5, ge=0, le=1, description="TRAJLAKE_QUALITY_MIN: export threshold.")
+    quality_min: float = Field(
+        0.5, ge=0, le=1, description="TRAJLAKE_QUALITY_MIN: quality a session needs to be exportable."
+    )
     quality_behavioural_weight: float = Field(
         0.5, ge=0, le=1, description="TRAJLAKE_QUALITY_BEHAVIOURAL_WEIGHT: quality factor for behavioural flags."
     )
@@ -163,8 +169,13 @@ class Settings(BaseSettings):
         description="TRAJLAKE_QUALITY_GOVERNANCE: JSON per-flag overrides of the governance table "
         '(quality/config.py), e.g. {"edited_tests": {"weight": 0.3}}; changing it rescores.',
     )
-    dedup_threshold: float = Field(0.8, gt=0, le=1, description="TRAJLAKE_DEDUP_THRESHOLD: near-dup Jaccard.")
-    dedup_bands: int = Field(14, ge=1, description="TRAJLAKE_DEDUP_BANDS: LSH bands.")
+    dedup_threshold: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="TRAJLAKE_DEDUP_THRESHOLD: estimated Jaccard at which two sessions are near-duplicates.",
+    )
+    dedup_bands: int = Field(14, ge=1, description="TRAJLAKE_DEDUP_BANDS: LSH bands of a MinHash signature.")
     dedup_rows: int = Field(8, ge=1, description="TRAJLAKE_DEDUP_ROWS: LSH rows per band.")
     score_watermark_lag_s: float = Field(
         120.0,
@@ -263,6 +274,51 @@ class Settings(BaseSettings):
     def broker_dir(self) -> Path:
         """State directory of the embedded broker (pid file, log, address)."""
         return self.home_dir / "broker"
+
+
+def _binary_size(value: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value % size == 0:
+            return f"{value // size} {unit}"
+    return f"{value:_}".replace("_", " ")
+
+
+def settings_reference() -> list[tuple[str, str, str]]:
+    """(variable, default, meaning) of every setting, in declaration order: the configuration reference.
+
+    The meaning is the field's description without its leading ``TRAJLAKE_X:`` label; a default that
+    depends on ``TRAJLAKE_HOME`` (``None`` here) reads "derived", and the meaning says from what.
+    """
+    rows = []
+    for name, field in Settings.model_fields.items():
+        variable = f"TRAJLAKE_{name.upper()}"
+        meaning = (field.description or "").strip()
+        if meaning.startswith(variable):
+            meaning = meaning[len(variable) :].lstrip(" :")
+        default = field.get_default(call_default_factory=True)
+        if default is None:
+            shown = "derived"
+        elif isinstance(default, int) and name.endswith("_bytes") and default >= 1 << 10:
+            shown = _binary_size(default)
+        elif isinstance(default, tuple):
+            shown = json.dumps(list(default))
+        elif isinstance(default, dict):
+            shown = json.dumps(default)
+        elif isinstance(default, Path):
+            shown = str(default)
+        else:
+            shown = default if isinstance(default, str) else f"{default:_}".replace("_", " ")
+        rows.append((variable, shown, meaning))
+    return rows
+
+
+def settings_markdown() -> str:
+    """The configuration reference as a Markdown table (``docs/configuration.md`` holds it verbatim)."""
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for variable, default, meaning in settings_reference():
+        cells = [f"`{variable}`", "*derived*" if default == "derived" else f"`{default}`", meaning]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def load_settings(**overrides: Any) -> Settings:

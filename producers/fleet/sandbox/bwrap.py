@@ -5,6 +5,7 @@ See the package docstring for the layout and the limits.
 
 from __future__ import annotations
 
+import ast
 import os
 import resource
 import shlex
@@ -25,20 +26,22 @@ from producers.fleet.sandbox.files import layer_entries, sha256_regular
 from producers.fleet.sandbox.host import UIDS, StageMounts, drops_privileges, launch_preexec
 
 BWRAP_PACKAGE = "bubblewrap"
-EXEC_FIELDS = (
-    "nonce",
-    "exit_code",
-    "duration_ms",
-    "output_bytes",
-    "truncated",
-    "cpu_s",
-    "maxrss_kb",
-    "oublock",
-    "procs",
-    "sha256",
-    "reason_len",
-    "output_len",
-)
+
+
+def _literal_of(script: Path, name: str) -> tuple[str, ...]:
+    """The literal tuple assigned to ``name`` at the top level of ``script`` (read, never executed)."""
+    for node in ast.parse(script.read_text(), str(script)).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            value = ast.literal_eval(node.value)
+            if isinstance(value, tuple) and all(isinstance(item, str) for item in value):
+                return value
+    raise SandboxError(f"{script}: no tuple of names assigned to {name}")
+
+
+#: Fields of the executor's reply header, in order. The executor (``image/tl_exec.py``) runs inside the
+#: sandbox under its own interpreter and cannot import this package, so its ``FIELDS`` is the one
+#: definition and the host reads it from the script's source.
+EXEC_FIELDS: tuple[str, ...] = _literal_of(Path(__file__).resolve().parents[1] / "image" / "tl_exec.py", "FIELDS")
 SANDBOX_UID = 1000
 
 
