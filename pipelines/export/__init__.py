@@ -28,7 +28,6 @@ out, counted in the manifest and recorded in the ``quarantine`` table; the other
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import json
@@ -227,7 +226,6 @@ def export_training_set(
         if "/" in name or "\0" in name or name in ("", ".", "..") or name == "manifest.json":
             raise ExportError(f"refusing to write {name!r}: not a plain file name inside {root}")
         data_path, manifest_path = root / name, root / "manifest.json"
-        fcntl.flock(dir_fd, fcntl.LOCK_EX)  # a second export into this directory waits for this one
         if not force and os.listdir(dir_fd):
             raise ExportError(f"{root} is not empty; choose an empty directory or pass --force to replace the export")
         stats = ExportStats(export_id=uuid.uuid4().hex, format=fmt, out_dir=str(root))

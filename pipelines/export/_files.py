@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -44,26 +47,56 @@ def safe_path(root: Path, name: str) -> Path:
     return candidate
 
 
+#: A temporary file of :class:`_ExclusiveFile`; one left behind by a killed export is removed by the next.
+_TEMPORARY = re.compile(r"\..+\.[0-9a-f]{32}\.tmp")
+
+
+def _local_warehouses(settings: Settings) -> list[Path]:
+    """The lakehouse's own local directories: an export never writes into them."""
+    places = [settings.home_dir]
+    for location in (settings.hot_location, settings.cold_location):
+        if location.startswith("file://"):
+            places.append(Path(location.removeprefix("file://")))
+    return [place.resolve() for place in places]
+
+
 def _refused_directory(path: Path, settings: Settings) -> str | None:
-    """Why ``path`` (resolved) must not receive an export, or None."""
+    """Why ``path`` (resolved) must not receive an export, or None.
+
+    Refused: system directories and trees; the home directory itself; a new directory directly under
+    ``/`` (what a path through a symlink to ``/`` would create); anything inside the lakehouse's own
+    directories except ``TRAJLAKE_HOME/exports`` (where the scheduled exports go).
+    """
     text = str(path)
     if text in _SYSTEM_DIRS or any(text == tree or text.startswith(tree + "/") for tree in _SYSTEM_TREES):
         return "a system directory"
     if path == Path.home().resolve():
         return "your home directory itself; choose a directory inside it"
-    if path == settings.home_dir.resolve():
-        return "TRAJLAKE_HOME itself; choose a directory inside it"
+    if path.parent == Path("/") and not path.exists():
+        return "it would create a new top-level directory"
+    exports = settings.home_dir.resolve() / "exports"
+    inside_exports = path.is_relative_to(exports) and path != exports
+    for place in _local_warehouses(settings):
+        if path.is_relative_to(place) and not inside_exports:
+            return f"inside the lakehouse's own directory {place}; choose a directory outside it (or under {exports})"
     return None
 
 
 def _open_out_dir(out_dir: Path | str, settings: Settings) -> tuple[Path, int]:
-    """Create (if needed) and open the export directory; returns its resolved path and a descriptor.
+    """Create (if needed), open and lock the export directory; returns its resolved path and a descriptor.
+
+    The descriptor holds an exclusive ``flock`` until it is closed, so two exports into one directory
+    take turns; temporary files a killed export left behind are removed under that lock.
 
     Raises:
-        ExportError: a system directory, an existing file, or a directory that cannot be created.
+        ExportError: a refused directory, an existing file, a symlink loop, or a directory that cannot
+            be created or opened.
     """
     root = Path(out_dir).expanduser()
-    resolved = root.resolve()
+    try:
+        resolved = root.resolve(strict=False)
+    except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before Python 3.13), a bad name
+        raise ExportError(f"--out {root}: cannot resolve the path ({exc})") from None
     why = _refused_directory(resolved, settings)
     if why:
         raise ExportError(f"refusing to export into {resolved}: {why}")
@@ -72,9 +105,23 @@ def _open_out_dir(out_dir: Path | str, settings: Settings) -> tuple[Path, int]:
     try:
         resolved.mkdir(mode=0o700, parents=True, exist_ok=True)  # an export is owner-only
         # O_NOFOLLOW: the checked directory itself, not a symlink swapped in since the check
-        return resolved, os.open(resolved, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        dir_fd = os.open(resolved, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise ExportError(f"--out {root}: cannot create or open the directory ({exc.strerror or exc})") from exc
+        reason = "a symlink loop" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
+        raise ExportError(f"--out {root}: cannot create or open the directory ({reason})") from exc
+    fcntl.flock(dir_fd, fcntl.LOCK_EX)  # a second export into this directory waits for this one
+    _remove_stale_temporaries(dir_fd)
+    return resolved, dir_fd
+
+
+def _remove_stale_temporaries(dir_fd: int) -> None:
+    """Remove temporary files of exports killed mid-write (under the directory's lock: none is live)."""
+    for name in os.listdir(dir_fd):
+        if _TEMPORARY.fullmatch(name):
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
 
 
 class _ExclusiveFile:
