@@ -54,7 +54,7 @@ def load_cold_events(settings: Settings, events: int, start: int = 0, per_day: i
     Days continue after the ``start`` events already loaded; each day's rows are sorted by
     session as tiering writes them. Returns five session ids per loaded day (lookup targets).
     """
-    from warehouse.tiering import ensure_cold_table
+    from warehouse.cold import ensure_cold_table
 
     cold = ensure_cold_table(open_catalog(settings), settings, RAW_EVENTS.name)
     schema = RAW_EVENTS.arrow_schema()
@@ -152,7 +152,7 @@ def full_load_child() -> None:
     """In a fresh process: the old path, the whole cold table read into Arrow; prints seconds and peak RSS."""
     import time
 
-    from warehouse.tiering import ensure_cold_table
+    from warehouse.cold import ensure_cold_table
 
     settings = load_settings()
     began = time.perf_counter()

@@ -8,7 +8,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ -x "$root/.venv/bin/python" ]]; then py="$root/.venv/bin/python"; else py="python3"; fi
-module="$root/tests/kafka/kafka_server.py"
+module="$root/tests/kafka/kafka_cli.py"
 usage() { echo "usage: $0 build | start DIR | stop DIR | run DIR | status DIR" >&2; exit 2; }
 cmd="${1:-}"
 case "$cmd" in

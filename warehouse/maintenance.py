@@ -50,6 +50,7 @@ from pyiceberg.table import Table
 
 from common.settings import Settings
 from warehouse.catalog import open_catalog
+from warehouse.cold import FILTERS_SINCE, TIERED_TABLES, ensure_cold_table, tiered_files
 from warehouse.errors import WarehouseError
 from warehouse.snapshots import (
     REWRITE_MARKER,
@@ -61,7 +62,7 @@ from warehouse.snapshots import (
     snapshots_since,
 )
 from warehouse.tables import RAW_EVENTS, TABLES, TRAJECTORIES, ensure_table
-from warehouse.tiering import FILTERS_SINCE, TIERED_TABLES, ensure_cold_table, lifecycle_lock, tiered_files
+from warehouse.tiering import lifecycle_lock
 from warehouse.transactions import retry_on_conflict, transaction
 
 log = logging.getLogger("trajlake.maintenance")

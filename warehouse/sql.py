@@ -31,15 +31,11 @@ from pyiceberg.table import Table
 
 from common.settings import Settings
 from warehouse.catalog import open_catalog
+from warehouse.cold import TIERED_TABLES, ensure_cold_table, tiered_files
 from warehouse.errors import QueryError
+from warehouse.files import local_path, object_store, object_stores, parquet_source
 from warehouse.health import register_health_views
-from warehouse.object_store import (
-    ObjectStoreFS,
-    ObjectStores,
-    footer_cache,
-    is_object_store_path,
-    register_object_store,
-)
+from warehouse.object_store import ObjectStores, is_object_store_path
 from warehouse.snapshots import current_files, day_partitions, live_files
 from warehouse.tables import TABLES, TableSpec, ensure_table
 
@@ -62,60 +58,6 @@ def connect(threads: int | None = None) -> duckdb.DuckDBPyConnection:
     if threads:
         con.execute(f"SET threads = {int(threads)}")
     return con
-
-
-def local_path(uri: str) -> str:
-    """DuckDB-readable path for a file URI (``file:///x`` → ``/x``); other schemes unchanged."""
-    return uri[len("file://") :] if uri.startswith("file://") else uri
-
-
-def parquet_source(paths: Iterable[str], same_schema: bool = False, row_ids: bool = False) -> str:
-    """SQL table expression reading ``paths`` (which must be non-empty).
-
-    Files are matched by column name (``union_by_name``) unless ``same_schema`` says they
-    were all written under one schema: then DuckDB binds the first file's schema and
-    skips the per-file name matching, which was about half of a point lookup over 19 files.
-    ``row_ids`` adds the columns ``filename`` and ``file_row_number``, which name one
-    physical row even when two rows are identical.
-    """
-    listed = ", ".join("'" + local_path(p).replace("'", "''") + "'" for p in paths)
-    # Iceberg keeps partition values in its metadata, not in paths: the ``ts_day=…`` directories
-    # must not become an extra column.
-    options = "hive_partitioning = false" + ("" if same_schema else ", union_by_name = true")
-    if row_ids:
-        options += ", filename = true, file_row_number = true"
-    return f"read_parquet([{listed}], {options})"
-
-
-def object_stores(settings: Settings) -> ObjectStores:
-    """A connection's object stores with the configured footer cache (``TRAJLAKE_FOOTER_CACHE_*``)."""
-    return ObjectStores(footer_cache(settings.footer_cache_path, settings.footer_cache_bytes))
-
-
-def _object_store(con: duckdb.DuckDBPyConnection, table: Table, stores: ObjectStores | None) -> ObjectStoreFS:
-    """The connection's ``s3`` filesystem (kept in ``stores``), configured like ``table``'s FileIO."""
-    if stores is not None and stores.s3 is not None:
-        return stores.s3
-    if "s3" in con.list_filesystems():  # a caller without ``stores`` registered one before
-        con.unregister_filesystem("s3")
-    store = register_object_store(con, table.io.properties, stores.cache if stores is not None else None)
-    # DuckDB's in-memory cache of remote files fetches whole files of up to 2 MiB through a Python
-    # filesystem: a session lookup read 30 MB of a 10M-event cold tier with it, 1.6 MB without.
-    con.execute("SET enable_external_file_cache = false")
-    if stores is not None:
-        stores.s3 = store
-    return store
-
-
-def readable_files(con: duckdb.DuckDBPyConnection, table: Table, stores: ObjectStores | None = None) -> list[str]:
-    """The current data files of ``table``, readable on ``con`` with :func:`parquet_source` where they lie.
-
-    ``s3://`` files are served by the connection's object-store filesystem (registered on first use).
-    """
-    files = current_files(table)
-    if files.paths and all(is_object_store_path(p) for p in files.paths):
-        _object_store(con, table, stores).add_files({e.path: e.data_file.file_size_in_bytes for e in live_files(table)})
-    return files.paths
 
 
 def _source(
@@ -144,7 +86,7 @@ def _source(
     remote = all(is_object_store_path(p) for p in paths)
     if remote and not files.has_deletes:
         wanted = set(paths)
-        _object_store(con, table, stores).add_files(
+        object_store(con, table, stores).add_files(
             {e.path: e.data_file.file_size_in_bytes for e in live_files(table) if e.path in wanted}
         )
     elif files.has_deletes or not all(p.startswith(("file://", "/")) for p in paths):
@@ -209,8 +151,6 @@ def register_tiered(
     where a filter on the partition column still reads every file's footer to skip it. A
     session's copies in the two tiers are of the same day, so the union still counts it once.
     """
-    from warehouse.tiering import ensure_cold_table, tiered_files
-
     hot = ensure_table(catalog, settings, spec.name)
     cold = ensure_cold_table(catalog, settings, spec.name)
     view = view or spec.view
@@ -251,8 +191,6 @@ def open_views(settings: Settings, catalog: Catalog | None = None, locked: bool 
     Returns:
         The connection; the caller closes it.
     """
-    from warehouse.tiering import TIERED_TABLES
-
     catalog = catalog or open_catalog(settings)
     con = connect()
     reads: set[str] = set()

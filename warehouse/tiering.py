@@ -1,8 +1,7 @@
 """Hot → cold tiering: move data older than the hot retention to compacted cold tables.
 
-Cold tables live in the same catalog under the namespace ``<namespace>_cold``,
-whose ``location`` is ``<cold_location>/<namespace>_cold`` (``file://`` or
-``s3://``), with the same schemas, partitioning and sort order as the hot tables.
+Cold tables (:mod:`warehouse.cold`: where they live, which tables have one) have the
+same schemas, partitioning and sort order as the hot tables.
 
 Every move is two idempotent phases, each one atomic Iceberg commit:
 
@@ -60,19 +59,16 @@ from pyiceberg.table import Table
 from common.errors import TransientError
 from common.settings import Settings
 from warehouse.catalog import open_catalog
+from warehouse.cold import TIERED_FILES, ensure_cold_table, tiered_files
 from warehouse.errors import LockBusy, WarehouseError
+from warehouse.files import object_stores, parquet_source, readable_files
 from warehouse.locks import job_lock
-from warehouse.parquet_writer import BLOOM_ENABLED, ROW_GROUP_LIMIT
 from warehouse.snapshots import LiveFile, arrow_row_bytes, live_files, read_data_files, size_bundles
 from warehouse.tables import RAW_EVENTS, STEPS, TABLES, TRAJECTORIES, ensure_table
 from warehouse.transactions import retry_on_conflict, transaction
 
 log = logging.getLogger("trajlake.tiering")
 
-#: Property of the cold ``raw_events`` table: JSON list of hot file paths already copied to cold.
-TIERED_FILES = "trajlake.tiered-hot-files"
-#: Tables that have a cold tier.
-TIERED_TABLES = (RAW_EVENTS.name, TRAJECTORIES.name, STEPS.name)
 _DAY_US = 86_400_000_000
 
 
@@ -98,54 +94,6 @@ class TierStats:
     def as_dict(self) -> dict[str, object]:
         """Plain dict for printing and asset metadata."""
         return dict(self.__dict__)
-
-
-#: Cold-table property: data files with a lower data sequence number were written before the
-#: table's Bloom filters were turned on (``trajlake maintain`` rewrites them).
-FILTERS_SINCE = "trajlake.bloom-filters-since-sequence"
-
-
-def cold_namespace(settings: Settings) -> str:
-    """Namespace of the cold tables."""
-    return f"{settings.namespace}_cold"
-
-
-def cold_settings(settings: Settings) -> Settings:
-    """Settings whose namespace is the cold one (for :func:`warehouse.tables.ensure_table`)."""
-    return settings.model_copy(update={"namespace": cold_namespace(settings)})
-
-
-def ensure_cold_table(catalog: Catalog, settings: Settings, name: str) -> Table:
-    """Load (creating if needed) the cold table of ``name`` under the cold location."""
-    namespace = cold_namespace(settings)
-    location = f"{settings.cold_location.rstrip('/')}/{namespace}"
-    # The namespace location decides where new tables go, in SQL and REST catalogs alike.
-    catalog.create_namespace_if_not_exists(namespace, {"location": location})
-    table = ensure_table(catalog, cold_settings(settings), name)
-    wanted = {
-        "write.target-file-size-bytes": str(settings.cold_target_file_bytes),
-        ROW_GROUP_LIMIT: str(settings.cold_row_group_rows),
-    }
-    keys = TABLES[name].sort_by
-    if keys and keys[0] == "session_id":
-        # A session lookup prunes the row groups of every other day by the filter (parquet_writer).
-        bloom = f"{BLOOM_ENABLED}.session_id"
-        wanted[bloom] = "true"
-        snapshot = table.current_snapshot()
-        if table.properties.get(bloom) != "true" and snapshot is not None:
-            # The files already there were written without it: maintenance rewrites them.
-            wanted[FILTERS_SINCE] = str((snapshot.sequence_number or 0) + 1)
-    if any(table.properties.get(k) != v for k, v in wanted.items()):
-        with transaction(table) as tx:
-            tx.set_properties(wanted)
-        table = catalog.load_table(table.name())
-    return table
-
-
-def tiered_files(cold_raw: Table) -> set[str]:
-    """Hot ``raw_events`` files whose rows are in the cold table (copied, maybe not yet deleted)."""
-    text = cold_raw.properties.get(TIERED_FILES)
-    return set(json.loads(text)) if text else set()
 
 
 @contextmanager
@@ -264,8 +212,6 @@ def late_event_files(con: duckdb.DuckDBPyConnection, catalog: Catalog, settings:
     Returns:
         The cold data files, or ``[]`` when no affected session is in the cold tier.
     """
-    from warehouse.sql import object_stores, parquet_source, readable_files
-
     stores = object_stores(settings)
     tiered = readable_files(con, ensure_cold_table(catalog, settings, TRAJECTORIES.name), stores)
     if not tiered:

@@ -21,12 +21,9 @@ Typical use::
         time.sleep(10)
         kafka.start()  # same ports, same data
 
-Command line::
-
-    python tests/kafka/kafka_server.py build
-    python tests/kafka/kafka_server.py run --dir DIR     # blocks until Ctrl-C
-    python tests/kafka/kafka_server.py start --dir DIR   # detached, pid file
-    python tests/kafka/kafka_server.py stop --dir DIR
+Command line: ``kafka_cli.py`` beside this file (``scripts/kafka.sh``). The classpath is
+built by ``kafka_classpath``, the process and readiness helpers are in ``kafka_process``;
+this module re-exports what the test fixtures use.
 
 Environment:
     TRAJLAKE_KAFKA_CACHE: directory holding the cached classpath (default
@@ -44,25 +41,29 @@ written into the cache directory by the first broker that is stopped cleanly
 
 from __future__ import annotations
 
-import argparse
-import base64
 import contextlib
-import fcntl
 import hashlib
 import os
-import shutil
 import signal
-import socket
-import struct
 import subprocess
-import sys
 import time
-import uuid
-import xml.etree.ElementTree as ET
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Final
+
+from kafka_classpath import KafkaServerError, cache_dir, cds_archive, ensure_classpath, kafka_version, which_or_env
+from kafka_process import (
+    free_ports,
+    pid_alive,
+    pid_cmdline,
+    port_accepts,
+    port_in_use,
+    probe_metadata,
+    random_cluster_id,
+    read_properties,
+    tail,
+)
 
 __all__ = [
     "KafkaServer",
@@ -70,11 +71,8 @@ __all__ = [
     "cache_dir",
     "ensure_classpath",
     "kafka_version",
-    "main",
 ]
 
-POM_PATH: Final[Path] = Path(__file__).resolve().with_name("pom.xml")
-"""The Maven project that lists the broker's runtime classpath."""
 
 DEFAULT_START_TIMEOUT: Final[float] = 90.0
 """Seconds ``start()`` waits for the broker to answer a metadata request."""
@@ -87,291 +85,26 @@ DEFAULT_HEAP: Final[str] = "512m"
 
 NODE_ID: Final[int] = 1
 
-_POM_NS: Final[dict[str, str]] = {"m": "http://maven.apache.org/POM/4.0.0"}
-_STAMP_NAME: Final[str] = "classpath.sha256"
+
 _PROPERTIES_NAME: Final[str] = "server.properties"
+
+
 _LOG4J_NAME: Final[str] = "log4j2.properties"
+
+
 _PID_NAME: Final[str] = "kafka.pid"
+
+
 _OUT_NAME: Final[str] = "kafka.out"
+
+
 _LOG_DIR_NAME: Final[str] = "kraft-logs"
+
+
 _APP_LOG_DIR_NAME: Final[str] = "logs"
 
 
-class KafkaServerError(RuntimeError):
-    """Raised when the classpath cannot be built or the broker fails to run."""
-
-
-# --------------------------------------------------------------------------
-# Classpath (Maven) handling
-# --------------------------------------------------------------------------
-
-
-def kafka_version(pom: Path = POM_PATH) -> str:
-    """Return the Kafka version pinned in ``pom.xml``.
-
-    Args:
-        pom: Path to the Maven project listing the classpath.
-
-    Returns:
-        The value of the ``kafka.version`` property, e.g. ``"4.4.0"``.
-
-    Raises:
-        KafkaServerError: If the property is missing.
-    """
-    root = ET.parse(pom).getroot()
-    node = root.find("m:properties/m:kafka.version", _POM_NS)
-    if node is None or not (node.text or "").strip():
-        raise KafkaServerError(f"no <kafka.version> property in {pom}")
-    return (node.text or "").strip()
-
-
-def cache_dir(pom: Path = POM_PATH) -> Path:
-    """Return the directory that caches the broker classpath.
-
-    Args:
-        pom: Path to the Maven project listing the classpath.
-
-    Returns:
-        ``$TRAJLAKE_KAFKA_CACHE`` if set, else
-        ``~/.cache/trajlake/kafka-<version>``.
-    """
-    override = os.environ.get("TRAJLAKE_KAFKA_CACHE")
-    if override:
-        return Path(override).expanduser().resolve()
-    return Path.home() / ".cache" / "trajlake" / f"kafka-{kafka_version(pom)}"
-
-
-def _pom_digest(pom: Path) -> str:
-    return hashlib.sha256(pom.read_bytes()).hexdigest()
-
-
-def _which_or_env(env_name: str, default: str) -> str:
-    explicit = os.environ.get(env_name)
-    if explicit:
-        return explicit
-    if default == "java":
-        java_home = os.environ.get("JAVA_HOME")
-        if java_home and (Path(java_home) / "bin" / "java").is_file():
-            return str(Path(java_home) / "bin" / "java")
-    found = shutil.which(default)
-    if found is None:
-        raise KafkaServerError(f"{default!r} not found on PATH (set {env_name})")
-    return found
-
-
-def ensure_classpath(*, force: bool = False, pom: Path = POM_PATH, quiet: bool = True) -> Path:
-    """Build the broker classpath with Maven once and cache it.
-
-    The cache is keyed by the SHA-256 of ``pom.xml``: editing the pom causes a
-    rebuild, otherwise an existing cache is reused immediately. Concurrent
-    callers are serialised with a file lock.
-
-    Args:
-        force: Rebuild even if a matching cache exists.
-        pom: Path to the Maven project listing the classpath.
-        quiet: Pass ``-q`` to Maven.
-
-    Returns:
-        The directory holding the jars (use ``<dir>/*`` as the classpath).
-
-    Raises:
-        KafkaServerError: If Maven fails or produces no Kafka jar.
-    """
-    root = cache_dir(pom)
-    lib = root / "lib"
-    stamp = root / _STAMP_NAME
-    digest = _pom_digest(pom)
-    if not force and _cache_valid(lib, stamp, digest):
-        return lib
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not force and _cache_valid(lib, stamp, digest):
-            return lib
-        tmp = root / f"lib.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        cmd = [
-            _which_or_env("TRAJLAKE_KAFKA_MVN", "mvn"),
-            "-B",
-            *(["-q"] if quiet else []),
-            "-f",
-            str(pom),
-            "dependency:copy-dependencies",
-            f"-Dkafka.lib.dir={tmp}",
-        ]
-        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if result.returncode != 0 or not any(tmp.glob("kafka_2.13-*.jar")):
-            shutil.rmtree(tmp, ignore_errors=True)
-            output = (result.stdout + result.stderr)[-4000:]
-            raise KafkaServerError(
-                f"maven failed to build the Kafka classpath (exit {result.returncode}): {' '.join(cmd)}\n{output}"
-            )
-        stamp.unlink(missing_ok=True)
-        shutil.rmtree(lib, ignore_errors=True)
-        for stale in root.glob("*.jsa*"):  # class archives of the old classpath
-            stale.unlink(missing_ok=True)
-        tmp.rename(lib)
-        stamp.write_text(digest + "\n")
-    return lib
-
-
-def _cds_archive(java: str) -> Path | None:
-    """Return the AppCDS archive path for ``java``, or None if CDS is disabled."""
-    if os.environ.get("TRAJLAKE_KAFKA_CDS", "1").strip().lower() in ("0", "false", "no", "off"):
-        return None
-    real = os.path.realpath(java)
-    try:
-        mtime = Path(real).stat().st_mtime_ns
-    except OSError:
-        mtime = 0
-    key = hashlib.sha256(f"{real}:{mtime}".encode()).hexdigest()[:12]
-    return cache_dir() / f"kafka-{key}.jsa"
-
-
-def _cache_valid(lib: Path, stamp: Path, digest: str) -> bool:
-    try:
-        return stamp.read_text().strip() == digest and any(lib.glob("kafka_2.13-*.jar"))
-    except OSError:
-        return False
-
-
-# --------------------------------------------------------------------------
-# Small helpers
-# --------------------------------------------------------------------------
-
-
-def _free_ports(count: int) -> list[int]:
-    """Return ``count`` distinct free TCP ports on 127.0.0.1."""
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def _port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
-
-
-def _port_accepts(port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def _random_cluster_id() -> str:
-    """Return a Kafka ``Uuid`` string (22 url-safe base64 chars, no padding)."""
-    while True:
-        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
-        if not text.startswith("-"):  # Kafka's Uuid.randomUuid() avoids these too
-            return text
-
-
-def _read_properties(path: Path) -> dict[str, str]:
-    props: dict[str, str] = {}
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith(("#", "!")) or "=" not in line:
-            continue
-        key, _, value = line.partition("=")
-        props[key.strip()] = value.strip()
-    return props
-
-
-def _tail(path: Path, lines: int) -> str:
-    try:
-        with path.open("rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - 64 * 1024))
-            data = handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(data.splitlines()[-lines:])
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0); treat it as gone.
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[0] != "Z"
-
-
-def _pid_cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _probe_api_versions(port: int, timeout: float) -> bool:
-    """Send a raw ``ApiVersions`` v0 request; True if the broker answers OK."""
-    client_id = b"trajlake-probe"
-    body = struct.pack(">hhih", 18, 0, 7, len(client_id)) + client_id
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-            sock.sendall(struct.pack(">i", len(body)) + body)
-            header = sock.recv(10)
-    except OSError:
-        return False
-    if len(header) < 10:
-        return False
-    correlation_id, error_code = struct.unpack(">ih", header[4:10])
-    return bool(correlation_id == 7 and error_code == 0)
-
-
-def _probe_metadata(bootstrap: str, timeout: float) -> bool:
-    """Ask for cluster metadata; True once at least one broker is listed."""
-    try:
-        from confluent_kafka.admin import AdminClient
-    except ImportError:  # pragma: no cover - fallback when the client is absent
-        return _probe_api_versions(int(bootstrap.rpartition(":")[2]), timeout)
-    admin = AdminClient(
-        {
-            "bootstrap.servers": bootstrap,
-            "socket.connection.setup.timeout.ms": max(1000, int(timeout * 1000)),
-            "log_level": 0,
-        },
-        logger=_NullLogger(),
-    )
-    try:
-        metadata = admin.list_topics(timeout=timeout)
-    except Exception:  # any failure just means "not ready yet"
-        return False
-    return bool(metadata.brokers)
-
-
-class _NullLogger:
-    """Swallows librdkafka log lines emitted while the broker is still down."""
-
-    def log(self, *_args: object, **_kwargs: object) -> None:
-        """Discard one log record."""
-
-
-# --------------------------------------------------------------------------
 # The server
-# --------------------------------------------------------------------------
 
 
 class KafkaServer:
@@ -433,7 +166,7 @@ class KafkaServer:
         self._out: IO[bytes] | None = None
 
         existing = self._existing_ports()
-        free = iter(_free_ports(2))
+        free = iter(free_ports(2))
         self.broker_port: int = broker_port or (existing[0] if existing else next(free))
         self.controller_port: int = controller_port or (existing[1] if existing else next(free))
         if self.broker_port == self.controller_port:
@@ -484,7 +217,7 @@ class KafkaServer:
         meta = self.log_dir / "meta.properties"
         if not meta.is_file():
             return None
-        return _read_properties(meta).get("cluster.id")
+        return read_properties(meta).get("cluster.id")
 
     def is_running(self) -> bool:
         """Return True if the broker process is alive."""
@@ -501,7 +234,7 @@ class KafkaServer:
         """
         parts = []
         for path in (self.log_file, self.server_log):
-            text = _tail(path, lines)
+            text = tail(path, lines)
             if text:
                 parts.append(f"----- {path} (last {lines} lines) -----\n{text}")
         return "\n".join(parts) or "(no log output)"
@@ -539,7 +272,7 @@ class KafkaServer:
         self.log_dir.mkdir(exist_ok=True)
         (self.data_dir / _APP_LOG_DIR_NAME).mkdir(exist_ok=True)
         for port in (self.broker_port, self.controller_port):
-            if _port_in_use(port):
+            if port_in_use(port):
                 raise KafkaServerError(
                     f"port 127.0.0.1:{port} is already in use; cannot start Kafka in {self.data_dir}"
                 )
@@ -627,7 +360,7 @@ class KafkaServer:
     def _existing_ports(self) -> tuple[int, int] | None:
         if not self.properties_file.is_file():
             return None
-        props = _read_properties(self.properties_file)
+        props = read_properties(self.properties_file)
         ports: dict[str, int] = {}
         for listener in props.get("listeners", "").split(","):
             name, _, address = listener.partition("://")
@@ -704,9 +437,9 @@ logger.statechange.level = warn
         (self.data_dir / _LOG4J_NAME).write_text(log4j)
 
     def _java_command(self, lib: Path, *, dump_cds: bool = False) -> list[str]:
-        java = _which_or_env("TRAJLAKE_KAFKA_JAVA", "java")
+        java = which_or_env("TRAJLAKE_KAFKA_JAVA", "java")
         cds: list[str] = []
-        archive = _cds_archive(java)
+        archive = cds_archive(java)
         if archive is not None and archive.is_file():
             cds = [f"-XX:SharedArchiveFile={archive}"]
         elif archive is not None and dump_cds:
@@ -733,7 +466,7 @@ logger.statechange.level = warn
         ]
 
     def _format_storage(self, lib: Path) -> None:
-        cluster_id = _random_cluster_id()
+        cluster_id = random_cluster_id()
         cmd = [
             *self._java_command(lib),
             "kafka.tools.StorageTool",
@@ -767,7 +500,7 @@ logger.statechange.level = warn
                 raise KafkaServerError(
                     f"Kafka at {self.bootstrap} not ready within {timeout:.0f}s ({self.data_dir})\n{self.log_tail()}"
                 )
-            if _port_accepts(self.broker_port) and _probe_metadata(self.bootstrap, min(5.0, max(0.5, remaining))):
+            if port_accepts(self.broker_port) and probe_metadata(self.bootstrap, min(5.0, max(0.5, remaining))):
                 return
             time.sleep(0.1)
 
@@ -794,7 +527,7 @@ logger.statechange.level = warn
 
     def _publish_cds(self, *, clean: bool) -> None:
         """Move a class archive dumped at JVM exit into place (if complete)."""
-        archive = _cds_archive(_which_or_env("TRAJLAKE_KAFKA_JAVA", "java"))
+        archive = cds_archive(which_or_env("TRAJLAKE_KAFKA_JAVA", "java"))
         if archive is None:
             return
         pending = self._cds_pending(archive)
@@ -811,9 +544,9 @@ logger.statechange.level = warn
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return None
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return None
-        cmdline = _pid_cmdline(pid)
+        cmdline = pid_cmdline(pid)
         if cmdline and (str(self.properties_file) not in cmdline or "kafka.Kafka" not in cmdline):
             return None  # pid recycled by an unrelated process
         return pid
@@ -825,96 +558,14 @@ logger.statechange.level = warn
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 return True
             time.sleep(0.1)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        while _pid_alive(pid):
+        while pid_alive(pid):
             time.sleep(0.05)
         return False
 
 
-# --------------------------------------------------------------------------
 # CLI
-# --------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    def handler(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point.
-
-    Sub-commands: ``build`` (cache the classpath only), ``run --dir D`` (start,
-    print the bootstrap address, block until Ctrl-C/SIGTERM, then stop),
-    ``start --dir D`` (start detached, write ``D/kafka.pid``, print the
-    bootstrap address), ``stop --dir D`` and ``status --dir D``.
-
-    Args:
-        argv: Arguments without the program name (default ``sys.argv[1:]``).
-
-    Returns:
-        The process exit code.
-    """
-    parser = argparse.ArgumentParser(prog="kafka_server.py", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    build = sub.add_parser("build", help="build and cache the Kafka classpath")
-    build.add_argument("--force", action="store_true", help="rebuild even if cached")
-    for name, text in (
-        ("run", "start in the foreground; Ctrl-C stops"),
-        ("start", "start detached (pid file in DIR)"),
-        ("stop", "stop the broker of DIR"),
-        ("status", "print bootstrap and state of DIR"),
-    ):
-        cmd = sub.add_parser(name, help=text)
-        cmd.add_argument("--dir", required=True, type=Path, help="data directory")
-        if name in ("run", "start"):
-            cmd.add_argument("--timeout", type=float, default=DEFAULT_START_TIMEOUT, help="readiness timeout (s)")
-            cmd.add_argument("--port", type=int, default=None, help="broker port (default: free/previous)")
-    args = parser.parse_args(argv)
-
-    try:
-        if args.command == "build":
-            print(ensure_classpath(force=args.force))
-            return 0
-        server = KafkaServer(args.dir, broker_port=getattr(args, "port", None))
-        if args.command == "start":
-            if not server.is_running():
-                server.start(args.timeout)
-            print(server.bootstrap, flush=True)
-            return 0
-        if args.command == "stop":
-            server.stop()
-            return 0
-        if args.command == "status":
-            print(f"{server.bootstrap} {'running' if server.is_running() else 'stopped'}")
-            return 0 if server.is_running() else 3
-        with _sigterm_as_interrupt():
-            try:
-                server.start(args.timeout)
-                print(server.bootstrap, flush=True)
-                while server.is_running():
-                    time.sleep(0.5)
-                print(f"Kafka exited unexpectedly\n{server.log_tail()}", file=sys.stderr)
-                return 1
-            except KeyboardInterrupt:
-                return 0
-            finally:
-                server.stop()
-    except KafkaServerError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -25,9 +25,10 @@ from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
 from tests.helpers import BASE, day_events, one_row, write_raw
 from warehouse.catalog import open_catalog
+from warehouse.cold import ensure_cold_table
 from warehouse.sql import open_views
 from warehouse.tables import ensure_table
-from warehouse.tiering import ensure_cold_table, tier
+from warehouse.tiering import tier
 
 pytestmark = pytest.mark.integration
 

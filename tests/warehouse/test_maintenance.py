@@ -17,11 +17,12 @@ from pipelines.ingest import event_row, offsets_key, recorded_offsets
 from schemas.registry import decode_event, encode_event
 from tests.helpers import BASE, day_events, lake_state, materialized
 from warehouse.catalog import open_catalog
+from warehouse.cold import ensure_cold_table
 from warehouse.maintenance import maintain, usage
 from warehouse.snapshots import arrow_row_bytes, live_files, read_data_files
 from warehouse.sql import local_path
 from warehouse.tables import RAW_EVENTS, ensure_table
-from warehouse.tiering import ensure_cold_table, tier
+from warehouse.tiering import tier
 
 TOPIC = "maint"
 

@@ -143,7 +143,7 @@ def test_footer_cache_refuses_what_is_not_parquet_and_stays_within_its_limit(tmp
 
 
 def test_a_cold_table_is_created_with_bloom_filters_on_its_session_key(settings: Settings) -> None:
-    from warehouse.tiering import ensure_cold_table
+    from warehouse.cold import ensure_cold_table
 
     catalog = open_catalog(settings)
     for name in ("raw_events", "trajectories", "steps"):
@@ -163,8 +163,8 @@ def test_tiny_tables_still_write(settings: Settings, rows: int) -> None:
 
 
 def test_maintain_rewrites_the_cold_files_written_before_bloom_filters(settings: Settings) -> None:
+    from warehouse.cold import FILTERS_SINCE, ensure_cold_table
     from warehouse.maintenance import maintain, rewrite_unfiltered
-    from warehouse.tiering import FILTERS_SINCE, ensure_cold_table
 
     catalog = open_catalog(settings)
     cold = ensure_cold_table(catalog, settings, TRAJECTORIES.name)

@@ -14,9 +14,10 @@ from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
 from tests.helpers import BASE, day_events, lake_state, tier_split, write_raw
 from warehouse.catalog import open_catalog
+from warehouse.cold import ensure_cold_table
 from warehouse.maintenance import maintain
 from warehouse.sql import run_query
-from warehouse.tiering import ensure_cold_table, tier
+from warehouse.tiering import tier
 
 pytestmark = pytest.mark.integration
 

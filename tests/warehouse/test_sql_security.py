@@ -316,7 +316,7 @@ def test_memory_is_limited(lake: Settings, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_every_view_is_readable_on_the_locked_connection(lake: Settings) -> None:
-    from warehouse.tiering import TIERED_TABLES
+    from warehouse.cold import TIERED_TABLES
 
     views = [spec.view for spec in TABLES.values()]
     views += [f"{tier}_{TABLES[name].view}" for name in TIERED_TABLES for tier in ("hot", "cold")]

@@ -20,9 +20,10 @@ from pipelines.assemble import assemble
 from producers.session_generator import synthetic_sessions
 from tests.helpers import BASE, BASE_US, day_events, lake_state, one_row, tier_split, write_raw
 from warehouse.catalog import open_catalog
+from warehouse.cold import TIERED_FILES, ensure_cold_table
 from warehouse.sql import local_path, open_views
 from warehouse.tables import RAW_EVENTS, TRAJECTORIES, ensure_table
-from warehouse.tiering import TIERED_FILES, ensure_cold_table, tier
+from warehouse.tiering import tier
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import statistics
 
-from producers.fleet.tasks import TaskInstance, call_cases, family, ident, make_id, unit_tests
+from producers.fleet.tasks.base import TaskInstance, call_cases, family, ident, make_id, unit_tests
 
 INSTRUCTION = (
     "The tests in tests/ fail. Fix the bug in {module}.py so that `python3 run_tests.py` passes. "

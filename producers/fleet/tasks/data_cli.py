@@ -13,7 +13,7 @@ import random
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
-from producers.fleet.tasks import WORDS, HiddenCase, TaskInstance, family, ident, make_id
+from producers.fleet.tasks.base import WORDS, HiddenCase, TaskInstance, family, ident, make_id
 
 STUB = 'import sys\n\n\ndef main(argv):\n    """See README.md."""\n    raise SystemExit("not implemented")\n\n\nif __name__ == "__main__":\n    main(sys.argv[1:])\n'
 HARNESS = (

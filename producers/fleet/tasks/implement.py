@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import string
 
-from producers.fleet.tasks import TaskInstance, call_cases, family, ident, make_id, unit_tests
+from producers.fleet.tasks.base import TaskInstance, call_cases, family, ident, make_id, unit_tests
 
 INSTRUCTION = "Implement `{func}` in {module}.py as described in SPEC.md. `python3 run_tests.py` runs the tests."
 

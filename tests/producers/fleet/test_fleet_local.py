@@ -272,8 +272,9 @@ def test_perturbation_injects_transient_failures_and_formats(settings):
 
 def test_cli_contract_bwrap_missing_falls_back(settings, monkeypatch):
     import producers.fleet as fleet
+    import producers.fleet.runner as runner
 
-    monkeypatch.setattr(fleet, "bwrap_available", lambda: False)
+    monkeypatch.setattr(runner, "bwrap_available", lambda: False)
     monkeypatch.setattr("shutil.which", lambda name, *a, **k: None if name == "bwrap" else "/bin/" + name)
     from producers.fleet.sandbox import BubblewrapMissing
 

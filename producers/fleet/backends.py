@@ -1,0 +1,90 @@
+"""The fleet backends: the ``Fleet`` interface and the factory that builds one by name.
+
+``local`` (``producers.fleet.local``) runs real sandboxes under bubblewrap; ``synthetic``
+(``producers.fleet.synthetic``) generates reference-scale traffic. Each is imported only
+when chosen.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from producers.fleet.perturb import Perturbation
+from producers.fleet.report import FleetReport, LabelWriter
+from producers.fleet.sinks import EventSink
+
+if TYPE_CHECKING:
+    from common.settings import Settings
+
+BACKENDS = ("local", "synthetic")
+
+
+class Fleet(Protocol):
+    """A sandbox fleet backend."""
+
+    name: str
+
+    def run(
+        self,
+        sessions: int,
+        *,
+        seed: int,
+        cheat_rate: float,
+        sink: EventSink,
+        labels: LabelWriter,
+        concurrency: int = 4,
+    ) -> FleetReport:
+        """Run ``sessions`` sessions, emitting every event to ``sink`` and labels to ``labels``."""
+        ...
+
+
+def make_fleet(
+    backend: str,
+    settings: Settings,
+    *,
+    perturb: Perturbation | None = None,
+    timeout_s: float | None = None,
+    policy_mix: dict[str, float] | None = None,
+    rate_per_s: float = 35.0,
+    time_compression: float | None = None,
+    start_us: int | None = None,
+    host_id: str | None = None,
+    agent: str | None = None,
+    llm: Any = None,
+    caps: Any = None,
+    group_size: int = 1,
+) -> Fleet:
+    """Construct a backend by name (``agent``, ``llm``, ``caps``, ``group_size``: see ``run_fleet``).
+
+    Raises:
+        ValueError: unknown backend, or live-agent options for the synthetic backend.
+        BubblewrapMissing: ``local`` without ``bwrap`` installed.
+        AgentSpecError: an ``agent`` that does not resolve.
+    """
+    if backend == "local":
+        from producers.fleet.local import LocalFleet
+
+        return LocalFleet(
+            settings.home_dir / "fleet",
+            perturb=perturb,
+            timeout_s=timeout_s,
+            policy_mix=policy_mix,
+            host_id=host_id,
+            agent=agent,
+            llm=llm,
+            caps=caps,
+            group_size=group_size,
+        )
+    if agent is not None or group_size != 1:
+        raise ValueError("--agent and --group-size need --backend local (the synthetic fleet simulates its agents)")
+    if backend == "synthetic":
+        from producers.fleet.synthetic import SyntheticFleet
+
+        return SyntheticFleet(
+            rate_per_s=rate_per_s,
+            time_compression=time_compression,
+            start_us=start_us,
+            perturb=perturb,
+            host_id=host_id,
+        )
+    raise ValueError(f"unknown fleet backend {backend!r}; choose one of {', '.join(BACKENDS)}")
