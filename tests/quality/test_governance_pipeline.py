@@ -66,7 +66,7 @@ def test_weight_change_rescores_and_is_in_the_manifest(tmp_path: Path) -> None:
     events: list[dict[str, Any]] = []
     _session(events, "honest", False, 0)
     _session(events, "suspect", True, 1)
-    settings = _settings(tmp_path)
+    settings = _settings(tmp_path / "home")
     write_raw(settings, events)
     assemble(settings, as_of=AS_OF)
     first = score_all(settings)
@@ -89,7 +89,7 @@ def test_weight_change_rescores_and_is_in_the_manifest(tmp_path: Path) -> None:
     assert records["honest"]["flags"] == []
 
     # the same lakehouse, another weight: the scorer version is unchanged, yet everything is rescored
-    lighter = _settings(tmp_path, quality_governance={"edited_tests": {"weight": 0.9}})
+    lighter = _settings(tmp_path / "home", quality_governance={"edited_tests": {"weight": 0.9}})
     second = score_all(lighter)
     assert not second.skipped and second.config_digest != first.config_digest
     _, rows = run_query(lighter, "SELECT session_id, quality, config_digest FROM scores ORDER BY 1")
