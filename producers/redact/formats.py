@@ -179,6 +179,7 @@ RULE_SPECS: list[tuple[tuple[str, ...], str, Replacement, int]] = [
     (("eyj",), _AT + rf"(?P<s>eyJ{_TOK}{{8,}}\.(?:{_TOK}{{8,}}\.{_TOK}{{8,}}|eyJ{_TOK}{{8,}}\.?))", _shaped, 0),
 ]  # fmt: skip
 
+XML_RULE = next(i for i, (_, source, _, _) in enumerate(RULE_SPECS) if source.startswith("(?i)<(?P<n>"))
 RULES: list[tuple[re.Pattern[str], Replacement]] = [
     (re.compile(source, flags), replacement) for _, source, replacement, flags in RULE_SPECS
 ]

@@ -18,19 +18,18 @@ from producers.errors import RedactionError
 from producers.redact.formats import REDACTED
 from producers.redact.names import literal_is_secret, name_strength
 from producers.redact.text import (
-    _BARE_BODY,
     AUTOMATON,
     CASED_TRIGGERS,
-    ENCODED_RUN,
     LOWER_TRIGGERS,
     MAX_ENCODED_RUNS,
-    decode_run,
+    bare_body_spans,
+    encoded_runs,
     lower_ascii,
     may_contain_secret,
-    prefixed_token,
     redact_text,
+    run_hides_secret,
 )
-from producers.redact.values import GAPS, _values_lock, may_hold_injected, registered_variants
+from producers.redact.values import GAPS, _values_lock, generation, may_hold_injected, registered_variants
 
 # What a vectorized pre-check looks for besides triggers: a run that may be encoded (base64, hex, key bodies).
 _RUN_OR_BODY = r"[A-Za-z0-9+/_-]{20,}"
@@ -136,18 +135,11 @@ def _plain(value: Any) -> Any:
 
 def _encoded_positions(joined: str) -> list[int]:
     """Where in ``joined`` an encoded run decodes to text that may hold a secret, or a bare key body starts."""
-    positions = []
-    for count, match in enumerate(ENCODED_RUN.finditer(joined)):
-        if count >= 4 * MAX_ENCODED_RUNS:
-            break
-        if prefixed_token(match.group(0)):
-            positions.append(match.start())
-            continue
-        decoded = decode_run(match.group(0))
-        if decoded is not None and may_contain_secret(decoded):
-            positions.append(match.start())
-    positions += [m.start() for m in _BARE_BODY.finditer(joined)]
-    return positions
+    current = generation()
+    positions = [
+        m.start() for m in encoded_runs(joined, 4 * MAX_ENCODED_RUNS) if run_hides_secret(m.group(0), 0, current)
+    ]
+    return positions + [start for start, _ in bare_body_spans(joined)]
 
 
 def redact_value(value: Any) -> Any:

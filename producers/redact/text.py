@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import re
 import string
+from collections.abc import Iterator
 
 import ahocorasick_rs
 
-from producers.redact.formats import REDACTED, RULE_SPECS, RULES
+from producers.redact.formats import REDACTED, RULE_SPECS, RULES, XML_RULE
 from producers.redact.names import is_code, literal_is_secret, name_strength
-from producers.redact.values import injected_spans, may_hold_injected, merge_spans, replace_spans
+from producers.redact.values import generation, injected_spans, may_hold_injected, merge_spans, replace_spans
 
 # Names that say secret contain one of these; each occurrence anchors a look for ``NAME<sep>value``.
 NAME_STEMS = (
-    "pass", "pwd", "pw", "secret", "token", "key", "auth", "cred", "sas", "cookie", "salt", "pat", "jwt", "login",
+    "pass", "pwd", "pw", "secret", "token", "key", "auth", "cred", "sas", "cookie", "salt", "_pat", "jwt", "login",
 )  # fmt: skip
 # What follows a stem: the rest of the name, the closing quote of a quoted name, an optional type
 # (``var apiToken string =``, ``token: String =``), the separator, the value.
@@ -93,9 +95,20 @@ def key_block_spans(text: str, open_block: bool = False) -> tuple[list[tuple[int
         position, open_block = begin.end(), True
 
 
-def _bare_body_spans(text: str) -> list[tuple[int, int]]:
-    spans = []
-    for match in _BARE_BODY.finditer(text):
+def bare_body_spans(text: str) -> list[tuple[int, int]]:
+    """Bare private key bodies (lines of 64 base64 characters) not inside a certificate or public key."""
+    spans: list[tuple[int, int]] = []
+    position = 0
+    for run in _LONG_BASE64.finditer(text):
+        start = run.start()
+        if start > 0 and text[start - 1] == "\\" and text[start] in "nr":
+            start += 1  # the run began with the n of an escaped line break
+        if start < position or text[start + 64 : start + 65] not in ("\n", "\r", " ", "\t", "\\"):
+            continue  # not a line of exactly 64 characters
+        match = _BARE_BODY.match(text, start)
+        if match is None:
+            continue
+        position = match.end()
         begin = text.rfind("-----BEGIN", 0, match.start())
         if begin >= 0 and _PUBLIC_BEGIN.match(text, begin):
             continue  # a certificate or a public key: public by design
@@ -105,19 +118,32 @@ def _bare_body_spans(text: str) -> list[tuple[int, int]]:
 
 # -- encoded layers ---------------------------------------------------------------------------------------------
 
-ENCODED_RUN = re.compile(
-    r"(?<![A-Za-z0-9+/_=-])(?:[A-Za-z0-9+/]{20,}={0,2}|[A-Za-z0-9_-]{20,}={0,2}|(?:[0-9a-fA-F]{2}){12,})"
-    r"(?![A-Za-z0-9+/_=-])"
-)
+# A run that may be encoded: a maximal run of base64/URL-safe characters that is all base64, all URL-safe
+# base64 or all hex. Found as maximal runs of the union alphabet first (a plain character class: fast).
+_UNION_RUN = re.compile(r"(?<![A-Za-z0-9+/_=-])[A-Za-z0-9+/_=-]{20,}")  # tried at run starts only
+_ENCODED_FORM = re.compile(r"[A-Za-z0-9+/]{20,}={0,2}|[A-Za-z0-9_-]{20,}={0,2}|(?:[0-9a-fA-F]{2}){12,}")
+_LONG_BASE64 = re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{64}")
 # Bound on the runs decoded per string (minified code can hold thousands of long words).
 MAX_ENCODED_RUNS = 64
 MAX_LAYERS = 2
+_HEX = re.compile(r"[0-9a-fA-F]+")
+
+
+def encoded_runs(text: str, limit: int) -> Iterator[re.Match[str]]:
+    """The first ``limit`` runs of ``text`` that may be base64, URL-safe base64 or hex (20+ characters)."""
+    count = 0
+    for match in _UNION_RUN.finditer(text):
+        if _ENCODED_FORM.fullmatch(match.group(0)):
+            yield match
+            count += 1
+            if count >= limit:
+                return
 
 
 def decode_run(run: str) -> str | None:
     """The printable text a base64 (standard or URL-safe) or hex run encodes, or None."""
     candidates: list[bytes] = []
-    if len(run) % 2 == 0 and all(c in string.hexdigits for c in run):
+    if len(run) % 2 == 0 and _HEX.fullmatch(run):
         candidates.append(bytes.fromhex(run))
     else:
         body = run.rstrip("=")
@@ -164,19 +190,22 @@ def prefixed_token(run: str) -> bool:
     return upper >= 3 and lower >= 3 or len(set(body)) >= 16
 
 
+@functools.lru_cache(maxsize=1 << 16)  # runs repeat across events (paths, hashes, ids): judge each once
+def run_hides_secret(run: str, layer: int, values_generation: int) -> bool:
+    """Whether an encoded-looking run is a vendor token or decodes to text with a secret in it.
+
+    ``values_generation`` (:func:`producers.redact.values.generation`) keys the cache: the verdict
+    depends on the registered values.
+    """
+    if prefixed_token(run):
+        return True
+    decoded = decode_run(run)
+    return decoded is not None and _redact(decoded, layer + 1) != decoded
+
+
 def _encoded_spans(text: str, layer: int) -> list[tuple[int, int]]:
-    spans = []
-    for count, match in enumerate(ENCODED_RUN.finditer(text)):
-        if count >= MAX_ENCODED_RUNS:
-            break
-        run = match.group(0)
-        if prefixed_token(run):
-            spans.append(match.span())
-            continue
-        decoded = decode_run(run)
-        if decoded is not None and _redact(decoded, layer + 1) != decoded:
-            spans.append(match.span())
-    return spans
+    current = generation()
+    return [m.span() for m in encoded_runs(text, MAX_ENCODED_RUNS) if run_hides_secret(m.group(0), layer, current)]
 
 
 # -- NAME=value ------------------------------------------------------------------------------------------------
@@ -247,7 +276,7 @@ def may_contain_secret(text: str) -> bool:
         return True
     if may_hold_injected(text):
         return True
-    return has_encoded_secret(text) or _BARE_BODY.search(text) is not None
+    return has_encoded_secret(text) or bool(bare_body_spans(text))
 
 
 def has_encoded_secret(text: str) -> bool:
@@ -256,7 +285,7 @@ def has_encoded_secret(text: str) -> bool:
 
 
 def _redact(text: str, layer: int = 0, open_block: bool = False) -> str:
-    spans = injected_spans(text)
+    spans = injected_spans(text) if may_hold_injected(text) else []
     if spans:
         text = replace_spans(text, spans, REDACTED)
     rules: set[int] = set()
@@ -277,9 +306,11 @@ def _redact(text: str, layer: int = 0, open_block: bool = False) -> str:
         text = replace_spans(text, merge_spans(spans), REDACTED)
     for index in sorted(rules):
         pattern, replacement = RULES[index]
+        if index == XML_RULE and "</" not in text:
+            continue  # an element needs its closing tag
         text = pattern.sub(replacement, text)
     if layer < MAX_LAYERS:
-        spans = _encoded_spans(text, layer) + _bare_body_spans(text)
+        spans = _encoded_spans(text, layer) + bare_body_spans(text)
         if spans:
             text = replace_spans(text, merge_spans(spans), REDACTED)
     return text

@@ -31,6 +31,7 @@ MIN_SECRET_VALUE_LEN = 8
 MIN_FOLDED_LEN = 12
 # Whitespace and the escapes of line breaks in JSON text: what ``fold`` and ``base64 -w`` insert.
 GAPS = re.compile(r"\s+|\\[nrt]")
+_ESCAPES = re.compile(r"\\[nrt]")
 
 _URL_SAFE = str.maketrans("+/", "-_")
 
@@ -38,6 +39,13 @@ _values_lock = threading.Lock()
 _secret_values: OrderedDict[str, None] = OrderedDict()
 # One automaton over every variant of the registered values, rebuilt when they change.
 _automaton: tuple[ahocorasick_rs.AhoCorasick, list[bool]] | None = None
+# Bumped whenever the registered values change: caches of verdicts that depend on them key on it.
+_generation = 0
+
+
+def generation() -> int:
+    """A number that changes whenever the registered values do."""
+    return _generation
 
 
 def variants(value: str) -> set[str]:
@@ -62,7 +70,7 @@ def register_secret_values(values: Iterable[str]) -> None:
         values: the secret strings; those shorter than ``MIN_SECRET_VALUE_LEN`` are ignored. The
             ``MAX_SECRET_VALUES`` most recent are kept.
     """
-    global _automaton
+    global _automaton, _generation
     with _values_lock:
         for value in values:
             if isinstance(value, str) and len(value) >= MIN_SECRET_VALUE_LEN:
@@ -71,15 +79,17 @@ def register_secret_values(values: Iterable[str]) -> None:
         while len(_secret_values) > MAX_SECRET_VALUES:
             _secret_values.popitem(last=False)
         _automaton = None
+        _generation += 1
 
 
 def forget_secret_values(values: Iterable[str]) -> None:
     """Stop redacting ``values`` specially (the session that used them has ended and its events are sent)."""
-    global _automaton
+    global _automaton, _generation
     with _values_lock:
         for value in values:
             _secret_values.pop(value, None)
         _automaton = None
+        _generation += 1
 
 
 def registered_variants() -> list[str]:
@@ -136,7 +146,13 @@ def may_hold_injected(text: str) -> bool:
     if found is None:
         return False
     automaton = found[0]
-    return bool(automaton.find_matches_as_indexes(text)) or bool(automaton.find_matches_as_indexes(GAPS.sub("", text)))
+    if automaton.find_matches_as_indexes(text):
+        return True
+    # removes at least what GAPS does (a pre-check may over-approximate), at C speed
+    compact = "".join(text.split())
+    if "\\" in compact:
+        compact = _ESCAPES.sub("", compact)
+    return bool(automaton.find_matches_as_indexes(compact))
 
 
 def merge_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
