@@ -165,11 +165,14 @@ def bench_redaction_cmd(
     seed: Annotated[int, typer.Option(help="Seed of the fake secrets.")] = 0,
     real: Annotated[Path | None, typer.Option(help="Recorded real runs, the must-not-change side.")] = None,
     detect_secrets: Annotated[bool, typer.Option(help="Also measure the detect-secrets library (slow).")] = True,
+    public: Annotated[
+        bool, typer.Option(help="Also measure the public corpora (gitleaks examples, ordinary code/docs/shell).")
+    ] = True,
 ) -> None:
-    """Redaction recall per secret kind, false positives on real runs, us per event vs encoding it."""
+    """Redaction recall per secret kind, false positives on real runs and public corpora, us per event."""
     from benchmarks.redaction import REAL_RUNS_DIR, run_redaction_benchmark
 
-    report = run_redaction_benchmark(seed, real or REAL_RUNS_DIR, detect_secrets=detect_secrets)
+    report = run_redaction_benchmark(seed, real or REAL_RUNS_DIR, detect_secrets=detect_secrets, public=public)
     out.print(report.summary(), markup=False)
 
 

@@ -13,7 +13,13 @@ anywhere in the session's events. False positives: ``[REDACTED]`` markers a reda
 recorded real runs, which hold no secret (each marker is a change to text that was not a secret).
 Cost: µs per event on the real runs' events (agent events with code and long outputs) and on
 synthetic fleet events (short commands and outputs), each against the same run's baseline of
-encoding the event without redaction.
+encoding the event without redaction; also ours through ``SessionRedactor`` (a session's events in
+order, what ``SessionEmitter`` does).
+
+Public corpora (``benchmarks.secret_corpus_public``, fetched and cached on first use): recall and
+precision on gitleaks' rule examples and the false-positive rate on ordinary code, docs and shell
+scripts, each for the *tune* half (what the rules were adjusted on) and the *held-out* half (never
+looked at while changing rules).
 """
 
 from __future__ import annotations
@@ -41,7 +47,15 @@ from benchmarks.secret_corpus import (
     real_runs,
     strings_of,
 )
-from producers.redact import REDACTED, forget_secret_values, redact_value, register_secret_values
+from benchmarks.secret_corpus_public import CorpusUnavailable, LabelledText, gitleaks_examples, ordinary_texts
+from producers.redact import (
+    REDACTED,
+    SessionRedactor,
+    forget_secret_values,
+    redact_text,
+    redact_value,
+    register_secret_values,
+)
 from producers.sdk import Event
 from producers.session_generator import synthetic_sessions
 from schemas.registry import encode_event
@@ -116,6 +130,71 @@ class MethodResult:
 
 
 @dataclass
+class CorpusFigure:
+    """Ours on one half of one public corpus."""
+
+    corpus: str
+    split: str  # "tune" or "held-out"
+    positives: int = 0
+    found: int = 0  # positives whose every secret is gone
+    negatives: int = 0
+    changed: int = 0  # negatives the redactor changed (false positives)
+    flagged_positives: int = 0  # positives the redactor changed at all
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def recall(self) -> float | None:
+        """Share of positives with no secret left."""
+        return self.found / self.positives if self.positives else None
+
+    @property
+    def precision(self) -> float | None:
+        """Share of the changed examples that held a secret."""
+        flagged = self.flagged_positives + self.changed
+        return self.flagged_positives / flagged if flagged else None
+
+    @property
+    def fp_rate(self) -> float | None:
+        """Share of negatives changed."""
+        return self.changed / self.negatives if self.negatives else None
+
+
+def public_corpus_figures(examples: dict[str, list[LabelledText]]) -> list[CorpusFigure]:
+    """Recall, precision and false-positive rate of ``redact_text`` per corpus and half."""
+    figures = []
+    for corpus, items in examples.items():
+        for split in ("tune", "held-out"):
+            figure = CorpusFigure(corpus, split)
+            for item in items:
+                if item.held_out != (split == "held-out"):
+                    continue
+                out = redact_text(item.text)
+                if item.positive:
+                    figure.positives += 1
+                    figure.found += not any(secret in out for secret in item.secrets)
+                    figure.flagged_positives += out != item.text
+                else:
+                    figure.negatives += 1
+                    if out != item.text:
+                        figure.changed += 1
+                        if len(figure.examples) < 3 and split == "tune":
+                            figure.examples.append(f"{item.family}: {out[:100]!r}")
+            figures.append(figure)
+    return figures
+
+
+def _public_examples() -> tuple[dict[str, list[LabelledText]], list[str]]:
+    examples: dict[str, list[LabelledText]] = {}
+    notes = []
+    for name, load in (("gitleaks", gitleaks_examples), ("ordinary", ordinary_texts)):
+        try:
+            examples[name] = load()
+        except CorpusUnavailable as exc:
+            notes.append(f"public corpus {name} unavailable, not measured: {exc}")
+    return examples, notes
+
+
+@dataclass
 class RedactionReport:
     """What ``trajlake bench redaction`` prints."""
 
@@ -130,6 +209,8 @@ class RedactionReport:
     context_recall: dict[str, float] = field(default_factory=dict)  # ours, the cases in other surroundings
     synthetic_baseline_us: float = 0.0
     skipped: list[str] = field(default_factory=list)
+    session_us_per_event: float = 0.0  # ours through SessionRedactor, a session's events in order
+    public: list[CorpusFigure] = field(default_factory=list)
 
     def summary(self) -> str:
         """A table of recall per kind, then the totals per method."""
@@ -159,6 +240,18 @@ class RedactionReport:
         )
         lines.append("vs encode".ljust(width) + ratios)
         lines.append(f"baseline: encoding one real event without redaction {self.baseline_us_per_event:.1f} us")
+        lines.append(
+            f"through SessionRedactor (cross-event state): {self.session_us_per_event:.1f} us/event "
+            f"({self.session_us_per_event / self.baseline_us_per_event:.2f}x encoding)"
+        )
+        for f in self.public:
+            lines.append(
+                f"public {f.corpus:9s} {f.split:8s}: "
+                + (f"recall {f.recall:.4f} ({f.found}/{f.positives}) " if f.recall is not None else "")
+                + (f"precision {f.precision:.4f} " if f.precision is not None and f.positives else "")
+                + (f"FP {f.changed}/{f.negatives} ({f.fp_rate:.4f})" if f.fp_rate is not None else "")
+            )
+            lines += [f"    e.g. {example}" for example in f.examples]
         lines.append(
             f"synthetic fleet events: ours {self.synthetic_us_per_event:.1f} us/event, encoding "
             f"{self.synthetic_baseline_us:.1f} us ({self.synthetic_us_per_event / self.synthetic_baseline_us:.2f}x)"
@@ -261,6 +354,7 @@ def run_redaction_benchmark(
     detect_secrets: bool = True,
     timing_events: int = 300,
     repeats: int = 3,
+    public: bool = True,
 ) -> RedactionReport:
     """Measure recall, false positives and cost of each redactor.
 
@@ -270,6 +364,7 @@ def run_redaction_benchmark(
         detect_secrets: also measure the detect-secrets library (slow: it scans line by line).
         timing_events: real events timed for detect-secrets (ours is timed on all of them).
         repeats: timing repetitions (the best is kept).
+        public: also measure the public corpora (fetched and cached on first use: minutes).
     """
     started = time.monotonic()
     cases = fake_cases(seed)
@@ -286,19 +381,36 @@ def run_redaction_benchmark(
     baseline = _per_event_us(encode_event, real_events, repeats)
     strings = sum(1 for _ in strings_of(real_events))
     synthetic = [e for session in synthetic_sessions(100, seed=seed) for e in session]
+    examples, public_notes = _public_examples() if public else ({}, [])
     return RedactionReport(
         kinds=[c.kind for c in cases],
         fields=FIELDS,
         real_events=len(real_events),
         real_strings=strings,
-        skipped=skipped + notes,
+        skipped=skipped + notes + public_notes,
         methods=results,
         baseline_us_per_event=baseline,
         seconds=time.monotonic() - started,
         synthetic_us_per_event=_per_event_us(redact_value, synthetic, repeats),
         synthetic_baseline_us=_per_event_us(encode_event, synthetic, repeats),
         context_recall=contexts,
+        session_us_per_event=_session_us(runs, repeats),
+        public=public_corpus_figures(examples),
     )
+
+
+def _session_us(runs: list[list[Event]], repeats: int) -> float:
+    """µs per event of ours through a ``SessionRedactor`` per run (events in order), best of ``repeats``."""
+    best = float("inf")
+    events = sum(len(run) for run in runs)
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for run in runs:
+            redactor = SessionRedactor()
+            for event in run:
+                redactor.redact_event(event)
+        best = min(best, time.perf_counter() - started)
+    return best / max(1, events) * 1e6
 
 
 def _run_methods(

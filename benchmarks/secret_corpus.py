@@ -28,8 +28,16 @@ from typing import Any
 
 from producers.sdk import Event, SessionEmitter
 
-# The recorded third-party runs, beside the repository (``../shared/data/real-trajectories``).
-REAL_RUNS_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "real-trajectories"
+# The recorded third-party runs, beside the repository (``../shared/data/real-trajectories``), or beside the
+# directory holding it when the checkout is a worktree one level deeper.
+REAL_RUNS_DIR = next(
+    (
+        candidate
+        for parent in Path(__file__).resolve().parents[2:4]
+        if (candidate := parent / "shared" / "data" / "real-trajectories").is_dir()
+    ),
+    Path(__file__).resolve().parents[2] / "shared" / "data" / "real-trajectories",
+)
 
 
 @dataclass(frozen=True)

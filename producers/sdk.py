@@ -4,7 +4,8 @@
 ``acks=all``): every event is keyed by ``session_id``, so one session's events
 stay on one partition in order. ``SessionEmitter`` assigns each session's
 ``seq`` from 0 and a fresh ``event_id`` per event, fills the envelope, and
-redacts secrets before the event is encoded.
+redacts secrets before the event leaves it, with the session's earlier events in
+view (``SessionRedactor``: a token or private key split across two events).
 
 With ``spool_dir`` set, a producer keeps accepting events while Kafka is down:
 when librdkafka reports all brokers down (or its queue is full) the queued,
@@ -45,7 +46,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from producers.errors import DeliveryError, NonFiniteNumberError
-from producers.redact import redact_value
+from producers.redact import SessionRedactor, redact_value
 from producers.spool import Spool, SpooledEvent
 from schemas.registry import encode_event
 
@@ -275,27 +276,32 @@ class EventProducer:
             self.produced += 1
             self.spooled += 1
 
-    def encode(self, event: Event) -> bytes:
-        """Redact (if enabled) and encode one event.
+    def encode(self, event: Event, redacted: bool = False) -> bytes:
+        """Redact (if enabled and not ``redacted`` already) and encode one event.
 
         Raises:
             NonFiniteNumberError: a payload number is NaN or ±infinity.
             EncodeError: the event does not fit the schema.
         """
         check_finite(event)
-        if self.redact:
+        if self.redact and not redacted:
             event = redact_value(event)
         return encode_event(event, self.schema_version)
 
-    def emit(self, event: Event) -> str:
+    def emit(self, event: Event, redacted: bool = False) -> str:
         """Encode and enqueue one complete event; returns its ``event_id``.
+
+        Args:
+            event: the event.
+            redacted: a ``SessionEmitter`` of this producer redacted it already (with its session's
+                earlier events in view); otherwise it is redacted here, on its own.
 
         Raises:
             NonFiniteNumberError: a payload number is NaN or ±infinity (nothing is sent).
             EncodeError: the event does not fit the schema.
             DeliveryError: the local queue stays full for 30 s (Kafka unreachable).
         """
-        self.send(event["session_id"], event["event_id"], self.encode(event))
+        self.send(event["session_id"], event["event_id"], self.encode(event, redacted))
         return event["event_id"]
 
     def send(self, session_id: str, event_id: str, value: bytes) -> None:
@@ -346,7 +352,9 @@ class EventProducer:
 
     def session(self, **envelope: Any) -> SessionEmitter:
         """Start emitting a new session; ``envelope`` fills the envelope fields."""
-        return SessionEmitter(self.emit, host_id=self.host_id, **envelope)
+        if not self.redact:
+            return SessionEmitter(self.emit, host_id=self.host_id, **envelope)
+        return SessionEmitter(partial(self.emit, redacted=True), host_id=self.host_id, redact=True, **envelope)
 
     def flush(self, timeout: float = 60.0) -> None:
         """Wait until every enqueued event is acknowledged.
@@ -414,6 +422,9 @@ class SessionEmitter:
         session_id: defaults to a new random id.
         clock: returns event time in micros; wall clock by default.
         id_factory: returns new event ids; random by default (seeded in synthetic fleets).
+        redact: redact every event before the sink sees it, with the session's earlier events in view
+            (``SessionRedactor``: bounded state per text field). ``EventProducer.session`` and the
+            local fleet turn it on; off, the sink sees events as produced (importers, generators).
         envelope: ``sandbox_id``, ``task_id``, ``task_type``, ``image_name``, ``image_version``,
             ``host_id`` and optional ``agent_*``/``policy_version``/``extra``.
     """
@@ -424,9 +435,11 @@ class SessionEmitter:
         session_id: str | None = None,
         clock: Callable[[], int] = now_micros,
         id_factory: Callable[[], str] = new_event_id,
+        redact: bool = False,
         **envelope: Any,
     ) -> None:
         self._sink = sink
+        self._redactor = SessionRedactor() if redact else None
         self._clock = clock
         self._new_id = id_factory
         self.session_id = session_id or id_factory()
@@ -475,7 +488,7 @@ class SessionEmitter:
         if extra:
             event["extra"] = {**self.envelope["extra"], **extra}
         self.seq += 1
-        self._sink(event)
+        self._sink(self._redactor.redact_event(event) if self._redactor is not None else event)
         return event_id
 
     def start(self, **payload: Any) -> str:

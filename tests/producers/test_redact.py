@@ -400,7 +400,9 @@ def test_bench_redaction_prints_recall_false_positives_and_cost():
 
     from trajlake.cli import app
 
-    result = CliRunner().invoke(app, ["bench", "redaction", "--no-detect-secrets", "--real", str(REAL_RUNS_DIR)])
+    result = CliRunner().invoke(
+        app, ["bench", "redaction", "--no-detect-secrets", "--no-public", "--real", str(REAL_RUNS_DIR)]
+    )
     assert result.exit_code == 0, result.output
     labels = ("recall overall", "FP redactions", "FP in run files", "us/event", "vs encode")
     figures = {

@@ -1,0 +1,158 @@
+"""Redaction across the events of one session: what no single event shows.
+
+A session's events are emitted in order; a secret can straddle two of them: an output chunk that ends
+in ``ghp_Ab3…`` and the next that goes on ``…Xy9``, ``export API_TOKEN=`` then the value, a private key
+whose header is in one event and its body in the next ones. :class:`SessionRedactor` keeps, per text
+field (``payload.output``, ``payload.command`` …), the last line of the previous value (at most
+``TAIL_CHARS``), whether that value ended inside a secret, and whether a private key block is open.
+
+For each new value of a field it redacts: the body of an open key block up to its END line; the start
+of the value when the previous one ended inside a secret (the rest of the same token); whatever the
+previous value's last line and this value's first line show only together (``Authorization: Bearer``
+then the token); and, because the earlier half of a token has already left, a value that *ends* in the
+prefix of a known token format (``…AKIA12``, ``…ghp_Ab``) is redacted to its end before it is sent.
+
+Not covered: a secret cut into more than two events of which the middle one shows nothing secret on
+its own, a secret whose two halves are in different fields, a split inside an unprefixed random value
+with no name before it, and key blocks left open for more than ``MAX_OPEN_EVENTS`` events.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from producers.redact.formats import REDACTED, TOKEN_PREFIXES
+from producers.redact.structured import redact_value
+from producers.redact.text import key_block_spans, may_contain_secret, redact_text
+from producers.redact.values import merge_spans, replace_spans
+
+# What is kept of a field's previous value: its last line, at most this long.
+TAIL_CHARS = 512
+# Fields remembered per session (an event kind has a handful; a hostile producer cannot grow it).
+MAX_FIELDS = 64
+# A key block still open after this many events of its field is given up (its state is dropped).
+MAX_OPEN_EVENTS = 256
+_CONTINUATION = re.compile(r"[A-Za-z0-9_+/=.~-]+")
+
+
+@dataclass
+class _FieldState:
+    tail: str  # the previous value's last line, unredacted (it never leaves the host)
+    ended_in_secret: bool  # the previous value's redaction reached its very end
+    open_block: int  # events left in an open private key block (0: none)
+
+
+Path = tuple[Any, ...]
+
+
+def _leaves(value: Any, path: Path, out: list[Path]) -> None:
+    """The paths of the string leaves inside ``value``."""
+    if type(value) is str:
+        out.append(path)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _leaves(item, (*path, key), out)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _leaves(item, (*path, index), out)
+
+
+def _changed_ranges(before: str, after: str) -> list[tuple[int, int]]:
+    """The ranges of ``before`` that redaction replaced to give ``after``."""
+    matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
+    return [(i1, i2) for tag, i1, i2, _, _ in matcher.get_opcodes() if tag in ("replace", "delete")]
+
+
+class SessionRedactor:
+    """Redacts one session's events in emission order, carrying what straddles two events (bounded)."""
+
+    def __init__(self) -> None:
+        self._fields: dict[Path, _FieldState] = {}
+
+    def redact_event(self, event: dict[str, Any]) -> dict[str, Any]:
+        """The event with every secret redacted, those it shares with earlier events of the session included.
+
+        Raises:
+            RedactionError: the event is nested deeper than the redactor walks.
+        """
+        leaves: list[Path] = []
+        streamed = dict(event)
+        for part in ("payload", "extra"):
+            if isinstance(event.get(part), dict):
+                _leaves(event[part], (part,), leaves)
+                streamed[part] = _copy(event[part])
+        raw: dict[Path, str] = {}
+        for path in leaves:
+            text = _get(event, path)
+            if not text:
+                continue
+            raw[path] = text
+            spans = self._boundary_spans(path, text)
+            if spans:
+                _set(streamed, path, replace_spans(text, merge_spans(spans), REDACTED))
+        redacted = redact_value(streamed)
+        for path, text in raw.items():
+            out = _get(redacted, path)
+            self._remember(path, text, isinstance(out, str) and out.endswith(REDACTED))
+        return redacted
+
+    def _boundary_spans(self, path: Path, text: str) -> list[tuple[int, int]]:
+        state = self._fields.get(path)
+        spans: list[tuple[int, int]] = []
+        if state is not None:
+            if state.open_block:
+                spans += key_block_spans(text, open_block=True)[0]
+            if state.ended_in_secret and (run := _CONTINUATION.match(text)) is not None:
+                spans.append(run.span())
+            head = text[: min(len(text), TAIL_CHARS)].split("\n", 1)[0]
+            joined = state.tail + head
+            if state.tail and head and may_contain_secret(joined):
+                out = redact_text(joined)
+                if out != joined:
+                    cut = len(state.tail)
+                    for start, end in _changed_ranges(joined, out):
+                        if end > cut:
+                            spans.append((max(start, cut) - cut, end - cut))
+        tail_window = text[-TAIL_CHARS:]
+        partial = TOKEN_PREFIXES.search(tail_window)
+        if partial is not None:
+            offset = len(text) - len(tail_window)
+            spans.append((partial.start() + offset, len(text)))
+        return spans
+
+    def _remember(self, path: Path, text: str, ended_in_secret: bool) -> None:
+        state = self._fields.get(path)
+        was_open = state.open_block if state is not None else 0
+        still_open = key_block_spans(text, open_block=bool(was_open))[1]
+        open_block = (was_open - 1 if was_open else MAX_OPEN_EVENTS) if still_open else 0
+        if path not in self._fields and len(self._fields) >= MAX_FIELDS:
+            self._fields.pop(next(iter(self._fields)))
+        self._fields[path] = _FieldState(text[-TAIL_CHARS:].rsplit("\n", 1)[-1], ended_in_secret, open_block)
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+def _get(root: Any, path: Path) -> Any:
+    node = root
+    try:
+        for key in path:
+            node = node[key]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return node
+
+
+def _set(root: Any, path: Path, value: str) -> None:
+    node = root
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value

@@ -1,0 +1,208 @@
+"""Redaction of structured values: events, export records, JSON text, Arrow columns.
+
+Structured values are redacted as values, never as serialized text: a JSON string (tool ``arguments``)
+is parsed, its string values (and the values of secret-named keys) redacted, and re-serialized only
+when something changed, so it stays valid JSON with the same structure.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+from typing import Any
+
+import pyarrow as pa
+
+from producers.errors import RedactionError
+from producers.redact.formats import REDACTED
+from producers.redact.names import literal_is_secret, name_strength
+from producers.redact.text import (
+    AUTOMATON,
+    CASED_TRIGGERS,
+    LOWER_TRIGGERS,
+    MAX_ENCODED_RUNS,
+    bare_body_spans,
+    encoded_runs,
+    lower_ascii,
+    may_contain_secret,
+    redact_text,
+    run_hides_secret,
+)
+from producers.redact.values import GAPS, _values_lock, generation, may_hold_injected, registered_variants
+
+# What a vectorized pre-check looks for besides triggers: a run that may be encoded (base64, hex, key bodies).
+_RUN_OR_BODY = r"[A-Za-z0-9+/_-]{20,}"
+
+# Values nested deeper are not walked: JSON text that deep is redacted by the text rules (which keep it
+# valid JSON), a Python value that deep is refused (``RedactionError``); never a RecursionError, never a leak.
+MAX_DEPTH = 200
+
+
+class _TooDeep(Exception):
+    pass
+
+
+def _secret_entry(key: Any, item: str) -> bool:
+    """A dict entry whose key names a secret and whose string value is a literal one."""
+    strength = name_strength(key) if isinstance(key, str) else 0
+    return bool(strength) and literal_is_secret(strength, item, quoted=True, line_value=False, env_style=False)
+
+
+def _redact_parsed(value: Any, depth: int, suspects: set[int] | None = None) -> Any:
+    """Redact inside ``value``; with ``suspects``, only strings whose ``id`` is in it can hold a secret."""
+    if type(value) is str:
+        if suspects is not None and id(value) not in suspects:
+            return value
+        return _redact_json_text(value, depth + 1)
+    if depth > MAX_DEPTH:
+        raise _TooDeep
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if type(item) is str and _secret_entry(key, item):
+                out[key] = REDACTED
+            else:
+                out[key] = _redact_parsed(item, depth + 1, suspects)
+        return out
+    if isinstance(value, list | tuple):
+        return type(value)(_redact_parsed(item, depth + 1, suspects) for item in value)
+    if isinstance(value, str):
+        return _redact_json_text(str(value), depth + 1)
+    return value
+
+
+def redact_json_text(text: str) -> str:
+    """Redact a string that may hold JSON: parsed values when it is JSON, text rules otherwise.
+
+    The result of a JSON input is still valid JSON with the same structure (keys, nesting,
+    types); it is re-serialized only when something was redacted, otherwise returned as is.
+    """
+    return _redact_json_text(text, 0)
+
+
+def _redact_json_text(text: str, depth: int) -> str:
+    if not text or not may_contain_secret(text):
+        return text
+    stripped = text.strip()
+    if depth <= MAX_DEPTH and stripped[:1] in ("{", "[") and stripped[-1:] in ("}", "]"):
+        try:
+            parsed = json.loads(stripped)
+            redacted = _redact_parsed(parsed, depth)
+            return text if redacted == parsed else json.dumps(redacted, ensure_ascii=False)
+        except (ValueError, RecursionError, _TooDeep):
+            pass  # not JSON, or too deep to walk: the text rules keep valid JSON valid
+    return redact_text(text)
+
+
+_CONTAINERS = (dict, list, tuple)
+
+
+def _collect(value: Any, strings: list[str]) -> bool:
+    """Gather the strings inside ``value``; True when a secret-named key holds a literal string value.
+
+    Iterative (no recursion limit) and typed by ``type(...) is`` checks: it runs on every event.
+    """
+    hit = False
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str:
+            strings.append(item)
+        elif kind is dict:
+            for key, child in item.items():
+                if type(child) is str:
+                    strings.append(child)
+                    if not hit and _secret_entry(key, child):
+                        hit = True
+                elif type(child) in _CONTAINERS:
+                    stack.append(child)
+        elif kind in _CONTAINERS:
+            stack.extend(child for child in item if type(child) in _CONTAINERS or type(child) is str)
+        elif isinstance(item, str | dict | list | tuple):  # subclasses: the slow path
+            stack.append(_plain(item))
+    return hit
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, dict):
+        return dict(value)
+    return list(value)
+
+
+def _encoded_positions(joined: str) -> list[int]:
+    """Where in ``joined`` an encoded run decodes to text that may hold a secret, or a bare key body starts."""
+    current = generation()
+    positions = [
+        m.start() for m in encoded_runs(joined, 4 * MAX_ENCODED_RUNS) if run_hides_secret(m.group(0), 0, current)
+    ]
+    return positions + [start for start, _ in bare_body_spans(joined)]
+
+
+def redact_value(value: Any) -> Any:
+    """Redact strings anywhere inside nested dicts, lists and tuples (an event, an export record).
+
+    JSON strings are redacted as parsed values (:func:`redact_json_text`); a dict entry whose key
+    names a secret (``"password": "hunter2"``) has its value replaced. The common case costs one
+    Aho-Corasick pass and one scan for encoded runs over the value's joined text, and returns
+    ``value`` itself when nothing in it can be a secret.
+
+    Raises:
+        RedactionError: ``value`` is nested deeper than ``MAX_DEPTH`` (it is refused, not passed on).
+    """
+    strings: list[str] = []
+    key_hit = _collect(value, strings)
+    joined = "\x00".join(strings)  # no trigger contains NUL: a match lies within one string
+    positions = [start for _, start, _ in AUTOMATON.find_matches_as_indexes(lower_ascii(joined))]
+    positions += _encoded_positions(joined)
+    suspects: set[int] | None = None
+    if any(trigger in joined for trigger, _ in CASED_TRIGGERS) or may_hold_injected(joined):
+        pass  # rare: every string is looked at
+    elif not positions:
+        if not key_hit:
+            return value
+        suspects = set()
+    else:
+        # the strings holding a trigger, found from match positions without scanning each string again
+        starts = list(itertools.accumulate((len(text) + 1 for text in strings), initial=0))
+        suspects = {id(strings[bisect.bisect_right(starts, start) - 1]) for start in positions}
+    try:
+        return _redact_parsed(value, 0, suspects)
+    except (_TooDeep, RecursionError) as exc:
+        raise RedactionError(f"value nested deeper than {MAX_DEPTH} levels; refusing to pass it on unredacted") from exc
+
+
+def redact_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """:func:`redact_json_text` over an Arrow string column, vectorized.
+
+    One Aho-Corasick pass (polars ``contains_any``) over the whole column finds the values that
+    may hold a secret, plus those with an encoded run or a registered value in any of its forms;
+    only those go through the regular expressions.
+    """
+    import polars as pl
+
+    series = pl.Series(values)
+    # cased triggers (SK, AC) would match almost every value case-insensitively: look for them as they are
+    hits = series.str.contains_any(LOWER_TRIGGERS, ascii_case_insensitive=True)
+    hits = hits | series.str.contains(_RUN_OR_BODY)
+    with _values_lock:  # a fleet thread may register or forget values meanwhile
+        cased = [trigger for trigger, _ in CASED_TRIGGERS]
+    exact = cased + registered_variants()
+    hits = hits | series.str.contains_any(exact)
+    if len(exact) > len(cased):
+        hits = hits | series.str.replace_all(GAPS.pattern, "").str.contains_any(exact)
+    suspects = hits.fill_null(False).arg_true().to_list()
+    arrow = series.to_arrow()
+    if not suspects:
+        return arrow
+    texts = series.to_list()
+    for index in suspects:
+        texts[index] = redact_json_text(texts[index])
+    return pa.array(texts, type=arrow.type)
+
+
+redact_event = redact_value
+redact_record = redact_value
