@@ -46,10 +46,7 @@ keyed = st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), moments), max_size=
 def test_delete_keys_are_where_sessions_are_and_were_once_each(
     now: list[tuple[str, object]], was: list[tuple[str, object]]
 ) -> None:
-    frames = [
-        pl.DataFrame(rows, schema={"session_id": pl.Utf8, "started_at": pl.Datetime("us", "UTC")}, orient="row")
-        for rows in (now, was)
-    ]
-    keys = delete_keys(*frames)
-    assert keys.schema == pl.Schema({"session_id": pl.Utf8, "started_at": pl.Datetime("us", "UTC")})
+    schema = pl.Schema({"session_id": pl.Utf8(), "started_at": pl.Datetime("us", "UTC")})
+    keys = delete_keys(*(pl.DataFrame(rows, schema=schema, orient="row") for rows in (now, was)))
+    assert keys.schema == schema
     assert sorted(keys.iter_rows(), key=repr) == sorted(set(now) | set(was), key=repr)
