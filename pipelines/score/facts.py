@@ -26,6 +26,7 @@ from pipelines.score.store import (
     delete_and_append,
     delete_keys,
     index_positions,
+    refresh_view,
     replace_sessions,
 )
 from quality.config import QualityConfig
@@ -81,6 +82,12 @@ def index_sessions(
         flags_table = ensure_table(catalog, settings, FLAGS.name)
         flag_rows = arrow_rows(flags, FLAGS, config.scorer_version, now)
         replace_sessions(flags_table, flag_rows, keys, extra=DETECTOR_FLAGS)
+
+
+def refresh_index_views(con: duckdb.DuckDBPyConnection, settings: Settings, catalog: Catalog) -> None:
+    """Point the ``session_index`` and ``band_keys`` views at what level 1 wrote: level 2 reads them next."""
+    refresh_view(con, settings, catalog, SESSION_INDEX)
+    refresh_view(con, settings, catalog, BAND_KEYS)
 
 
 def make_room(

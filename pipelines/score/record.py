@@ -16,7 +16,7 @@ from common.errors import ConfigError
 from common.settings import Settings
 from quality.config import QualityConfig
 from warehouse.catalog import open_catalog
-from warehouse.tables import SCORES, ensure_table
+from warehouse.tables import SCORES, TRAJECTORIES, ensure_table
 from warehouse.transactions import retry_on_conflict, transaction
 
 log = logging.getLogger("trajlake.score")
@@ -71,6 +71,16 @@ def scoring_manifest(settings: Settings, catalog: Catalog | None = None) -> dict
             log.warning("scores table carries an unreadable scoring configuration; reporting the current one")
     config = quality_config(settings)
     return {**config.manifest(), "digest": config.digest()}
+
+
+def last_run(settings: Settings, catalog: Catalog) -> tuple[dict[str, str], int | None]:
+    """What the last run recorded (the ``scores`` table properties) and the current ``trajectories`` snapshot id.
+
+    The snapshot id is None while there are no trajectories.
+    """
+    snapshot = ensure_table(catalog, settings, TRAJECTORIES.name).current_snapshot()
+    props = ensure_table(catalog, settings, SCORES.name).properties
+    return props, snapshot.snapshot_id if snapshot else None
 
 
 def commit_scores(

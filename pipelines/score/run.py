@@ -23,11 +23,11 @@ from pipelines.score.affected import affected_sessions, every_session, moved_ses
 from pipelines.score.baselines import baselines, write_profiles
 from pipelines.score.clusters import update_clusters
 from pipelines.score.context import chunk_facts, novelty_context
-from pipelines.score.facts import drop_facts, index_sessions, make_room
-from pipelines.score.record import commit_scores, quality_config
+from pipelines.score.facts import drop_facts, index_sessions, make_room, refresh_index_views
+from pipelines.score.record import commit_scores, last_run, quality_config
 from pipelines.score.scope import RunScope, Selection, changed_sessions, plan_run, select_sessions, sessions_on_days
 from pipelines.score.stats import ScoreStats
-from pipelines.score.store import NO_POSITIONS, index_positions, refresh_view
+from pipelines.score.store import NO_POSITIONS, index_positions
 from pipelines.score.summary import summarize
 from pipelines.score.write import clear_level2, write_level2
 from quality.combine import combine
@@ -37,7 +37,6 @@ from quality.scoring import finish_scores
 from warehouse.catalog import open_catalog
 from warehouse.locks import job_lock
 from warehouse.sql import open_views
-from warehouse.tables import BAND_KEYS, SCORES, SESSION_INDEX, TRAJECTORIES, ensure_table
 
 log = logging.getLogger("trajlake.score")
 
@@ -69,10 +68,9 @@ def score_all(settings: Settings, catalog: Catalog | None = None, force: bool = 
 def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
     started = time.monotonic()
     config = quality_config(settings)
-    snapshot = ensure_table(catalog, settings, TRAJECTORIES.name).current_snapshot()
-    props = ensure_table(catalog, settings, SCORES.name).properties
+    props, snapshot_id = last_run(settings, catalog)
     stats = ScoreStats(scorer_version=config.scorer_version, config_digest=config.digest())
-    stats.trajectories_snapshot_id = snapshot.snapshot_id if snapshot else None
+    stats.trajectories_snapshot_id = snapshot_id
     # scope: what the last run recorded decides what this one covers
     scope = plan_run(
         props,
@@ -158,8 +156,7 @@ def _level1(
     for chunk in _chunks(to_index, settings.score_chunk_sessions):
         index_sessions(settings, catalog, con, chunk, config, old, stats)
         stats.changed_sessions += chunk.height
-    refresh_view(con, settings, catalog, SESSION_INDEX)
-    refresh_view(con, settings, catalog, BAND_KEYS)
+    refresh_index_views(con, settings, catalog)
     return old, to_index
 
 
