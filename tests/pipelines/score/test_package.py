@@ -1,41 +1,35 @@
-"""The package's shape: stages import one way (orchestrator on top, shared helpers below), and stay small."""
+"""The package's shape: the orchestrator on top, the stages below it, the shared helpers at the bottom.
+
+Circles between its files are :mod:`tests.test_layers`' concern (for every package); this keeps the
+direction within the package.
+"""
 
 from __future__ import annotations
 
-import ast
-from graphlib import TopologicalSorter
 from pathlib import Path
 
 import pipelines.score
+from tests.test_layers import ROOT, module_graph
 
 PACKAGE = Path(pipelines.score.__file__).parent
 #: Shared by the stages: they import no stage and not the orchestrator.
 HELPERS = {"predicates", "stats", "store"}
 
 
-def imports_within(path: Path) -> set[str]:
-    """The modules of the package that ``path`` imports (at any depth of its code)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pipelines.score"):
-            module = node.module.removeprefix("pipelines.score").lstrip(".")
-            if module:
-                found.add(module.split(".")[0])
-            else:  # ``from pipelines.score import stage``
-                found |= {alias.name for alias in node.names if (PACKAGE / f"{alias.name}.py").exists()}
-        elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[2] for a in node.names if a.name.startswith("pipelines.score.")}
-    return found
-
-
 def graph() -> dict[str, set[str]]:
-    return {path.stem: imports_within(path) for path in PACKAGE.glob("*.py") if path.stem != "__init__"}
+    """Module (short name) → the modules of the package it imports; the package ``__init__`` left out."""
+    prefix = "pipelines.score."
+    return {
+        module.removeprefix(prefix): {m.removeprefix(prefix) for m in imported if m.startswith(prefix)}
+        for module, imported in module_graph(ROOT, "pipelines").items()
+        if module.startswith(prefix)
+    }
 
 
-def test_the_modules_import_each_other_without_a_cycle() -> None:
+def test_only_the_package_imports_the_orchestrator() -> None:
     imports = graph()
-    TopologicalSorter(imports).prepare()  # raises CycleError on a cycle
-    assert not [module for module, imported in imports.items() if "run" in imported]  # run orders the stages
+    assert "run" in imports and len(imports) == len(list(PACKAGE.glob("*.py"))) - 1
+    assert [module for module, imported in imports.items() if "run" in imported] == []
 
 
 def test_shared_helpers_import_no_stage() -> None:
