@@ -178,20 +178,21 @@ def test_the_index_table_holds_every_fact_and_the_profiles_every_feature() -> No
 def test_new_sessions_of_a_day_with_a_complete_baseline_rescore_only_themselves(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pipelines.score as score
+    import pipelines.score.baselines as baselines
+    from pipelines.score import ScoreStats
 
     settings = settings.model_copy(update={"score_watermark_lag_s": 0.0})
     hour = 3_600_000_000
     profiled: list[set[object]] = []  # the days whose profiles each run computed from the index
-    real = score.profiles
+    real = baselines.profiles
 
     def counted(members: pl.DataFrame) -> pl.DataFrame:
         profiled[-1].update(members["day"])
         return real(members)
 
-    monkeypatch.setattr(score, "profiles", counted)
+    monkeypatch.setattr(baselines, "profiles", counted)
 
-    def batch(n: int, seed: int, start: int) -> score.ScoreStats:
+    def batch(n: int, seed: int, start: int) -> ScoreStats:
         write_raw(settings, [e for s in synthetic_sessions(n, seed=seed, start_us=start) for e in s])
         assemble(settings)
         profiled.append(set())
@@ -358,12 +359,12 @@ def test_a_bucket_whose_earliest_sessions_started_together_is_headed_by_the_smal
 def test_a_full_rescore_keeps_current_facts_and_leaves_no_stale_row(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, by_id: int
 ) -> None:
-    import pipelines.score
+    import pipelines.score.facts
     from common.settings import load_settings
     from pipelines.score import index_days
 
     # 0: a day with any stale session goes whole, its current facts recomputed with it
-    monkeypatch.setattr(pipelines.score, "_BY_ID_PER_DAY", by_id)
+    monkeypatch.setattr(pipelines.score.facts, "BY_ID_PER_DAY", by_id)
 
     settings = settings.model_copy(update={"score_watermark_lag_s": 0.0})
     sessions = [list(s) for d in range(DAYS) for s in synthetic_sessions(30, seed=d, start_us=BASE_US + d * DAY_US)]
@@ -398,34 +399,3 @@ def test_a_full_rescore_keeps_current_facts_and_leaves_no_stale_row(
     _assert_matches_pure(changed, stored, "after a full rescore that kept current facts")
     score_all(changed, force=True)
     _assert_equal(stored, _tables(changed), "kept facts vs every fact recomputed")
-
-
-@pytest.mark.parametrize("spread", [1, 10_000], ids=["few-ranges", "more-ranges-than-allowed"])
-def test_a_lookup_by_start_times_keeps_every_wanted_row_and_skips_other_moments(spread: int) -> None:
-    from datetime import UTC, datetime
-
-    import duckdb
-
-    from pipelines.score import _on_times
-
-    rng = random.Random(spread)
-    base = datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1e6
-    wanted = [int(base + rng.randrange(spread) * 3_600_000_000 + rng.randrange(60_000_000)) for _ in range(300)]
-    others = [int(base + 24 * 3_600_000_000 * 500 + k) for k in range(100)]  # 500 days later: in no range
-    values = pl.Series("started_at", wanted + [None], dtype=pl.Int64).cast(pl.Datetime("us", "UTC"))
-    table = pl.DataFrame({"started_at": pl.Series(wanted + others + [None]).cast(pl.Datetime("us", "UTC"))})
-    con = duckdb.connect()
-    con.register("t", table.to_arrow())
-    predicate = _on_times(values)
-    found = con.sql(f"SELECT started_at FROM t WHERE {predicate}").pl()["started_at"]
-    assert set(values.to_list()) <= set(found.to_list())  # every wanted start, and the NULL one
-    assert not set(table["started_at"].to_list()[300:400]) & set(found.to_list())
-    assert predicate.count("BETWEEN") <= 64
-    if spread > 1:  # the ranges close the narrowest gaps: a minute grid over the span is mostly outside them
-        lo, hi = min(wanted), max(wanted)
-        grid = pl.DataFrame({"started_at": pl.int_range(lo, hi, 60_000_000, eager=True)}).with_columns(
-            pl.col("started_at").cast(pl.Datetime("us", "UTC"))
-        )
-        con.register("grid", grid.to_arrow())
-        inside = con.sql(f"SELECT count(*) FROM grid WHERE {predicate}").fetchall()[0][0]
-        assert inside < 0.75 * grid.height, (inside, grid.height)
