@@ -1,7 +1,7 @@
 """Quality layer: scores, cheat flags, behaviour anomalies, failure causes, deduplication.
 
 Pure functions over polars frames; Dagster and the CLI only wire them
-(``pipelines/score.py``, ``dagster_project/defs/quality.py``).
+(``pipelines/score/``, ``dagster_project/defs/quality.py``).
 """
 
 #: Bumped whenever a rule, weight default or feature changes, so stored rows can be recomputed.

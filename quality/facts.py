@@ -1,6 +1,6 @@
 """Level 1 of scoring: what can be said about one session from its own events alone.
 
-Scoring has two levels so that it can run incrementally (``pipelines/score.py``):
+Scoring has two levels so that it can run incrementally (``pipelines/score/``):
 
 1. **Session facts** (this module): the detectors' flags and their governance, failure cause and
    retry advice, the longest loop, the behaviour features, the exact-duplicate key, the MinHash

@@ -13,7 +13,7 @@
   duplicate. The record carries the session's flags (``scores.flags``).
 
 :func:`score_sessions` runs both levels (:mod:`quality.facts`, :mod:`quality.combine`) over one set
-of sessions in memory; ``pipelines/score.py`` computes the same tables incrementally.
+of sessions in memory; ``pipelines/score/`` computes the same tables incrementally.
 """
 
 from __future__ import annotations

@@ -211,7 +211,7 @@ def register(spec: TableSpec) -> TableSpec:
 for _spec in (RAW_EVENTS, DEAD_LETTERS, TRAJECTORIES, STEPS):
     register(_spec)
 
-# Quality layer (quality/, pipelines/score.py, pipelines/export.py): rewritten per scoring run.
+# Quality layer (quality/, pipelines/score/, pipelines/export/): rewritten per scoring run.
 SCORES = register(
     TableSpec(
         name="scores",
@@ -331,7 +331,7 @@ DUPLICATES = register(
                 ("scored_at", _TS),
                 ("started_at", _TS),  # the session's; the partition
                 # the member's, as in session_index: a new session joins a cluster without its members
-                # being read from the index across history (pipelines.score._grown_clusters)
+                # being read from the index across history (pipelines.score.growth.grown_clusters)
                 ("exact_key", pa.int64()),
                 ("signature", pa.binary()),
             ]
