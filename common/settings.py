@@ -136,6 +136,32 @@ class Settings(BaseSettings):
         "spills to TRAJLAKE_HOME/tmp (out-of-core), so a large backlog does not need a large machine.",
     )
 
+    # The LLM agent (``trajlake fleet run --agent llm``); each has a ``fleet run`` flag that overrides it
+    llm_request_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="TRAJLAKE_LLM_REQUEST_TIMEOUT_S: seconds one model request may take (a slow server's long "
+        "generation needs more; a try past it is retried as a timeout).",
+    )
+    llm_max_retries: int = Field(
+        4, ge=0, description="TRAJLAKE_LLM_MAX_RETRIES: retries of a transient model-API failure (429, 5xx, timeout)."
+    )
+    llm_backoff_s: float = Field(
+        0.5, ge=0, description="TRAJLAKE_LLM_BACKOFF_S: first wait between tries of a model request (doubling)."
+    )
+    llm_max_model_calls: int | None = Field(
+        200,
+        ge=1,
+        description="TRAJLAKE_LLM_MAX_MODEL_CALLS: model calls an LLM session may make (malformed and unknown tool "
+        "calls count); unset for no cap.",
+    )
+    llm_token_mode: str = Field(
+        "chat",
+        pattern=r"^(chat|tito)$",
+        description="TRAJLAKE_LLM_TOKEN_MODE: chat (messages to the chat endpoint) or tito (token in, token out: "
+        "the conversation kept as token ids, each turn sent as ids).",
+    )
+
     # SQL (``trajlake sql`` and every ``warehouse.sql.run_query``)
     sql_timeout_s: float = Field(
         300.0, gt=0, description="TRAJLAKE_SQL_TIMEOUT_S: a query still running after this long is interrupted."

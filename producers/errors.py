@@ -59,3 +59,15 @@ class AgentToolError(FleetError):
 
 class ModelAPIError(FleetError):
     """The model endpoint answered with an error that retrying does not fix, or kept failing past the retries."""
+
+
+class ModelConfigError(ModelAPIError, TerminalError):
+    """The model endpoint refused the request as configured (401/403: the key; 404: the model name or the path).
+
+    Rerunning the session cannot help: the endpoint, model name, key or token mode has to change.
+    """
+
+
+class TokenModeError(ModelAPIError, TerminalError):
+    """Token-in/token-out cannot keep one exact sequence with this server (a template that is not prefix-stable,
+    a response without token ids)."""

@@ -195,7 +195,9 @@ def combine(
     )
     evaluator = pl.coalesce(pl.col("reward").cast(pl.Float64), pl.col("eval_passed").cast(pl.Float64), pl.lit(0.0))
     completion = pl.when(pl.col("cheat_confirmed")).then(0.0).otherwise(evaluator.clip(0.0, 1.0))
-    bad_end = pl.col("failure_cause").is_in(["infrastructure_error", "reaper_timeout", "still_running"])
+    bad_end = pl.col("failure_cause").is_in(
+        ["infrastructure_error", "configuration_error", "reaper_timeout", "still_running"]
+    )
     validity = (
         pl.when(bad_end)
         .then(0.0)

@@ -5,7 +5,9 @@ worth a rerun; capability failures (wrong answer, gave up, cheated) are not — 
 burns compute on the same policy. A reaper timeout is ambiguous (a hung agent or a slow
 machine), so it gets one rerun. A run that hit its framework's step, cost or context limit is
 ``limit_reached``; a run nobody evaluated is ``unevaluated`` (never ``wrong_answer``: nothing
-says it was wrong). The framework's own exit status stays in ``exit_reason``.
+says it was wrong). A model endpoint that refused the request as configured (a wrong model name,
+key or path: HTTP 401/403/404) is ``configuration_error``: rerunning repeats it until the
+configuration changes. The framework's own exit status stays in ``exit_reason``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import polars as pl
 RETRY_ADVICE = {
     "success": "none",
     "infrastructure_error": "rerun",
+    "configuration_error": "fix_configuration",
     "reaper_timeout": "rerun_once",
     "limit_reached": "rerun_with_higher_limits",
     "agent_gave_up": "do_not_rerun",
@@ -34,12 +37,14 @@ INFRASTRUCTURE_PATTERN = (
     r"|\b(?:429|500|502|503|504|529)\b|sandbox died|infra|\boom\b|out of memory|crash|host lost|docker|container"
     r"|runtime (?:died|error)|agentruntime|environment (?:error|failed)"
 )
+#: Exit reasons of a request the model endpoint refused as configured (the fleet's words; 401/403/404 answers).
+CONFIGURATION_PATTERN = r"^model_config_error\b|authenticationerror|permissiondeniederror|notfounderror"
 #: Exit reasons of a framework limit: steps, iterations, cost, tokens or context window.
 LIMIT_PATTERN = (
     r"limitsexceeded|limit[s]? (?:reached|exceeded)|exit_cost|exit_context|exit_total_execution_time|cost limit"
     r"|step limit|step_limit|max[_ ]?iterations|maximum iterations|max_steps|context ?window|context length"
     r"|contextwindowexceeded|budget exceeded|token limit|max_tokens|time limit|time_limit|exceeded"
-    r"|max_model_tokens|max_cost_usd|^deadline$"  # the live fleet's own caps (status ``capped``)
+    r"|max_model_tokens|max_model_calls|max_cost_usd|^deadline$"  # the live fleet's own caps (status ``capped``)
 )
 
 
@@ -68,6 +73,8 @@ def failure_causes(trajectories: pl.DataFrame, steps: pl.DataFrame, cheaters: pl
         .then(pl.lit("success"))
         .when(status == "running")
         .then(pl.lit("still_running"))
+        .when(reason.str.contains(CONFIGURATION_PATTERN))
+        .then(pl.lit("configuration_error"))
         .when(
             reason.str.contains(INFRASTRUCTURE_PATTERN)
             | (reason == "idle_timeout")  # no session_end: the host or its stream was lost

@@ -411,6 +411,30 @@ def fleet_run(
     api_key_env: Annotated[str | None, typer.Option(help="--agent llm: env var holding the API key.")] = None,
     temperature: Annotated[float, typer.Option(help="--agent llm: sampling temperature.")] = 0.0,
     max_tokens: Annotated[int, typer.Option(min=1, help="--agent llm: completion tokens per call.")] = 1024,
+    token_mode: Annotated[
+        str | None,
+        typer.Option(help="--agent llm: chat, or tito (token in, token out; TRAJLAKE_LLM_TOKEN_MODE)."),
+    ] = None,
+    engine: Annotated[
+        str, typer.Option(help="--agent llm: the server kind: auto, vllm, sglang or llama.cpp (tito needs one).")
+    ] = "auto",
+    tokenizer: Annotated[
+        str | None, typer.Option(help="--agent llm --token-mode tito: the model's tokenizer directory (SGLang).")
+    ] = None,
+    request_timeout: Annotated[
+        float | None,
+        typer.Option(min=0.1, help="--agent llm: seconds per model request (TRAJLAKE_LLM_REQUEST_TIMEOUT_S)."),
+    ] = None,
+    max_retries: Annotated[
+        int | None,
+        typer.Option(min=0, help="--agent llm: retries of a transient model error (TRAJLAKE_LLM_MAX_RETRIES)."),
+    ] = None,
+    max_model_calls: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Cap: model calls per LLM session, malformed ones too (TRAJLAKE_LLM_MAX_MODEL_CALLS)."
+        ),
+    ] = None,
     max_steps: Annotated[int | None, typer.Option(min=0, help="Cap: tool calls per session.")] = None,
     max_model_tokens: Annotated[int | None, typer.Option(min=0, help="Cap: model tokens per session.")] = None,
     max_cost_usd: Annotated[float | None, typer.Option(min=0.0, help="Cap: model cost per session.")] = None,
@@ -424,10 +448,24 @@ def fleet_run(
     from producers.fleet import run_fleet
     from producers.fleet.agent_caps import Caps
 
-    llm = _llm_options(agent, model_endpoint, model, api_key_env, temperature, max_tokens)
-    caps = Caps(max_steps, max_model_tokens, max_cost_usd)
+    settings = _settings()
+    llm = _llm_options(
+        agent,
+        model_endpoint,
+        model,
+        api_key_env,
+        temperature,
+        max_tokens,
+        token_mode=token_mode,
+        engine=engine,
+        tokenizer=tokenizer,
+        request_timeout=request_timeout,
+        max_retries=max_retries,
+    )
+    model_calls = max_model_calls if max_model_calls is not None else settings.llm_max_model_calls
+    caps = Caps(max_steps, max_model_tokens, max_cost_usd, max_model_calls=model_calls)
     report = run_fleet(
-        _settings(),
+        settings,
         backend=backend.value,
         sessions=sessions,
         concurrency=concurrency,
@@ -454,15 +492,37 @@ def _llm_options(
     api_key_env: str | None,
     temperature: float,
     max_tokens: int,
+    *,
+    token_mode: str | None = None,
+    engine: str = "auto",
+    tokenizer: str | None = None,
+    request_timeout: float | None = None,
+    max_retries: int | None = None,
 ) -> object:
-    """The LLM configuration of ``fleet run``/``fleet retry`` (``None`` without ``--model-endpoint``)."""
+    """The LLM configuration of ``fleet run``/``fleet retry`` (``None`` without ``--model-endpoint``).
+
+    Flags left unset take the ``TRAJLAKE_LLM_*`` settings.
+    """
     llm = None
     if endpoint or model:
         if not (endpoint and model):
             raise typer.BadParameter("--model-endpoint and --model go together")
         from producers.fleet.llm import LLMConfig
 
-        llm = LLMConfig(endpoint, model, api_key_env, temperature=temperature, max_tokens=max_tokens)
+        settings = _settings()
+        llm = LLMConfig(
+            endpoint,
+            model,
+            api_key_env,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            timeout_s=request_timeout if request_timeout is not None else settings.llm_request_timeout_s,
+            max_retries=max_retries if max_retries is not None else settings.llm_max_retries,
+            backoff_s=settings.llm_backoff_s,
+            token_mode=token_mode or settings.llm_token_mode,
+            engine=engine,
+            tokenizer=tokenizer,
+        )
     elif agent == "llm":
         raise typer.BadParameter("--agent llm needs --model-endpoint URL and --model NAME")
     return llm

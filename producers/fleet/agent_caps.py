@@ -1,7 +1,9 @@
-"""Per-session action caps and budgets: steps, model tokens, cost and the wall-clock deadline.
+"""Per-session action caps and budgets: steps, model calls, model tokens, cost and the wall-clock deadline.
 
 A cap ends the agent's phase (evaluation follows as for any session) and names itself in the
-session's ``exit_reason``: ``max_steps``, ``max_model_tokens``, ``max_cost_usd`` or ``deadline``.
+session's ``exit_reason``: ``max_steps``, ``max_model_calls``, ``max_model_tokens``,
+``max_cost_usd`` or ``deadline``. A step is every tool call the model made, a malformed one or one
+naming an unknown tool included; a model call is every call, whatever its answer.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-CAP_REASONS = ("max_steps", "max_model_tokens", "max_cost_usd", "deadline")
+CAP_REASONS = ("max_steps", "max_model_calls", "max_model_tokens", "max_cost_usd", "deadline")
 
 
 class CapReached(Exception):
@@ -32,6 +34,7 @@ class Caps:
 
     Args:
         max_steps: tool calls the agent may make.
+        max_model_calls: model calls a live model agent may make.
         max_model_tokens: prompt + completion tokens over all model calls.
         max_cost_usd: model cost.
         deadline: ``time.monotonic()`` value after which the agent may start nothing new.
@@ -41,8 +44,9 @@ class Caps:
     max_model_tokens: int | None = None
     max_cost_usd: float | None = None
     deadline: float | None = None
+    max_model_calls: int | None = None
 
-    def check(self, *, steps: int, model_tokens: int, cost_usd: float) -> None:
+    def check(self, *, steps: int, model_tokens: int, cost_usd: float, model_calls: int = 0) -> None:
         """Raise when the next step would exceed a cap.
 
         Raises:
@@ -50,6 +54,8 @@ class Caps:
         """
         if self.max_steps is not None and steps >= self.max_steps:
             raise CapReached("max_steps", f"{steps} steps of {self.max_steps}")
+        if self.max_model_calls is not None and model_calls >= self.max_model_calls:
+            raise CapReached("max_model_calls", f"{model_calls} model calls of {self.max_model_calls}")
         if self.max_model_tokens is not None and model_tokens >= self.max_model_tokens:
             raise CapReached("max_model_tokens", f"{model_tokens} tokens of {self.max_model_tokens}")
         if self.max_cost_usd is not None and cost_usd >= self.max_cost_usd:

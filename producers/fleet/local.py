@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from producers.errors import ModelAPIError
+from producers.errors import ModelAPIError, ModelConfigError
 from producers.fleet import EventSink, FleetReport, LabelWriter, percentiles
 from producers.fleet.agent_api import AgentSession, AgentSpec, resolve_agent
 from producers.fleet.agent_caps import CapReached, Caps
@@ -330,12 +330,14 @@ class LocalFleet:
             self.caps.max_model_tokens,
             self.caps.max_cost_usd,
             started + timeout_s if live else None,  # a scripted policy meets only the reaper
+            self.caps.max_model_calls,
         )
         ctx = AgentContext(emitter, sandbox, task, random.Random(rng.getrandbits(64)), self.perturb, caps=caps)
         outcome: AgentOutcome | None = None
         crashed: str | None = None
         cap: str | None = None
         api_error: str | None = None
+        config_error = False
         try:
             if agent is None:
                 outcome = POLICIES[policy](ctx)
@@ -347,6 +349,8 @@ class LocalFleet:
         except CapReached as exc:
             cap = exc.reason
             outcome = AgentOutcome("capped", "unknown")
+        except ModelConfigError as exc:  # a wrong model name, key or path: no rerun fixes it
+            api_error, config_error = str(exc), True
         except ModelAPIError as exc:
             api_error = str(exc)
         except Exception:  # a custom agent's own bug: its session fails, the fleet goes on
@@ -372,7 +376,8 @@ class LocalFleet:
         elif sandbox.reaped:
             status, exit_reason = "timeout", "reaper"
         elif api_error is not None:
-            status, exit_reason = "error", f"model_api_error: {api_error}"[:200]
+            kind = "model_config_error" if config_error else "model_api_error"
+            status, exit_reason = "error", f"{kind}: {api_error}"[:200]
         elif outcome is not None and outcome.status == "failed" and live:
             status, exit_reason = "failed", "agent_raised"
         elif crashed is not None or outcome is None:

@@ -37,10 +37,12 @@ def test_v1_and_v2_writers_both_decode_under_the_latest_reader() -> None:
 
 
 def test_shipped_versions_are_backward_compatible_and_the_new_kind_is_not_forward() -> None:
-    assert check_shipped(Compatibility.BACKWARD) == {(1, 2): [], (1, 3): [], (2, 3): []}
+    backward = check_shipped(Compatibility.BACKWARD)
+    assert set(backward) == {(1, 2), (1, 3), (1, 4), (2, 3), (2, 4), (3, 4)} and not any(backward.values())
     forward = check_shipped(Compatibility.FORWARD)
     assert len(forward[(1, 2)]) == 1 and "Annotation" in forward[(1, 2)][0]
     assert forward[(1, 3)] == forward[(1, 2)] and forward[(2, 3)] == []  # v3 adds no kind: v2 readers read it
+    assert forward[(3, 4)] == [] and forward[(2, 4)] == []  # v4 adds only optional model-call fields
 
 
 @pytest.mark.parametrize(

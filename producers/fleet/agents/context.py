@@ -68,6 +68,7 @@ class AgentContext:
     on_step: Callable[[], None] | None = None
     caps: Caps = field(default_factory=Caps)
     model_tokens: int = 0  # prompt + completion tokens of every model call so far (the max_model_tokens budget)
+    model_calls: int = 0  # model calls a live model agent made (the max_model_calls budget)
     live_turn: dict[str, Any] | None = None  # set by a live agent: its action fields replace the simulated turn
 
     def check_caps(self) -> None:
@@ -76,7 +77,9 @@ class AgentContext:
         Raises:
             CapReached: naming the cap.
         """
-        self.caps.check(steps=self.steps, model_tokens=self.model_tokens, cost_usd=self.cost_usd)
+        self.caps.check(
+            steps=self.steps, model_tokens=self.model_tokens, cost_usd=self.cost_usd, model_calls=self.model_calls
+        )
 
     def _model_turn(self, thought: str, command: str, tool: str, arguments: dict[str, Any]) -> str:
         if self.live_turn is not None:  # a live agent's own model call was recorded already: only the action

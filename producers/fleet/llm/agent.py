@@ -1,10 +1,17 @@
-"""The LLM agent: an OpenAI-compatible chat-completions loop with the session's tools.
+"""The LLM agent: an OpenAI-compatible loop with the session's tools, in chat or token-in/token-out mode.
 
 The loop runs on the host (the sandbox never reaches the model endpoint): send the
 conversation and the tool definitions, record the call, run each tool call the model made
 through :class:`~producers.fleet.agent_api.AgentSession` (recorded like every policy's calls),
 append the tool results, repeat until the model answers without a tool call, calls
-``submit``, or a cap is reached.
+``submit``, or a cap is reached. Every model call counts against ``max_model_calls`` and every
+tool call against ``max_steps``, a malformed one (arguments that are not a JSON object) or one
+naming an unknown tool included: they are answered with an error and count all the same.
+
+``token_mode='chat'`` sends messages to the chat endpoint (the server's template renders them);
+``token_mode='tito'`` keeps the conversation as one token sequence and sends each turn as ids
+(``producers.fleet.llm.tito``), so the recorded ids are one exact sequence whatever the template
+does to history.
 
 Each try of each call is one ``agent_input`` event whose ``model_call`` (schema v3) holds the
 request as a content-addressed delta, the sampling parameters, the finish reason, usage with
@@ -27,6 +34,18 @@ from producers.fleet.agent_caps import CapReached
 from producers.fleet.agents import PRICE_PER_MTOK
 from producers.fleet.llm.client import ChatClient, Try
 from producers.fleet.llm.record import CallRecorder, ContentStore, canonical, parse_response, request_message
+from producers.fleet.llm.tito import (
+    ENGINES,
+    LocalRenderer,
+    Renderer,
+    ServerRenderer,
+    TokenConversation,
+    chat_response,
+    engine_name,
+    generate_request,
+    parse_generation,
+    parse_hermes,
+)
 
 POLICY_VERSION = "llm-agent-1"
 
@@ -100,6 +119,12 @@ class LLMConfig:
         backoff_s: first retry wait (doubling).
         prices: USD per million tokens: ``input`` (uncached prompt), ``cached``, ``output``.
         extra_body: more request fields (``top_p``, ``seed``, ``stop`` …), recorded with the sampling parameters.
+        token_mode: ``chat`` (messages to the chat endpoint) or ``tito`` (token in, token out).
+        engine: the server kind: ``auto`` (chat mode reads whichever ids a response carries), ``vllm``,
+            ``sglang``, ``llama.cpp``; ``tito`` needs one of the last three.
+        tokenizer: ``tito``: ``None`` renders with the server's template endpoint (vLLM, llama.cpp), a
+            path renders with the model's own tokenizer (``transformers``; SGLang needs it).
+        renderer: ``tito``: a ready renderer (tests, embedding hosts); overrides ``tokenizer``.
     """
 
     endpoint: str
@@ -113,12 +138,27 @@ class LLMConfig:
     backoff_s: float = 0.5
     prices: dict[str, float] = field(default_factory=lambda: dict(PRICE_PER_MTOK))
     extra_body: dict[str, Any] = field(default_factory=dict)
+    token_mode: str = "chat"
+    engine: str = "auto"
+    tokenizer: str | None = None
+    renderer: Renderer | None = None
+
+    def __post_init__(self) -> None:
+        self.engine = engine_name(self.engine)
+        if self.token_mode not in ("chat", "tito"):
+            raise ModelAPIError(f"token mode must be chat or tito, not {self.token_mode!r}")
+        if self.engine != "auto" and self.engine not in (*ENGINES, "openai"):
+            raise ModelAPIError(f"engine must be auto, {', '.join(ENGINES)} or openai, not {self.engine!r}")
+        if self.token_mode == "tito" and self.engine not in ENGINES:
+            raise ModelAPIError(f"--token-mode tito needs --engine {' | '.join(ENGINES)} (got {self.engine})")
 
     def sampling(self) -> dict[str, Any]:
         """The sampling parameters of every request (recorded canonically in each call)."""
         params: dict[str, Any] = {"temperature": self.temperature, "max_tokens": self.max_tokens, **self.extra_body}
-        if self.request_logprobs:
-            params.update(logprobs=True, return_token_ids=True)
+        if self.request_logprobs and self.token_mode == "chat":
+            params["logprobs"] = True
+            if self.engine in ("auto", "vllm"):  # a vLLM extension; llama.cpp puts ids in the logprobs anyway
+                params["return_token_ids"] = True
         return params
 
     def api_key(self) -> str | None:
@@ -181,15 +221,26 @@ class LLMAgent:
 
     def _loop(self, session: AgentSession, client: ChatClient) -> None:
         ctx = session.context
+        config = self.config
         recorder = CallRecorder(self.store)
-        sampling = self.config.sampling()
+        sampling = config.sampling()
+        engine = None if config.engine == "auto" else config.engine
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": session.instruction},
         ]
+        tokens: TokenConversation | None = None
+        if config.token_mode == "tito":
+            renderer = config.renderer or (
+                LocalRenderer(config.tokenizer)
+                if config.tokenizer
+                else ServerRenderer(client, config.engine, config.model, ctx.caps.remaining_s)
+            )
+            tokens = TokenConversation(renderer, list(messages), TOOLS)
+            tokens.start()
         while not session.submitted:
             ctx.check_caps()
-            request = {"model": self.config.model, "messages": messages, "tools": TOOLS, **sampling}
+            ctx.model_calls += 1  # counted before it is made: a call that fails counts too
             message_id = f"mc_{ctx.session.session_id[:12]}_{recorder.calls}"
 
             def failed(attempt: Try, index: int, message_id: str = message_id) -> None:
@@ -197,32 +248,50 @@ class LLMAgent:
                 record = recorder.record(
                     messages=messages,
                     tools=TOOLS,
-                    model=self.config.model,
+                    model=config.model,
                     sampling=sampling,
                     response=None,
                     latency_ms=attempt.latency_ms,
                     try_index=index,
                     http_status=attempt.status,
                     error=attempt.error,
+                    token_mode=config.token_mode,
+                    engine=engine,
                 )
                 self._emit(ctx, record, message_id)
                 if ctx.caps.remaining_s() == 0.0:
                     raise CapReached("deadline", f"the model call was still failing at the deadline ({attempt.error})")
 
-            attempt, index = client.complete(request, on_failure=failed, deadline_s=ctx.caps.remaining_s)
-            assert attempt.body is not None  # complete() returns only successful tries
-            parsed = parse_response(attempt.body)
-            cost = cost_of(parsed.usage, self.config.prices)
+            if tokens is None:
+                request = {"model": config.model, "messages": messages, "tools": TOOLS, **sampling}
+                attempt, index = client.complete(request, on_failure=failed, deadline_s=ctx.caps.remaining_s)
+                assert attempt.body is not None  # complete() returns only successful tries
+                response = attempt.body
+                completion_ids: list[int] = []
+            else:
+                prompt = list(tokens.ids)
+                path, body = generate_request(config.engine, config.model, prompt, sampling, config.request_logprobs)
+                attempt, index = client.post(path, body, on_failure=failed, deadline_s=ctx.caps.remaining_s)
+                assert attempt.body is not None
+                generation = parse_generation(config.engine, attempt.body)
+                reply = parse_hermes(generation.text, f"call_{recorder.calls}")
+                response = chat_response(generation, reply, prompt)
+                completion_ids = generation.completion_ids
+                tokens.add_completion(completion_ids)
+            parsed = parse_response(response)
+            cost = cost_of(parsed.usage, config.prices)
             record = recorder.record(
                 messages=messages,
                 tools=TOOLS,
-                model=self.config.model,
+                model=config.model,
                 sampling=sampling,
-                response=attempt.body,
+                response=response,
                 latency_ms=attempt.latency_ms,
                 try_index=index,
                 http_status=attempt.status,
                 cost_usd=round(cost, 10),
+                token_mode=config.token_mode,
+                engine=engine,
             )
             self._emit(ctx, record, message_id)
             ctx.model_tokens += (parsed.usage.get("prompt_tokens") or 0) + (parsed.usage.get("completion_tokens") or 0)
@@ -232,6 +301,7 @@ class LLMAgent:
             if not calls:  # the model answered without a tool: it is done
                 session.submit()
                 break
+            results: list[dict[str, Any]] = []
             for position, call in enumerate(calls):
                 turn: dict[str, Any] = {"tool_call_id": call["id"], "message_id": message_id}
                 if position == 0:  # the call's tokens, cost and latency go with its first action
@@ -246,9 +316,12 @@ class LLMAgent:
                 else:
                     turn["output_tokens"] = 0
                 result = self._dispatch(session, call, turn)
-                messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+                results.append({"role": "tool", "tool_call_id": call["id"], "content": result})
                 if session.submitted:
                     break
+            messages.extend(results)
+            if tokens is not None and not session.submitted:
+                tokens.add_environment(results, completion_ids, parsed.finish_reason)
 
     @staticmethod
     def _emit(ctx: Any, record: dict[str, Any], message_id: str) -> str:
@@ -268,12 +341,15 @@ class LLMAgent:
         """Run one tool call; its result text goes back to the model (errors too, as text)."""
         function = call.get("function") or {}
         name = function.get("name")
+        known = {t["function"]["name"] for t in TOOLS}
         try:
             arguments = json.loads(function.get("arguments") or "{}")
             if not isinstance(arguments, dict):
                 raise ValueError("arguments are not an object")
         except ValueError as exc:
-            return f"error: the arguments of {name} are not a JSON object ({exc})"
+            return LLMAgent._refused(session, f"error: the arguments of {name} are not a JSON object ({exc})")
+        if name not in known:
+            return LLMAgent._refused(session, f"error: unknown tool {name!r}; tools: {canonical(sorted(known))}")
         try:
             if name == "bash":
                 timeout = arguments.get("timeout")
@@ -293,4 +369,16 @@ class LLMAgent:
                 return "submitted"
         except AgentToolError as exc:
             return f"error: {exc}"
-        return f"error: unknown tool {name!r}; tools: {canonical([t['function']['name'] for t in TOOLS])}"
+        return f"error: unknown tool {name!r}"  # unreachable: every known tool is handled above
+
+    @staticmethod
+    def _refused(session: AgentSession, answer: str) -> str:
+        """A tool call that runs nothing still is a step: it counts against ``max_steps``.
+
+        Raises:
+            CapReached: the step cap (or another) is reached.
+        """
+        ctx = session.context
+        ctx.check_caps()
+        ctx.steps += 1
+        return answer

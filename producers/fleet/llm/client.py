@@ -1,9 +1,15 @@
-"""A small OpenAI-compatible chat-completions client on ``http.client`` (keep-alive, retries by cause).
+"""A small OpenAI-compatible client on ``http.client`` (keep-alive, retries by cause).
 
 One client per session, one persistent connection. Transient failures (HTTP 429, 5xx, a
 timeout, a dropped connection) are retried with exponential backoff (``Retry-After`` honoured up
 to the cap); every failed try is reported to ``on_failure`` so the session records it. Other
-4xx answers and undecodable bodies are not retried.
+4xx answers and undecodable bodies are not retried; 401, 403 and 404 (a wrong key, model name or
+path) raise :class:`~producers.errors.ModelConfigError`, which no rerun fixes.
+
+Paths: ``complete`` posts to ``{endpoint}/chat/completions``; ``post`` takes a path under the
+endpoint (``/completions``) or, starting with ``//``, under the server's root (the endpoint
+without its trailing ``/v1``: vLLM's ``/tokenize``, SGLang's ``/generate``, llama.cpp's
+``/completion``).
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from producers.errors import ModelAPIError
+from producers.errors import ModelAPIError, ModelConfigError
 
 TRANSIENT_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+#: answers that mean the request is misconfigured (key, model name, endpoint path), not that the server is busy
+CONFIG_STATUS = frozenset({401, 403, 404})
 
 
 @dataclass
@@ -86,7 +94,9 @@ class ChatClient:
         self._https = parts.scheme == "https"
         self._host = parts.hostname
         self._port = parts.port
-        self._path = parts.path.rstrip("/") + "/chat/completions"
+        self._base = parts.path.rstrip("/")
+        self._root = self._base[: -len("/v1")] if self._base.endswith("/v1") else self._base
+        self._path = self._base + "/chat/completions"
         self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -112,12 +122,23 @@ class ChatClient:
             self._conn.close()
             self._conn = None
 
-    def try_once(self, body: bytes, timeout: float | None = None) -> Try:
-        """One POST; never raises for HTTP or network failures (they are in the ``Try``)."""
+    def url_path(self, path: str) -> str:
+        """The request path of ``path``: under the endpoint, or under the server root when it starts with ``//``."""
+        return self._root + path[1:] if path.startswith("//") else self._base + path
+
+    def try_once(self, body: bytes, timeout: float | None = None, path: str | None = None, chat: bool = True) -> Try:
+        """One POST; never raises for HTTP or network failures (they are in the ``Try``).
+
+        Args:
+            body: the JSON body.
+            timeout: socket timeout (default ``timeout_s``).
+            path: the request path (default the chat-completions path).
+            chat: the answer must have ``choices`` (an OpenAI completion); else any JSON object does.
+        """
         started = time.perf_counter()
         conn = self._connection(timeout if timeout is not None else self.timeout_s)
         try:
-            conn.request("POST", self._path, body=body, headers=self._headers)
+            conn.request("POST", path or self._path, body=body, headers=self._headers)
             response = conn.getresponse()
             data = response.read()
         except TimeoutError as exc:
@@ -142,8 +163,8 @@ class ChatClient:
             decoded = json.loads(data)
         except ValueError as exc:
             return Try(None, response.status, f"undecodable response body: {exc}", latency)
-        if not isinstance(decoded, dict) or not decoded.get("choices"):
-            return Try(None, response.status, "response has no choices", latency)
+        if not isinstance(decoded, dict) or (chat and not decoded.get("choices")):
+            return Try(None, response.status, "response has no choices" if chat else "response is no object", latency)
         return Try(decoded, response.status, None, latency, headers=dict(response.getheaders()))
 
     def complete(
@@ -152,7 +173,7 @@ class ChatClient:
         on_failure: Callable[[Try, int], None] | None = None,
         deadline_s: Callable[[], float | None] | None = None,
     ) -> tuple[Try, int]:
-        """POST with retries; returns the successful try and its index.
+        """POST a chat completion with retries; returns the successful try and its index.
 
         Args:
             request: the JSON body.
@@ -160,17 +181,39 @@ class ChatClient:
             deadline_s: seconds left in the session (``None``: no deadline); bounds timeouts and waits.
 
         Raises:
-            ModelAPIError: a non-transient failure, or transient ones past ``max_retries``.
+            ModelConfigError: 401, 403 or 404 (the key, the model name or the path is wrong).
+            ModelAPIError: another non-transient failure, or transient ones past ``max_retries``.
+        """
+        return self.post("/chat/completions", request, on_failure, deadline_s, chat=True)
+
+    def post(
+        self,
+        path: str,
+        request: Mapping[str, Any],
+        on_failure: Callable[[Try, int], None] | None = None,
+        deadline_s: Callable[[], float | None] | None = None,
+        *,
+        chat: bool = False,
+    ) -> tuple[Try, int]:
+        """POST ``request`` to ``path`` (see :meth:`url_path`) with retries by cause.
+
+        Raises:
+            ModelConfigError: 401, 403 or 404.
+            ModelAPIError: another non-transient failure, or transient ones past ``max_retries``.
         """
         body = json.dumps(request, separators=(",", ":")).encode()
+        url_path = self.url_path(path)
         for index in range(self.max_retries + 1):
             left = deadline_s() if deadline_s is not None else None
             timeout = self.timeout_s if left is None else max(0.05, min(self.timeout_s, left))
-            attempt = self.try_once(body, timeout)
+            attempt = self.try_once(body, timeout, url_path, chat)
             if attempt.error is None:
                 return attempt, index
             if on_failure is not None:
                 on_failure(attempt, index)
+            if attempt.status in CONFIG_STATUS:
+                hint = "check the model name, key and endpoint"
+                raise ModelConfigError(f"model API {url_path}: {attempt.error} ({hint})")
             if not attempt.transient or index == self.max_retries:
                 raise ModelAPIError(f"model API: {attempt.error} (try {index + 1} of {self.max_retries + 1})")
             wait = min(self.backoff_cap_s, self.backoff_s * 2**index) * self._rng.uniform(0.75, 1.25)

@@ -13,6 +13,11 @@ The design (schema v3, ``AgentInput.model_call``):
   tool list sent by thousands of sessions is stored once.
 - Prompt token ids are stored as ``prompt_token_ids_shared`` (leading ids equal to the previous
   call's prompt + completion ids) and the remaining ids; completion ids and logprobs whole.
+- Schema v4 adds where the ids come from: ``token_mode`` (``chat``: messages sent, the server's
+  template renders them; ``tito``: the conversation kept as ids and sent as ids), ``engine`` (the
+  response shape the ids were read from: ``vllm``, ``sglang``, ``llama.cpp``, or ``openai`` for a
+  server that returns none) and ``record_level`` (``token`` when the call has completion ids,
+  ``message`` when the server gave only text).
 
 :func:`reconstruct` turns one session's recorded calls back into exact request messages and
 prompt token ids. Caveat: blob texts pass through the producer's secret redaction like every
@@ -123,10 +128,16 @@ class CallRecorder:
         http_status: int | None = None,
         error: str | None = None,
         cost_usd: float | None = None,
+        token_mode: str = "chat",
+        engine: str | None = None,
     ) -> dict[str, Any]:
         """The ``model_call`` record of one try of one call (a failed try too: ``error`` set).
 
         Only a successful try advances the delta base (the next call is relative to it).
+
+        Args:
+            token_mode: ``chat`` or ``tito`` (how the prompt was sent).
+            engine: the server kind; ``None`` guesses it from the response's shape.
         """
         blobs: list[dict[str, str]] = []
         pending: set[str] = set()
@@ -161,11 +172,16 @@ class CallRecorder:
             "completion_token_ids": [],
             "completion_logprobs": [],
             "completion_tokens_text": [],
+            "token_mode": token_mode,
+            "engine": engine,
+            "record_level": None,
         }
         if error is not None or response is None:
             return record
         parsed = parse_response(response)
         record.update(
+            engine=engine or parsed.engine,
+            record_level="token" if parsed.completion_token_ids else "message",
             response_model=response.get("model"),
             response_id=response.get("id"),
             finish_reason=parsed.finish_reason,
@@ -199,6 +215,7 @@ class ParsedResponse:
     completion_token_ids: list[int]
     logprobs: list[float]
     tokens: list[str]
+    engine: str = "openai"
 
 
 def assistant_message(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -231,12 +248,25 @@ def request_message(reply: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in reply.items() if k != "reasoning_content"}
 
 
+def _entry_id(entry: Mapping[str, Any]) -> int | None:
+    """A logprobs entry's token id: llama.cpp's ``id``, some servers' ``token_id``, vLLM's ``token_id:N`` token."""
+    for key in ("id", "token_id"):
+        value = entry.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    token = entry.get("token")
+    if isinstance(token, str) and token.startswith("token_id:") and token[9:].lstrip("-").isdigit():
+        return int(token[9:])
+    return None
+
+
 def parse_response(response: Mapping[str, Any]) -> ParsedResponse:
-    """Read a chat-completions response, vLLM/SGLang extensions included.
+    """Read a chat-completions response with the token ids of whichever server sent it.
 
     Token ids come from ``choices[0].token_ids`` and ``prompt_token_ids`` (top level or in the
-    choice: vLLM's ``return_token_ids``), else from ``logprobs.content[].token`` of the form
-    ``token_id:N`` (vLLM's ``return_tokens_as_token_ids``).
+    choice: vLLM's ``return_token_ids``), else from the ``logprobs.content[]`` entries: llama.cpp's
+    ``id`` or vLLM's ``token_id:N`` tokens (``return_tokens_as_token_ids``). A server that gives
+    neither (SGLang's and OpenAI's chat endpoints) leaves the ids empty: a message-level record.
     """
     choice = (response.get("choices") or [{}])[0]
     usage = response.get("usage") or {}
@@ -246,9 +276,17 @@ def parse_response(response: Mapping[str, Any]) -> ParsedResponse:
     tokens = [str(entry.get("token", "")) for entry in content]
     logprobs = [float(entry.get("logprob", 0.0)) for entry in content]
     completion_ids = choice.get("token_ids")
-    if completion_ids is None and tokens and all(t.startswith("token_id:") for t in tokens):
-        completion_ids = [int(t.split(":", 1)[1]) for t in tokens]
+    engine = "vllm" if completion_ids is not None else "openai"
+    if completion_ids is None and content:
+        entry_ids = [_entry_id(entry) for entry in content]
+        if all(i is not None for i in entry_ids):
+            completion_ids = entry_ids
+            engine = "llama.cpp" if all("id" in entry for entry in content) else "vllm"
     prompt_ids = response.get("prompt_token_ids", choice.get("prompt_token_ids"))
+    if prompt_ids is not None:
+        engine = "vllm"
+    if "timings" in response:  # llama.cpp reports its timings with every completion
+        engine = "llama.cpp"
     return ParsedResponse(
         message=assistant_message(choice.get("message") or {}),
         finish_reason=choice.get("finish_reason"),
@@ -262,6 +300,7 @@ def parse_response(response: Mapping[str, Any]) -> ParsedResponse:
         completion_token_ids=[int(i) for i in completion_ids or []],
         logprobs=logprobs,
         tokens=tokens,
+        engine=engine,
     )
 
 

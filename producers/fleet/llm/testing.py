@@ -1,16 +1,33 @@
-"""A test double at the network boundary: an OpenAI-compatible chat-completions server on loopback.
+"""A test double at the network boundary: an OpenAI-compatible server on loopback, in the shapes of vLLM,
+SGLang and llama.cpp.
 
 No model runs here. :class:`FakeOpenAIServer` is a real HTTP/1.1 server (``http.server`` in a
-thread, keep-alive) that answers ``POST /v1/chat/completions`` from a *script*: a function of
-the request's messages returning the next assistant turn (text and/or tool calls). It answers
-the way vLLM's OpenAI server does when asked for ``logprobs`` and ``return_token_ids``: tool
-calls, ``usage`` with ``prompt_tokens_details.cached_tokens``, ``prompt_token_ids`` and
-``choices[0].token_ids``, and ``logprobs.content[]`` (``token_id:N`` tokens with
-``return_tokens_as_token_ids``). Its tokenizer is a toy (one id per word of the canonical
-message, with role markers), chosen so a conversation's next prompt extends the previous
-prompt + completion, as a chat template does. ``fail_next`` queues HTTP errors (429, 500 …) to
-answer before the next successful responses. Every response body is kept in ``responses``
-(raw bytes) so tests can compare what landed with what the server sent.
+thread, keep-alive) whose "model" is a *script*: a function of the conversation's messages
+returning the next assistant turn (text and/or tool calls). What makes it a faithful double is
+that the turn goes through the same text path a real server's does:
+
+- the turn is *emitted* as text in the Hermes format (``<think>…</think>`` when ``reasoning``,
+  the content, then ``<tool_call>{"name": …, "arguments": …}</tool_call>`` without newlines) and
+  ended with ``<|im_end|>``; its tokens are the completion;
+- prompts are a ChatML template's rendering of the messages (tools in the system turn, tool
+  results as ``<tool_response>`` blocks in a user turn), tokenized by a toy tokenizer: special
+  tokens, whitespace runs and words, each piece an id from a vocabulary grown as pieces are seen
+  (exact round trip: ``decode(encode(text)) == text``);
+- with ``drift=True`` the template re-renders history the way real ones do: tool calls as
+  ``<tool_call>\\n{…}\\n</tool_call>``, arguments that are not an object as ``{}``, earlier
+  reasoning dropped; so a chat-mode prompt stops extending the previous prompt + completion
+  exactly as it does against vLLM. With ``drift=False`` (default) the re-rendering equals the
+  emission and the ids extend.
+
+Endpoints by ``engine``: every engine answers ``POST /v1/chat/completions`` (vLLM: ``token_ids``,
+``prompt_token_ids``, ``token_id:N`` tokens on request; llama.cpp: ``logprobs.content[].id`` and
+``timings``; SGLang: logprobs without ids). Token prompts: vLLM ``/v1/completions`` and
+``/tokenize`` (``messages`` or ``prompt``); SGLang ``/generate`` (``input_ids``); llama.cpp
+``/completion``, ``/apply-template`` (a final assistant message left open) and ``/tokenize``.
+A token prompt is decoded and parsed back into messages for the script. ``fail_next`` queues HTTP
+errors (429, 500 …) to answer before the next successful responses; ``models`` makes other model
+names a 404 as vLLM answers them. Every successful generation's raw body is kept in
+``responses`` so tests can compare what landed with what the server sent.
 
 Used by the tests and by ``trajlake bench agents``; never by the fleet itself.
 """
@@ -19,51 +36,158 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import socket
 import threading
 import time
-import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from producers.fleet.llm.record import canonical
+from producers.fleet.llm.tito import parse_hermes
 from producers.fleet.tasks import TaskInstance
+
+SPECIALS = (
+    "<|im_start|>",
+    "<|im_end|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+)
+IM_END = 2  # the end-of-turn (EOS) token: SPECIALS[1]
+_PIECES = re.compile("|".join(re.escape(s) for s in SPECIALS) + r"|\s+|[^\s<]+|<")
 
 
 @dataclass
 class Turn:
-    """One scripted assistant turn: text and tool calls (name, arguments)."""
+    """One scripted assistant turn: text and tool calls (name, arguments), or ``raw`` emitted text."""
 
     content: str | None = None
-    tool_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    tool_calls: list[tuple[str, Any]] = field(default_factory=list)
+    raw: str | None = None
 
 
 Script = Callable[[list[dict[str, Any]]], Turn]
 
-_ROLES = {"system": 1, "user": 2, "assistant": 3, "tool": 4}
+
+class ToyTokenizer:
+    """Special tokens, whitespace runs and words; ids from a vocabulary grown as pieces are seen (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {s: i + 1 for i, s in enumerate(SPECIALS)}
+        self._pieces: dict[int, str] = {i: s for s, i in self._ids.items()}
+        self._lock = threading.Lock()
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (every character belongs to exactly one piece)."""
+        out = []
+        with self._lock:
+            for piece in _PIECES.findall(text):
+                token = self._ids.get(piece)
+                if token is None:
+                    token = self._ids[piece] = 100 + len(self._ids)
+                    self._pieces[token] = piece
+                out.append(token)
+        return out
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of ``ids`` (unknown ids decode to nothing)."""
+        return "".join(self._pieces.get(int(i), "") for i in ids)
+
+    def piece(self, token: int) -> str:
+        """The text of one id."""
+        return self._pieces.get(token, "")
 
 
-def toy_tokens(message: dict[str, Any]) -> list[int]:
-    """The toy tokenizer: role marker, then one id per whitespace-separated word of the message."""
-    body = canonical({k: v for k, v in message.items() if k != "role"})
-    return [0, _ROLES.get(str(message.get("role")), 5)] + [10 + zlib.crc32(w.encode()) % 50_000 for w in body.split()]
+def _tool_call_text(name: str, arguments: str, drift: bool) -> str:
+    if not drift:  # the emission's own form
+        return f'<tool_call>{{"name": {json.dumps(name)}, "arguments": {arguments}}}</tool_call>'
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        value = {}
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": name, "arguments": value if isinstance(value, dict) else {}})
+        + ("\n</tool_call>")
+    )
 
 
-def assistant_of(turn: Turn, call_prefix: str) -> dict[str, Any]:
-    """The assistant message of a scripted turn, with tool call ids ``{call_prefix}_{i}``."""
-    message: dict[str, Any] = {"role": "assistant", "content": turn.content}
-    if turn.tool_calls:
-        message["tool_calls"] = [
-            {
-                "id": f"{call_prefix}_{i}",
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(args, sort_keys=True)},
-            }
-            for i, (name, args) in enumerate(turn.tool_calls)
-        ]
-    return message
+def render(
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None = None,
+    *,
+    add_generation_prompt: bool = False,
+    continue_final_message: bool = False,
+    drift: bool = False,
+) -> str:
+    """The ChatML rendering of a conversation (Hermes tool calls; see the module docstring)."""
+    out: list[str] = []
+    rest = list(messages)
+    system = rest.pop(0)["content"] if rest and rest[0].get("role") == "system" else None
+    if system is not None or tools:
+        text = str(system or "")
+        if tools:
+            text += "\n\n# Tools\n<tools>\n" + "\n".join(json.dumps(t, sort_keys=True) for t in tools) + "\n</tools>"
+        out.append(f"<|im_start|>system\n{text}<|im_end|>\n")
+    for i, message in enumerate(rest):
+        role = message.get("role")
+        last = i == len(rest) - 1
+        if role == "tool":
+            opening = i == 0 or rest[i - 1].get("role") != "tool"
+            closing = last or rest[i + 1].get("role") != "tool"
+            block = f"<tool_response>\n{message.get('content') or ''}\n</tool_response>"
+            out.append(("<|im_start|>user\n" if opening else "\n") + block + ("<|im_end|>\n" if closing else ""))
+            continue
+        if role == "assistant":
+            body = ""
+            if message.get("reasoning_content") and not drift:
+                body += f"<think>{message['reasoning_content']}</think>"
+            body += message.get("content") or ""
+            for call in message.get("tool_calls") or []:
+                function = call.get("function") or {}
+                body += _tool_call_text(str(function.get("name") or ""), str(function.get("arguments") or "{}"), drift)
+            if last and continue_final_message:
+                out.append(f"<|im_start|>assistant\n{body}")
+                continue
+            out.append(f"<|im_start|>assistant\n{body}<|im_end|>\n")
+            continue
+        out.append(f"<|im_start|>{role}\n{message.get('content') or ''}<|im_end|>\n")
+    if add_generation_prompt:
+        out.append("<|im_start|>assistant\n")
+    return "".join(out)
+
+
+def parse_chatml(text: str) -> list[dict[str, Any]]:
+    """Messages of a rendered prompt (for the script: roles and contents; tool results as ``tool``)."""
+    messages = []
+    for block in text.split("<|im_start|>")[1:]:
+        role, _, body = block.partition("\n")
+        body = body.split("<|im_end|>")[0]
+        if role == "user" and body.startswith("<tool_response>"):
+            for result in re.findall(r"<tool_response>\n(.*?)\n</tool_response>", body, re.S):
+                messages.append({"role": "tool", "content": result})
+            continue
+        if role == "assistant" and not body:
+            continue  # the generation prompt
+        messages.append({"role": role, "content": body})
+    return messages
+
+
+def emission(turn: Turn, reasoning: str | None = None) -> str:
+    """What the model writes for a turn: reasoning, content, compact Hermes tool calls (no end token)."""
+    if turn.raw is not None:
+        return turn.raw
+    text = f"<think>{reasoning}</think>" if reasoning else ""
+    text += turn.content or ""
+    for name, args in turn.tool_calls:
+        text += "<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
+    return text
 
 
 def _turns(messages: list[dict[str, Any]]) -> int:
@@ -115,6 +239,17 @@ def loop_script(turns: int | None = None, command: str = "echo step") -> Script:
     return script
 
 
+def malformed_script() -> Script:
+    """A model that never makes a valid tool call: non-object arguments, unknown tools, unparsable JSON, forever."""
+    bad = [
+        Turn("Listing.", [("bash", ["ls", "-la"])]),
+        Turn(None, [("frobnicate", {"x": 1})]),
+        Turn(raw='Trying.<tool_call>{"name": "bash", "arguments": {"command": </tool_call>'),
+        Turn("Again.", [("read_file", "notes.txt")]),
+    ]
+    return lambda messages: bad[_turns(messages) % len(bad)]
+
+
 class FakeOpenAIServer:
     """The scripted OpenAI-compatible server (start with ``with FakeOpenAIServer(script) as server``).
 
@@ -123,20 +258,41 @@ class FakeOpenAIServer:
         delay_s: the server's own latency per successful response.
         seed: logprob values.
         model: reported as ``model``.
+        engine: ``vllm``, ``sglang`` or ``llama.cpp``: the response shapes and endpoints.
+        drift: re-render history as real templates do (breaks chat-mode id extension).
+        reasoning: emit ``<think>…</think>`` reasoning before each turn.
+        models: model names served; another name is a 404 (``None``: any name).
     """
 
-    def __init__(self, script: Script, delay_s: float = 0.0, seed: int = 0, model: str = "fake-vllm") -> None:
+    def __init__(
+        self,
+        script: Script,
+        delay_s: float = 0.0,
+        seed: int = 0,
+        model: str = "fake-vllm",
+        *,
+        engine: str = "vllm",
+        drift: bool = False,
+        reasoning: bool = False,
+        models: Iterable[str] | None = None,
+    ) -> None:
         self.script = script
         self.delay_s = delay_s
         self.model = model
+        self.engine = "llama.cpp" if engine in ("llamacpp", "llama.cpp") else engine
+        self.drift = drift
+        self.reasoning = reasoning
+        self.models = set(models) if models is not None else None
+        self.tokenizer = ToyTokenizer()
         self.requests: list[dict[str, Any]] = []
+        self.paths: list[str] = []
         self.responses: list[bytes] = []
         self.statuses: list[int] = []
         self.server_ms: list[float] = []
         self.fail_next: list[int] = []
         self._lock = threading.Lock()
         self._rng = random.Random(seed)
-        self._last_prompt: dict[str, list[int]] = {}  # conversation → last prompt ids (a prefix cache)
+        self._last_prompt: dict[str, list[int]] = {}  # conversation → last prompt + completion (a prefix cache)
         self._counter = 0
         outer = self
 
@@ -186,66 +342,224 @@ class FakeOpenAIServer:
         self._server.shutdown()
         self._server.server_close()
 
+    # -- the model ---------------------------------------------------------------------------
+
+    def render_ids(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+    ) -> list[int]:
+        """The server's template and tokenizer (what ``/tokenize`` answers; usable as a renderer)."""
+        text = render(
+            messages,
+            tools,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            drift=self.drift,
+        )
+        return self.tokenizer.encode(text)
+
+    def _generate(self, messages: list[dict[str, Any]], prompt_ids: list[int]) -> dict[str, Any]:
+        """Run the script and sample: completion ids (ending with the end-of-turn token), logprobs, text."""
+        turn = self.script(messages)
+        with self._lock:
+            self._counter += 1
+            counter = self._counter
+        thought = f"Turn {_turns(messages)}: what next?" if self.reasoning else None
+        text = emission(turn, thought)
+        completion = [*self.tokenizer.encode(text), IM_END]
+        conversation = canonical([m.get("content") for m in messages[:2]])
+        with self._lock:
+            previous = self._last_prompt.get(conversation, [])
+            cached = 0
+            while cached < min(len(previous), len(prompt_ids)) and previous[cached] == prompt_ids[cached]:
+                cached += 1
+            self._last_prompt[conversation] = prompt_ids + completion
+            logprobs = [-round(self._rng.random() * 3, 6) for _ in completion]
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return {"counter": counter, "text": text, "ids": completion, "logprobs": logprobs, "cached": cached}
+
+    # -- endpoints ---------------------------------------------------------------------------
+
     def _answer(self, path: str, request: dict[str, Any]) -> tuple[int, bytes, dict[str, str]]:
         with self._lock:
             self.requests.append(request)
+            self.paths.append(path)
             failure = self.fail_next.pop(0) if self.fail_next else None
-        if path.rstrip("/") != "/v1/chat/completions":
+        routes = {
+            "vllm": {
+                "/v1/chat/completions": self._chat,
+                "/v1/completions": self._vllm_completions,
+                "/tokenize": self._vllm_tokenize,
+            },
+            "sglang": {"/v1/chat/completions": self._chat, "/generate": self._sglang_generate},
+            "llama.cpp": {
+                "/v1/chat/completions": self._chat,
+                "/completion": self._llamacpp_completion,
+                "/apply-template": self._llamacpp_apply_template,
+                "/tokenize": self._llamacpp_tokenize,
+            },
+        }[self.engine]
+        handler = routes.get(path.rstrip("/"))
+        if handler is None:
             return 404, b'{"error": {"message": "not found"}}', {}
         if failure is not None:
             with self._lock:
                 self.statuses.append(failure)
             body = json.dumps({"error": {"message": f"injected {failure}", "code": failure}}).encode()
             return failure, body, {"Retry-After": "0"} if failure == 429 else {}
+        model = request.get("model")
+        if self.models is not None and model is not None and model not in self.models:
+            message = {"error": {"message": f"The model `{model}` does not exist.", "code": 404}}
+            return 404, json.dumps(message).encode(), {}
+        answer = handler(request)
+        body = json.dumps(answer).encode()
+        if path.rstrip("/") not in ("/tokenize", "/apply-template"):
+            with self._lock:
+                self.responses.append(body)
+                self.statuses.append(200)
+        return 200, body, {}
+
+    def _entries(self, ids: list[int], logprobs: list[float], as_ids: bool) -> list[dict[str, Any]]:
+        entries = []
+        for token, lp in zip(ids, logprobs, strict=True):
+            piece = self.tokenizer.piece(token)
+            entry: dict[str, Any] = {"token": f"token_id:{token}" if as_ids else piece, "logprob": lp}
+            entry.update(bytes=list(piece.encode()), top_logprobs=[])
+            if self.engine == "llama.cpp":
+                entry = {"id": token, **entry}
+            entries.append(entry)
+        return entries
+
+    def _chat(self, request: dict[str, Any]) -> dict[str, Any]:
         messages = list(request.get("messages") or [])
-        turn = self.script(messages)
-        with self._lock:
-            self._counter += 1
-            call_id = f"chatcmpl-{self._counter}"
-        assistant = assistant_of(turn, f"call_{self._counter}")
-        prompt_ids = [t for m in messages for t in toy_tokens(m)]
-        completion_ids = toy_tokens(assistant)
-        conversation = canonical(messages[:2])
-        with self._lock:
-            previous = self._last_prompt.get(conversation, [])
-            cached = 0
-            while cached < min(len(previous), len(prompt_ids)) and previous[cached] == prompt_ids[cached]:
-                cached += 1
-            self._last_prompt[conversation] = prompt_ids + completion_ids
-            logprobs = [-round(self._rng.random() * 3, 6) for _ in completion_ids]
-        if self.delay_s:
-            time.sleep(self.delay_s)
+        prompt_ids = self.render_ids(
+            messages, request.get("tools"), add_generation_prompt=True, continue_final_message=False
+        )
+        out = self._generate(messages, prompt_ids)
+        message = parse_hermes(out["text"], f"call_{out['counter']}")
         choice: dict[str, Any] = {
             "index": 0,
-            "message": assistant,
-            "finish_reason": "tool_calls" if turn.tool_calls else "stop",
+            "message": message,
+            "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
         }
-        as_ids = bool(request.get("return_tokens_as_token_ids"))
         if request.get("logprobs"):
-            choice["logprobs"] = {
-                "content": [
-                    {"token": f"token_id:{t}" if as_ids else f"t{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
-                    for t, lp in zip(completion_ids, logprobs, strict=True)
-                ]
-            }
+            as_ids = bool(request.get("return_tokens_as_token_ids"))
+            choice["logprobs"] = {"content": self._entries(out["ids"], out["logprobs"], as_ids)}
         response: dict[str, Any] = {
-            "id": call_id,
+            "id": f"chatcmpl-{out['counter']}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.model,
             "choices": [choice],
             "usage": {
                 "prompt_tokens": len(prompt_ids),
-                "completion_tokens": len(completion_ids),
-                "total_tokens": len(prompt_ids) + len(completion_ids),
-                "prompt_tokens_details": {"cached_tokens": cached},
+                "completion_tokens": len(out["ids"]),
+                "total_tokens": len(prompt_ids) + len(out["ids"]),
+                "prompt_tokens_details": {"cached_tokens": out["cached"]},
             },
         }
-        if request.get("return_token_ids"):
-            choice["token_ids"] = completion_ids
+        if self.engine == "vllm" and request.get("return_token_ids"):
+            choice["token_ids"] = out["ids"]
             response["prompt_token_ids"] = prompt_ids
-        body = json.dumps(response).encode()
-        with self._lock:
-            self.responses.append(body)
-            self.statuses.append(200)
-        return 200, body, {}
+        if self.engine == "llama.cpp":
+            response["timings"] = {"prompt_n": len(prompt_ids), "predicted_n": len(out["ids"])}
+        return response
+
+    def _from_ids(self, prompt_ids: list[int]) -> dict[str, Any]:
+        return self._generate(parse_chatml(self.tokenizer.decode(prompt_ids)), prompt_ids)
+
+    def _vllm_completions(self, request: dict[str, Any]) -> dict[str, Any]:
+        prompt_ids = [int(t) for t in request["prompt"]]
+        out = self._from_ids(prompt_ids)
+        choice: dict[str, Any] = {"index": 0, "text": out["text"], "finish_reason": "stop", "stop_reason": None}
+        if request.get("logprobs") is not None:
+            choice["logprobs"] = {
+                "tokens": [self.tokenizer.piece(t) for t in out["ids"]],
+                "token_logprobs": out["logprobs"],
+                "top_logprobs": [
+                    {self.tokenizer.piece(t): lp} for t, lp in zip(out["ids"], out["logprobs"], strict=True)
+                ],
+                "text_offset": [],
+            }
+        if request.get("return_token_ids"):
+            choice.update(token_ids=out["ids"], prompt_token_ids=prompt_ids)
+        return {
+            "id": f"cmpl-{out['counter']}",
+            "object": "text_completion",
+            "model": self.model,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(out["ids"]),
+                "total_tokens": len(prompt_ids) + len(out["ids"]),
+                "prompt_tokens_details": {"cached_tokens": out["cached"]},
+            },
+        }
+
+    def _vllm_tokenize(self, request: dict[str, Any]) -> dict[str, Any]:
+        if "messages" in request:
+            tokens = self.render_ids(
+                request["messages"],
+                request.get("tools"),
+                add_generation_prompt=bool(request.get("add_generation_prompt", True)),
+                continue_final_message=bool(request.get("continue_final_message", False)),
+            )
+        else:
+            tokens = self.tokenizer.encode(str(request.get("prompt") or ""))
+        return {"count": len(tokens), "max_model_len": 32768, "tokens": tokens}
+
+    def _sglang_generate(self, request: dict[str, Any]) -> dict[str, Any]:
+        prompt_ids = [int(t) for t in request["input_ids"]]
+        out = self._from_ids(prompt_ids)
+        meta: dict[str, Any] = {
+            "id": f"gen-{out['counter']}",
+            "finish_reason": {"type": "stop", "matched": IM_END},
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(out["ids"]),
+            "cached_tokens": out["cached"],
+        }
+        if request.get("return_logprob"):
+            meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(out["ids"], out["logprobs"], strict=True)]
+        return {"text": out["text"], "output_ids": out["ids"], "meta_info": meta}
+
+    def _llamacpp_completion(self, request: dict[str, Any]) -> dict[str, Any]:
+        prompt_ids = [int(t) for t in request["prompt"]]
+        out = self._from_ids(prompt_ids)
+        answer: dict[str, Any] = {
+            "content": out["text"],
+            "tokens": out["ids"] if request.get("return_tokens") else [],
+            "model": self.model,
+            "stop_type": "eos",
+            "stop": True,
+            "tokens_evaluated": len(prompt_ids),
+            "tokens_predicted": len(out["ids"]),
+            "tokens_cached": out["cached"],
+            "truncated": False,
+            "timings": {"prompt_n": len(prompt_ids), "predicted_n": len(out["ids"])},
+        }
+        if request.get("n_probs"):
+            answer["completion_probabilities"] = self._entries(out["ids"], out["logprobs"], False)
+        return answer
+
+    def _llamacpp_apply_template(self, request: dict[str, Any]) -> dict[str, Any]:
+        messages = list(request.get("messages") or [])
+        final_assistant = bool(messages) and messages[-1].get("role") == "assistant"  # prefilled, left open
+        text = render(
+            messages,
+            request.get("tools"),
+            add_generation_prompt=not final_assistant,
+            continue_final_message=final_assistant,
+            drift=self.drift,
+        )
+        return {"prompt": text}
+
+    def _llamacpp_tokenize(self, request: dict[str, Any]) -> dict[str, Any]:
+        tokens = self.tokenizer.encode(str(request.get("content") or ""))
+        if request.get("with_pieces"):
+            return {"tokens": [{"id": t, "piece": self.tokenizer.piece(t)} for t in tokens]}
+        return {"tokens": tokens}
