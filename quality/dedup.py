@@ -2,7 +2,9 @@
 
 A trajectory's document is its normalized instruction followed by its actions, each action
 being ``tool_name`` + the command with whitespace collapsed, lower-cased, and long hex ids
-(session ids, digests) replaced by a placeholder. Shingles are ``k`` consecutive actions.
+(session ids, digests) replaced by a placeholder. Shingles are ``k`` consecutive actions. A
+session without a single executed action matches nothing (its document is its own id): an empty
+action sequence says nothing about what its model did.
 
 - exact: equal hash of the whole normalized sequence;
 - near: MinHash with datasketch's ``affine32`` scheme (its permutations and MurMur3
@@ -142,9 +144,13 @@ def build_documents(
         tokens: precomputed :func:`action_tokens` of ``steps``.
     """
     tokens = action_tokens(steps) if tokens is None else tokens  # sorted by session, step
+    acted = tokens.select("session_id").unique()["session_id"].implode()
+    instruction = ("instruction\x1f" + normalize_command(pl.col("instruction").cast(pl.Utf8))).hash(seed=7)
+    # A session that executed no action has nothing to be a duplicate of: its document is its own id, so
+    # an empty capped run never stands in for (or is dropped in favour of) a real conversation.
+    alone = ("no actions\x1f" + pl.col("session_id").cast(pl.Utf8)).hash(seed=7)
     instructions = trajectories.select(
-        "session_id",
-        ("instruction\x1f" + normalize_command(pl.col("instruction").cast(pl.Utf8))).hash(seed=7).alias("head"),
+        "session_id", pl.when(pl.col("session_id").is_in(acted)).then(instruction).otherwise(alone).alias("head")
     ).sort("session_id")
     per_session = tokens.group_by("session_id", maintain_order=True).agg(pl.col("token"))
     sessions = instructions.join(per_session, on="session_id", how="left", maintain_order="left").select(

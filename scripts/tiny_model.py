@@ -2,7 +2,7 @@
 
     python scripts/tiny_model.py OUT_DIR [--corpus DIR]   (run with the vLLM venv's python: scripts/vllm.sh)
 
-No weights are downloaded: a Qwen2 architecture with random weights (2 layers, hidden size 64),
+No weights are downloaded: a Qwen2 architecture with random weights (2 layers, hidden size 128),
 a byte-level BPE tokenizer trained with ``tokenizers`` on local text (this repository's Python
 and Markdown files by default), and a chat template of the Qwen2.5 kind: tools in the system turn,
 Hermes tool calls re-rendered as ``<tool_call>\\n{…}\\n</tool_call>`` with non-object arguments
@@ -91,11 +91,11 @@ def build(out: Path, corpus: Path, vocab_size: int = 2048) -> Path:
     torch.manual_seed(0)
     config = Qwen2Config(
         vocab_size=len(fast),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=128,  # head size 64: the smallest vLLM's CPU attention kernels take
+        intermediate_size=256,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
         max_position_embeddings=8192,
         tie_word_embeddings=True,
         bos_token_id=None,

@@ -299,3 +299,15 @@ def test_novelty_compares_within_the_task_family_across_task_ids() -> None:
     novelty = dict(result.scores.select("session_id", "novelty").iter_rows())
     assert novelty["first"] == 1.0 and novelty["elsewhere"] == 1.0 and novelty["again"] < 0.1
     assert set(result.scores["task_family"]) == {"bugfix.clamp", "implement.rle"}
+
+
+def test_sessions_without_actions_are_never_duplicates() -> None:
+    # three runs of one task that executed nothing (all their model calls failed, or every tool call was
+    # malformed): equal empty action sequences, yet nothing says they did the same thing
+    empties = [_session(sid, [], task_id="t") for sid in ("e1", "e2", "e3")]
+    traj, steps = _frames([*empties, _session("x", SOLVE, task_id="t"), _session("y", SOLVE, task_id="t")])
+    docs = build_documents(traj, steps, QualityConfig())
+    keys = dict(docs.sessions.select("session_id", "exact_key").iter_rows())
+    assert len({keys["e1"], keys["e2"], keys["e3"]}) == 3 and keys["x"] == keys["y"]
+    dups = find_duplicates(docs, traj.with_columns(pl.lit(1.0).alias("quality")), QualityConfig())
+    assert sorted(dups["session_id"]) == ["x", "y"]  # only the real twins
