@@ -216,6 +216,8 @@ class ExportFormat(StrEnum):
     sharegpt = "sharegpt"
     rl = "rl"
     atif = "atif"
+    verl = "verl"
+    skyrl = "skyrl"
 
 
 @app.command()

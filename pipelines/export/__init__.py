@@ -48,13 +48,20 @@ from common.settings import Settings
 from pipelines.errors import ExportError, RecordError
 from pipelines.export._files import _ExclusiveFile, _open_out_dir, _write_file, safe_path
 from pipelines.export.conversation import SYSTEM_PROMPT, TOOLS, Conversation, from_calls, from_steps
-from pipelines.export.formats import ATIF_VERSION, FORMATS, RL_SCHEMA, to_record
+from pipelines.export.formats import ATIF_VERSION, RL_SCHEMA, to_record
+from pipelines.export.formats import FORMATS as RECORD_FORMATS
 from pipelines.export.select import SPLIT_PERCENT, ExportFilters, _Blobs, _sessions, split_of
+from pipelines.export.trainers import TRAINER_FORMATS, trainer_records
 from pipelines.quarantine import Quarantined, record_quarantine
 from producers.redact import redact_record, redact_value
 from quality import SCORER_VERSION
 from warehouse.catalog import open_catalog
 from warehouse.tables import DUPLICATES, EXPORTS, FLAGS, SCORES, STEPS, TRAJECTORIES, ensure_table
+
+#: Every export format: the per-session record formats and the trainers' own (verl, skyrl).
+FORMATS = RECORD_FORMATS + TRAINER_FORMATS
+#: Formats whose records are RL samples: a session without a successful model call is never one.
+EPISODE_FORMATS = ("rl", *TRAINER_FORMATS)
 
 #: Rows per Parquet row group of an ``rl`` export (the memory bound of a Parquet export).
 PARQUET_ROWS = 2048
@@ -125,14 +132,17 @@ def _snapshot_ids(catalog: Catalog, settings: Settings) -> dict[str, int | None]
     return ids
 
 
-def _record(
+def _records(
     fmt: str, session: dict[str, Any], steps: list[dict[str, Any]], calls: list[dict[str, Any]], lookup: _Blobs
-) -> dict[str, Any]:
-    """The redacted record of one session (recorded conversation when its model calls were recorded).
+) -> list[dict[str, Any]]:
+    """The redacted records of one session: one, or (trainer formats, a rewritten history) one per model call.
 
     Raises:
-        RecordError: the record is too deep, a model call cannot be rebuilt, or a value JSON cannot hold.
+        RecordError: the record is too deep, a model call cannot be rebuilt, a value JSON cannot hold, or an
+            RL format meets a session whose model calls all failed (``no_model_call``: nothing was sampled).
     """
+    if calls and fmt in EPISODE_FORMATS and not any(c.get("status") == "ok" for c in calls):
+        raise RecordError("no_model_call", "every model call of the session failed: it is no RL episode")
     try:
         try:
             conversation = from_calls(calls, lookup, steps) if calls else None
@@ -144,8 +154,13 @@ def _record(
             conversation = None
         if conversation is None:
             conversation = from_steps(session, steps, _arguments)
+        built = (
+            trainer_records(fmt, session, conversation)
+            if fmt in TRAINER_FORMATS
+            else [to_record(fmt, session, conversation)]
+        )
         # every string of the record once more, whatever the producer missed (parsed JSON stays JSON)
-        return dict(redact_record(to_record(fmt, session, conversation)))
+        return [dict(redact_record(record)) for record in built]
     except RecursionError:
         raise RecordError("too_deep", "record nested deeper than Python can serialize") from None
 
@@ -281,20 +296,21 @@ def _write_export(
     try:
         for session, steps, calls, lookup in _sessions(settings, catalog, filters, weights):
             try:
-                record = _record(fmt, session, steps, calls, lookup)
-                line = _record_line(record)
+                records = _records(fmt, session, steps, calls, lookup)
+                lines = [_record_line(record) for record in records]
             except RecordError as exc:
                 quarantined.append(Quarantined(session["session_id"], "export", exc.reason, "skipped", str(exc)))
                 continue
-            if writer is not None:
-                writer.add(record)
-            else:
-                out.handle.write(line)
-                digest.update(line.encode("utf-8"))
+            for record, line in zip(records, lines, strict=True):
+                if writer is not None:
+                    writer.add(record)
+                else:
+                    out.handle.write(line)
+                    digest.update(line.encode("utf-8"))
             stats.sessions += 1
-            stats.records += 1
+            stats.records += len(records)
             splits[session["split"]] = splits.get(session["split"], 0) + 1
-            token_level += bool(record.get("has_token_ids"))
+            token_level += bool(records[0].get("has_token_ids", fmt in TRAINER_FORMATS))
         if writer is not None:
             writer.close()
         out.commit()

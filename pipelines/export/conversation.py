@@ -44,6 +44,7 @@ class Call:
     prompt_token_ids: list[int] | None
     completion_token_ids: list[int]
     logprobs: list[float]
+    latency_ms: float | None = None
 
 
 @dataclass
@@ -158,6 +159,7 @@ def from_calls(
             prompt_token_ids=c.prompt_token_ids,
             completion_token_ids=c.completion_token_ids,
             logprobs=c.completion_logprobs,
+            latency_ms=r.get("latency_ms"),
         )
         for r, c in zip(ok, rebuilt, strict=True)
     ]

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
 from pipelines.export import FORMATS, ExportError, export_training_set, safe_path
+from pipelines.export.trainers import TRAINER_FORMATS
 from pipelines.score import score_all
 from producers.fleet import run_fleet
 from tests.helpers import write_raw
@@ -53,7 +54,16 @@ def test_scoring_tables_and_rescoring(scored: tuple[Settings, Path]) -> None:
     assert not again.skipped and run_query(settings, "SELECT count(*) FROM scores")[1][0][0] == 60
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", TRAINER_FORMATS)
+def test_trainer_formats_leave_out_sessions_without_token_ids(scored: tuple[Settings, Path], tmp_path: Path, fmt: str):
+    settings, _ = scored
+    stats = export_training_set(settings, fmt, tmp_path / "out")
+    _, rows = run_query(settings, "SELECT count(*) FROM scores WHERE exportable AND quality >= 0.5")
+    # synthetic sessions recorded no model call: a trainer record needs sampled ids, none is invented
+    assert stats.records == 0 and stats.quarantined == rows[0][0] > 0
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f not in TRAINER_FORMATS])
 def test_export_loads_and_manifest_matches(scored: tuple[Settings, Path], tmp_path: Path, fmt: str) -> None:
     settings, _ = scored
     stats = export_training_set(settings, fmt, tmp_path / "out")

@@ -117,7 +117,9 @@ def _session(settings, proxy, sessions=2, **config):
         extra_body={"structured_outputs": {"regex": TOOL_CALL}},
         **config,
     )
-    run_fleet(settings, "local", sessions=sessions, sink=sink, agent="llm", llm=llm, caps=Caps(max_model_calls=CALLS))
+    # a CPU server on a shared 2-core machine is slow: the session deadline must not be what ends a session
+    caps = Caps(max_model_calls=CALLS)
+    run_fleet(settings, "local", sessions=sessions, sink=sink, agent="llm", llm=llm, caps=caps, timeout_s=1200)
     by_session: dict[str, list] = {}
     for event in sink.events:
         if event["event_type"] == "agent_input":

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Set up verl and SkyRL (their record classes only, no GPU extras) in a virtual environment of their own.
+#
+#   scripts/trainers.sh        # creates $TRAJLAKE_TRAINERS_VENV (default ~/.cache/trajlake/trainers-venv)
+#
+# It reuses the torch and transformers of the vLLM venv (scripts/vllm.sh, run first) through a .pth file,
+# then installs verl and skyrl-train without their dependencies (skyrl-train declares Python 3.12 only; its
+# record classes run on 3.11) and only the packages their record modules import. The export tests construct
+# verl's AgentLoopOutput and SkyRL's TrajectoryOutput from exported records with it, and skip without it.
+set -euo pipefail
+VLLM_VENV="${TRAJLAKE_VLLM_VENV:-$HOME/.cache/trajlake/vllm-venv}"
+VENV="${TRAJLAKE_TRAINERS_VENV:-$HOME/.cache/trajlake/trainers-venv}"
+PY="${PYTHON:-python3}"
+[ -x "$VLLM_VENV/bin/python" ] || { echo "no vLLM venv at $VLLM_VENV: run scripts/vllm.sh first" >&2; exit 1; }
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+"$VLLM_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$SITE/trajlake_vllm_venv.pth"
+PIP=("$VENV/bin/pip" install --disable-pip-version-check -q)
+"${PIP[@]}" --no-deps --ignore-requires-python "verl==0.9.1" "skyrl-train==0.3.1" skyrl-gym
+# what verl.experimental.agent_loop.agent_loop and skyrl_train.generators.skyrl_gym_generator import
+"${PIP[@]}" pandas omegaconf "ray==2.51.1" tensordict hydra-core codetiming orjson datasets func_timeout loguru
+"$VENV/bin/python" -c "
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+from skyrl_train.generators.skyrl_gym_generator import TrajectoryOutput
+print('verl AgentLoopOutput and SkyRL TrajectoryOutput import')"
+echo "$VENV"

@@ -1,0 +1,162 @@
+"""verl and SkyRL records from LLM sessions (scripted server on loopback, a test double at the network boundary):
+the trainers' own record classes are constructed from the exported lines where their packages are installed
+(scripts/trainers.sh), and the published field lists are checked everywhere; a session whose model calls all
+failed is never an RL episode."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from common.settings import Settings, load_settings
+from pipelines.assemble import assemble
+from pipelines.export import export_training_set
+from pipelines.score import score_all
+from producers.fleet import ListSink, run_fleet
+from producers.fleet.agent_caps import Caps
+from producers.fleet.llm import LLMConfig
+from producers.fleet.llm.testing import FakeOpenAIServer, solver_script
+from producers.fleet.sandbox import bwrap_available
+from producers.fleet.tasks import task_for
+from tests.helpers import write_raw
+from warehouse.sql import run_query
+
+pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable")
+
+#: verl 0.9.1 ``AgentLoopOutput`` (required: prompt_ids, response_ids, response_mask, metrics) and SkyRL 0.3.1
+#: ``TrajectoryOutput`` (a dataclass: every field required, no other accepted), as published.
+VERL_FIELDS = {
+    "prompt_ids",
+    "response_ids",
+    "response_mask",
+    "response_logprobs",
+    "reward_score",
+    "num_turns",
+    "metrics",
+    "extra_fields",
+}
+SKYRL_FIELDS = {"prompt_ids", "response_ids", "loss_mask", "rollout_logprobs", "reward", "stop_reason", "env_metrics"}
+TRAINERS = Path(os.environ.get("TRAJLAKE_TRAINERS_VENV", Path.home() / ".cache" / "trajlake" / "trainers-venv"))
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, dict[str, list[dict]]]:
+    """Three tasks (distinct: not duplicates of each other): token in/token out, chat against a drifting
+    template, every call failing."""
+    settings = load_settings(
+        home=tmp_path_factory.mktemp("trainers") / "home", topic="unused", kafka_bootstrap=None, catalog_uri=None
+    )
+    seeds = {"tito": 3, "chat": 4, "failed": 5}
+    tasks = [task_for(seed, 0) for seed in seeds.values()]
+    events: list[dict] = []
+    answers: dict[str, list[dict]] = {}
+    for name, config in (
+        ("tito", {"token_mode": "tito", "engine": "vllm"}),
+        ("chat", {}),
+        ("failed", {"max_retries": 1}),
+    ):
+        with FakeOpenAIServer(solver_script(tasks), drift=True) as server:
+            if name == "failed":
+                server.fail_next = [500] * 2
+            sink = ListSink(decode=False)
+            llm = LLMConfig(server.url, "policy-7b", backoff_s=0.01, **config)
+            run_fleet(settings, "local", sessions=1, seed=seeds[name], sink=sink, agent="llm", llm=llm, caps=Caps())
+            answers[name] = [json.loads(body) for body in server.responses]
+        answers[f"{name}_session"] = [{"session_id": sink.events[0]["session_id"]}]
+        events += sink.events
+    write_raw(settings, events)
+    assemble(settings)
+    score_all(settings)
+    return settings, answers
+
+
+def _export(settings: Settings, fmt: str, out: Path) -> list[dict]:
+    stats = export_training_set(settings, fmt, out, min_quality=0.0)
+    records = [json.loads(line) for line in (out / f"{fmt}.jsonl").read_text().splitlines()]
+    assert stats.records == len(records)
+    return records
+
+
+def _session(answers: dict, name: str) -> str:
+    return answers[f"{name}_session"][0]["session_id"]
+
+
+def _by_session(records: list[dict], key: str) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for record in records:
+        out.setdefault(record[key]["session_id"], []).append(record)
+    return out
+
+
+def test_verl_records_are_agent_loop_outputs(lake, tmp_path):
+    settings, answers = lake
+    by_session = _by_session(_export(settings, "verl", tmp_path / "verl"), "extra_fields")
+    assert _session(answers, "failed") not in by_session  # no successful call: no RL episode
+    (tito,) = by_session[_session(answers, "tito")]  # one exact sequence: one record
+    assert set(tito) == VERL_FIELDS
+    n = len(tito["response_ids"])
+    assert len(tito["response_mask"]) == len(tito["response_logprobs"]) == n and 0 in tito["response_mask"]
+    sampled = [t for t, m in zip(tito["response_ids"], tito["response_mask"], strict=True) if m]
+    assert sampled == [t for a in answers["tito"] for t in a["choices"][0]["token_ids"]]
+    assert tito["prompt_ids"] == answers["tito"][0]["choices"][0]["prompt_token_ids"]
+    # verl's num_turns: the prompt's user turn + 6 assistant turns + 5 turns of tool results
+    assert tito["num_turns"] == 12 and tito["extra_fields"]["segment"] is None
+    assert tito["reward_score"] == 1.0 and tito["metrics"]["generate_sequences"] > 0
+    chat = by_session[_session(answers, "chat")]  # the template rewrote history: one record per call, as sent
+    assert [r["extra_fields"]["segment"] for r in chat] == list(range(6))
+    for record, answer in zip(chat, answers["chat"], strict=True):
+        assert record["prompt_ids"] == answer["prompt_token_ids"]
+        assert record["response_ids"] == answer["choices"][0]["token_ids"]
+        assert set(record["response_mask"]) == {1}
+
+
+def test_skyrl_records_are_trajectory_outputs_with_the_engines_stop_reason(lake, tmp_path):
+    settings, answers = lake
+    by_session = _by_session(_export(settings, "skyrl", tmp_path / "skyrl"), "env_metrics")
+    assert _session(answers, "failed") not in by_session
+    (tito,) = by_session[_session(answers, "tito")]
+    assert set(tito) == SKYRL_FIELDS and tito["stop_reason"] == "stop"  # never "terminal"
+    assert len(tito["loss_mask"]) == len(tito["response_ids"]) == len(tito["rollout_logprobs"])
+    assert tito["env_metrics"]["trajlake_stop_reason"] == "terminal" and tito["reward"] == 1.0
+    assert {r["stop_reason"] for r in by_session[_session(answers, "chat")]} == {"stop"}
+
+
+def test_a_session_whose_calls_all_failed_is_never_an_rl_episode(lake, tmp_path):
+    settings, answers = lake
+    failed = _session(answers, "failed")
+    records = _export(settings, "rl", tmp_path / "rl")
+    assert failed not in {r["session_id"] for r in records} and len(records) == 2
+    _, rows = run_query(settings, f"SELECT reason FROM quarantine WHERE session_id = '{failed}' AND stage = 'export'")
+    assert {row[0] for row in rows} == {"no_model_call"}
+    # the SFT formats are not RL episodes: what they keep is their own rule
+    assert _export(settings, "openai", tmp_path / "openai")
+
+
+def test_the_trainers_own_classes_load_the_exported_records(lake, tmp_path):
+    python = TRAINERS / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"no trainers venv at {TRAINERS} (scripts/trainers.sh): checked against the field lists only")
+    settings, _ = lake
+    verl = tmp_path / "verl"
+    skyrl = tmp_path / "skyrl"
+    n_verl = len(_export(settings, "verl", verl))
+    n_skyrl = len(_export(settings, "skyrl", skyrl))
+    script = (
+        "import json, sys\n"
+        "from verl.experimental.agent_loop.agent_loop import AgentLoopOutput\n"
+        "from skyrl_train.generators.skyrl_gym_generator import TrajectoryOutput\n"
+        "v = [AgentLoopOutput(**json.loads(l)) for l in open(sys.argv[1])]\n"
+        "s = [TrajectoryOutput(**json.loads(l)) for l in open(sys.argv[2])]\n"
+        "assert all(len(o.response_mask) == len(o.response_ids) for o in v)\n"
+        "assert all(len(o.loss_mask) == len(o.response_ids) for o in s)\n"
+        "print(len(v), len(s), type(v[0].metrics).__name__)\n"
+    )
+    result = subprocess.run(
+        [python, "-c", script, verl / "verl.jsonl", skyrl / "skyrl.jsonl"], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == [str(n_verl), str(n_skyrl), "AgentLoopMetrics"]
