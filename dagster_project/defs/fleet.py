@@ -72,6 +72,10 @@ class FleetResource(ConfigurableResource):
     max_steps: int | None = None
     max_model_tokens: int | None = None
     max_cost_usd: float | None = None
+    max_model_calls: int | None = None  # None: TRAJLAKE_LLM_MAX_MODEL_CALLS
+    token_mode: str | None = None  # chat | tito; None: TRAJLAKE_LLM_TOKEN_MODE
+    engine: str = "auto"  # auto | vllm | sglang | llama.cpp (tito needs one)
+    tokenizer: str | None = None  # tito without a template endpoint (SGLang): the model's tokenizer directory
     group_size: int = 1
 
     def launch(
@@ -100,7 +104,14 @@ class FleetResource(ConfigurableResource):
                 self.api_key_env,
                 temperature=self.temperature,
                 max_tokens=self.max_tokens,
+                timeout_s=settings.llm_request_timeout_s,
+                max_retries=settings.llm_max_retries,
+                backoff_s=settings.llm_backoff_s,
+                token_mode=self.token_mode or settings.llm_token_mode,
+                engine=self.engine,
+                tokenizer=self.tokenizer,
             )
+        model_calls = self.max_model_calls if self.max_model_calls is not None else settings.llm_max_model_calls
         return run_fleet(
             settings,
             backend=backend or self.backend,
@@ -117,7 +128,7 @@ class FleetResource(ConfigurableResource):
             workers=self.workers,
             agent=agent or self.agent,
             llm=llm,
-            caps=Caps(self.max_steps, self.max_model_tokens, self.max_cost_usd),
+            caps=Caps(self.max_steps, self.max_model_tokens, self.max_cost_usd, max_model_calls=model_calls),
             group_size=self.group_size,
         )
 
