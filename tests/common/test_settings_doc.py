@@ -18,6 +18,9 @@ NOT_SETTINGS = {
     "TRAJLAKE_FUZZ_EXAMPLES",
     "TRAJLAKE_KAFKA_JAVA",
     "TRAJLAKE_KAFKA_MVN",
+    "TRAJLAKE_VLLM_VENV",  # scripts/vllm.sh and the real-server test
+    "TRAJLAKE_VLLM_URL",
+    "TRAJLAKE_TRAINERS_VENV",  # scripts/trainers.sh and the trainer-record test
 }
 
 
