@@ -20,7 +20,7 @@ from common.settings import load_settings
 from producers.fleet import ListSink, run_fleet
 from producers.fleet.agent_caps import Caps
 from producers.fleet.llm import LLMConfig, reconstruct
-from producers.fleet.llm.testing import RecordingProxy
+from producers.fleet.llm.proxy import RecordingProxy
 
 TOOL_CALL = r'<tool_call>\{"name": "bash", "arguments": \{"command": "echo [a-z]{1,6}"\}\}</tool_call>'
 

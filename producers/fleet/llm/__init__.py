@@ -2,7 +2,8 @@
 
 ``agent`` (the loop and its configuration), ``client`` (HTTP with retries by cause),
 ``record`` (content-addressed, delta-encoded model-call records and their reconstruction),
-``testing`` (a scripted OpenAI-compatible server on loopback: a test double, never used by the fleet).
+``tito`` (token in, token out), ``testing`` (a scripted OpenAI-compatible server on loopback: a test double,
+never used by the fleet), ``proxy`` (a recording proxy for tests against real servers).
 """
 
 from producers.fleet.llm.agent import POLICY_VERSION, LLMAgent, LLMConfig

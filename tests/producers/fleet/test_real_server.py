@@ -26,7 +26,7 @@ from pipelines.export.formats import token_sequences
 from producers.fleet import ListSink, run_fleet
 from producers.fleet.agent_caps import Caps
 from producers.fleet.llm import LLMConfig, reconstruct
-from producers.fleet.llm.testing import RecordingProxy
+from producers.fleet.llm.proxy import RecordingProxy
 from producers.fleet.sandbox import bwrap_available
 
 pytestmark = [
