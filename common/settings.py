@@ -130,6 +130,13 @@ class Settings(BaseSettings):
         description="TRAJLAKE_ASSEMBLE_CHUNK_EVENTS: assembly handles the affected sessions in chunks of about "
         "this many events (memory is bounded by a chunk).",
     )
+    # NoDecode: a comma-separated list (the validator splits it), not JSON.
+    trusted_verdicts: Annotated[tuple[str, ...], NoDecode] = Field(
+        ("fleet_evaluator", "harness_report", "harbor_verifier"),
+        description="TRAJLAKE_TRUSTED_VERDICTS: comma-separated verdict provenances that set eval_passed and the "
+        "reward (fleet_evaluator, harness_report, harbor_verifier, self_reported); a verdict of any other "
+        "provenance is kept in the events but counts for nothing.",
+    )
     assemble_memory_limit: str = Field(
         "2GB",
         description="TRAJLAKE_ASSEMBLE_MEMORY_LIMIT: DuckDB memory limit for assembly; beyond it DuckDB "
@@ -258,6 +265,13 @@ class Settings(BaseSettings):
             if not isinstance(parsed, dict):
                 raise ValueError("must be a JSON object")
             return {str(k): str(v) for k, v in parsed.items()}
+        return value
+
+    @field_validator("trusted_verdicts", mode="before")
+    @classmethod
+    def _parse_names(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
     @cached_property

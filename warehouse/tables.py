@@ -154,6 +154,8 @@ TRAJECTORIES = TableSpec(
             ("attempt", pa.int32()),
             ("retry_of", pa.string()),  # the session a `trajlake fleet retry` re-ran
             ("exit_codes", pa.string()),  # JSON exit code -> count, from the host (session_end.extra)
+            # who stands behind the verdict that counted: fleet_evaluator, harness_report, harbor_verifier, …
+            ("verdict_provenance", pa.string()),
         ]
     ),
     partition_by=[("started_at", DayTransform())],

@@ -16,6 +16,7 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 
 from common.settings import Settings
+from pipelines.parts import blob_texts
 from warehouse.sql import open_views
 
 #: Split shares (percent of task families, by the sha256 of the family name).
@@ -119,6 +120,8 @@ class _Blobs:
             if len(self.cache) > self.capacity:
                 self.cache.clear()
             self.cache.update({sha: text for sha, text in rows})
+            # a blob too large for one event travelled in parts (``producers.parts``)
+            self.cache.update(blob_texts(self.con, [r for r in missing if r not in self.cache]))
         return {r: self.cache[r] for r in wanted if r in self.cache}
 
 
@@ -181,8 +184,11 @@ def _sessions(
         "LEFT JOIN (SELECT session_id, list(struct_pack(flag := flag, flag_class := flag_class, severity := severity) "
         "ORDER BY flag) AS flag_list FROM flags WHERE session_id IN (SELECT session_id FROM chosen) "
         "GROUP BY session_id) f USING (session_id) "
-        "LEFT JOIN (SELECT e.session_id, arg_max(fb.env_feedback.output, fb.seq) AS submission FROM events e "
-        "JOIN events fb ON fb.event_id = e.extra['submission_event_id'] WHERE e.event_type = 'session_end' "
+        # the submission whole: the step's output (assembly rebuilt a text that travelled in parts), else the event's
+        "LEFT JOIN (SELECT e.session_id, arg_max(coalesce(st.output, fb.env_feedback.output), fb.seq) AS submission "
+        "FROM events e JOIN events fb ON fb.event_id = e.extra['submission_event_id'] "
+        "LEFT JOIN steps st ON st.session_id = fb.session_id AND st.feedback_event_id = fb.event_id "
+        "WHERE e.event_type = 'session_end' "
         "AND e.session_id IN (SELECT session_id FROM chosen) GROUP BY e.session_id) sub USING (session_id)"
     )
     session_rows = "SELECT r.session_id, 0 AS kind, 0 AS pos, r AS session FROM chosen_rows r"
