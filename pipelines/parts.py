@@ -73,7 +73,8 @@ def rebuild_parts(con: duckdb.DuckDBPyConnection) -> list[Quarantined]:
                     f"{child.name} := CASE WHEN {rest} IS NOT NULL AND {whole} THEN {value} || {rest} ELSE {value} END"
                 )
             elif kind == "env_feedback" and child.name == "truncated":
-                cut = f"(w.rest_env_feedback__output IS NOT NULL AND NOT coalesce({_whole_ok('env_feedback', 'output')}, false))"
+                whole_output = _whole_ok("env_feedback", "output")
+                cut = f"(w.rest_env_feedback__output IS NOT NULL AND NOT coalesce({whole_output}, false))"
                 members.append(f"truncated := {value} OR {cut}")
             else:
                 members.append(f"{child.name} := {value}")
