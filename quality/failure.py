@@ -42,9 +42,10 @@ CONFIGURATION_PATTERN = r"^model_config_error\b|authenticationerror|permissionde
 #: Exit reasons of a framework limit: steps, iterations, cost, tokens or context window.
 LIMIT_PATTERN = (
     r"limitsexceeded|limit[s]? (?:reached|exceeded)|exit_cost|exit_context|exit_total_execution_time|cost limit"
-    r"|step limit|step_limit|max[_ ]?iterations|maximum iterations|max_steps|context ?window|context length"
+    r"|step limit|step_limit|max[_ ]?iterations?|maximum iterations?|max_steps|context ?window|context length"
     r"|contextwindowexceeded|budget exceeded|token limit|max_tokens|time limit|time_limit|exceeded"
     r"|max_model_tokens|max_model_calls|max_cost_usd|^deadline$"  # the live fleet's own caps (status ``capped``)
+    r"|agenttimeouterror"  # Harbor: the agent ran out of its time budget
 )
 
 
@@ -75,6 +76,10 @@ def failure_causes(trajectories: pl.DataFrame, steps: pl.DataFrame, cheaters: pl
         .then(pl.lit("still_running"))
         .when(reason.str.contains(CONFIGURATION_PATTERN))
         .then(pl.lit("configuration_error"))
+        # a cap the producer says it hit (the fleet's caps, an importer's reading of the framework's own
+        # exit status) is a limit even when the framework worded it as an error
+        .when(status == "capped")
+        .then(pl.lit("limit_reached"))
         .when(
             reason.str.contains(INFRASTRUCTURE_PATTERN)
             | (reason == "idle_timeout")  # no session_end: the host or its stream was lost

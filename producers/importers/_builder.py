@@ -126,7 +126,7 @@ class CallLog:
         self._token_context: list[int] = []  # previous prompt + completion token ids
         self._hash = hashlib.sha256()
         self._emitted: set[str] = set()
-        self._pending: list[dict[str, str]] = []
+        self._pending: list[typed.ContentBlob] = []
         self.calls = 0
 
     def _ref(self, value: Any) -> str:

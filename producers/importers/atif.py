@@ -118,9 +118,11 @@ def _on_agent_step(run: _Run, index: int, step: dict[str, Any]) -> None:
     calls = [_call(c) for c in list_of(step.get("tool_calls")) if isinstance(c, dict)]
     if calls:
         reply["tool_calls"] = calls
+    prompt_tokens = optional_count(metrics.get("prompt_tokens"), f"{where}.prompt_tokens", issues)
+    completion_tokens = optional_count(metrics.get("completion_tokens"), f"{where}.completion_tokens", issues)
     usage = {
-        "prompt_tokens": optional_count(metrics.get("prompt_tokens"), f"{where}.prompt_tokens", issues),
-        "completion_tokens": optional_count(metrics.get("completion_tokens"), f"{where}.completion_tokens", issues),
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
         "prompt_tokens_details": {"cached_tokens": optional_count(metrics.get("cached_tokens"), where, issues)},
     }
     cost = number(metrics.get("cost_usd"), f"{where}.cost_usd", issues)
@@ -138,7 +140,7 @@ def _on_agent_step(run: _Run, index: int, step: dict[str, Any]) -> None:
     )
     builder.agent_input(
         prompt_digest=record["request_sha256"],
-        input_tokens=usage["prompt_tokens"] or 0,
+        input_tokens=prompt_tokens or 0,
         cached_tokens=count(metrics.get("cached_tokens"), where, issues),
         n_messages=record["n_messages"],
         model_call=record,
@@ -158,7 +160,7 @@ def _on_agent_step(run: _Run, index: int, step: dict[str, Any]) -> None:
             text or None,
             tool_call_id=call["id"],
             message_id=message_id,
-            output_tokens=(usage["completion_tokens"] or 0) if position == 0 else 0,
+            output_tokens=(completion_tokens or 0) if position == 0 else 0,
             cost_usd=(cost or 0.0) if position == 0 else 0.0,
         )
         if call["id"] in results:

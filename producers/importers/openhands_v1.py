@@ -457,7 +457,7 @@ def convert_directory(path: Path) -> list[ImportedSession]:
         ImportFormatError: an event file is not JSON, or no user message with the task.
     """
     files = sorted((path / "events").glob("event-*.json"))
-    events = [read_json_file(f) for f in files]
+    events = [e for e in (read_json_file(f) for f in files) if isinstance(e, dict)]
     digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
     state = read_json_file(path / "base_state.json") or {}
     run = {"task_id": path.name, "state": state}

@@ -132,8 +132,8 @@ def _summary_verdicts(data: dict[str, Any], result: VerdictFile) -> None:
 
 def _harbor_verdict(data: dict[str, Any], result: VerdictFile) -> None:
     task = str(data.get("task_name") or data.get("trial_name") or "")
-    rewards = (data.get("verifier_result") or {}).get("rewards")
-    values = [float(v) for v in (rewards or {}).values() if isinstance(v, int | float) and not isinstance(v, bool)]
+    rewards: dict[str, Any] = (data.get("verifier_result") or {}).get("rewards") or {}
+    values = [float(v) for v in rewards.values() if isinstance(v, int | float) and not isinstance(v, bool)]
     if not task or not values:
         if task:
             result.unevaluated.append(task)
