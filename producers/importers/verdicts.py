@@ -20,16 +20,20 @@ without a verifier result) gets no verdict: it is listed in :attr:`VerdictFile.u
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from producers.importers._builder import RunBuilder, Verdict
+from producers.importers._builder import ImportedSession, RunBuilder, Verdict
 from producers.importers._source import ImportFormatError, SourceFile, read_json_file
+from producers.sdk import Event
+from schemas import typed
 
 HARNESS = "harness_report"
 HARBOR = "harbor_verifier"
@@ -267,6 +271,85 @@ def verdict_beside(run: Path, instance_id: str) -> Verdict | None:
     return None
 
 
+#: Namespace of the ids of verdict events attached to a session after its import.
+VERDICT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://trajlake/verdicts")
+#: ``host_id`` and ``extra['source_kind']`` of verdicts attached later (``trajlake import --verdicts``).
+LATE_HOST = "verdicts"
+
+
+def verdict_event(envelope: dict[str, Any], verdict: Verdict, *, seq: int, ts: int, host_id: str = LATE_HOST) -> Event:
+    """An ``evaluation`` event carrying ``verdict`` for the session ``envelope`` describes.
+
+    Its id derives from the session and the verdict's content, so attaching the same verdict
+    again re-sends the same event (kept once), and a changed report is a new evaluation.
+
+    Args:
+        envelope: the session's envelope fields (``session_id``, ``task_id``, ``task_type``, …).
+        verdict: what to attach.
+        seq: the event's place in the session (after its last event).
+        ts: its time (micros).
+        host_id: who sends it: ``verdicts`` for a late verdict (an identity of its own, see
+            ``pipelines.ownership``), the session's own host when it joins the import.
+    """
+    key = json.dumps([verdict.instance_id, verdict.passed, verdict.reward, verdict.provenance, verdict.details])
+    session_id = str(envelope["session_id"])
+    source_sha = hashlib.sha256(verdict.source.encode()).hexdigest() if verdict.source else ""
+    extra = {"source_kind": LATE_HOST, "source_sha256": source_sha, "verdict_source": verdict.source[:1000]}
+    if host_id != LATE_HOST:
+        extra = dict(envelope.get("extra") or {})
+    payload: typed.Evaluation = {
+        "passed": verdict.passed,
+        "tests_total": verdict.tests_total,
+        "tests_passed": verdict.tests_passed,
+        "reward": verdict.reward,
+        "fresh_sandbox": False,
+        "evaluator": verdict.evaluator,
+        "duration_ms": 0.0,
+        "details": verdict.details,
+        "provenance": verdict.provenance,
+    }
+    return {
+        "event_id": uuid.uuid5(VERDICT_NAMESPACE, f"{session_id}/{key}").hex,
+        "session_id": session_id,
+        "seq": seq,
+        "ts": ts,
+        "event_type": "evaluation",
+        "source": "evaluator",
+        "sandbox_id": str(envelope.get("sandbox_id") or session_id),
+        "task_id": str(envelope.get("task_id") or verdict.instance_id),
+        "task_type": str(envelope.get("task_type") or "imported"),
+        "host_id": host_id,
+        "image_name": str(envelope.get("image_name") or "unknown"),
+        "image_version": str(envelope.get("image_version") or "0"),
+        "agent_name": envelope.get("agent_name"),
+        "agent_version": envelope.get("agent_version"),
+        "agent_model": envelope.get("agent_model"),
+        "policy_version": envelope.get("policy_version"),
+        "agent_message_id": None,
+        "parent_event_id": None,
+        "extra": extra,
+        "payload": dict(payload),
+    }
+
+
+def with_verdicts(session: ImportedSession, files: Iterable[VerdictFile]) -> Verdict | None:
+    """Append the verdict the given files hold on ``session``'s task, unless it already has one; the verdict or None.
+
+    The event joins the import (the session's own identity), after its last event.
+    """
+    if any(e["event_type"] == "evaluation" for e in session.events) or not session.events:
+        return None
+    verdict = next((v for f in files if (v := f.get(session.task_id)) is not None), None)
+    if verdict is None:
+        return None
+    last = session.events[-1]
+    first = session.events[0]
+    session.events.append(
+        verdict_event(first, verdict, seq=last["seq"] + 1, ts=last["ts"] + 1000, host_id=first["host_id"])
+    )
+    return verdict
+
+
 def attach_verdict_beside(builder: RunBuilder, source: SourceFile, instance_id: str) -> None:
     """Add the verdict a report next to the run gives ``instance_id`` (after ``session_end``).
 
@@ -289,7 +372,10 @@ __all__ = [
     "SELF_REPORTED",
     "Verdict",
     "VerdictFile",
+    "LATE_HOST",
     "attach_verdict_beside",
+    "verdict_event",
+    "with_verdicts",
     "is_harbor_result",
     "parse_verdicts",
     "read_verdict_file",
