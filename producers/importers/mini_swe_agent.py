@@ -85,7 +85,8 @@ class _Run:
     turn: int = 0
     previous_ts: int | None = None
     submission_event: str | None = None
-    instance_seen: bool = False
+    carried_cost: float = 0.0  # of turns that made no action (a format error): counted with the next action
+    carried_tokens: int = 0
 
 
 def _tool_output(content: str) -> tuple[str, int | None, bool]:
@@ -172,7 +173,11 @@ def _on_assistant(run: _Run, index: int, message: dict[str, Any]) -> None:
     ts = run.stamps[index]
     builder.advance(ts)
     reasoning = count(object_of(usage.get("completion_tokens_details")).get("reasoning_tokens"), "reasoning", issues)
-    for position, (call_id, tool, arguments) in enumerate(_calls(run, message)):
+    completion = count(usage.get("completion_tokens"), f"messages[{index}].usage", issues)
+    calls = _calls(run, message)
+    if not calls:
+        run.carried_cost, run.carried_tokens = run.carried_cost + cost, run.carried_tokens + completion
+    for position, (call_id, tool, arguments) in enumerate(calls):
         first = position == 0  # a turn's tokens and cost belong to its first call only
         action_id = builder.action(
             tool,
@@ -181,12 +186,14 @@ def _on_assistant(run: _Run, index: int, message: dict[str, Any]) -> None:
             _thought(message),
             tool_call_id=call_id,
             message_id=message_id,
-            output_tokens=count(usage.get("completion_tokens"), f"messages[{index}].usage", issues) if first else 0,
+            output_tokens=completion + run.carried_tokens if first else 0,
             reasoning_tokens=reasoning if first else 0,
-            cost_usd=cost if first else 0.0,
+            cost_usd=cost + run.carried_cost if first else 0.0,
             model_latency_ms=(ts - run.previous_ts) / 1000 if first and ts and run.previous_ts else 0.0,
         )
         run.pending.append(_Pending(action_id, call_id, builder.now))
+        if first:
+            run.carried_cost, run.carried_tokens = 0.0, 0
     run.turn += 1
 
 

@@ -431,7 +431,7 @@ def convert(source: SourceFile) -> list[ImportedSession]:
     """
     data = source.data
     if isinstance(data, list):
-        return [_convert(source, data, {"task_id": source.path.stem})]
+        return [_convert(source, data, {"task_id": source.path.name.split(".")[0]})]
     if _is_v1_output(data):
         return [_convert(source, list_of(data.get("history")), _output_run(data))]
     raise ImportFormatError(source.path, "not OpenHands V1 events (objects with 'kind', 'source' and 'id')")
@@ -447,7 +447,7 @@ def convert_stream(source: SourceFile) -> list[ImportedSession]:
         if isinstance(record, ImportFormatError):
             raise record
         events.append(record.data)
-    return [_convert(source, events, {"task_id": source.path.stem})]
+    return [_convert(source, events, {"task_id": source.path.name.split(".")[0]})]
 
 
 def convert_directory(path: Path) -> list[ImportedSession]:

@@ -116,7 +116,9 @@ def test_whole_action_tokens_differ_in_any_field_and_tell_null_from_empty() -> N
             {"session_id": "s", "step_index": 3, "tool_name": "u", "arguments": None, "command": None},
             {"session_id": "s", "step_index": 4, "tool_name": "t", "arguments": None, "command": None},
         ],
-        schema={k: v for k, v in _STEPS.items() if k in ("session_id", "step_index", "tool_name", "arguments", "command")},
+        schema={
+            k: v for k, v in _STEPS.items() if k in ("session_id", "step_index", "tool_name", "arguments", "command")
+        },
     ).with_columns(pl.lit(None, pl.Utf8).alias("failure_reason"))
     tokens = whole_action_tokens(steps)["token"].to_list()
     assert len(set(tokens[:4])) == 4 and tokens[0] == tokens[4]
