@@ -5,10 +5,11 @@ is its ``host_id``, the kind of source (``extra['source_kind']``: ``import`` for
 none for the fleet) and, for an import, the sha256 of the recorded file
 (``extra['source_sha256']``). The owner is the identity of the session's first ``session_start``
 by ``(seq, event_id)`` (without one, of its first event), so it does not depend on the order
-events arrive in. Events of the session from any other identity are *foreign*: quarantined
-(``reason = 'foreign_producer'``, ``action = 'excluded'``) and left out of the session's rows, so
-an imported file or another host that claims a session id can neither add steps to it nor change
-its verdict.
+events arrive in; when several producers sent a ``session_start`` for one id the first owns it and
+the quarantine says so (``reason = 'ownership_conflict'``). Events of the session from any other
+identity are *foreign*: quarantined (``reason = 'foreign_producer'``, ``action = 'excluded'``) and
+left out of the session's rows, so an imported file or another host that claims a session id can
+neither add steps to it nor change its verdict.
 
 **Verdict provenance.** An ``evaluation`` says who stands behind it (``provenance``, schema v4;
 an owner's event without one is its own evaluator, ``fleet_evaluator``). Only provenances in
@@ -78,19 +79,39 @@ def apply_ownership(con: duckdb.DuckDBPyConnection, trusted: tuple[str, ...]) ->
         """,
         {"trusted": list(trusted)},
     ).fetchall()
+    conflicts = con.execute(
+        f"SELECT session_id, count(DISTINCT {_IDENTITY}) FROM ev WHERE event_type = 'session_start' "
+        f"GROUP BY session_id HAVING count(DISTINCT {_IDENTITY}) > 1"
+    ).fetchall()
     con.execute("DROP TABLE ev_owner")
     if not found:
         return []
-    foreign, untrusted, records = [], [], []
+    foreign, untrusted = [], []
+    records = [
+        Quarantined(
+            session_id,
+            "assemble",
+            "ownership_conflict",
+            "kept_first",
+            f"{n} producers started this session; the first session_start by (seq, event_id) owns it",
+        )
+        for session_id, n in conflicts
+    ]
     for session_id, event_id, event_type, identity, given, own in found:
         claims_own = event_type == "evaluation" and (given is None or given == OWN_EVALUATOR)
+        trusted_verdict = event_type == "evaluation" and given in trusted and not claims_own
         who = identity.replace("\x1f", " / ").strip(" /")
-        if not own and (event_type != "evaluation" or claims_own):
+        if not own and not trusted_verdict and (event_type != "evaluation" or claims_own):
             foreign.append(event_id)
             detail = f"{event_type} from {who}, not the producer that started the session"
             records.append(Quarantined(session_id, "assemble", "foreign_producer", "excluded", detail, event_id))
-        elif given not in trusted and not (own and given is None and OWN_EVALUATOR in trusted):
-            untrusted.append(event_id)
+        elif (
+            event_type == "evaluation"
+            and not trusted_verdict
+            and not (own and given is None and OWN_EVALUATOR in trusted)
+        ):
+            # a foreign verdict that does not count leaves the session; the owner's own stays in it, not counted
+            (untrusted if own else foreign).append(event_id)
             detail = f"verdict of provenance {given or OWN_EVALUATOR} from {who} (trusted: {', '.join(trusted)})"
             records.append(Quarantined(session_id, "assemble", "untrusted_verdict", "not_counted", detail, event_id))
     if foreign:

@@ -233,10 +233,11 @@ def _end(run: _Run, data: dict[str, Any], trial: Trial) -> None:
     if trial.exception:
         builder.end(exit_outcome(None, trial.exception), runtime, exit_reason(None, trial.exception))
     elif stop == "terminal":
-        builder.end("completed", runtime, None, reward=reward)
+        builder.end("completed", runtime, None)
     else:
         reason = stop.removeprefix("truncated:")
-        builder.end("timeout" if "timeout" in reason else "capped", runtime, reason, reward=reward)
+        builder.end("timeout" if "timeout" in reason else "capped", runtime, reason)
+    # the file's own reward is a verdict of its own (self-reported), never session_end's reward
     if trial.verdict is not None:
         builder.verdict(trial.verdict)
     elif reward is not None:
