@@ -27,6 +27,8 @@ MAX_MAGNITUDE = 1e15
 #: Longest id kept as it is (event, session, task, tool-call ids); a longer one is shortened to a
 #: prefix and the sha256 of the whole, which stays unique.
 MAX_ID_CHARS = 512
+#: Longest value of the envelope's ``extra`` map kept as it is (a task family, a run's own id, …).
+MAX_EXTRA_CHARS = 4096
 #: Envelope and payload fields that are identifiers, not text.
 ID_FIELDS = frozenset(
     {
@@ -55,6 +57,23 @@ ID_FIELDS = frozenset(
         "model",
         "response_model",
         "response_id",
+    }
+)
+#: Fields whose text may be of any size (split into parts when too large for one event); every other string
+#: is a label, kept up to :data:`MAX_EXTRA_CHARS`.
+LARGE_TEXT_FIELDS = frozenset(
+    {
+        "output",
+        "failure_reason",
+        "thought",
+        "arguments",
+        "command",
+        "instruction",
+        "content",
+        "details",
+        "exit_reason",
+        "text",
+        "value",
     }
 )
 _INT32 = (-(2**31), 2**31 - 1)
@@ -93,13 +112,13 @@ def safe_text(value: str, where: str, issues: FieldIssues) -> str:
     return value
 
 
-def safe_id(value: str, where: str, issues: FieldIssues) -> str:
-    """An id no longer than :data:`MAX_ID_CHARS` (a longer one: its head and the sha256 of the whole)."""
+def safe_id(value: str, where: str, issues: FieldIssues, limit: int = MAX_ID_CHARS) -> str:
+    """An id no longer than ``limit`` characters (a longer one: its head and the sha256 of the whole)."""
     value = safe_text(value, where, issues)
-    if len(value) <= MAX_ID_CHARS:
+    if len(value) <= limit:
         return value
-    issues.add(where, f"id of {len(value)} characters shortened")
-    return f"{value[: MAX_ID_CHARS - 72]}…sha256:{hashlib.sha256(value.encode()).hexdigest()}"
+    issues.add(where, f"value of {len(value)} characters shortened")
+    return f"{value[: limit - 72]}…sha256:{hashlib.sha256(value.encode()).hexdigest()}"
 
 
 def number(value: Any, where: str, issues: FieldIssues) -> float | None:
@@ -217,7 +236,11 @@ def _conform(value: Any, avro: Any, where: str, issues: FieldIssues, name: str) 
     if isinstance(value, bool):
         return value
     if isinstance(value, str):
-        return safe_id(value, where, issues) if name in ID_FIELDS else safe_text(value, where, issues)
+        if name in ID_FIELDS:
+            return safe_id(value, where, issues)
+        if name in LARGE_TEXT_FIELDS:
+            return safe_text(value, where, issues)
+        return safe_id(value, where, issues, MAX_EXTRA_CHARS)
     if isinstance(value, int):
         kind = next((b for b in branches if b in ("int", "long", "double")), None)
         low, high = _INT32 if kind == "int" else _INT64
@@ -235,9 +258,11 @@ def _conform(value: Any, avro: Any, where: str, issues: FieldIssues, name: str) 
         if record is not None:
             return conform_record(value, record, where, issues)
         mapped = next((b for b in branches if isinstance(b, dict) and b.get("type") == "map"), None)
-        if mapped is not None:
+        if mapped is not None:  # the envelope's extra: short labels and ids, never a payload's worth
             return {
-                safe_text(str(k), where, issues): _conform(v, mapped["values"], f"{where}.{k}", issues, "")
+                safe_id(str(k), where, issues, MAX_EXTRA_CHARS): safe_id(v, f"{where}.{k}", issues, MAX_EXTRA_CHARS)
+                if isinstance(v, str)
+                else _conform(v, mapped["values"], f"{where}.{k}", issues, "")
                 for k, v in value.items()
             }
         return value

@@ -78,6 +78,7 @@ class OtlpReceiver:
             max_spans,
         )
         self._conversations: dict[str, _Conversation] = {}
+        self._trace_keys: dict[str, str] = {}  # trace id -> its conversation (spans without the id join it)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.sessions_sent = 0
@@ -184,6 +185,14 @@ class OtlpReceiver:
         with self._lock:
             self.spans_received += len(spans)
             for key, own in group_sessions(spans).items():
+                if key.startswith("conversation:"):
+                    for trace in {s.trace_id for s in own}:
+                        self._trace_keys[trace] = key
+                        early = self._conversations.pop(f"trace:{trace}", None)  # spans that came before the id
+                        if early is not None:
+                            self._conversations.setdefault(key, _Conversation()).spans.update(early.spans)
+                else:
+                    key = self._trace_keys.get(key.removeprefix("trace:"), key)
                 conversation = self._conversations.setdefault(key, _Conversation())
                 for span in own:
                     conversation.spans[span.span_id] = span

@@ -29,7 +29,9 @@ def _lake(home: Path) -> Settings:
 
 def _big_run(tmp_path: Path, size: int) -> tuple[Path, str, str]:
     """The mini-swe-agent 2.x fixture with a submission of ``size`` characters and a huge tool output and thought."""
-    data = json.loads((FIXTURES / "mini_swe_agent_v2" / "acme__widgets-102" / "acme__widgets-102.traj.json").read_text())
+    data = json.loads(
+        (FIXTURES / "mini_swe_agent_v2" / "acme__widgets-102" / "acme__widgets-102.traj.json").read_text()
+    )
     lines = [f"+    value_{i} = UNITS[unit.casefold()]  # ünïcödé {i}\n" for i in range(size // 48 + 1)]
     patch = ("diff --git a/w.py b/w.py\n--- a/w.py\n+++ b/w.py\n@@ -1 +1,9999 @@\n" + "".join(lines))[:size]
     data["info"]["submission"] = patch
@@ -72,7 +74,9 @@ def test_an_890_kb_submission_lands_and_exports_byte_identical(tmp_path: Path) -
 def test_a_text_missing_a_part_keeps_its_head_says_so_and_is_quarantined(tmp_path: Path) -> None:
     run, patch, _ = _big_run(tmp_path, 890_000)
     events = import_trajectory(run)
-    parts = [e for e in events if e["event_type"] == "annotation" and e["payload"]["part_of_field"] == "env_feedback.output"]
+    parts = [
+        e for e in events if e["event_type"] == "annotation" and e["payload"]["part_of_field"] == "env_feedback.output"
+    ]
     lost = parts[-1]["event_id"]
     settings = _lake(tmp_path / "home")
     write_raw(settings, [e for e in events if e["event_id"] != lost])
