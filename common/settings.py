@@ -271,6 +271,8 @@ class Settings(BaseSettings):
     @classmethod
     def _parse_names(cls, value: Any) -> Any:
         if isinstance(value, str):
+            if value.strip().startswith("["):  # the JSON list the configuration reference shows
+                return tuple(str(v) for v in json.loads(value))
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
