@@ -86,7 +86,8 @@ def apply_ownership(con: duckdb.DuckDBPyConnection, trusted: tuple[str, ...]) ->
     con.execute("DROP TABLE ev_owner")
     if not found:
         return []
-    foreign, untrusted = [], []
+    foreign: list[str] = []
+    untrusted: list[str] = []
     records = [
         Quarantined(
             session_id,

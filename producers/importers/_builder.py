@@ -284,7 +284,7 @@ class RunBuilder:
         extra = {"source_format": self.source_format, "source_sha256": self.source.sha256, "source_kind": SOURCE_KIND}
         if self.source_session_id:
             extra["source_session_id"] = self.source_session_id
-        envelope = {"task_id": "unknown", "task_type": "imported", **self.envelope}
+        envelope: dict[str, Any] = {"task_id": "unknown", "task_type": "imported", **self.envelope}
         self.emitter = SessionEmitter(
             self.events.append,
             session_id=uuid.uuid5(namespace, f"{prefix}session").hex,

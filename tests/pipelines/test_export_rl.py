@@ -168,11 +168,14 @@ def test_atif_round_trip_is_lossless_on_real_and_fleet_runs(lake: Settings, tmp_
     first = {r["session_id"]: r for r in _records(tmp_path / "a" / "atif.jsonl")}
     again = _lake(tmp_path / "again")
     # the export file itself (JSON lines of trajectories), its format detected
-    write_raw(again, import_trajectory(tmp_path / "a" / "atif.jsonl"), batch_size=5000)
+    imported = import_trajectory(tmp_path / "a" / "atif.jsonl")
+    write_raw(again, imported, batch_size=5000)
     assemble(again)
     score_all(again)
     export_training_set(again, "atif", tmp_path / "b", min_quality=0.0)
-    second = {r["session_id"]: r for r in _records(tmp_path / "b" / "atif.jsonl")}
+    # an import never takes a session id from the file: each trajectory's own id is kept beside its new one
+    renamed = {e["session_id"]: e["extra"]["source_session_id"] for e in imported}
+    second = {renamed[r["session_id"]]: r for r in _records(tmp_path / "b" / "atif.jsonl")}
     assert set(second) == set(first)
     assert any(r["agent"]["name"] == "mini-swe-agent" for r in first.values())
     for session_id, trajectory in first.items():
