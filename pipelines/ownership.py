@@ -59,31 +59,47 @@ def apply_ownership(con: duckdb.DuckDBPyConnection, trusted: tuple[str, ...]) ->
         trusted: the provenances whose verdicts count.
     """
     provenance = _provenance_sql(con)
+    untrusted_filter = (
+        f"ev.event_type = 'evaluation' AND coalesce({provenance}, '{OWN_EVALUATOR}') "
+        "NOT IN (SELECT unnest($trusted::VARCHAR[]))"
+    )
+    # the common case, one producer per session and only trusted verdicts, costs one aggregate and one filter
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE ev_mixed AS
+        SELECT session_id FROM (SELECT session_id, {_IDENTITY} AS identity FROM ev)
+        GROUP BY session_id HAVING min(identity) <> max(identity)
+        """
+    )
+    mixed = con.execute("SELECT count(*) FROM ev_mixed").fetchone()
+    counted = con.execute(f"SELECT count(*) FROM ev WHERE {untrusted_filter}", {"trusted": list(trusted)}).fetchone()
+    if not (mixed and mixed[0]) and not (counted and counted[0]):
+        con.execute("DROP TABLE ev_mixed")
+        return []
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE ev_owner AS
         SELECT session_id,
-               arg_min({_IDENTITY}, struct_pack(k := CASE WHEN event_type = 'session_start' THEN 0 ELSE 1 END,
-                                                 seq, event_id)) AS owner
-        FROM ev GROUP BY session_id
+               arg_min(identity, struct_pack(k := CASE WHEN event_type = 'session_start' THEN 0 ELSE 1 END,
+                                             seq, event_id)) AS owner,
+               count(DISTINCT identity) FILTER (event_type = 'session_start') AS starters
+        FROM (SELECT session_id, event_type, seq, event_id, {_IDENTITY} AS identity FROM ev
+              WHERE session_id IN (SELECT session_id FROM ev_mixed))
+        GROUP BY session_id
         """
     )
     found = con.execute(
         f"""
         SELECT ev.session_id, ev.event_id, ev.event_type, {_IDENTITY} AS identity, {provenance} AS provenance,
-               {_IDENTITY} = o.owner AS own
-        FROM ev JOIN ev_owner o USING (session_id)
-        WHERE {_IDENTITY} <> o.owner
-           OR (ev.event_type = 'evaluation'
-               AND coalesce({provenance}, '{OWN_EVALUATOR}') NOT IN (SELECT unnest($trusted::VARCHAR[])))
+               o.owner IS NULL OR {_IDENTITY} = o.owner AS own
+        FROM ev LEFT JOIN ev_owner o USING (session_id)
+        WHERE (o.owner IS NOT NULL AND {_IDENTITY} <> o.owner) OR ({untrusted_filter})
         """,
         {"trusted": list(trusted)},
     ).fetchall()
-    conflicts = con.execute(
-        f"SELECT session_id, count(DISTINCT {_IDENTITY}) FROM ev WHERE event_type = 'session_start' "
-        f"GROUP BY session_id HAVING count(DISTINCT {_IDENTITY}) > 1"
-    ).fetchall()
+    conflicts = con.execute("SELECT session_id, starters FROM ev_owner WHERE starters > 1").fetchall()
     con.execute("DROP TABLE ev_owner")
+    con.execute("DROP TABLE ev_mixed")
     if not found:
         return []
     foreign: list[str] = []
