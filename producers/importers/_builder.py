@@ -215,6 +215,10 @@ class CallLog:
             "completion_token_ids": list(completion_token_ids or []),
             "completion_logprobs": list(logprobs or []),
             "completion_tokens_text": [""] * len(logprobs or []),
+            # a recorded run's messages, as sent; the server kind is not recorded
+            "token_mode": "chat",
+            "engine": None,
+            "record_level": "token" if completion_token_ids else "message",
         }
         if prompt_token_ids is not None:
             shared = _common_prefix(self._token_context, prompt_token_ids)
