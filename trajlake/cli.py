@@ -215,6 +215,7 @@ def import_runs(
     """Import runs recorded by other agent frameworks into the event stream (Kafka); re-imports are idempotent."""
     from pipelines.importing import import_runs as run_import
     from pipelines.importing import listen as start_receiver
+    from producers.importers import ImportFormatError
     from producers.sdk import EventProducer
 
     if not paths and verdicts is None and listen is None:
@@ -235,6 +236,10 @@ def import_runs(
             out.print(f"received {receiver.spans_received} spans, sent {receiver.sessions_sent} sessions")
             return
         run = run_import(settings, list(paths or []), producer, format=format.value, verdicts=verdicts)
+    problems = [str(item) for item in run.report.quarantined] + [f"session {sid}: {why}" for sid, why in run.failed]
+    if paths and not run.report.summaries and problems:  # nothing could be imported: one line says why
+        more = f" (and {len(problems) - 1} more records quarantined)" if len(problems) > 1 else ""
+        raise ImportFormatError("import", f"nothing imported: {problems[0]}{more}")
     for summary in run.report.summaries:
         where = f" ({summary.position})" if summary.position else ""
         out.print(
