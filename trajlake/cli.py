@@ -126,14 +126,36 @@ def assemble(
 def sql(
     query: Annotated[str, typer.Argument(help="A read-only DuckDB query over the trajlake views.")],
     format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Print values byte for byte: control characters (terminal escapes) in table output "
+            "and formula-like CSV cells are passed through unchanged.",
+        ),
+    ] = False,
 ) -> None:
-    """Read-only DuckDB SQL over events, trajectories, steps, scores, flags, …"""
-    from warehouse.sql import format_rows, run_query
+    """Read-only DuckDB SQL over events, trajectories, steps, scores, flags, …
 
-    columns, rows = run_query(_settings(), query)
-    # Data is printed byte for byte: rich would turn ``:x:`` into an emoji even with markup off.
-    sys.stdout.write(format_rows(columns, rows, format.value) + "\n")
-    sys.stdout.flush()
+    The query runs in a process of its own, killed at TRAJLAKE_SQL_TIMEOUT_S and capped at
+    TRAJLAKE_SQL_MEMORY_LIMIT; rows are printed as they arrive (table: the first
+    TRAJLAKE_SQL_TABLE_ROWS rows and the count).
+    """
+    from warehouse.sql import stream_query
+    from warehouse.sql_output import write_rows
+
+    settings = _settings()
+    # Data is printed byte for byte (after neutralising, unless --raw): rich would turn ``:x:``
+    # into an emoji even with markup off.
+    try:
+        with stream_query(settings, query) as result:
+            rows = result.rows()
+            write_rows(result.columns, rows, format.value, sys.stdout, raw=raw, table_rows=settings.sql_table_rows)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (``| head``): the query was stopped on the way out; exit quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
 
 
 @app.command()
