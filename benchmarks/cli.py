@@ -227,6 +227,14 @@ def bench_automation_cmd(
     bench_automation(seconds=seconds, rate=rate, time_compression=time_compression)
 
 
+@bench_app.command("sql-start")
+def bench_sql_start_cmd(repeat: Annotated[int, typer.Option(help="Runs of each measurement (median).")] = 10) -> None:
+    """`select 1` in its own query process vs in the calling process, and `trajlake sql` end to end."""
+    from benchmarks.sql_start import bench_sql_start
+
+    bench_sql_start(repeat=repeat)
+
+
 @bench_app.command("fuzz")
 def bench_fuzz_cmd(
     examples: Annotated[int, typer.Option(min=1, help="Hypothesis examples per fuzz test.")] = 5_000,

@@ -118,3 +118,11 @@ def test_bench_cold_smoke_finds_its_sessions_at_both_sizes() -> None:
         assert measured["aggregate_rows"] == 10_000  # one day's events, counted once
         assert measured["lookup_first_s"] > 0 and measured["peak_rss_bytes"] > 0
         assert measured["lookup_gets"] > 0  # the data comes from the store (footers from the cache)
+
+
+def test_bench_sql_start_measures_the_query_process_against_in_process() -> None:
+    from benchmarks.sql_start import bench_sql_start
+
+    result = bench_sql_start(repeat=1)
+    figures = {f["name"]: f for f in result["figures"]}
+    assert len(figures) == 3 and all(f["value"] > 0 and f["baseline"] > 0 for f in figures.values())
