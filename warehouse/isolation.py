@@ -16,8 +16,9 @@ the cap needs no privileges.
 How the child starts: by ``fork`` when the calling process has no other Python thread (the
 command line), so the child inherits the imported modules and costs a few milliseconds;
 otherwise through a fork server (``multiprocessing``'s ``forkserver``, started once per
-process with the SQL layer preloaded), because forking a process whose other threads may
-hold locks can deadlock the child.
+process with the SQL layer preloaded; its children do not re-run the caller's ``__main__``),
+because forking a process whose other threads may hold locks can deadlock the child. A child
+of the fork server takes the caller's environment, directory and umask of the moment.
 
 Messages (``multiprocessing.Connection.send_bytes``), first byte the kind: ``S`` the schema
 (an Arrow IPC stream without batches), ``B`` one batch (an IPC stream of one batch), ``E`` an
@@ -27,6 +28,7 @@ error (JSON: kind, message), ``Z`` the end.
 from __future__ import annotations
 
 import gc
+import io
 import json
 import multiprocessing
 import os
@@ -35,8 +37,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from multiprocessing.connection import Connection, wait
-from multiprocessing.context import BaseContext
+from multiprocessing.context import BaseContext, ForkServerProcess, set_spawning_popen
 from typing import Any
 
 import pyarrow as pa
@@ -179,17 +182,52 @@ def _matches(exc: BaseException, names: tuple[str, ...]) -> bool:
     return any(cls.__name__ in names for cls in type(exc).__mro__)
 
 
-def _context(preload: list[str]) -> BaseContext:
-    """``fork`` when this process has no other Python thread, else the (shared) fork server."""
+class _ServerPopen(popen_forkserver.Popen):
+    """The fork server's start, less one step: the child does not re-run the caller's ``__main__``.
+
+    ``multiprocessing`` re-imports the main script in every fork-server child (for pickled
+    references to it), which costs a program's whole import time per query and fails in a
+    script without an ``if __name__ == "__main__"`` guard. The work and its arguments live in
+    importable modules, so the child has no use for it. Otherwise as the standard library's.
+    """
+
+    def _launch(self, process_obj: Any) -> None:
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        prep_data.pop("init_main_from_path", None)
+        prep_data.pop("init_main_from_name", None)
+        buf = io.BytesIO()
+        set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            set_spawning_popen(None)
+        self.sentinel, w = forkserver.connect_to_new_process(self._fds)  # type: ignore[attr-defined]
+        _parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))  # type: ignore[attr-defined]
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+class _ServerProcess(ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> _ServerPopen:
+        return _ServerPopen(process_obj)
+
+
+def _context(preload: list[str]) -> tuple[BaseContext, Callable[..., Any]]:
+    """``fork`` when this process has no other Python thread, else the (shared) fork server; and its Process."""
     global _forkserver
     if threading.active_count() == 1:
-        return multiprocessing.get_context("fork")
+        forked = multiprocessing.get_context("fork")
+        return forked, forked.Process
     with _forkserver_lock:
         if _forkserver is None:
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(preload)
-            _forkserver = context
-        return _forkserver
+            served = multiprocessing.get_context("forkserver")
+            served.set_forkserver_preload(preload)
+            _forkserver = served
+        return _forkserver, _ServerProcess
 
 
 class IsolatedStream:
@@ -231,9 +269,9 @@ class IsolatedStream:
             QueryError: the work failed (its message), or the child died.
         """
         self._deadline = time.monotonic() + self._timeout_s
-        context = _context(self._preload)
+        context, process_class = _context(self._preload)
         receive, send = context.Pipe(duplex=False)
-        process = context.Process(  # type: ignore[attr-defined]
+        process = process_class(
             target=_child_main, args=(send, self._memory_bytes, self._work, self._args, _Caller()), daemon=True
         )
         process.start()

@@ -269,6 +269,24 @@ def test_a_query_runs_from_a_process_with_other_threads(lake: Settings) -> None:
         worker.join()
 
 
+def test_a_script_without_a_main_guard_can_query_from_threads(lake: Settings, tmp_path: Path) -> None:
+    # The fork server's children must not re-run the caller's script (it would query again, recursively).
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import threading\n"
+        "from common.settings import load_settings\n"
+        "from warehouse.sql import run_query\n"
+        "stop = threading.Event()\n"
+        "threading.Thread(target=stop.wait, daemon=True).start()\n"
+        "print(run_query(load_settings(), 'SELECT 42 AS x')[1])\n"
+        "stop.set()\n"
+    )
+    env = {**os.environ, "TRAJLAKE_HOME": str(lake.home_dir)}
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[(42,)]"
+
+
 def test_rows_stream_in_batches(lake: Settings) -> None:
     with stream_query(lake, "SELECT * FROM range(100000)") as result:
         sizes = [batch.num_rows for batch in result.batches()]
