@@ -70,25 +70,37 @@ def test_planning_is_killed_at_the_deadline(lake: Settings, monkeypatch: pytest.
 def _descendants(pid: int) -> list[int]:
     found, stack = [], [pid]
     while stack:
-        for task in Path(f"/proc/{stack.pop()}/task").iterdir():
-            children = [int(c) for c in (task / "children").read_text().split()]
-            found += children
-            stack += children
+        try:
+            tasks = list(Path(f"/proc/{stack.pop()}/task").iterdir())
+            children = [int(c) for task in tasks for c in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            continue  # ended while we looked
+        found += children
+        stack += children
     return found
+
+
+def _group_leaders() -> set[int]:
+    """Live descendants of this process that lead their own process group (as a query process does)."""
+    leaders = set()
+    for pid in _descendants(os.getpid()):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        if stat[0] not in ("Z", "X") and int(stat[2]) == pid:
+            leaders.add(pid)
+    return leaders
 
 
 def test_a_timed_out_query_leaves_no_process_behind(lake: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     settings = _limited(monkeypatch, SQL_TIMEOUT_S="1")
+    before = _group_leaders()  # brokers other tests started lead their own groups too
     with pytest.raises(QueryTimeout):
         with stream_query(settings, "SELECT count(*) FROM range(3000000000000)") as result:
             list(result.batches())
     # A query process leads its own process group (the fork server and resource tracker do not).
-    leaders = []
-    for pid in _descendants(os.getpid()):
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        if stat[0] not in ("Z", "X") and int(stat[2]) == pid:
-            leaders.append(pid)
-    assert leaders == []
+    assert _group_leaders() - before == set()
 
 
 def _echo_environment(sink: BatchSink, name: str) -> None:
