@@ -46,6 +46,9 @@ INGEST_COLUMNS: list[tuple[str, IcebergType]] = [
     ("kafka_partition", IntegerType()),
     ("kafka_offset", LongType()),
     ("ingested_at", TimestamptzType()),
+    # when Kafka took the record (the producer's send time, or the broker's append time): ingest lag is
+    # measured from here, since event time may be back-dated (replayed or imported runs)
+    ("kafka_timestamp", TimestamptzType()),
 ]
 
 

@@ -12,9 +12,13 @@ Dagster metadata and a person's ad-hoc query read the same numbers.
 - ``fleet_health``: per hour of session start — sandbox start latency p50/p95 (sandbox creation
   → first command, recorded by the host in ``session_end.extra``), reaper kills, timeouts and the
   failure causes.
-- ``pipeline_health``: per hour — ingest lag (event time → landed in ``raw_events``) p50/p95,
+- ``pipeline_health``: per hour of ingest — ingest lag (Kafka took the record → landed in
+  ``raw_events``; not event time, which replayed, synthetic and imported runs back-date) p50/p95,
   dead letters by reason, assembly latency (session end → assembled) and scoring latency
   (session end → scored).
+
+Latencies and lags are rounded (seconds to the millisecond, milliseconds to a tenth): they are read
+by people; the cost figures are not, since they are summed further.
 """
 
 from __future__ import annotations
@@ -76,8 +80,8 @@ WITH starts AS (
 SELECT
     date_trunc('hour', t.started_at) AS hour,
     count(*) AS sessions,
-    quantile_cont(st.first_command_ms, 0.5) FILTER (WHERE st.first_command_ms > 0) AS start_latency_p50_ms,
-    quantile_cont(st.first_command_ms, 0.95) FILTER (WHERE st.first_command_ms > 0) AS start_latency_p95_ms,
+    round(quantile_cont(st.first_command_ms, 0.5) FILTER (WHERE st.first_command_ms > 0), 1) AS start_latency_p50_ms,
+    round(quantile_cont(st.first_command_ms, 0.95) FILTER (WHERE st.first_command_ms > 0), 1) AS start_latency_p95_ms,
     count(*) FILTER (WHERE t.exit_reason = 'reaper') AS reaper_kills,
     count(*) FILTER (WHERE t.status = 'timeout') AS timeouts,
     histogram(s.failure_cause) FILTER (WHERE s.failure_cause IS NOT NULL) AS failure_causes
@@ -91,8 +95,8 @@ _PIPELINE_HEALTH = """
 CREATE OR REPLACE VIEW pipeline_health AS
 WITH ingest AS (
     SELECT date_trunc('hour', ingested_at) AS hour, count(*) AS events,
-           quantile_cont(epoch(ingested_at) - epoch(ts), 0.5) AS ingest_lag_p50_s,
-           quantile_cont(epoch(ingested_at) - epoch(ts), 0.95) AS ingest_lag_p95_s
+           round(quantile_cont(epoch(ingested_at) - epoch(kafka_timestamp), 0.5), 3) AS ingest_lag_p50_s,
+           round(quantile_cont(epoch(ingested_at) - epoch(kafka_timestamp), 0.95), 3) AS ingest_lag_p95_s
     FROM events GROUP BY 1
 ), dead AS (
     SELECT date_trunc('hour', ingested_at) AS hour, count(*) AS dead_letters,
@@ -100,8 +104,8 @@ WITH ingest AS (
     FROM dead_letters GROUP BY 1
 ), assembled AS (
     SELECT date_trunc('hour', t.assembled_at) AS hour,
-           quantile_cont(epoch(t.assembled_at) - epoch(t.ended_at), 0.95) AS assembly_latency_p95_s,
-           quantile_cont(epoch(s.scored_at) - epoch(t.ended_at), 0.95) AS scoring_latency_p95_s
+           round(quantile_cont(epoch(t.assembled_at) - epoch(t.ended_at), 0.95), 3) AS assembly_latency_p95_s,
+           round(quantile_cont(epoch(s.scored_at) - epoch(t.ended_at), 0.95), 3) AS scoring_latency_p95_s
     FROM trajectories t LEFT JOIN scores s USING (session_id)
     WHERE t.ended_at IS NOT NULL GROUP BY 1
 )

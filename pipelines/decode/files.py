@@ -22,7 +22,8 @@ def file_io(properties: tuple[tuple[str, str], ...], location: str) -> FileIO:
 def write_files(events: pa.Table, target: pa.Schema, write: FileTarget) -> tuple[pa.Table, list[DataFile]]:
     """Write decoded events as data files of ``write``'s table; returns their keys and the files."""
     partitions, offsets = pa.array(write.partitions), pa.array(write.offsets)
-    rows = with_coordinates(events, target, write.topic, partitions, offsets, write.ingested_at)
+    timestamps = pa.array(write.timestamps) if write.timestamps is not None else None
+    rows = with_coordinates(events, target, write.topic, partitions, offsets, write.ingested_at, timestamps)
     del events
     files: list[DataFile] = []
     if rows.num_rows:

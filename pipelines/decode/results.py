@@ -58,6 +58,7 @@ class FileTarget:
         partitions: partition of every record of the batch.
         offsets: offset of every record of the batch.
         ingested_at: ingest time stamped on every row.
+        timestamps: Kafka timestamp (ms; 0 when the record has none) of every record of the batch.
     """
 
     metadata: TableMetadata
@@ -66,13 +67,20 @@ class FileTarget:
     partitions: np.ndarray
     offsets: np.ndarray
     ingested_at: datetime
+    timestamps: np.ndarray | None = None
 
 
-INGEST_ONLY = ("kafka_topic", "kafka_partition", "kafka_offset", "ingested_at")
+INGEST_ONLY = ("kafka_topic", "kafka_partition", "kafka_offset", "ingested_at", "kafka_timestamp")
 
 
 def with_coordinates(
-    events: pa.Table, target: pa.Schema, topic: str, partitions: pa.Array, offsets: pa.Array, ingested_at: datetime
+    events: pa.Table,
+    target: pa.Schema,
+    topic: str,
+    partitions: pa.Array,
+    offsets: pa.Array,
+    ingested_at: datetime,
+    timestamps: pa.Array | None = None,
 ) -> pa.Table:
     """Complete decoded events with Kafka coordinates into a ``target``-shaped table.
 
@@ -83,14 +91,23 @@ def with_coordinates(
         partitions: partition of every record of the batch (indexed by ``ROW_INDEX``).
         offsets: offset of every record of the batch (indexed by ``ROW_INDEX``).
         ingested_at: ingest time stamped on every row.
+        timestamps: Kafka timestamp in ms of every record (indexed by ``ROW_INDEX``; 0 or less: none);
+            ``None``: unknown for the whole batch.
     """
     index = events.column(ROW_INDEX)
     n = events.num_rows
+    kafka_type = target.field("kafka_timestamp").type
+    if timestamps is None:
+        kafka_ts = pa.nulls(n, kafka_type)
+    else:
+        ms = pc.take(timestamps, index).cast(pa.int64())
+        kafka_ts = pc.if_else(pc.greater(ms, 0), pc.multiply(ms, 1000), None).cast(pa.timestamp("us")).cast(kafka_type)
     extra = {
         "kafka_topic": pa.repeat(pa.scalar(topic, target.field("kafka_topic").type), n),
         "kafka_partition": pc.take(partitions, index).cast(target.field("kafka_partition").type),
         "kafka_offset": pc.take(offsets, index).cast(target.field("kafka_offset").type),
         "ingested_at": pa.repeat(pa.scalar(ingested_at, target.field("ingested_at").type), n),
+        "kafka_timestamp": kafka_ts,
     }
     arrays = [extra[f.name] if f.name in extra else events.column(f.name) for f in target]
     return pa.Table.from_arrays(arrays, schema=target)
