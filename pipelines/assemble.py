@@ -40,6 +40,7 @@ from pyiceberg.expressions import In, Reference
 from pyiceberg.expressions.literals import literal
 from pyiceberg.table import Table
 
+from common.progress import Progress
 from common.settings import Settings
 from pipelines.ownership import apply_ownership, verdict_provenance_sql
 from pipelines.parts import rebuild_parts
@@ -443,6 +444,7 @@ def assemble(
     catalog: Catalog | None = None,
     as_of: datetime | None = None,
     full: bool = False,
+    progress: Progress | None = None,
 ) -> AssembleStats:
     """Bring ``trajectories`` and ``steps`` up to date with ``raw_events``.
 
@@ -451,6 +453,7 @@ def assemble(
         catalog: Iceberg catalog; opened from settings by default.
         as_of: the "now" for idle-timeout decisions; wall clock by default.
         full: recompute every session instead of the new ones.
+        progress: told of the sessions assembled after each chunk.
 
     Returns:
         :class:`AssembleStats`, with the sessions quarantined (``nulled_sessions``, ``skipped_sessions``).
@@ -461,10 +464,12 @@ def assemble(
     """
     catalog = catalog or open_catalog(settings)
     with job_lock(settings, catalog, "assemble"):
-        return _assemble(settings, catalog, as_of, full)
+        return _assemble(settings, catalog, as_of, full, progress)
 
 
-def _assemble(settings: Settings, catalog: Catalog, as_of: datetime | None, full: bool) -> AssembleStats:
+def _assemble(
+    settings: Settings, catalog: Catalog, as_of: datetime | None, full: bool, progress: Progress | None = None
+) -> AssembleStats:
     started = time.monotonic()
     raw = ensure_table(catalog, settings, RAW_EVENTS.name)
     trajectories = ensure_table(catalog, settings, TRAJECTORIES.name)
@@ -568,6 +573,8 @@ def _assemble(settings: Settings, catalog: Catalog, as_of: datetime | None, full
         stats.foreign_events += sum(1 for r in records if r.reason == "foreign_producer")
         stats.uncounted_verdicts += sum(1 for r in records if r.reason == "untrusted_verdict")
         del trajectory_rows, step_rows
+        if progress is not None:
+            progress(stats.trajectories_written + stats.skipped_sessions, stats.sessions, "sessions")
     stats.seconds = time.monotonic() - started
     log.info("assembled %d sessions (%d steps) from %d new files", stats.sessions, stats.steps_written, len(new_files))
     return stats

@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 
+from common.progress import Progress
 from common.settings import Settings
 from pipelines.errors import ExportError, RecordError
 from pipelines.export._files import _ExclusiveFile, _open_out_dir, _write_file, safe_path
@@ -196,6 +197,7 @@ def export_training_set(
     force: bool = False,
     filters: ExportFilters | None = None,
     parquet: bool = False,
+    progress: Progress | None = None,
 ) -> ExportStats:
     """Write ``out_dir/<file>.jsonl`` (or ``.parquet``) and ``out_dir/manifest.json``, and record the export.
 
@@ -212,6 +214,7 @@ def export_training_set(
         filters: policy version, task family, time range, split, complete groups (``min_quality``
             and ``day`` above take precedence when given).
         parquet: write Parquet (``rl`` only: one typed row per session) instead of JSON lines.
+        progress: told of each record written (the total is not known in advance).
 
     Returns:
         :class:`ExportStats`; ``quarantined`` counts sessions left out (``quarantine`` table).
@@ -246,7 +249,7 @@ def export_training_set(
         stats = ExportStats(export_id=uuid.uuid4().hex, format=fmt, out_dir=str(root))
         try:
             manifest_text, snapshots = _write_export(
-                settings, catalog, fmt, filters, dir_fd, data_path, manifest_path, stats, clock, parquet
+                settings, catalog, fmt, filters, dir_fd, data_path, manifest_path, stats, clock, parquet, progress
             )
         except OSError as exc:
             raise ExportError(f"cannot write the export into {root}: {exc.strerror or exc}") from exc
@@ -282,6 +285,7 @@ def _write_export(
     stats: ExportStats,
     clock: Callable[[], datetime],
     parquet: bool,
+    progress: Progress | None = None,
 ) -> tuple[str, dict[str, int | None]]:
     """Write the data file and then the manifest (each through :class:`_ExclusiveFile`); returns the manifest."""
     snapshots = _snapshot_ids(catalog, settings)
@@ -311,6 +315,8 @@ def _write_export(
             stats.records += len(records)
             splits[session["split"]] = splits.get(session["split"], 0) + 1
             token_level += bool(records[0].get("has_token_ids", fmt in TRAINER_FORMATS))
+            if progress is not None:
+                progress(stats.records, None, "records")
         if writer is not None:
             writer.close()
         out.commit()

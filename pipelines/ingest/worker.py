@@ -35,6 +35,7 @@ from pyiceberg.table import Table
 
 from common.broker import resolve_bootstrap
 from common.errors import KafkaUnavailable
+from common.progress import Progress
 from common.settings import Settings
 from pipelines.decode import BatchDecoder, FileTarget, with_coordinates
 from pipelines.ingest.batch import Batch
@@ -217,18 +218,31 @@ class IngestWorker:
         now = datetime.now(UTC)
         partitions = np.frombuffer(batch.partitions, dtype=np.int32)
         offsets = np.frombuffer(batch.offsets, dtype=np.int64)
+        timestamps = np.frombuffer(batch.timestamps, dtype=np.int64)
         target = None
         if write:
             table = self.raw_table
             target = FileTarget(
-                writer_metadata(table.metadata), dict(table.io.properties), self.topic, partitions, offsets, now
+                writer_metadata(table.metadata),
+                dict(table.io.properties),
+                self.topic,
+                partitions,
+                offsets,
+                now,
+                timestamps,
             )
         decoded = self.decoder.decode_array(batch.values(), sort_by=_RAW_SORT, write=target)
         if decoded.files is not None:
             events: pa.Table | Written = Written(decoded.files, decoded.events)
         else:
             events = with_coordinates(
-                decoded.events, self.raw_schema, self.topic, pa.array(partitions), pa.array(offsets), now
+                decoded.events,
+                self.raw_schema,
+                self.topic,
+                pa.array(partitions),
+                pa.array(offsets),
+                now,
+                pa.array(timestamps),
             )
         dead_rows = [
             dead_letter_row(batch, index, self.topic, exc.reason, str(exc), now) for index, exc in decoded.dead
@@ -374,8 +388,23 @@ class IngestWorker:
                 return False
         return True
 
-    def run(self, until_idle: float | None = None, join_timeout: float = 60.0) -> IngestStats:
+    def _backlog(self) -> int:
+        """Records not read yet on the assigned partitions, from the watermarks the last fetches returned."""
+        left = 0
+        for partition in self.assigned:
+            try:
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, partition), cached=True)
+            except KafkaException:
+                continue
+            left += max(0, high - self.positions.get(partition, high))
+        return left
+
+    def run(
+        self, until_idle: float | None = None, join_timeout: float = 60.0, progress: Progress | None = None
+    ) -> IngestStats:
         """Consume until stopped, or until caught up and idle for ``until_idle`` seconds.
+
+        ``progress`` is told, after each fetch, of the records read and how many the partitions hold in all.
 
         Raises:
             KafkaUnavailable: no partition was assigned within ``join_timeout`` seconds.
@@ -383,6 +412,7 @@ class IngestWorker:
         started = time.monotonic()
         self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
         last_message = time.monotonic()
+        read = 0
         try:
             while not self._stop:
                 polled = time.perf_counter()
@@ -391,6 +421,9 @@ class IngestWorker:
                 self.stats.timings.consume_s += time.perf_counter() - polled
                 if messages:
                     last_message = time.monotonic()
+                    if progress is not None:
+                        read += len(messages)
+                        progress(read, read + self._backlog(), "events")
                 if self._batch_full() or (not messages and self._batch.ends):
                     self.flush(wait=False)
                 if until_idle is not None and not messages:
@@ -414,11 +447,13 @@ class IngestWorker:
         return self.stats
 
 
-def run_ingest(settings: Settings, until_idle: float | None = None, follow: bool = False) -> IngestStats:
-    """Run one ingest worker; ``follow`` runs until SIGTERM/SIGINT finishes the batch."""
+def run_ingest(
+    settings: Settings, until_idle: float | None = None, follow: bool = False, progress: Progress | None = None
+) -> IngestStats:
+    """Run one ingest worker; ``follow`` runs until SIGTERM/SIGINT finishes the batch; ``progress``: see ``run``."""
     worker = IngestWorker(settings, follow=follow)
     if follow:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: worker.stop())
-        return worker.run()
-    return worker.run(until_idle=until_idle if until_idle is not None else 5.0)
+        return worker.run(progress=progress)
+    return worker.run(until_idle=until_idle if until_idle is not None else 5.0, progress=progress)

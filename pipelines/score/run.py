@@ -18,6 +18,7 @@ import duckdb
 import polars as pl
 from pyiceberg.catalog import Catalog
 
+from common.progress import Progress
 from common.settings import Settings
 from pipelines.score.affected import affected_sessions, every_session, moved_sessions, touched_days
 from pipelines.score.baselines import baselines, write_profiles
@@ -41,13 +42,16 @@ from warehouse.sql import open_views
 log = logging.getLogger("trajlake.score")
 
 
-def score_all(settings: Settings, catalog: Catalog | None = None, force: bool = False) -> ScoreStats:
+def score_all(
+    settings: Settings, catalog: Catalog | None = None, force: bool = False, progress: Progress | None = None
+) -> ScoreStats:
     """Score the sessions new or changed since the last run (every session when the configuration changed).
 
     Args:
         settings: trajlake settings (quality knobs, ``score_chunk_sessions``).
         catalog: Iceberg catalog; opened from settings by default.
         force: rescore every session even when nothing changed.
+        progress: told of the sessions indexed (level 1), then of the sessions scored (level 2), per chunk.
 
     Returns:
         :class:`~pipelines.score.stats.ScoreStats` (``skipped`` when the last run already covered
@@ -62,10 +66,10 @@ def score_all(settings: Settings, catalog: Catalog | None = None, force: bool = 
     # One scoring run at a time across every process and machine sharing the catalog: a
     # second run waits, then finds the scores up to date.
     with job_lock(settings, catalog, "score"):
-        return _score_all(settings, catalog, force)
+        return _score_all(settings, catalog, force, progress)
 
 
-def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
+def _score_all(settings: Settings, catalog: Catalog, force: bool, progress: Progress | None = None) -> ScoreStats:
     started = time.monotonic()
     config = quality_config(settings)
     props, snapshot_id = last_run(settings, catalog)
@@ -100,7 +104,7 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
             clear_level2(settings, catalog, con, config)
         # level 1: the changed sessions' own facts
         with stats.phase("level1"):
-            old, indexed = _level1(settings, catalog, con, scope, selection, config, force, stats)
+            old, indexed = _level1(settings, catalog, con, scope, selection, config, force, stats, progress)
         # level 2: every session whose answer the changed ones move, chunk by chunk
         with stats.phase("affected"):
             targets = every_session(con) if scope.full else affected_sessions(con, selection.changed, old, config)
@@ -112,6 +116,8 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool) -> ScoreStats:
                 stats.rescored_sessions += _rescore(
                     settings, catalog, con, chunk, changed_ids, config, old, moved, stats
                 )
+                if progress is not None:
+                    progress(stats.rescored_sessions, targets.height, "sessions scored")
         with stats.phase("profiles"):
             touched = targets["day"].unique().to_list() if scope.full else touched_days(selection.changed, old)
             write_profiles(settings, catalog, con, touched, config)
@@ -142,6 +148,7 @@ def _level1(
     config: QualityConfig,
     force: bool,
     stats: ScoreStats,
+    progress: Progress | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Level 1 for the selected sessions, chunk by chunk.
 
@@ -156,6 +163,8 @@ def _level1(
     for chunk in _chunks(to_index, settings.score_chunk_sessions):
         index_sessions(settings, catalog, con, chunk, config, old, stats)
         stats.changed_sessions += chunk.height
+        if progress is not None:
+            progress(stats.changed_sessions, to_index.height, "sessions indexed")
     refresh_index_views(con, settings, catalog)
     return old, to_index
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.progress import Progress, ProgressCounter
 from producers.errors import ModelAPIError, ModelConfigError
 from producers.fleet import EventSink, FleetReport, LabelWriter, percentiles
 from producers.fleet.agent_api import AgentSession, AgentSpec, resolve_agent
@@ -168,6 +169,7 @@ class LocalFleet:
         labels: LabelWriter,
         concurrency: int = 4,
         plans: list[SessionPlan] | None = None,
+        progress: Progress | None = None,
     ) -> FleetReport:
         """Run ``sessions`` task instances (× ``group_size`` attempts), ``concurrency`` sessions at a time.
 
@@ -179,22 +181,25 @@ class LocalFleet:
             labels: ground truth.
             concurrency: sandboxes at once.
             plans: explicit sessions (``trajlake fleet retry``); overrides ``sessions``.
+            progress: told of each session as it ends.
         """
         from producers.fleet import CountingSink
 
         todo = plans if plans is not None else group_plans(sessions, seed, self.group_size)
 
         counting = CountingSink(sink)
+        finished = ProgressCounter(progress, len(todo), "sessions")
         reaper = Reaper()
+
+        def one(i: int) -> SessionRecord:
+            record = self.run_session(i, seed, cheat_rate, counting, labels, reaper, todo[i])
+            finished.add()
+            return record
+
         started = time.monotonic()
         try:
             with ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="sandbox") as pool:
-                records = list(
-                    pool.map(
-                        lambda i: self.run_session(i, seed, cheat_rate, counting, labels, reaper, todo[i]),
-                        range(len(todo)),
-                    )
-                )
+                records = list(pool.map(one, range(len(todo))))
         finally:
             reaper.stop()
         wall = time.monotonic() - started

@@ -18,6 +18,7 @@ from producers.fleet.sandbox import BubblewrapMissing, bwrap_available
 from producers.fleet.sinks import CallableSink, DiscardSink, EventSink
 
 if TYPE_CHECKING:
+    from common.progress import Progress
     from common.settings import Settings
 
 
@@ -45,6 +46,7 @@ def run_fleet(
     caps: Any = None,
     group_size: int = 1,
     plans: Any = None,
+    progress: Progress | None = None,
 ) -> FleetReport:
     """Run a fleet; events go to Kafka (or ``sink``), labels to ``labels_path``.
 
@@ -74,6 +76,7 @@ def run_fleet(
         caps: ``producers.fleet.agent_caps.Caps`` (steps, model tokens, cost) for every session.
         group_size: attempts of each of the ``sessions`` task instances (rollout groups).
         plans: explicit ``producers.fleet.local.SessionPlan`` list (retries); overrides ``sessions``.
+        progress: told of each session done (not with ``workers`` > 1: the shards run in other processes).
 
     Raises:
         BubblewrapMissing: ``local`` requested, bubblewrap unusable, and not ``fallback``.
@@ -151,6 +154,7 @@ def run_fleet(
             sink=target,
             labels=labels,
             concurrency=concurrency,
+            progress=progress,
             **run_kwargs,
         )
         if producer is not None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from common.progress import Progress
 from producers.importers import atif, harbor, mini_swe_agent, openhands, openhands_v1, otel, swe_agent
 from producers.importers._builder import REDACT, ImportedSession
 from producers.importers._source import ImportFormatError, JsonLines, SourceFile, read_source
@@ -273,6 +274,7 @@ def import_paths(
     format: str = "auto",
     *,
     send: Callable[[ImportedSession], Any] | None = None,
+    progress: Progress | None = None,
 ) -> ImportReport:
     """Import every path, one file at a time; each session goes to ``send`` (or event by event to ``sink``) whole.
 
@@ -285,6 +287,7 @@ def import_paths(
         format: ``auto`` or a name from ``FORMAT_NAMES``.
         send: receives each whole session instead (the CLI encodes all of a session's events before
             producing any, so an encoding failure sends nothing of it).
+        progress: told of each path done (imported or quarantined).
 
     Raises:
         ImportFormatError: an unknown format name (nothing is sent).
@@ -292,8 +295,10 @@ def import_paths(
     if format not in FORMAT_NAMES:
         raise ImportFormatError("--format", f"unknown format {format!r}; expected one of {list(FORMAT_NAMES)}")
     report = ImportReport()
-    for path in paths:
-        path = Path(path)
+    todo = [Path(path) for path in paths]
+    for done, path in enumerate(todo, 1):
+        if progress is not None and done > 1:
+            progress(done - 1, len(todo), "files")
         try:
             result = import_file(path, format)
         except ImportFormatError as exc:
@@ -318,6 +323,8 @@ def import_paths(
                     session.issues.summary() if session.issues else "",
                 )
             )
+    if progress is not None and todo:
+        progress(len(todo), len(todo), "files")
     return report
 
 

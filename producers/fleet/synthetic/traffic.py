@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+from common.progress import Progress
 from producers.fleet import EventSink, FleetReport, LabelWriter
 from producers.fleet.agents import CHEATERS, cheat_type, choose_policy
 from producers.fleet.perturb import TRANSIENT_MESSAGES, Perturbation
@@ -438,6 +439,7 @@ class SyntheticFleet:
         encode: bool = True,
         template_reuse: float | None = None,
         shard: tuple[int, int] = (0, 1),
+        progress: Progress | None = None,
     ) -> Iterator[tuple[int, str, str, Any]]:
         """Every event of ``sessions`` sessions in time order: (ts, session_id, event_id, bytes or dict).
 
@@ -454,6 +456,7 @@ class SyntheticFleet:
             shard: ``(i, n)`` generates only sessions ``i, i + n, i + 2n, …`` of the stream, so that
                 ``n`` processes together produce it (with ``template_reuse`` 1 exactly the same
                 sessions as one process; with reuse, each shard re-runs its own sessions).
+            progress: told of each session of the stream generated (this shard's share counts).
 
         Statuses accumulate in ``self.statuses`` and policies in ``self.policies``.
         """
@@ -475,6 +478,8 @@ class SyntheticFleet:
         fresh_p = 1.0 / max(1.0, reuse)
         shard_index, shards = shard
         for index in range(sessions):
+            if progress is not None:
+                progress(index, sessions, "sessions")
             arrival += int(rng.expovariate(self.rate_per_s) * 1e6)
             session_rng = random.Random(rng.getrandbits(64))
             draw = rng.random() if reuse > 1 else 0.0  # always drawn: every shard walks the same arrivals
@@ -591,6 +596,8 @@ class SyntheticFleet:
             while flushed < horizon:
                 yield from buckets.pop(flushed, ())
                 flushed += 1
+        if progress is not None:
+            progress(sessions, sessions, "sessions")
         for key in sorted(buckets):
             yield from buckets[key]
 
@@ -604,6 +611,7 @@ class SyntheticFleet:
         labels: LabelWriter,
         concurrency: int = 4,
         shard: tuple[int, int] = (0, 1),
+        progress: Progress | None = None,
     ) -> FleetReport:
         """Generate and deliver ``sessions`` sessions as encoded bytes (``concurrency`` is unused).
 
@@ -615,7 +623,9 @@ class SyntheticFleet:
         events = 0
         send = sink.send
         pace = self.time_compression
-        for ts, session_id, event_id, value in self.stream(sessions, seed, cheat_rate, labels, shard=shard):
+        for ts, session_id, event_id, value in self.stream(
+            sessions, seed, cheat_rate, labels, shard=shard, progress=progress
+        ):
             if first_ts is None:
                 first_ts = ts
             if ts > last_ts:
