@@ -7,13 +7,13 @@ failures (a wrong answer, giving up, cheating) never are. A retry runs the same 
 (rebuilt from the recorded family and seed) with the same agent, records ``attempt`` (the
 original is 1) and ``retry_of`` (the original session id; a retry of a retry points at the
 original too), and is itself judged again: only the latest attempt of an original decides
-whether another one runs, up to ``max_attempts`` attempts in all.
+whether another one runs, up to ``max_attempts`` attempts in all. The rows come from
+``pipelines.retry.retry_query`` (producers do not read the lakehouse).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 from producers.fleet.local import SessionPlan
@@ -22,30 +22,11 @@ from producers.fleet.tasks import make_task
 RERUN_ADVICE = ("rerun", "rerun_once")
 
 
-def retry_query(since: datetime | None = None) -> str:
-    """The SQL (over the lakehouse views) of every local session with its cause, advice and lineage.
-
-    Args:
-        since: only sessions started at or after this time (an ISO literal; ``None``: all).
-    """
-    where = f"WHERE t.started_at >= TIMESTAMPTZ '{since.isoformat()}'" if since is not None else ""
-    return f"""
-SELECT t.session_id, s.failure_cause, s.retry_advice, t.task_family, t.group_id,
-       coalesce(t.attempt, 1) AS attempt, coalesce(t.retry_of, t.session_id) AS original,
-       e.extra['task_seed'] AS task_seed, e.extra['agent_spec'] AS agent_spec
-FROM trajectories t
-JOIN scores s USING (session_id)
-JOIN events e ON e.session_id = t.session_id AND e.event_type = 'session_start'
-{where}
-ORDER BY original, attempt
-"""
-
-
 def plan_retries(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_attempts: int = 3) -> list[SessionPlan]:
     """The sessions to run again, one per original whose latest attempt advises a rerun.
 
     Args:
-        columns: the column names of :func:`retry_query`'s result.
+        columns: the column names of ``pipelines.retry.retry_query``'s result.
         rows: its rows.
         max_attempts: attempts of an original in all (the original included).
 
