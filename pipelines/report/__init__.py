@@ -1,0 +1,124 @@
+"""``trajlake report``: a static HTML report of the lakehouse, or of one export, that a person opens in a browser.
+
+``index.html`` holds the figures (pass rates by task family, quality and cost distributions as
+inline SVG, outcomes) and the flagged sessions with their evidence; ``sessions/<id>.html`` holds
+one session each (its steps, output, diffs, model calls, evaluation, flags, scores), for the
+flagged sessions first and then the most recent, up to ``TRAJLAKE_REPORT_MAX_SESSIONS``. The
+files are plain HTML with no script and no remote resource: they can be opened from disk,
+copied or served by any static web server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipelines.report.data import ReportError, define_scope, export_sessions, overview
+
+if TYPE_CHECKING:
+    from common.progress import Progress
+    from common.settings import Settings
+
+__all__ = ["ReportError", "ReportStats", "page_name", "write_report"]
+
+_SAFE = re.compile(r"[A-Za-z0-9._-]{1,96}")
+
+
+@dataclass
+class ReportStats:
+    """What a report holds and where it is."""
+
+    index: Path
+    sessions: int
+    flagged: int
+    pages: int
+    seconds: float
+
+
+def page_name(session_id: str) -> str:
+    """The file name of a session's page: the id when it is a plain name, else a digest of it."""
+    if _SAFE.fullmatch(session_id) and not session_id.startswith("."):
+        return f"{session_id}.html"
+    return f"s-{hashlib.sha256(session_id.encode()).hexdigest()[:32]}.html"
+
+
+def _write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file, so a reader never sees half a page."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+
+
+def write_report(
+    settings: Settings,
+    out_dir: Path | str,
+    *,
+    export_dir: Path | str | None = None,
+    max_pages: int | None = None,
+    progress: Progress | None = None,
+) -> ReportStats:
+    """Write the report into ``out_dir`` (created; an earlier report there is replaced).
+
+    Args:
+        settings: trajlake settings (the lakehouse; ``report_max_sessions``).
+        out_dir: the report's directory.
+        export_dir: report on the sessions of this export (its directory) instead of the lakehouse.
+        max_pages: session pages at most (default ``TRAJLAKE_REPORT_MAX_SESSIONS``).
+        progress: told of each session page written.
+
+    Raises:
+        ReportError: ``out_dir`` is not a directory or cannot be written, or ``export_dir`` is not an export.
+    """
+    from pipelines.inspect import load_session
+    from pipelines.report.html import overview_html, session_html
+    from warehouse.sql import open_views
+
+    started = time.monotonic()
+    generated = datetime.now(UTC)
+    root = Path(out_dir).expanduser().resolve()
+    limit = settings.report_max_sessions if max_pages is None else max_pages
+    manifest, ids = (None, None)
+    if export_dir is not None:
+        manifest, ids = export_sessions(Path(export_dir).expanduser().resolve())
+    pages = root / "sessions"
+    try:
+        pages.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportError(f"cannot write the report into {root}: {exc.strerror or exc}") from exc
+    con = open_views(settings)
+    try:
+        define_scope(con, ids)
+        scope = f"export {manifest.get('export_id')} ({manifest.get('format')})" if manifest else "the lakehouse"
+        data = overview(con, scope, limit)
+        data.export = manifest
+        with_page = {row["session_id"] for row in data.listed}
+        for old in pages.glob("*.html"):  # pages of an earlier report that this one does not have
+            if old.name not in {page_name(s) for s in with_page}:
+                old.unlink()
+        for done, row in enumerate(data.listed, 1):
+            detail = load_session(settings, row["session_id"], con=con)
+            _write(pages / page_name(detail.session_id), session_html(detail, "../index.html", generated))
+            if progress is not None:
+                progress(done, len(data.listed), "pages")
+        index = root / "index.html"
+        _write(
+            index,
+            overview_html(data, lambda s: f"sessions/{page_name(s)}" if s in with_page else None, generated),
+        )
+    except OSError as exc:
+        raise ReportError(f"cannot write the report into {root}: {exc.strerror or exc}") from exc
+    finally:
+        con.close()
+    return ReportStats(
+        index=index,
+        sessions=int(data.totals.get("sessions") or 0),
+        flagged=data.flagged_total,
+        pages=len(data.listed),
+        seconds=time.monotonic() - started,
+    )

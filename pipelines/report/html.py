@@ -1,0 +1,416 @@
+"""The report's pages as HTML text: the overview and one page per session.
+
+Every value from the lakehouse is escaped (``esc``): trajectories are hostile input, and a command
+output holding ``<script>`` must show as text. The pages carry no script at all and a
+Content-Security-Policy that forbids any (and any remote resource), so a mistake in escaping
+still could not run code or reach the network.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from html import escape
+from typing import Any
+
+from pipelines.inspect import SessionDetail, flagged_events, looks_like_diff, parse_json
+from pipelines.report.data import Overview
+from pipelines.report.svg import bar_chart, histogram
+
+#: Characters of a step's output shown inline; the rest is behind "show all".
+OUTPUT_CHARS = 4000
+
+_STYLE = """
+body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1100px;padding:16px 24px;color:#1d232b}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #dde3ea;padding-bottom:4px}
+table{border-collapse:collapse;margin:8px 0}th,td{border-bottom:1px solid #e6ebf0;padding:4px 10px;text-align:left;
+vertical-align:top}th{background:#f4f6f9}td.n{text-align:right;font-variant-numeric:tabular-nums}
+pre{background:#f6f8fa;padding:8px 10px;overflow-x:auto;white-space:pre-wrap;word-break:break-word;margin:4px 0}
+.kpi{display:inline-block;margin:0 18px 10px 0}.kpi b{display:block;font-size:20px}
+.high{color:#b3261e;font-weight:600}.medium{color:#a15c00;font-weight:600}.low{color:#555}
+.ok{color:#1a7f37}.bad{color:#b3261e}.dim{color:#6b7480}.step{border-left:3px solid #dde3ea;padding-left:10px;
+margin:14px 0}.step.flagged{border-left-color:#b3261e;background:#fff5f4}.flagmark{color:#b3261e;font-weight:600}
+.add{color:#1a7f37}.del{color:#b3261e}.hunk{color:#0b6e99}code{background:#f1f3f5;padding:0 3px}
+a{color:#0b57d0}
+"""
+_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+
+
+def esc(value: Any) -> str:
+    """``value`` as HTML text (``None`` as an en dash)."""
+    return "–" if value is None else escape(str(value), quote=True)
+
+
+def number(value: Any, digits: int = 3) -> str:
+    """A number for people (thousands separated, trailing zeros dropped), escaped."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        text = f"{value:,.{digits}f}"
+        return esc(text.rstrip("0").rstrip(".") if "." in text else text)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return esc(value)
+
+
+def page(title: str, body: str, generated: datetime) -> str:
+    """A complete HTML document."""
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{esc(title)}</title>'
+        f"<style>{_STYLE}</style></head><body>{body}"
+        f'<p class="dim">trajlake report, generated {esc(generated.isoformat(timespec="seconds"))}</p>'
+        "</body></html>\n"
+    )
+
+
+def table(headers: Iterable[str], rows: Iterable[Iterable[str]], numeric: Iterable[int] = ()) -> str:
+    """An HTML table; cells are HTML already (escape values before)."""
+    right = set(numeric)
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers if h)
+    body = "".join(
+        "<tr>" + "".join(f"<td{' class=n' if i in right else ''}>{cell}</td>" for i, cell in enumerate(row)) + "</tr>"
+        for row in rows
+    )
+    thead = f"<thead><tr>{head}</tr></thead>" if head else ""
+    return f"<table>{thead}<tbody>{body}</tbody></table>"
+
+
+def diff_html(diff: str) -> str:
+    """A unified diff with added, removed and hunk lines marked."""
+    lines = []
+    for line in diff.splitlines():
+        kind = ""
+        if line.startswith(("+++", "---")):
+            kind = ""
+        elif line.startswith("+"):
+            kind = "add"
+        elif line.startswith("-"):
+            kind = "del"
+        elif line.startswith("@@"):
+            kind = "hunk"
+        lines.append(f'<span class="{kind}">{esc(line)}</span>' if kind else esc(line))
+    return '<pre class="diff">' + "\n".join(lines) + "</pre>"
+
+
+def evidence_html(evidence: Any, step_of_event: dict[str, int] | None = None) -> str:
+    """A flag's evidence: reasons, commands, paths, hosts as lists; event ids linked to their steps."""
+    parsed = parse_json(evidence)
+    if not isinstance(parsed, dict):
+        return f"<pre>{esc(parsed)}</pre>"
+    items = []
+    for key, value in parsed.items():
+        if key == "event_ids" and isinstance(value, list) and step_of_event is not None:
+            links = [
+                f'<a href="#step-{step_of_event[str(v)]}">step #{step_of_event[str(v)]}</a>'
+                if str(v) in step_of_event
+                else f"<code>{esc(v)}</code>"
+                for v in value
+            ]
+            items.append(f"<li><b>events</b>: {', '.join(links)}</li>")
+        elif isinstance(value, list) and all(isinstance(v, str | int | float) for v in value):
+            if value:
+                items.append(f"<li><b>{esc(key)}</b>: " + ", ".join(f"<code>{esc(v)}</code>" for v in value) + "</li>")
+        elif isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+            # e.g. an anomaly's features: one line each, "name: value 11, z 7.17"
+            lines = [
+                f"<code>{esc(name)}</code>: " + ", ".join(f"{esc(k)} {number(v)}" for k, v in inner.items())
+                for name, inner in value.items()
+            ]
+            items.append(f"<li><b>{esc(key)}</b>: " + "; ".join(lines) + "</li>")
+        else:
+            compact = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+            items.append(f"<li><b>{esc(key)}</b>: <code>{esc(compact)}</code></li>")
+    return f'<ul class="evidence">{"".join(items)}</ul>'
+
+
+def overview_html(data: Overview, link: Callable[[str], str | None], generated: datetime) -> str:
+    """The overview page: figures, pass rates by task family, distributions, flagged sessions, sessions."""
+    t = data.totals
+    parts = [f"<h1>trajlake report: {esc(data.scope)}</h1>"]
+    if data.export:
+        m = data.export
+        parts.append(
+            f"<p>Export <code>{esc(m.get('export_id'))}</code>, format <b>{esc(m.get('format'))}</b>, created "
+            f"{esc(m.get('created_at'))}, scorer {esc(m.get('scorer_version'))}; filters "
+            f"<code>{esc(json.dumps(m.get('filters') or {}, sort_keys=True))}</code>.</p>"
+        )
+    sessions = int(t.get("sessions") or 0)
+    kpis = [
+        ("sessions", number(sessions)),
+        ("steps", number(t.get("steps"))),
+        ("passed evaluation", f"{number(t.get('passed'))} of {number(t.get('evaluated'))}"),
+        ("flagged", number(t.get("flagged"))),
+        ("exportable", number(t.get("exportable"))),
+        ("mean quality", number(t.get("mean_quality"))),
+        ("cost", "$" + number(t.get("cost_usd"), 2)),
+    ]
+    parts.append("".join(f'<div class="kpi"><b>{v}</b>{esc(k)}</div>' for k, v in kpis))
+    parts.append('<h2 id="pass-rates">Pass rate by task family</h2>')
+    rows = [
+        (
+            str(f["task_family"]),
+            (f["passed"] / f["sessions"]) if f["sessions"] else 0.0,
+            f"{f['passed']}/{f['sessions']} ({(f['passed'] / f['sessions'] * 100) if f['sessions'] else 0:.0f}%)",
+        )
+        for f in data.families
+    ]
+    if rows:
+        parts.append(bar_chart(rows, title="pass rate by task family"))
+    parts.append(
+        table(
+            ["task family", "sessions", "evaluated", "passed", "pass rate", "mean quality", "mean cost $", "flagged"],
+            [
+                (
+                    esc(f["task_family"]),
+                    number(f["sessions"]),
+                    number(f["evaluated"]),
+                    number(f["passed"]),
+                    f"{f['passed'] / f['sessions'] * 100:.1f}%" if f["sessions"] else "–",
+                    number(f["mean_quality"]),
+                    number(f["mean_cost_usd"], 4),
+                    number(f["flagged"]),
+                )
+                for f in data.families
+            ],
+            numeric=range(1, 8),
+        )
+    )
+    parts.append('<h2 id="quality">Quality</h2>')
+    parts.append(histogram(data.quality_bins, 0.0, 1.0, "quality (sessions per bin)", title="quality distribution"))
+    parts.append('<h2 id="cost">Cost per session</h2>')
+    if data.cost_bins:
+        parts.append(
+            histogram(data.cost_bins, 0.0, data.cost_high, "cost in USD (sessions per bin)", "${:.4f}", title="cost")
+        )
+    c = data.cost_stats
+    parts.append(
+        f"<p>median ${number(c.get('p50'), 4)}, p95 ${number(c.get('p95'), 4)}, mean ${number(c.get('mean'), 4)}, "
+        f"max ${number(c.get('max'), 4)} (the plot stops at the 99th percentile, ${number(data.cost_high, 4)})</p>"
+    )
+    parts.append('<h2 id="outcomes">Outcomes</h2>')
+    parts.append(
+        table(["status", "sessions"], [(esc(s), number(n)) for s, n in data.statuses], numeric=[1])
+        + table(["failure cause", "sessions"], [(esc(s), number(n)) for s, n in data.failure_causes], numeric=[1])
+    )
+    parts.append(f'<h2 id="flagged">Flagged sessions ({number(data.flagged_total)})</h2>')
+    if data.flagged_total > len(data.flagged):
+        parts.append(f"<p class=dim>the first {len(data.flagged)} are listed, most severe first</p>")
+    flagged_rows = []
+    for entry in data.flagged:
+        target = link(entry["session_id"])
+        name = esc(entry["session_id"])
+        cell = f'<a class="session" href="{esc(target)}">{name}</a>' if target else name
+        flags = "<br>".join(
+            f'<span class="{esc(f["severity"])}">{esc(f["flag"])}</span> <span class=dim>({esc(f["flag_class"])}, '
+            f"{esc(f['severity'])})</span>"
+            for f in entry["flags"]
+        )
+        evidence = "".join(evidence_html(f["evidence"]) for f in entry["flags"] if f["flag_class"] != "anomaly")
+        evidence = evidence or "".join(evidence_html(f["evidence"]) for f in entry["flags"])
+        flagged_rows.append((cell, esc(entry["task_family"]), esc(entry["status"]), flags, evidence))
+    parts.append(table(["session", "task family", "status", "flags", "evidence"], flagged_rows))
+    parts.append(f'<h2 id="sessions">Sessions with a page ({len(data.listed)} of {number(sessions)})</h2>')
+    parts.append(
+        table(
+            ["session", "task family", "status", "passed", "steps", "quality", "cost $", "started"],
+            [
+                (
+                    f'<a class="session" href="{esc(link(r["session_id"]))}">{esc(r["session_id"])}</a>',
+                    esc(r["task_family"]),
+                    esc(r["status"]),
+                    number(r["eval_passed"]),
+                    number(r["n_steps"]),
+                    number(r["quality"]),
+                    number(r["cost_usd"], 4),
+                    esc(r["started_at"]),
+                )
+                for r in data.listed
+            ],
+            numeric=[4, 5, 6],
+        )
+    )
+    return page(f"trajlake report: {data.scope}", "".join(parts), generated)
+
+
+def _step_html(step: dict[str, Any], marks: dict[str, list[str]]) -> str:
+    flags = sorted({f for key in ("action_event_id", "feedback_event_id") for f in marks.get(step.get(key) or "", [])})
+    exit_code = step.get("exit_code")
+    head = [f"<b>#{esc(step['step_index'])}</b> <b>{esc(step.get('tool_name') or 'action')}</b>"]
+    if exit_code is not None:
+        head.append(f'<span class="{"ok" if exit_code == 0 else "bad"}">exit {esc(exit_code)}</span>')
+    for key, label, digits in (("duration_ms", "ms", 1), ("output_tokens", "tokens", 0), ("cost_usd", "$", 5)):
+        if step.get(key) is not None:
+            head.append(f'<span class="dim">{number(step[key], digits)} {esc(label)}</span>')
+    if flags:
+        head.append(f'<span class="flagmark">⚑ {esc(", ".join(flags))}</span>')
+    body = [" ".join(head)]
+    if step.get("thought"):
+        body.append(f"<div class=dim><i>{esc(step['thought'])}</i></div>")
+    if step.get("command"):
+        body.append(f'<pre class="command">$ {esc(step["command"])}</pre>')
+    output = step.get("output")
+    if output:
+        text = str(output)
+        if looks_like_diff(text):
+            body.append(diff_html(text))
+        elif len(text) > OUTPUT_CHARS:
+            body.append(
+                f'<pre class="output">{esc(text[:OUTPUT_CHARS])}</pre><details><summary>show all '
+                f"{number(len(text))} characters</summary><pre>{esc(text[OUTPUT_CHARS:])}</pre></details>"
+            )
+        else:
+            body.append(f'<pre class="output">{esc(text)}</pre>')
+    if step.get("truncated"):
+        body.append(f"<div class=dim>output truncated by the sandbox at {number(step.get('output_bytes'))} bytes</div>")
+    if step.get("failure_reason"):
+        body.append(f'<div class="bad">failure: {esc(step["failure_reason"])}</div>')
+    css = "step flagged" if flags else "step"
+    return f'<div class="{css}" id="step-{esc(step["step_index"])}">' + "".join(body) + "</div>"
+
+
+def session_html(detail: SessionDetail, back: str, generated: datetime) -> str:
+    """One session's page: what it was, its verdict, flags with evidence, steps, diffs, model calls."""
+    t = detail.trajectory
+    parts = [f'<p><a href="{esc(back)}">← overview</a></p><h1>Session <code>{esc(detail.session_id)}</code></h1>']
+    facts = [
+        ("task", f"{esc(t.get('task_id'))} ({esc(t.get('task_family') or t.get('task_type'))})"),
+        ("agent", esc(" / ".join(str(t[k]) for k in ("agent_name", "agent_model", "policy_version") if t.get(k)))),
+        ("status", esc(t.get("status")) + (f" ({esc(t.get('exit_reason'))})" if t.get("exit_reason") else "")),
+        ("started", f"{esc(t.get('started_at'))}, {number(t.get('duration_s'), 1)} s"),
+        ("steps", f"{number(t.get('n_steps'))} ({number(t.get('n_tool_errors'))} failed)"),
+        (
+            "tokens",
+            f"{number(t.get('input_tokens'))} in ({number(t.get('cached_tokens'))} cached), "
+            f"{number(t.get('output_tokens'))} out; cost ${number(t.get('cost_usd'), 4)}",
+        ),
+        ("host", f"{esc(t.get('host_id'))}, sandbox {esc(t.get('sandbox_id'))}"),
+    ]
+    parts.append(table(["", ""], [(f"<b>{esc(k)}</b>", v) for k, v in facts]))
+    instruction = t.get("instruction") or (detail.start or {}).get("instruction")
+    if instruction:
+        parts.append(f'<h2>Instruction</h2><pre class="instruction">{esc(instruction)}</pre>')
+    parts.append('<h2 id="verdict">Evaluation and scores</h2>')
+    e = detail.evaluation
+    if e is None:
+        parts.append("<p class=dim>no evaluation recorded</p>")
+    else:
+        css = "ok" if e.get("passed") else "bad"
+        parts.append(
+            f'<p class="{css} evaluation"><b>{"passed" if e.get("passed") else "failed"}</b>: '
+            f"{number(e.get('tests_passed'))}/{number(e.get('tests_total'))} tests, reward {number(e.get('reward'))}, "
+            f"by {esc(e.get('evaluator'))}</p>"
+        )
+    s = detail.scores
+    if s is not None:
+        parts.append(
+            table(
+                ["quality", "completion", "validity", "novelty", "failure cause", "retry", "exportable"],
+                [
+                    (
+                        number(s.get("quality")),
+                        number(s.get("completion")),
+                        number(s.get("validity")),
+                        number(s.get("novelty")),
+                        esc(s.get("failure_cause")),
+                        esc(s.get("retry_advice")),
+                        number(s.get("exportable")),
+                    )
+                ],
+            )
+        )
+    if detail.duplicate is not None:
+        d = detail.duplicate
+        parts.append(
+            f"<p>Duplicate cluster <code>{esc(d.get('cluster_id'))}</code> ({esc(d.get('method'))}, similarity "
+            f"{number(d.get('similarity'))}){' — the representative' if d.get('is_representative') else ''}</p>"
+        )
+    step_of_event = {
+        str(step[key]): int(step["step_index"])
+        for step in detail.steps
+        for key in ("action_event_id", "feedback_event_id")
+        if step.get(key)
+    }
+    parts.append(f'<h2 id="flags">Flags ({len(detail.flags)})</h2>')
+    if detail.flags:
+        parts.append(
+            table(
+                ["flag", "class", "severity", "evidence"],
+                [
+                    (
+                        f'<span class="{esc(f.get("severity"))}">{esc(f["flag"])}</span>',
+                        esc(f.get("flag_class")),
+                        esc(f.get("severity")),
+                        evidence_html(f.get("evidence"), step_of_event),
+                    )
+                    for f in detail.flags
+                ],
+            )
+        )
+    else:
+        parts.append('<p class="ok">no flags</p>')
+    marks = flagged_events(detail.flags)
+    parts.append(f'<h2 id="steps">Steps ({len(detail.steps)})</h2>')
+    parts += [_step_html(step, marks) for step in detail.steps]
+    if detail.changes:
+        parts.append(f'<h2 id="files">Files written ({len(detail.changes)})</h2>')
+        for change in detail.changes:
+            note = "" if change.known_before else " (its earlier content was not seen: shown whole)"
+            parts.append(
+                f'<p><a href="#step-{change.step_index}">step #{change.step_index}</a>: <code>{esc(change.path)}</code>'
+                f"{esc(note)}</p>" + diff_html(change.diff)
+            )
+    if detail.submission:
+        parts.append('<h2 id="submission">Submitted patch</h2>' + diff_html(detail.submission))
+    if detail.model_calls:
+        calls = detail.model_calls
+        parts.append(f'<h2 id="model-calls">Model calls ({len(calls)})</h2>')
+        parts.append(
+            table(
+                ["seq", "model", "status", "prompt", "cached", "completion", "latency ms", "cost $"],
+                [
+                    (
+                        esc(c.get("seq")),
+                        esc(c.get("model")),
+                        esc(c.get("status") or "ok") + (f" {esc(c['http_status'])}" if c.get("http_status") else ""),
+                        number(c.get("prompt_tokens")),
+                        number(c.get("cached_tokens")),
+                        number(c.get("completion_tokens")),
+                        number(c.get("latency_ms"), 1),
+                        number(c.get("cost_usd"), 5),
+                    )
+                    for c in calls
+                ]
+                + [
+                    (
+                        "",
+                        "<b>total</b>",
+                        "",
+                        number(sum(c.get("prompt_tokens") or 0 for c in calls)),
+                        number(sum(c.get("cached_tokens") or 0 for c in calls)),
+                        number(sum(c.get("completion_tokens") or 0 for c in calls)),
+                        "",
+                        number(float(sum(c.get("cost_usd") or 0 for c in calls)), 5),
+                    )
+                ],
+                numeric=range(3, 8),
+            )
+        )
+    if detail.network:
+        parts.append(f'<h2 id="network">Network attempts ({len(detail.network)})</h2>')
+        parts.append(
+            table(
+                ["host", "port", "allowed", "error"],
+                [
+                    (esc(n.get("host")), esc(n.get("port")), number(n.get("allowed")), esc(n.get("error")))
+                    for n in detail.network
+                ],
+            )
+        )
+    for annotation in detail.annotations:
+        parts.append(f"<h2>Annotation {esc(annotation.get('key'))}</h2><pre>{esc(annotation.get('value'))}</pre>")
+    return page(f"session {detail.session_id}", "".join(parts), generated)
