@@ -12,8 +12,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from common.settings import load_settings
-
 out = Console(highlight=False, soft_wrap=True)
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: a figure, its same-run baseline, the ratio.")
@@ -195,6 +193,7 @@ def bench_agents_cmd(
 ) -> None:
     """LLM agent: host overhead per model call, sessions/min at concurrency 4, bytes per model-call event."""
     from benchmarks.agents import run_agent_benchmarks
+    from common.settings import load_settings
 
     run_agent_benchmarks(load_settings(), sessions=sessions, seed=seed)
 
@@ -209,6 +208,7 @@ def bench_fleet_cmd(
 ) -> None:
     """Sandbox start latency, local sessions/min, synthetic generation vs the per-event baseline."""
     from benchmarks.fleet import run_benchmarks
+    from common.settings import load_settings
 
     run_benchmarks(load_settings(), local_sessions, synthetic_events, hour_sessions=hour_sessions)
 
@@ -247,3 +247,13 @@ def bench_fuzz_cmd(
     code = run_fuzzers(examples, select=select, workers=workers)
     if code:
         raise typer.Exit(code)
+
+
+@bench_app.command("startup")
+def bench_startup_cmd(
+    rounds: Annotated[int, typer.Option(min=1, help="Interleaved rounds of the three commands.")] = 7,
+) -> None:
+    """`trajlake --help` and a one-row `trajlake sql` start-up vs `python -c pass`, in the same run."""
+    from benchmarks.startup import bench_startup
+
+    bench_startup(rounds=rounds)

@@ -18,6 +18,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from common.errors import ConfigError
 
+#: The SQLite catalog's file name under TRAJLAKE_HOME (the default set-up).
+CATALOG_FILE = "catalog.db"
+
 
 class Settings(BaseSettings):
     """All trajlake settings; ``Settings()`` reads the environment at call time."""
@@ -200,6 +203,20 @@ class Settings(BaseSettings):
         "(the row count covers all); csv and json print every row as it arrives.",
     )
 
+    # Command line: the Dagster UI's lifecycle and the HTML report
+    ui_stop_timeout_s: float = Field(
+        20.0,
+        gt=0,
+        description="TRAJLAKE_UI_STOP_TIMEOUT_S: on SIGTERM/SIGINT/SIGHUP `trajlake ui` gives Dagster this long to "
+        "stop gracefully, then terminates its remaining processes, and kills them after as long again.",
+    )
+    report_max_sessions: int = Field(
+        500,
+        ge=0,
+        description="TRAJLAKE_REPORT_MAX_SESSIONS: session pages `trajlake report` writes at most (flagged sessions "
+        "first, then the most recent); every session still counts in the plots and tables.",
+    )
+
     # Quality (quality/config.py documents each knob)
     quality_weights: tuple[float, float, float] = Field(
         (0.5, 0.3, 0.2), description="TRAJLAKE_QUALITY_WEIGHTS: JSON [completion, validity, novelty], sum 1."
@@ -305,6 +322,52 @@ class Settings(BaseSettings):
         except OSError as exc:
             raise ConfigError(f"TRAJLAKE_HOME={path}: cannot create it ({exc.strerror or exc})") from exc
         return path
+
+    @property
+    def home_path(self) -> Path:
+        """Absolute TRAJLAKE_HOME as configured, without creating it (``home_dir`` creates it)."""
+        return self.home.expanduser().resolve()
+
+    @property
+    def catalog_file(self) -> Path:
+        """The SQLite catalog of the default set-up (used when no other catalog is configured)."""
+        return self.home_dir / CATALOG_FILE
+
+    @property
+    def catalog_is_external(self) -> bool:
+        """Whether the Iceberg catalog lives outside TRAJLAKE_HOME (a catalog URI or pyiceberg properties)."""
+        return bool(self.catalog_uri) or "type" in self.catalog_properties
+
+    def lakehouse_problem(self) -> str | None:
+        """Why TRAJLAKE_HOME holds no lakehouse to read, or ``None`` when it holds one.
+
+        With an external catalog the lakehouse is wherever that catalog says, so only the default
+        set-up (SQLite under TRAJLAKE_HOME) can be found missing. Nothing is created.
+        """
+        path = self.home_path
+        if path.exists() and not path.is_dir():
+            return f"TRAJLAKE_HOME={path} is not a directory"
+        if self.catalog_is_external:
+            return None
+        if not path.exists():
+            return f"TRAJLAKE_HOME={path} does not exist"
+        if not (path / CATALOG_FILE).is_file():
+            return f"TRAJLAKE_HOME={path} holds no lakehouse (no {CATALOG_FILE})"
+        return None
+
+    def require_lakehouse(self) -> Settings:
+        """These settings, when TRAJLAKE_HOME holds a lakehouse; read-only commands call it first.
+
+        Raises:
+            ConfigError: TRAJLAKE_HOME does not exist, is not a directory, or has no catalog (named).
+        """
+        problem = self.lakehouse_problem()
+        if problem is not None:
+            raise ConfigError(
+                f"{problem}; set TRAJLAKE_HOME to an existing lakehouse, or create one with "
+                "`trajlake demo` or `trajlake ingest`"
+            )
+        return self
 
     @property
     def hot_location(self) -> str:

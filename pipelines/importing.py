@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError, TrajlakeError
+from common.progress import Progress
 from common.settings import Settings
 from pipelines.quarantine import Quarantined, record_quarantine
 from pipelines.verdicts import Attached, attach_verdicts, run_id
@@ -80,6 +81,7 @@ def import_runs(
     *,
     format: str = "auto",
     verdicts: Path | None = None,
+    progress: Progress | None = None,
 ) -> ImportRun:
     """Import ``paths`` (sessions sent whole) and attach the verdicts under ``verdicts``.
 
@@ -89,6 +91,8 @@ def import_runs(
 
     Raises:
         ImportFormatError: an unknown format name, or a ``verdicts`` path that does not exist.
+
+    ``progress`` is told of each path imported.
     """
     run = ImportRun()
     sender = SessionSender(producer)
@@ -100,7 +104,7 @@ def import_runs(
                 with_verdicts(session, files)
             sender(session)
 
-        run.report = import_paths(paths, format=format, send=send)
+        run.report = import_paths(paths, format=format, send=send, progress=progress)
     elif verdicts is not None:
         run.attached = attach_verdicts(settings, verdicts, producer.emit)
     run.failed = [(session.session_id, why) for session, why in sender.failed]

@@ -1,40 +1,77 @@
 """The ``trajlake`` command line: a thin shell over the packages.
 
-Every command honours ``TRAJLAKE_HOME`` (default ``./.trajlake``). Domain errors
-print one red line and exit with code 1 (75 when retrying may help).
+Every command honours ``TRAJLAKE_HOME`` (default ``./.trajlake``). Domain errors print one red
+line and exit with code 1 (75 when retrying may help); a usage error (unknown command, option or
+value) prints one line with the suggestion and exits with 2. Commands that read a lakehouse
+refuse a ``TRAJLAKE_HOME`` holding none; commands that create one say where.
+
+Start-up is kept short: this module imports only typer and the bottom layer's errors; every
+command imports what it uses when it runs.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from benchmarks.cli import bench_app
 from common.errors import EXIT_ERROR, EXIT_TRANSIENT, TrajlakeError, is_transient
-from common.settings import Settings, load_settings
+from trajlake.console import err, out, print_error, print_note, progress_bar
+from trajlake.fleet import fleet_app
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="trajlake: agent trajectories lakehouse.")
+if TYPE_CHECKING:
+    from common.settings import Settings
+
+#: Exit code of a usage error (click's and typer's convention).
+EXIT_USAGE = 2
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="trajlake: agent trajectories lakehouse.",
+)
 broker_app = typer.Typer(no_args_is_help=True, help="The embedded Kafka-compatible broker.")
 app.add_typer(broker_app, name="broker")
+app.add_typer(fleet_app, name="fleet")
 app.add_typer(bench_app, name="bench")  # the benchmark commands live beside the benchmarks
 
-err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long (no wrapping at 80 columns)
-out = Console(highlight=False, soft_wrap=True)
+
+def settings_for(use: str) -> Settings:
+    """The settings of a command, checked for what it does with ``TRAJLAKE_HOME``.
+
+    Args:
+        use: ``read`` (needs an existing lakehouse: refused otherwise) or ``any`` (may create
+            TRAJLAKE_HOME; see :func:`announce_new_lakehouse` for commands that create the lakehouse).
+
+    Raises:
+        ConfigError: a setting is invalid, or ``read`` and TRAJLAKE_HOME holds no lakehouse.
+    """
+    from common.settings import load_settings
+
+    settings = load_settings()
+    return settings.require_lakehouse() if use == "read" else settings
 
 
-def _settings() -> Settings:
-    return load_settings()
+@contextmanager
+def announce_new_lakehouse(settings: Settings) -> Iterator[None]:
+    """Around a command that may create the lakehouse: once it succeeded, say where it created one."""
+    from common.settings import CATALOG_FILE
+
+    catalog = settings.home_path / CATALOG_FILE
+    new = not settings.catalog_is_external and not catalog.exists()
+    yield
+    if new and catalog.exists():
+        print_note(f"new lakehouse at {settings.home_path} (TRAJLAKE_HOME)")
 
 
 class OutputFormat(StrEnum):
@@ -50,7 +87,7 @@ def broker_start(port: Annotated[int | None, typer.Option(help="Port; a free one
     """Start the embedded broker (if not running), create the event topic, print its address."""
     from common.broker import start_broker
 
-    state = start_broker(_settings(), port=port)
+    state = start_broker(settings_for("any"), port=port)
     out.print(state.bootstrap)
 
 
@@ -59,7 +96,9 @@ def broker_stop() -> None:
     """Stop the embedded broker."""
     from common.broker import stop_broker
 
-    out.print("stopped" if stop_broker(_settings()) else "not running")
+    settings = settings_for("any")
+    running = settings.home_path.is_dir() and stop_broker(settings)
+    out.print("stopped" if running else "not running")
 
 
 @broker_app.command("status")
@@ -68,13 +107,13 @@ def broker_status_cmd() -> None:
     from common.broker import broker_status
     from common.errors import BrokerNotRunning
 
-    settings = _settings()
+    settings = settings_for("any")
     if settings.kafka_bootstrap:
         out.print(f"{settings.kafka_bootstrap} (TRAJLAKE_KAFKA_BOOTSTRAP)")
         return
-    state = broker_status(settings)
+    state = broker_status(settings) if settings.home_path.is_dir() else None
     if state is None:
-        raise BrokerNotRunning(f"no embedded broker running under {settings.broker_dir}")
+        raise BrokerNotRunning(f"no embedded broker running under {settings.home_path / 'broker'}")
     out.print(f"{state.bootstrap} (pid {state.pid}, log {state.log})")
 
 
@@ -84,11 +123,13 @@ def ingest(
     follow: Annotated[bool, typer.Option(help="Run until SIGTERM/SIGINT (finishes the batch).")] = False,
 ) -> None:
     """Kafka → raw events / dead letters, exactly once."""
-    from pipelines.ingest import run_ingest
-
     if follow and until_idle is not None:
         raise typer.BadParameter("use either --until-idle or --follow")
-    stats = run_ingest(_settings(), until_idle=until_idle, follow=follow)
+    from pipelines.ingest import run_ingest
+
+    settings = settings_for("any")
+    with announce_new_lakehouse(settings), progress_bar("ingest") as progress:
+        stats = run_ingest(settings, until_idle=until_idle, follow=follow, progress=progress)
     out.print(
         f"ingested {stats.events} events, {stats.dead_letters} dead letters, {stats.skipped} already present, "
         f"{stats.batches} batches in {stats.seconds:.1f} s"
@@ -109,7 +150,9 @@ def assemble(
 
     from pipelines.assemble import assemble as run_assemble
 
-    stats = run_assemble(_settings(), full=full, as_of=as_of.replace(tzinfo=UTC) if as_of else None)
+    settings = settings_for("read")
+    with progress_bar("assemble") as progress:
+        stats = run_assemble(settings, full=full, as_of=as_of.replace(tzinfo=UTC) if as_of else None, progress=progress)
     out.print(
         f"assembled {stats.sessions} sessions ({stats.steps_written} steps) from {stats.new_files} new files "
         f"in {stats.seconds:.1f} s"
@@ -141,10 +184,10 @@ def sql(
     TRAJLAKE_SQL_MEMORY_LIMIT; rows are printed as they arrive (table: the first
     TRAJLAKE_SQL_TABLE_ROWS rows and the count).
     """
+    settings = settings_for("read")
     from warehouse.sql import stream_query
     from warehouse.sql_output import write_rows
 
-    settings = _settings()
     # Data is printed byte for byte (after neutralising, unless --raw): rich would turn ``:x:``
     # into an emoji even with markup off.
     try:
@@ -168,33 +211,36 @@ def demo(
     from trajlake.demo import run_demo
 
     run_demo(
-        _settings(),
+        settings_for("any"),
         sessions=sessions,
         seed=seed,
         local_sessions=local_sessions,
         echo=lambda line: out.print(line, markup=False),
+        progress=progress_bar,
     )
 
 
 @app.command()
 def ui(port: Annotated[int, typer.Option()] = 3000) -> None:
-    """The Dagster UI on this project's definitions."""
-    settings = _settings()
+    """The Dagster UI on this project's definitions (stopping it stops every Dagster process it started)."""
+    from trajlake.supervise import run_supervised
+
+    settings = settings_for("any")
     dagster_home = settings.home_dir / "dagster"
     dagster_home.mkdir(mode=0o700, parents=True, exist_ok=True)
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "TRAJLAKE_HOME": str(settings.home_dir)}
     dagster = Path(sys.executable).with_name("dagster")
     command = [
         str(dagster) if dagster.exists() else "dagster",
-        "dev",
-        "-m",
-        "dagster_project.definitions",
-        "-h",
-        "127.0.0.1",
-        "-p",
-        str(port),
+        *("dev", "-m", "dagster_project.definitions", "-h", "127.0.0.1", "-p", str(port)),
     ]
-    raise typer.Exit(subprocess.call(command, env=env))
+    code = run_supervised(
+        command,
+        env,
+        grace_s=settings.ui_stop_timeout_s,
+        on_signal=lambda _: print_note("stopping Dagster (webserver, daemon, code servers)…"),
+    )
+    raise typer.Exit(code)
 
 
 class ImportFormat(StrEnum):
@@ -235,14 +281,16 @@ def import_runs(
     ] = None,
 ) -> None:
     """Import runs recorded by other agent frameworks into the event stream (Kafka); re-imports are idempotent."""
+    if not paths and verdicts is None and listen is None:
+        raise typer.BadParameter("give PATHS, --verdicts or --listen")
+    import time
+
     from pipelines.importing import import_runs as run_import
     from pipelines.importing import listen as start_receiver
     from producers.importers import ImportFormatError
     from producers.sdk import EventProducer
 
-    if not paths and verdicts is None and listen is None:
-        raise typer.BadParameter("give PATHS, --verdicts or --listen")
-    settings = _settings()
+    settings = settings_for("read" if verdicts is not None and not paths else "any")
     # the importers redact every event before splitting large texts into parts: no second pass here
     with EventProducer.from_settings(host_id="importer", redact=False) as producer:
         if listen is not None:
@@ -257,7 +305,10 @@ def import_runs(
                 receiver.stop()
             out.print(f"received {receiver.spans_received} spans, sent {receiver.sessions_sent} sessions")
             return
-        run = run_import(settings, list(paths or []), producer, format=format.value, verdicts=verdicts)
+        with progress_bar("import") as progress:
+            run = run_import(
+                settings, list(paths or []), producer, format=format.value, verdicts=verdicts, progress=progress
+            )
     problems = [str(item) for item in run.report.quarantined] + [f"session {sid}: {why}" for sid, why in run.failed]
     if paths and not run.report.summaries and problems:  # nothing could be imported: one line says why
         more = f" (and {len(problems) - 1} more records quarantined)" if len(problems) > 1 else ""
@@ -326,7 +377,9 @@ def score(
     """Quality scores, cheat flags, anomalies and duplicates: incremental (what changed since the last run)."""
     from pipelines.score import score_all
 
-    stats = score_all(_settings(), force=force)
+    settings = settings_for("read")
+    with progress_bar("score") as progress:
+        stats = score_all(settings, force=force, progress=progress)
     if not stats.skipped and stats.sessions == 0:
         out.print("nothing to score: there are no trajectories yet (run `trajlake assemble` first)")
         return
@@ -369,7 +422,7 @@ def export(
 
     from pipelines.export import ExportFilters, export_training_set
 
-    settings = _settings()
+    settings = settings_for("read")
     filters = ExportFilters(
         min_quality=settings.quality_min if min_quality is None else min_quality,
         day=day.date() if day else None,
@@ -380,12 +433,54 @@ def export(
         split=split,
         group_complete=group_complete,
     )
-    stats = export_training_set(settings, format.value, out_dir, force=force, filters=filters, parquet=parquet)
+    with progress_bar("export") as progress:
+        stats = export_training_set(
+            settings, format.value, out_dir, force=force, filters=filters, parquet=parquet, progress=progress
+        )
     for name, sha in stats.files.items():
         out.print(f"{out_dir / name}  sha256 {sha}", markup=False)
     out.print(f"exported {stats.records} trajectories ({stats.format}) to {stats.out_dir}; manifest {stats.manifest}")
     if stats.quarantined:
         out.print(f"  {stats.quarantined} sessions could not be exported (see the quarantine view)", markup=False)
+
+
+@app.command()
+def show(
+    session: Annotated[str, typer.Argument(help="A session id, or a prefix of one that only it has.")],
+    full: Annotated[bool, typer.Option(help="Print every output and file whole (default: long ones cut).")] = False,
+) -> None:
+    """One session in the terminal: steps, commands and output, diffs, model calls, evaluation, flags, scores."""
+    settings = settings_for("read")
+    from rich.console import Console
+
+    from pipelines.inspect import load_session
+    from trajlake.show import render_session
+
+    # wrapped to the terminal (the result console keeps long lines whole for pipes and copying)
+    render_session(Console(highlight=False), load_session(settings, session), full=full)
+
+
+@app.command()
+def report(
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write the HTML report into (created).")],
+    export_dir: Annotated[
+        Path | None, typer.Option("--export", help="Report on this export (its directory) instead of the lakehouse.")
+    ] = None,
+    max_pages: Annotated[
+        int | None, typer.Option(min=0, help="Session pages at most (flagged first); TRAJLAKE_REPORT_MAX_SESSIONS.")
+    ] = None,
+) -> None:
+    """A static HTML report: pass rates, quality and cost plots, flagged sessions and one page per session."""
+    settings = settings_for("read")
+    from pipelines.report import write_report
+
+    with progress_bar("report") as progress:
+        stats = write_report(settings, out_dir, export_dir=export_dir, max_pages=max_pages, progress=progress)
+    out.print(
+        f"report of {stats.sessions} sessions ({stats.flagged} flagged, {stats.pages} session pages) "
+        f"in {stats.seconds:.1f} s: {stats.index}",
+        markup=False,
+    )
 
 
 @quality_app.command("evaluate")
@@ -397,27 +492,34 @@ def quality_evaluate(
     """Precision, recall and false-positive rate of the cheat flags and the deduplication."""
     from pipelines.ground_truth import evaluate_quality
 
-    report = evaluate_quality(_settings(), labels, inject=inject, seed=seed)
-    out.print(report.table(), markup=False)
+    result = evaluate_quality(settings_for("read"), labels, inject=inject, seed=seed)
+    out.print(result.table(), markup=False)
 
 
 schema_app = typer.Typer(no_args_is_help=True, help="Event schema versions and compatibility.")
 app.add_typer(schema_app, name="schema")
 
 
+class CompatibilityMode(StrEnum):
+    """Avro compatibility levels of ``trajlake schema check``."""
+
+    backward = "backward"
+    forward = "forward"
+    full = "full"
+
+
 @schema_app.command("check")
 def schema_check(
     old: Annotated[Path | None, typer.Option(help="Old .avsc; with --new checks just this pair.")] = None,
     new: Annotated[Path | None, typer.Option(help="New .avsc; default: every shipped version pairwise.")] = None,
-    mode: Annotated[str, typer.Option(help="backward | forward | full (Avro resolution rules).")] = "backward",
+    mode: Annotated[
+        CompatibilityMode, typer.Option(case_sensitive=False, help="Avro resolution rules to check.")
+    ] = CompatibilityMode.backward,
 ) -> None:
     """Reject a schema change that breaks Avro compatibility (e.g. a new required field without default)."""
-    from schemas.compat import Compatibility, assert_compatible, check_shipped, load_schema
+    from schemas.compat import Compatibility, IncompatibleSchema, assert_compatible, check_shipped, load_schema
 
-    try:
-        level = Compatibility(mode.lower())
-    except ValueError as exc:
-        raise typer.BadParameter(f"mode must be backward, forward or full, not {mode!r}") from exc
+    level = Compatibility(mode.value)
     if (old is None) != (new is None):
         raise typer.BadParameter("give both --old and --new, or neither to check the shipped versions")
     if old is not None and new is not None:
@@ -427,8 +529,6 @@ def schema_check(
     failures = {pair: problems for pair, problems in check_shipped(level).items() if problems}
     if failures:
         (first_old, first_new), problems = next(iter(failures.items()))
-        from schemas.compat import IncompatibleSchema
-
         raise IncompatibleSchema(
             f"event schema v{first_new} is not {level.value.upper()} compatible with v{first_old}: "
             + "; ".join(problems)
@@ -447,7 +547,7 @@ def tier(
 
     from warehouse.tiering import tier as run_tier
 
-    stats = run_tier(_settings(), as_of=as_of.replace(tzinfo=UTC) if as_of else None)
+    stats = run_tier(settings_for("read"), as_of=as_of.replace(tzinfo=UTC) if as_of else None)
     out.print(
         f"tiered before {stats.boundary}: days {', '.join(stats.days_tiered) or 'none'}; "
         f"{stats.events_copied} events, {stats.sessions_copied} sessions, {stats.steps_copied} steps copied; "
@@ -462,8 +562,9 @@ def maintain() -> None:
     """Compact small files, expire old snapshots, remove orphans; files and bytes per table before/after."""
     from warehouse.maintenance import maintain as run_maintain
 
+    settings = settings_for("read")
     out.print(f"{'table':<28} {'files':>13} {'MiB':>17} {'max/partition':>13} {'expired':>7} {'orphans':>7}")
-    for r in run_maintain(_settings()):
+    for r in run_maintain(settings):
         b, a = r.before, r.after
         out.print(
             f"{r.table:<28} {b.files:>6} → {a.files:<4} {b.bytes / 2**20:>7.2f} → {a.bytes / 2**20:<7.2f} "
@@ -472,212 +573,27 @@ def maintain() -> None:
         )
 
 
-fleet_app = typer.Typer(no_args_is_help=True, help="The sandbox fleet: real local sandboxes or synthetic traffic.")
-app.add_typer(fleet_app, name="fleet")
+def _usage_error(exc: typer.TyperException) -> int:
+    """Print a usage error as one line (with typer's suggestion and where to find help); its exit code.
 
-
-class FleetBackend(StrEnum):
-    """Fleet backends."""
-
-    local = "local"
-    synthetic = "synthetic"
-
-
-@fleet_app.command("run")
-def fleet_run(
-    backend: Annotated[FleetBackend, typer.Option(help="local: bubblewrap sandboxes; synthetic: reference traffic.")],
-    sessions: Annotated[int, typer.Option(min=1)],
-    concurrency: Annotated[int, typer.Option(min=1, help="Sandboxes at once (local).")] = 4,
-    seed: Annotated[int, typer.Option()] = 0,
-    cheat_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of cheating sessions.")] = 0.1,
-    labels: Annotated[Path | None, typer.Option(help="Write ground-truth labels (JSONL) here.")] = None,
-    perturb: Annotated[
-        str | None, typer.Option(help="Environment perturbation, e.g. 'latency=50,jitter=20,fail=0.05,formats'.")
-    ] = None,
-    rate: Annotated[float, typer.Option(help="Synthetic arrivals per second (35/s = 3M/day).")] = 35.0,
-    time_compression: Annotated[
-        float | None, typer.Option(help="Synthetic pacing: simulated seconds per wall second (default flat out).")
-    ] = None,
-    workers: Annotated[
-        int, typer.Option(min=1, help="Synthetic generator processes, each sending its shard of the stream.")
-    ] = 1,
-    agent: Annotated[
-        str | None,
-        typer.Option(help="Local agent: a built-in policy (solver, ...), llm, module:callable or file.py:callable."),
-    ] = None,
-    model_endpoint: Annotated[str | None, typer.Option(help="--agent llm: OpenAI-compatible base URL (…/v1).")] = None,
-    model: Annotated[str | None, typer.Option(help="--agent llm: the model name.")] = None,
-    api_key_env: Annotated[str | None, typer.Option(help="--agent llm: env var holding the API key.")] = None,
-    temperature: Annotated[float, typer.Option(help="--agent llm: sampling temperature.")] = 0.0,
-    max_tokens: Annotated[int, typer.Option(min=1, help="--agent llm: completion tokens per call.")] = 1024,
-    token_mode: Annotated[
-        str | None,
-        typer.Option(help="--agent llm: chat, or tito (token in, token out; TRAJLAKE_LLM_TOKEN_MODE)."),
-    ] = None,
-    engine: Annotated[
-        str, typer.Option(help="--agent llm: the server kind: auto, vllm, sglang or llama.cpp (tito needs one).")
-    ] = "auto",
-    tokenizer: Annotated[
-        str | None, typer.Option(help="--agent llm --token-mode tito: the model's tokenizer directory (SGLang).")
-    ] = None,
-    request_timeout: Annotated[
-        float | None,
-        typer.Option(min=0.1, help="--agent llm: seconds per model request (TRAJLAKE_LLM_REQUEST_TIMEOUT_S)."),
-    ] = None,
-    max_retries: Annotated[
-        int | None,
-        typer.Option(min=0, help="--agent llm: retries of a transient model error (TRAJLAKE_LLM_MAX_RETRIES)."),
-    ] = None,
-    max_model_calls: Annotated[
-        int | None,
-        typer.Option(
-            min=1, help="Cap: model calls per LLM session, malformed ones too (TRAJLAKE_LLM_MAX_MODEL_CALLS)."
-        ),
-    ] = None,
-    max_steps: Annotated[int | None, typer.Option(min=0, help="Cap: tool calls per session.")] = None,
-    max_model_tokens: Annotated[int | None, typer.Option(min=0, help="Cap: model tokens per session.")] = None,
-    max_cost_usd: Annotated[float | None, typer.Option(min=0.0, help="Cap: model cost per session.")] = None,
-    timeout: Annotated[float | None, typer.Option(min=0.1, help="Per-session wall-clock deadline (seconds).")] = None,
-    group_size: Annotated[int, typer.Option(min=1, help="Attempts of each task instance (one group id).")] = 1,
-) -> None:
-    """Run a fleet batch; events go to Kafka, labels (if asked) to a JSONL file.
-
-    With --group-size K, each of the --sessions task instances runs K times (K × sessions sessions).
+    A command group called without a command has already printed its help: nothing more is said.
     """
-    from producers.fleet import run_fleet
-    from producers.fleet.agent_caps import Caps
-
-    settings = _settings()
-    llm = _llm_options(
-        agent,
-        model_endpoint,
-        model,
-        api_key_env,
-        temperature,
-        max_tokens,
-        token_mode=token_mode,
-        engine=engine,
-        tokenizer=tokenizer,
-        request_timeout=request_timeout,
-        max_retries=max_retries,
-    )
-    model_calls = max_model_calls if max_model_calls is not None else settings.llm_max_model_calls
-    caps = Caps(max_steps, max_model_tokens, max_cost_usd, max_model_calls=model_calls)
-    report = run_fleet(
-        settings,
-        backend=backend.value,
-        sessions=sessions,
-        concurrency=concurrency,
-        seed=seed,
-        cheat_rate=cheat_rate,
-        labels_path=labels,
-        perturb=perturb,
-        rate_per_s=rate,
-        time_compression=time_compression,
-        workers=workers,
-        agent=agent,
-        llm=llm,
-        caps=caps,
-        group_size=group_size,
-        timeout_s=timeout,
-    )
-    out.print(report.summary(), markup=False)
-
-
-def _llm_options(
-    agent: str | None,
-    endpoint: str | None,
-    model: str | None,
-    api_key_env: str | None,
-    temperature: float,
-    max_tokens: int,
-    *,
-    token_mode: str | None = None,
-    engine: str = "auto",
-    tokenizer: str | None = None,
-    request_timeout: float | None = None,
-    max_retries: int | None = None,
-) -> object:
-    """The LLM configuration of ``fleet run``/``fleet retry`` (``None`` without ``--model-endpoint``).
-
-    Flags left unset take the ``TRAJLAKE_LLM_*`` settings.
-    """
-    llm = None
-    if endpoint or model:
-        if not (endpoint and model):
-            raise typer.BadParameter("--model-endpoint and --model go together")
-        from producers.fleet.llm import LLMConfig
-
-        settings = _settings()
-        llm = LLMConfig(
-            endpoint,
-            model,
-            api_key_env,
-            temperature=temperature,
-            max_tokens=max_tokens,
-            timeout_s=request_timeout if request_timeout is not None else settings.llm_request_timeout_s,
-            max_retries=max_retries if max_retries is not None else settings.llm_max_retries,
-            backoff_s=settings.llm_backoff_s,
-            token_mode=token_mode or settings.llm_token_mode,
-            engine=engine,
-            tokenizer=tokenizer,
-        )
-    elif agent == "llm":
-        raise typer.BadParameter("--agent llm needs --model-endpoint URL and --model NAME")
-    return llm
-
-
-@fleet_app.command("retry")
-def fleet_retry(
-    since: Annotated[
-        datetime | None, typer.Option(help="Only sessions started at or after this time (ISO, UTC).")
-    ] = None,
-    max_attempts: Annotated[int, typer.Option(min=1, help="Attempts of an original session in all.")] = 3,
-    concurrency: Annotated[int, typer.Option(min=1, help="Sandboxes at once.")] = 4,
-    labels: Annotated[Path | None, typer.Option(help="Write ground-truth labels (JSONL) here.")] = None,
-    model_endpoint: Annotated[str | None, typer.Option(help="For llm sessions: OpenAI-compatible base URL.")] = None,
-    model: Annotated[str | None, typer.Option(help="For llm sessions: the model name.")] = None,
-    api_key_env: Annotated[str | None, typer.Option(help="For llm sessions: env var holding the API key.")] = None,
-) -> None:
-    """Re-run local sessions whose failure cause advises it (scores.retry_advice: rerun, rerun_once).
-
-    Infrastructure failures and transient model-API errors are retried; capability failures never.
-    Each retry records attempt and retry_of (the original session). Run `trajlake score` first.
-    """
-    from datetime import UTC
-
-    from producers.fleet import run_fleet
-    from producers.fleet.retry import plan_retries, retry_query
-    from warehouse.sql import run_query
-
-    settings = _settings()
-    columns, rows = run_query(settings, retry_query(since.replace(tzinfo=UTC) if since else None))
-    plans = plan_retries(columns, rows, max_attempts)
-    if not plans:
-        out.print("nothing to retry")
-        return
-    llm = _llm_options(None, model_endpoint, model, api_key_env, 0.0, 1024)
-    if llm is None and any(plan.agent == "llm" for plan in plans):
-        raise typer.BadParameter("sessions of --agent llm are among the retries: give --model-endpoint and --model")
-    report = run_fleet(
-        settings,
-        backend="local",
-        sessions=len(plans),
-        concurrency=concurrency,
-        labels_path=labels,
-        llm=llm,
-        plans=plans,
-    )
-    out.print(f"retried {len(plans)} sessions (of {len({row[6] for row in rows})} originals seen)")
-    out.print(report.summary(), markup=False)
+    code = int(getattr(exc, "exit_code", EXIT_USAGE))
+    # typer validates values with pydantic, whose wording ("Value error, ...") says nothing to a user
+    message = exc.format_message().replace(": Value error, ", ": ").strip()
+    if message:
+        context = getattr(exc, "ctx", None)
+        path = getattr(context, "command_path", None) if context is not None else None
+        print_error(message + (f" (see '{path} --help')" if path else ""))
+    return code
 
 
 def main() -> None:
     """Console entry point: run the app, turning trajlake errors into one red line.
 
     The exit code is 1, or 75 (``EX_TEMPFAIL``) when the error is transient, so a scheduler
-    can tell "retry later" from "fix something first". Files and directories trajlake
-    creates (under TRAJLAKE_HOME, exports) are owner-only: the umask is 0o077.
+    can tell "retry later" from "fix something first"; 2 for a usage error. Files and
+    directories trajlake creates (under TRAJLAKE_HOME, exports) are owner-only: the umask is 0o077.
     """
     os.umask(0o077)  # lakehouse data and exports may hold trajectories' secrets: no group/world access
     logging.basicConfig(
@@ -686,21 +602,15 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except TrajlakeError as exc:
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        err.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)
+        print_error(str(exc).strip() or type(exc).__name__)
         sys.exit(EXIT_TRANSIENT if is_transient(exc) else EXIT_ERROR)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
-        err.print("[red]aborted[/]")
-        sys.exit(1)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+        print_error("aborted")
+        sys.exit(EXIT_ERROR)
+    except typer.TyperException as exc:  # usage errors: typer's own (vendored) click exceptions derive from it
+        sys.exit(_usage_error(exc))
 
 
 if __name__ == "__main__":

@@ -5,11 +5,13 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.broker import start_broker
-from common.settings import Settings
+from common.broker import broker_status, start_broker
+from common.progress import Progress
+from common.settings import CATALOG_FILE, Settings
 from pipelines.assemble import assemble
 from pipelines.ingest import run_ingest
 from pipelines.score import score_all
@@ -51,20 +53,33 @@ def run_demo(
     seed: int | None = None,
     echo: Callable[[str], None] = print,
     local_sessions: int = 8,
+    progress: Callable[[str], AbstractContextManager[Progress | None]] = lambda _: nullcontext(),
 ) -> DemoReport:
-    """Broker → fleet (local sandboxes + synthetic traffic) → ingest → assemble → score → summary.
+    """Broker → fleet (local sandboxes + synthetic traffic) → ingest → assemble → score → summary → what next.
 
     Safe to run repeatedly: each run emits new sessions (a fresh seed unless given)
-    and every stage is idempotent.
+    and every stage is idempotent. ``progress(stage)`` gives each stage's progress sink.
     """
     report = DemoReport()
+    new = not settings.catalog_is_external and not (settings.home_path / CATALOG_FILE).exists()
+    echo(f"lakehouse: {settings.home_dir} (TRAJLAKE_HOME{', new' if new else ''})")
     if not settings.kafka_bootstrap:
         state = start_broker(settings)
         echo(f"broker: embedded tansu at {state.bootstrap}")
     seed = seed if seed is not None else random.SystemRandom().randrange(1 << 31)
     # Real sandboxes first (bubblewrap; the synthetic fleet stands in when it is unavailable).
     if local_sessions:
-        local = run_fleet(settings, "local", local_sessions, concurrency=4, seed=seed, cheat_rate=0.25, fallback=True)
+        with progress("fleet[local]") as shown:
+            local = run_fleet(
+                settings,
+                "local",
+                local_sessions,
+                concurrency=4,
+                seed=seed,
+                cheat_rate=0.25,
+                fallback=True,
+                progress=shown,
+            )
         for note in local.notes:
             echo(f"fleet: {note}")
         echo(f"fleet[{local.backend}]: {local.sessions} sessions, {local.events} events in {local.wall_s:.1f} s")
@@ -72,7 +87,10 @@ def run_demo(
     # Then the reference traffic, placed far enough in the past that sessions which never ended are
     # already past the idle deadline, so the demo shows them closed as timed out.
     start_us = int((time.time() - settings.session_idle_timeout_s - 3600) * 1_000_000)
-    synthetic = run_fleet(settings, "synthetic", sessions, seed=seed, cheat_rate=0.05, start_us=start_us)
+    with progress("fleet[synthetic]") as shown:
+        synthetic = run_fleet(
+            settings, "synthetic", sessions, seed=seed, cheat_rate=0.05, start_us=start_us, progress=shown
+        )
     echo(
         f"fleet[synthetic]: {synthetic.sessions} sessions, {synthetic.events} events (seed {seed}) "
         f"in {synthetic.wall_s:.1f} s"
@@ -80,19 +98,22 @@ def run_demo(
     report.sessions_emitted += synthetic.sessions
     report.events_emitted += synthetic.events
     echo(f"emitted this run: {report.sessions_emitted} sessions, {report.events_emitted} events")
-    ingest_stats = run_ingest(settings, until_idle=3.0)
+    with progress("ingest") as shown:
+        ingest_stats = run_ingest(settings, until_idle=3.0, progress=shown)
     report.steps["ingest"] = ingest_stats.as_dict()
     echo(
         f"ingest: {ingest_stats.events} events, {ingest_stats.dead_letters} dead letters, "
         f"{ingest_stats.batches} batches in {ingest_stats.seconds:.1f} s"
     )
-    assemble_stats = assemble(settings)
+    with progress("assemble") as shown:
+        assemble_stats = assemble(settings, progress=shown)
     report.steps["assemble"] = assemble_stats.as_dict()
     echo(
         f"assemble: {assemble_stats.sessions} sessions, {assemble_stats.steps_written} steps "
         f"in {assemble_stats.seconds:.1f} s"
     )
-    score_stats = score_all(settings)
+    with progress("score") as shown:
+        score_stats = score_all(settings, progress=shown)
     report.steps["score"] = score_stats.as_dict()
     echo(
         f"score: {score_stats.sessions} sessions, {score_stats.flagged_sessions} flagged for cheating, "
@@ -107,4 +128,36 @@ def run_demo(
     echo("\nSummary (whole lakehouse)\n" + format_rows(columns, rows, "table"))
     for title, query in EXAMPLE_QUERIES:
         echo(f'\n{title}:\n  trajlake sql "{query}"\n' + format_rows(*run_query(settings, query), "table"))
+    for line in next_steps(settings):
+        echo(line)
     return report
+
+
+def next_steps(settings: Settings) -> list[str]:
+    """The demo's last lines: three commands to run next (on a session of this lakehouse) and the broker's state."""
+    _, flagged = run_query(
+        settings,
+        "SELECT f.session_id FROM flags f JOIN trajectories t USING (session_id) "
+        "ORDER BY (f.flag_class = 'security') DESC, t.n_steps DESC, f.session_id LIMIT 1",
+    )
+    if flagged:
+        show, why = f"trajlake show {flagged[0][0]}", "a flagged session: steps, output, evaluation, flags"
+    else:
+        show, why = "trajlake show SESSION_ID", 'one session (trajlake sql "SELECT session_id FROM trajectories")'
+    commands = [
+        (show, why),
+        ("trajlake report --out trajlake-report", "the lakehouse as HTML: open trajlake-report/index.html"),
+        ("trajlake ui", "the Dagster UI on http://127.0.0.1:3000 (Ctrl-C stops it)"),
+    ]
+    width = max(len(command) for command, _ in commands)
+    lines = ["\nNext:"] + [f"  {command:<{width}}  # {why}" for command, why in commands]
+    if settings.kafka_bootstrap:
+        lines.append(f"Kafka: {settings.kafka_bootstrap} (TRAJLAKE_KAFKA_BOOTSTRAP); the demo started no broker.")
+    else:
+        state = broker_status(settings)
+        if state is not None:
+            lines.append(
+                f"The embedded broker is still running at {state.bootstrap} (pid {state.pid}): "
+                "`trajlake broker stop` stops it (events not yet ingested are lost with it)."
+            )
+    return lines

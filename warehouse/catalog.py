@@ -34,7 +34,7 @@ def open_catalog(settings: Settings) -> Catalog:
         props.setdefault("warehouse", settings.hot_location)
         catalog = load_catalog(settings.catalog_name, **props)
     else:
-        uri = settings.catalog_uri or f"sqlite:///{settings.home_dir / 'catalog.db'}"
+        uri = settings.catalog_uri or f"sqlite:///{settings.catalog_file}"
         if uri.startswith("sqlite"):
             props.setdefault("init_catalog_tables", "true")
         catalog = SqlCatalog(settings.catalog_name, uri=uri, warehouse=settings.hot_location, **props)

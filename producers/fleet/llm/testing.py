@@ -29,7 +29,8 @@ errors (429, 500 …) to answer before the next successful responses; ``models``
 names a 404 as vLLM answers them. Every successful generation's raw body is kept in
 ``responses`` so tests can compare what landed with what the server sent.
 
-Used by the tests and by ``trajlake bench agents``; never by the fleet itself.
+Used by the tests, by ``trajlake bench agents`` and by ``trajlake fleet test-model`` (which serves the
+scripted solver for trying ``--agent llm`` by hand); never by the fleet itself.
 """
 
 from __future__ import annotations
@@ -262,6 +263,10 @@ class FakeOpenAIServer:
         drift: re-render history as real templates do (breaks chat-mode id extension).
         reasoning: emit ``<think>…</think>`` reasoning before each turn.
         models: model names served; another name is a 404 (``None``: any name).
+        port: the loopback port to listen on (0: a free one).
+
+    Raises:
+        OSError: the port is taken.
     """
 
     def __init__(
@@ -275,6 +280,7 @@ class FakeOpenAIServer:
         drift: bool = False,
         reasoning: bool = False,
         models: Iterable[str] | None = None,
+        port: int = 0,
     ) -> None:
         self.script = script
         self.delay_s = delay_s
@@ -324,7 +330,7 @@ class FakeOpenAIServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-openai", daemon=True)
 

@@ -1,0 +1,98 @@
+"""What the command line prints besides results: one-line errors, notes, and progress bars.
+
+Errors and notes go to stderr; progress is drawn on stderr only when it is a terminal, so a
+log file or a pipe sees the command's result lines and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.markup import escape
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
+    from rich.progress import Task
+
+    from common.progress import Progress
+
+err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long (no wrapping at 80 columns)
+out = Console(highlight=False, soft_wrap=True)
+
+
+def one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines included) as one space."""
+    return " ".join(text.split())
+
+
+def print_error(message: str) -> None:
+    """One red ``error:`` line on stderr; ``message`` is printed as is (no markup)."""
+    err.print(f"[bold red]error:[/] {escape(one_line(message))}", markup=True, highlight=False)
+
+
+def print_note(message: str) -> None:
+    """One dim note line on stderr (where a lakehouse was created, what was left running)."""
+    err.print(f"[dim]{escape(one_line(message))}[/]", markup=True, highlight=False)
+
+
+def progress_enabled() -> bool:
+    """Whether progress is drawn: stderr is a terminal, ``TERM`` is not ``dumb``, ``TRAJLAKE_PROGRESS`` not ``0``."""
+    if os.environ.get("TRAJLAKE_PROGRESS", "").strip() == "0" or os.environ.get("TERM") == "dumb":
+        return False
+    return sys.stderr.isatty()
+
+
+class _Bar:
+    """A :class:`common.progress.Progress` drawing one rich task (thread-safe: rich locks its tasks)."""
+
+    def __init__(self, progress: RichProgress, label: str) -> None:
+        self._progress = progress
+        self._task = progress.add_task(label, total=None, unit="items")
+
+    def __call__(self, done: int, total: int | None = None, unit: str = "items") -> None:
+        self._progress.update(self._task, completed=done, total=total, unit=unit)
+
+
+def _rate(task: Task) -> str:
+    speed = task.finished_speed or task.speed
+    return f"{speed:,.1f} {task.fields.get('unit', 'items')}/s" if speed else ""
+
+
+@contextmanager
+def progress_bar(label: str) -> Iterator[Progress | None]:
+    """A progress sink for one stage: a bar (done/total, rate, ETA) on a terminal, else ``None``.
+
+    The bar is removed when the stage ends; the command's own summary line follows.
+    """
+    if not progress_enabled():
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        ProgressColumn,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+    from rich.text import Text
+
+    class RateColumn(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            return Text(_rate(task), style="progress.data.speed")
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[unit]}"),
+        RateColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=err, transient=True, refresh_per_second=8) as progress:
+        yield _Bar(progress, label)
