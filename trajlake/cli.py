@@ -600,7 +600,8 @@ def main() -> None:
         level=os.environ.get("TRAJLAKE_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s"
     )
     try:
-        app(standalone_mode=False)
+        # without standalone mode click hands back a command's ``typer.Exit`` code instead of exiting
+        code = app(standalone_mode=False)
     except TrajlakeError as exc:
         print_error(str(exc).strip() or type(exc).__name__)
         sys.exit(EXIT_TRANSIENT if is_transient(exc) else EXIT_ERROR)
@@ -611,6 +612,7 @@ def main() -> None:
         sys.exit(EXIT_ERROR)
     except typer.TyperException as exc:  # usage errors: typer's own (vendored) click exceptions derive from it
         sys.exit(_usage_error(exc))
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,14 @@
 
 ``trajlake ui`` serves the definitions; the test opens the asset graph, launches a
 materialization by clicking, waits for it, and reads a check result and its metadata plot.
-Set ``TRAJLAKE_UI_SCREENSHOTS=DIR`` to keep the screenshots (docs/operations.md shows the ones made here).
+Stopping it is tested as a process manager stops it: SIGTERM to the ``trajlake ui`` process alone
+must end every Dagster process it started. Set ``TRAJLAKE_UI_SCREENSHOTS=DIR`` to keep the screenshots
+(docs/operations.md shows the ones made here).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -15,6 +18,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,6 +26,7 @@ import pytest
 from common.broker import free_port
 from common.settings import load_settings
 from tests.helpers import sample_events, write_raw
+from trajlake.supervise import alive, descendants
 
 pytestmark = pytest.mark.integration
 
@@ -52,14 +57,17 @@ def _wait_http(url: str, timeout: float, process: subprocess.Popen[bytes]) -> No
     raise AssertionError(f"{url} did not answer within {timeout:.0f} s")
 
 
-@pytest.fixture
-def ui(tmp_path: Path) -> Iterator[str]:
-    """``trajlake ui`` on a lakehouse holding ten sessions of raw events; yields its base URL."""
+@contextmanager
+def running_ui(tmp_path: Path, stop_grace_s: float = 20.0) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``trajlake ui`` on a lakehouse holding ten sessions of raw events; yields its base URL and process.
+
+    It is stopped as a process manager stops it: SIGTERM to the ``trajlake ui`` process alone.
+    """
     home = tmp_path / "home"
     write_raw(load_settings(home=home), sample_events(10))
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
-    env["TRAJLAKE_HOME"] = str(home)
+    env.update(TRAJLAKE_HOME=str(home), TRAJLAKE_UI_STOP_TIMEOUT_S=str(stop_grace_s))
     log_path = tmp_path / "ui.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
@@ -67,22 +75,54 @@ def ui(tmp_path: Path) -> Iterator[str]:
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True,  # only so that the clean-up below can reach a tree the test failed to stop
         )
         try:
             _wait_http(f"http://127.0.0.1:{port}/server_info", 180, process)
-            yield f"http://127.0.0.1:{port}"
+            yield f"http://127.0.0.1:{port}", process
         except BaseException:
             print(log_path.read_text()[-3000:])
             raise
         finally:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:  # a loaded machine: Dagster's graceful stop can take longer
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(30)
+            tree = descendants(process.pid)
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(2 * stop_grace_s + 60)
+                except subprocess.TimeoutExpired:
+                    pass
+            for pid in [process.pid, *tree]:  # whatever a failed stop left behind
+                if alive(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
     assert (home / "dagster").is_dir()  # DAGSTER_HOME under TRAJLAKE_HOME
+
+
+@pytest.fixture
+def ui(tmp_path: Path) -> Iterator[str]:
+    """The base URL of a running ``trajlake ui`` (see :func:`running_ui`)."""
+    with running_ui(tmp_path) as (url, _):
+        yield url
+
+
+def test_sigterm_to_trajlake_ui_alone_stops_every_dagster_process(tmp_path: Path) -> None:
+    grace = 15.0
+    with running_ui(tmp_path, stop_grace_s=grace) as (url, process):
+        deadline = time.monotonic() + 120
+        while len(tree := descendants(process.pid)) < 4:  # dagster dev, webserver, daemon, code server(s)
+            assert time.monotonic() < deadline, f"Dagster started {len(tree)} processes"
+            time.sleep(1)
+        tree = descendants(process.pid)
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)  # to trajlake ui alone: not its process group
+        process.wait(2 * grace + 30)
+        took = time.monotonic() - sent
+        survivors = [pid for pid in tree if alive(pid)]
+        assert survivors == [], f"{len(survivors)} of {len(tree)} Dagster processes outlived trajlake ui"
+        assert process.returncode == 128 + signal.SIGTERM
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"{url}/server_info", timeout=5)
+    print(f"{len(tree)} processes stopped {took:.1f} s after SIGTERM")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian package chromium is not installed")
