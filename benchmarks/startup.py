@@ -42,7 +42,7 @@ def bench_startup(rounds: int = 7) -> dict[str, float]:
         home = Path(tmp) / "home"
         open_views(load_settings(home=home)).close()  # a lakehouse with every table, no rows
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
-        env.update(TRAJLAKE_HOME=str(home), TRAJLAKE_PROGRESS="0")
+        env.update(TRAJLAKE_HOME=str(home))
         trajlake = _entry_point()
         commands = {
             "python -c pass": [sys.executable, "-c", "pass"],

@@ -41,10 +41,8 @@ def print_note(message: str) -> None:
 
 
 def progress_enabled() -> bool:
-    """Whether progress is drawn: stderr is a terminal, ``TERM`` is not ``dumb``, ``TRAJLAKE_PROGRESS`` not ``0``."""
-    if os.environ.get("TRAJLAKE_PROGRESS", "").strip() == "0" or os.environ.get("TERM") == "dumb":
-        return False
-    return sys.stderr.isatty()
+    """Whether progress is drawn: stderr is a terminal and ``TERM`` is not ``dumb``."""
+    return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
 
 
 class _Bar:
@@ -52,7 +50,7 @@ class _Bar:
 
     def __init__(self, progress: RichProgress, label: str) -> None:
         self._progress = progress
-        self._task = progress.add_task(label, total=None, unit="items")
+        self._task = progress.add_task(escape(label), total=None, unit="items")  # "fleet[local]" is no markup
 
     def __call__(self, done: int, total: int | None = None, unit: str = "items") -> None:
         self._progress.update(self._task, completed=done, total=total, unit=unit)
