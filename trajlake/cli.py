@@ -14,12 +14,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -27,9 +25,7 @@ from benchmarks.cli import bench_app
 from common.errors import EXIT_ERROR, EXIT_TRANSIENT, TrajlakeError, is_transient
 from trajlake.console import err, out, print_error, print_note, progress_bar
 from trajlake.fleet import fleet_app
-
-if TYPE_CHECKING:
-    from common.settings import Settings
+from trajlake.home import announce_new_lakehouse, settings_for
 
 #: Exit code of a usage error (click's and typer's convention).
 EXIT_USAGE = 2
@@ -44,34 +40,6 @@ broker_app = typer.Typer(no_args_is_help=True, help="The embedded Kafka-compatib
 app.add_typer(broker_app, name="broker")
 app.add_typer(fleet_app, name="fleet")
 app.add_typer(bench_app, name="bench")  # the benchmark commands live beside the benchmarks
-
-
-def settings_for(use: str) -> Settings:
-    """The settings of a command, checked for what it does with ``TRAJLAKE_HOME``.
-
-    Args:
-        use: ``read`` (needs an existing lakehouse: refused otherwise) or ``any`` (may create
-            TRAJLAKE_HOME; see :func:`announce_new_lakehouse` for commands that create the lakehouse).
-
-    Raises:
-        ConfigError: a setting is invalid, or ``read`` and TRAJLAKE_HOME holds no lakehouse.
-    """
-    from common.settings import load_settings
-
-    settings = load_settings()
-    return settings.require_lakehouse() if use == "read" else settings
-
-
-@contextmanager
-def announce_new_lakehouse(settings: Settings) -> Iterator[None]:
-    """Around a command that may create the lakehouse: once it succeeded, say where it created one."""
-    from common.settings import CATALOG_FILE
-
-    catalog = settings.home_path / CATALOG_FILE
-    new = not settings.catalog_is_external and not catalog.exists()
-    yield
-    if new and catalog.exists():
-        print_note(f"new lakehouse at {settings.home_path} (TRAJLAKE_HOME)")
 
 
 class OutputFormat(StrEnum):

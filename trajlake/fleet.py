@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from trajlake.console import out, print_note, progress_bar
+from trajlake.home import settings_for
 
 fleet_app = typer.Typer(no_args_is_help=True, help="The sandbox fleet: real local sandboxes or synthetic traffic.")
 
@@ -83,8 +84,6 @@ def fleet_run(
 
     With --group-size K, each of the --sessions task instances runs K times (K × sessions sessions).
     """
-    from trajlake.cli import settings_for
-
     settings = settings_for("any")
     llm = _llm_options(
         agent,
@@ -188,8 +187,6 @@ def fleet_retry(
     Each retry records attempt and retry_of (the original session). Run `trajlake score` first.
     """
     from datetime import UTC
-
-    from trajlake.cli import settings_for
 
     llm = _llm_options(None, model_endpoint, model, api_key_env, 0.0, 1024)
     settings = settings_for("read")

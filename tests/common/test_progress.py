@@ -49,7 +49,12 @@ class Recorder:
 def test_counter_counts_across_threads() -> None:
     recorder = Recorder()
     counter = ProgressCounter(recorder, 400, "sessions")
-    threads = [threading.Thread(target=lambda: [counter.add() for _ in range(100)]) for _ in range(4)]
+
+    def work() -> None:
+        for _ in range(100):
+            counter.add()
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
