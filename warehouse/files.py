@@ -2,25 +2,23 @@
 
 The lowest piece of the SQL layer, shared by the views (:mod:`warehouse.sql`) and by tiering
 (:mod:`warehouse.tiering`), which both read data files where they lie: local files directly,
-``s3://`` files through a connection's :class:`~warehouse.object_store.ObjectStoreFS`.
+``s3://`` files through a connection's :class:`~warehouse.object_store_fs.ObjectStoreFS`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import duckdb
 from pyiceberg.table import Table
 
 from common.settings import Settings
-from warehouse.object_store import (
-    ObjectStoreFS,
-    ObjectStores,
-    footer_cache,
-    is_object_store_path,
-    register_object_store,
-)
+from warehouse.object_store import ObjectStores, footer_cache, is_object_store_path
 from warehouse.snapshots import current_files, live_files
+
+if TYPE_CHECKING:
+    from warehouse.object_store_fs import ObjectStoreFS
 
 
 def local_path(uri: str) -> str:
@@ -57,6 +55,8 @@ def object_store(con: duckdb.DuckDBPyConnection, table: Table, stores: ObjectSto
         return stores.s3
     if "s3" in con.list_filesystems():  # a caller without ``stores`` registered one before
         con.unregister_filesystem("s3")
+    from warehouse.object_store_fs import register_object_store  # fsspec only where the object store is read
+
     store = register_object_store(con, table.io.properties, stores.cache if stores is not None else None)
     # DuckDB's in-memory cache of remote files fetches whole files of up to 2 MiB through a Python
     # filesystem: a session lookup read 30 MB of a 10M-event cold tier with it, 1.6 MB without.

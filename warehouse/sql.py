@@ -80,7 +80,7 @@ def _source(
 
     Parquet files without deletes are read by DuckDB where they lie (their paths are added
     to ``reads``): local files directly, ``s3://`` files through the connection's
-    :class:`~warehouse.object_store.ObjectStoreFS` (``stores``, registered on first use), so
+    :class:`~warehouse.object_store_fs.ObjectStoreFS` (``stores``, registered on first use), so
     DuckDB fetches only the footers and row groups a query needs. Anything else (delete
     files, other schemes) is read through pyiceberg, into a registered Arrow table.
     """
