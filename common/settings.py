@@ -210,6 +210,12 @@ class Settings(BaseSettings):
         description="TRAJLAKE_UI_STOP_TIMEOUT_S: on SIGTERM/SIGINT/SIGHUP `trajlake ui` gives Dagster this long to "
         "stop gracefully, then terminates its remaining processes, and kills them after as long again.",
     )
+    ui_port: int = Field(
+        3000,
+        ge=1,
+        le=65535,
+        description="TRAJLAKE_UI_PORT: the port `trajlake ui` serves on (127.0.0.1) unless --port.",
+    )
     report_max_sessions: int = Field(
         500,
         ge=0,

@@ -136,6 +136,27 @@ def flagged_events(flags: list[dict[str, Any]]) -> dict[str, list[str]]:
     return marks
 
 
+def most_severe_flagged(settings: Settings) -> str:
+    """The id of the flagged session to look at first: security flags, then behavioural, then anomalies;
+    high severity first; the newest among equals.
+
+    Raises:
+        SessionNotFound: no session is flagged.
+    """
+    from warehouse.sql import open_views
+
+    with open_views(settings) as con:
+        found = con.execute(
+            "SELECT f.session_id FROM flags f JOIN trajectories t USING (session_id) ORDER BY "
+            "CASE f.flag_class WHEN 'security' THEN 0 WHEN 'behavioural' THEN 1 ELSE 2 END, "
+            "CASE f.severity WHEN 'high' THEN 0 WHEN 'medium' THEN 1 ELSE 2 END, t.started_at DESC, f.session_id "
+            "LIMIT 1"
+        ).fetchall()
+    if not found:
+        raise SessionNotFound("no session is flagged (trajlake score flags sessions; has it run?)")
+    return str(found[0][0])
+
+
 def file_changes(steps: list[dict[str, Any]]) -> list[FileChange]:
     """The files a session wrote, each as a unified diff against the content it last read or wrote.
 
@@ -177,26 +198,64 @@ def load_session(settings: Settings, session: str, con: duckdb.DuckDBPyConnectio
     own = con is None
     con = con or open_views(settings)
     try:
-        return _load(con, resolve_session(con, session))
+        return load_sessions(con, [resolve_session(con, session)])[0]
     finally:
         if own:
             con.close()
 
 
-def _load(con: duckdb.DuckDBPyConnection, session_id: str) -> SessionDetail:
-    params = {"s": session_id}
-    detail = SessionDetail(_rows(con, "SELECT * FROM trajectories WHERE session_id = $s", params)[0])
-    detail.steps = _rows(con, "SELECT * FROM steps WHERE session_id = $s ORDER BY step_index", params)
+def _grouped(con: duckdb.DuckDBPyConnection, query: str, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Rows of ``query`` (which filters on ``$ids``, a list of session ids) by session id, in query order."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for row in _rows(con, query, {"ids": ids}):
+        found.setdefault(str(row["session_id"]), []).append(row)
+    return found
+
+
+def load_sessions(con: duckdb.DuckDBPyConnection, session_ids: list[str]) -> list[SessionDetail]:
+    """Everything recorded about each of ``session_ids`` (exact ids), in that order, one query per table.
+
+    Ids without a trajectory are left out.
+    """
+    ids = list(dict.fromkeys(session_ids))
+    where = "session_id IN (SELECT unnest($ids::VARCHAR[]))"
+    trajectories = _grouped(con, f"SELECT * FROM trajectories WHERE {where}", ids)
+    steps = _grouped(con, f"SELECT * FROM steps WHERE {where} ORDER BY session_id, step_index", ids)
+    kinds = ", ".join(f"'{kind}'" for kind in _EVENT_KINDS)
+    events = _grouped(
+        con,
+        f"SELECT session_id, seq, ts, event_id, event_type, agent_model, extra, {', '.join(_EVENT_KINDS)} "
+        f"FROM events WHERE {where} AND event_type IN ({kinds}) ORDER BY session_id, seq",
+        ids,
+    )
+    flags = _grouped(
+        con,
+        f"SELECT session_id, flag, flag_class, severity, evidence, score FROM flags WHERE {where} "
+        "ORDER BY session_id, CASE severity WHEN 'high' THEN 0 WHEN 'medium' THEN 1 ELSE 2 END, flag",
+        ids,
+    )
+    scores = _grouped(con, f"SELECT * FROM scores WHERE {where}", ids)
+    duplicates = _grouped(con, f"SELECT * FROM duplicates WHERE {where}", ids)
+    details = []
+    for session_id in ids:
+        if session_id not in trajectories:
+            continue
+        detail = SessionDetail(trajectories[session_id][0], steps=steps.get(session_id, []))
+        detail.flags = flags.get(session_id, [])
+        detail.scores = next(iter(scores.get(session_id, [])), None)
+        detail.duplicate = next(iter(duplicates.get(session_id, [])), None)
+        _fill(detail, events.get(session_id, []))
+        details.append(detail)
+    return details
+
+
+def _fill(detail: SessionDetail, events: list[dict[str, Any]]) -> None:
+    """Parse what needs parsing and sort the session's events into the detail's parts."""
     for step in detail.steps:
         step["arguments_json"] = parse_json(step.get("arguments"))
+    for flag in detail.flags:
+        flag["evidence_json"] = parse_json(flag.get("evidence"))
     detail.changes = file_changes(detail.steps)
-    kinds = ", ".join(f"'{kind}'" for kind in _EVENT_KINDS)
-    events = _rows(
-        con,
-        f"SELECT seq, ts, event_id, event_type, agent_model, extra, {', '.join(_EVENT_KINDS)} FROM events "
-        f"WHERE session_id = $s AND event_type IN ({kinds}) ORDER BY seq",
-        params,
-    )
     submission_event = None
     for event in events:
         kind, payload = event["event_type"], event.get(event["event_type"]) or {}
@@ -230,19 +289,6 @@ def _load(con: duckdb.DuckDBPyConnection, session_id: str) -> SessionDetail:
     if submission_event:
         patch = next((s.get("output") for s in detail.steps if s.get("feedback_event_id") == submission_event), None)
         detail.submission = str(patch) if patch else None
-    detail.flags = _rows(
-        con,
-        "SELECT flag, flag_class, severity, evidence, score FROM flags WHERE session_id = $s "
-        "ORDER BY CASE severity WHEN 'high' THEN 0 WHEN 'medium' THEN 1 ELSE 2 END, flag",
-        params,
-    )
-    for flag in detail.flags:
-        flag["evidence_json"] = parse_json(flag.get("evidence"))
-    scores = _rows(con, "SELECT * FROM scores WHERE session_id = $s", params)
-    detail.scores = scores[0] if scores else None
-    duplicates = _rows(con, "SELECT * FROM duplicates WHERE session_id = $s", params)
-    detail.duplicate = duplicates[0] if duplicates else None
-    return detail
 
 
 def _attach_step_costs(detail: SessionDetail) -> None:

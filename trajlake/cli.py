@@ -189,11 +189,14 @@ def demo(
 
 
 @app.command()
-def ui(port: Annotated[int, typer.Option()] = 3000) -> None:
+def ui(
+    port: Annotated[int | None, typer.Option(help="Port on 127.0.0.1 (TRAJLAKE_UI_PORT, 3000 by default).")] = None,
+) -> None:
     """The Dagster UI on this project's definitions (stopping it stops every Dagster process it started)."""
     from trajlake.supervise import run_supervised
 
     settings = settings_for("any")
+    port = settings.ui_port if port is None else port
     dagster_home = settings.home_dir / "dagster"
     dagster_home.mkdir(mode=0o700, parents=True, exist_ok=True)
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "TRAJLAKE_HOME": str(settings.home_dir)}
@@ -414,18 +417,26 @@ def export(
 
 @app.command()
 def show(
-    session: Annotated[str, typer.Argument(help="A session id, or a prefix of one that only it has.")],
+    session: Annotated[
+        str | None, typer.Argument(help="A session id, or a prefix of one that only it has.", show_default=False)
+    ] = None,
+    flagged: Annotated[
+        bool, typer.Option("--flagged", help="The most severe flagged session (security first, then the newest).")
+    ] = False,
     full: Annotated[bool, typer.Option(help="Print every output and file whole (default: long ones cut).")] = False,
 ) -> None:
     """One session in the terminal: steps, commands and output, diffs, model calls, evaluation, flags, scores."""
+    if (session is None) == (not flagged):
+        raise typer.BadParameter("give a SESSION id or --flagged (not both)")
     settings = settings_for("read")
     from rich.console import Console
 
-    from pipelines.inspect import load_session
+    from pipelines.inspect import load_session, most_severe_flagged
     from trajlake.show import render_session
 
+    detail = load_session(settings, session or most_severe_flagged(settings))
     # wrapped to the terminal (the result console keeps long lines whole for pipes and copying)
-    render_session(Console(highlight=False), load_session(settings, session), full=full)
+    render_session(Console(highlight=False), detail, full=full)
 
 
 @app.command()

@@ -134,20 +134,12 @@ def run_demo(
 
 
 def next_steps(settings: Settings) -> list[str]:
-    """The demo's last lines: three commands to run next (on a session of this lakehouse) and the broker's state."""
-    _, flagged = run_query(
-        settings,
-        "SELECT f.session_id FROM flags f JOIN trajectories t USING (session_id) "
-        "ORDER BY (f.flag_class = 'security') DESC, t.n_steps DESC, f.session_id LIMIT 1",
-    )
-    if flagged:
-        show, why = f"trajlake show {flagged[0][0]}", "a flagged session: steps, output, evaluation, flags"
-    else:
-        show, why = "trajlake show SESSION_ID", 'one session (trajlake sql "SELECT session_id FROM trajectories")'
+    """The demo's last lines: three commands to run next (on this lakehouse) and the broker's state."""
+    port = settings.ui_port
     commands = [
-        (show, why),
+        ("trajlake show --flagged", "the most severe flagged session: steps, output, evaluation, evidence"),
         ("trajlake report --out trajlake-report", "the lakehouse as HTML: open trajlake-report/index.html"),
-        ("trajlake ui", "the Dagster UI on http://127.0.0.1:3000 (Ctrl-C stops it)"),
+        ("trajlake ui", f"the Dagster UI on http://127.0.0.1:{port} (Ctrl-C stops it)"),
     ]
     width = max(len(command) for command, _ in commands)
     lines = ["\nNext:"] + [f"  {command:<{width}}  # {why}" for command, why in commands]

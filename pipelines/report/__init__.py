@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["ReportError", "ReportStats", "page_name", "write_report"]
 
 _SAFE = re.compile(r"[A-Za-z0-9._-]{1,96}")
+#: Sessions whose pages are read with one query per table (memory holds this many sessions' steps).
+_PAGES_PER_READ = 100
 
 
 @dataclass
@@ -75,7 +77,7 @@ def write_report(
     Raises:
         ReportError: ``out_dir`` is not a directory or cannot be written, or ``export_dir`` is not an export.
     """
-    from pipelines.inspect import load_session
+    from pipelines.inspect import load_sessions
     from pipelines.report.html import overview_html, session_html
     from warehouse.sql import open_views
 
@@ -101,11 +103,14 @@ def write_report(
         for old in pages.glob("*.html"):  # pages of an earlier report that this one does not have
             if old.name not in {page_name(s) for s in with_page}:
                 old.unlink()
-        for done, row in enumerate(data.listed, 1):
-            detail = load_session(settings, row["session_id"], con=con)
-            _write(pages / page_name(detail.session_id), session_html(detail, "../index.html", generated))
-            if progress is not None:
-                progress(done, len(data.listed), "pages")
+        listed = [str(row["session_id"]) for row in data.listed]
+        done = 0
+        for start in range(0, len(listed), _PAGES_PER_READ):
+            for detail in load_sessions(con, listed[start : start + _PAGES_PER_READ]):
+                _write(pages / page_name(detail.session_id), session_html(detail, "../index.html", generated))
+                done += 1
+                if progress is not None:
+                    progress(done, len(listed), "pages")
         index = root / "index.html"
         _write(
             index,
