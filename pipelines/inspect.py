@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.errors import TerminalError
 from pipelines.errors import PipelineError
+from quality.config import SEVERITIES
 
 if TYPE_CHECKING:
     import duckdb
@@ -25,6 +26,17 @@ if TYPE_CHECKING:
 
 #: Event kinds :func:`load_session` reads besides the steps (the rest are in ``steps`` or counted).
 _EVENT_KINDS = ("session_start", "agent_input", "evaluation", "session_end", "network_request", "annotation", "file_op")
+
+
+def severity_rank(column: str) -> str:
+    """SQL ranking ``column`` (a flag's severity) most severe first: critical 0, high 1, medium 2, low 3."""
+    cases = " ".join(f"WHEN '{name}' THEN {rank}" for rank, name in enumerate(reversed(SEVERITIES)))
+    return f"CASE {column} {cases} ELSE {len(SEVERITIES)} END"
+
+
+def class_rank(column: str) -> str:
+    """SQL ranking ``column`` (a flag's class): security 0, behavioural 1, anomaly 2."""
+    return f"CASE {column} WHEN 'security' THEN 0 WHEN 'behavioural' THEN 1 ELSE 2 END"
 
 
 class SessionNotFound(PipelineError, TerminalError):
@@ -59,6 +71,8 @@ class SessionDetail:
         scores: the ``scores`` row, or ``None`` when not scored yet.
         duplicate: the ``duplicates`` row, or ``None``.
         start: the ``session_start`` payload (limits, instruction), or ``None``.
+        event_steps: event id → the step it belongs to: the step's action and feedback, and the file,
+            network and annotation events an action caused (its ``parent_event_id``, else the step before).
     """
 
     trajectory: dict[str, Any]
@@ -74,6 +88,7 @@ class SessionDetail:
     scores: dict[str, Any] | None = None
     duplicate: dict[str, Any] | None = None
     start: dict[str, Any] | None = None
+    event_steps: dict[str, int] = field(default_factory=dict)
 
     @property
     def session_id(self) -> str:
@@ -125,14 +140,17 @@ def looks_like_diff(text: str) -> bool:
     return head.startswith(("diff --git", "--- ")) or "\ndiff --git " in head or ("\n+++ " in head and "\n@@ " in head)
 
 
-def flagged_events(flags: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """Event id → the flags whose evidence names it (``evidence_json["event_ids"]``)."""
-    marks: dict[str, list[str]] = {}
-    for flag in flags:
+def flagged_steps(detail: SessionDetail) -> dict[int, list[str]]:
+    """Step index → the flags whose evidence names one of its events (action, feedback, or an event it caused)."""
+    marks: dict[int, list[str]] = {}
+    for flag in detail.flags:
         evidence = flag.get("evidence_json", parse_json(flag.get("evidence")))
-        if isinstance(evidence, dict):
-            for event_id in evidence.get("event_ids") or []:
-                marks.setdefault(str(event_id), []).append(str(flag["flag"]))
+        if not isinstance(evidence, dict):
+            continue
+        for event_id in evidence.get("event_ids") or []:
+            step = detail.event_steps.get(str(event_id))
+            if step is not None and str(flag["flag"]) not in marks.get(step, []):
+                marks.setdefault(step, []).append(str(flag["flag"]))
     return marks
 
 
@@ -148,8 +166,7 @@ def most_severe_flagged(settings: Settings) -> str:
     with open_views(settings) as con:
         found = con.execute(
             "SELECT f.session_id FROM flags f JOIN trajectories t USING (session_id) ORDER BY "
-            "CASE f.flag_class WHEN 'security' THEN 0 WHEN 'behavioural' THEN 1 ELSE 2 END, "
-            "CASE f.severity WHEN 'high' THEN 0 WHEN 'medium' THEN 1 ELSE 2 END, t.started_at DESC, f.session_id "
+            f"{class_rank('f.flag_class')}, {severity_rank('f.severity')}, t.started_at DESC, f.session_id "
             "LIMIT 1"
         ).fetchall()
     if not found:
@@ -224,14 +241,15 @@ def load_sessions(con: duckdb.DuckDBPyConnection, session_ids: list[str]) -> lis
     kinds = ", ".join(f"'{kind}'" for kind in _EVENT_KINDS)
     events = _grouped(
         con,
-        f"SELECT session_id, seq, ts, event_id, event_type, agent_model, extra, {', '.join(_EVENT_KINDS)} "
+        f"SELECT session_id, seq, ts, event_id, parent_event_id, event_type, agent_model, extra, "
+        f"{', '.join(_EVENT_KINDS)} "
         f"FROM events WHERE {where} AND event_type IN ({kinds}) ORDER BY session_id, seq",
         ids,
     )
     flags = _grouped(
         con,
         f"SELECT session_id, flag, flag_class, severity, evidence, score FROM flags WHERE {where} "
-        "ORDER BY session_id, CASE severity WHEN 'high' THEN 0 WHEN 'medium' THEN 1 ELSE 2 END, flag",
+        f"ORDER BY session_id, {severity_rank('severity')}, {class_rank('flag_class')}, flag",
         ids,
     )
     scores = _grouped(con, f"SELECT * FROM scores WHERE {where}", ids)
@@ -286,9 +304,33 @@ def _fill(detail: SessionDetail, events: list[dict[str, Any]]) -> None:
         elif kind == "file_op":
             detail.file_ops.append({"seq": event["seq"], **payload})
     _attach_step_costs(detail)
+    _map_events_to_steps(detail, events)
     if submission_event:
         patch = next((s.get("output") for s in detail.steps if s.get("feedback_event_id") == submission_event), None)
         detail.submission = str(patch) if patch else None
+
+
+def _map_events_to_steps(detail: SessionDetail, events: list[dict[str, Any]]) -> None:
+    """Fill ``detail.event_steps`` (flag evidence names events; people read steps)."""
+    by_action: dict[str, int] = {}
+    for step in detail.steps:
+        index = int(step["step_index"])
+        for key in ("action_event_id", "feedback_event_id"):
+            if step.get(key):
+                detail.event_steps[str(step[key])] = index
+        if step.get("action_event_id"):
+            by_action[str(step["action_event_id"])] = index
+    ordered = sorted((int(s.get("seq") or 0), int(s["step_index"])) for s in detail.steps)
+    for event in events:
+        event_id = str(event["event_id"])
+        if event_id in detail.event_steps:
+            continue
+        parent = by_action.get(str(event.get("parent_event_id") or ""))
+        if parent is None:  # the last step that began before it
+            before = [index for seq, index in ordered if seq < int(event["seq"])]
+            parent = before[-1] if before else None
+        if parent is not None:
+            detail.event_steps[event_id] = parent
 
 
 def _attach_step_costs(detail: SessionDetail) -> None:

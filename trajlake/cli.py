@@ -434,7 +434,7 @@ def show(
     from pipelines.inspect import load_session, most_severe_flagged
     from trajlake.show import render_session
 
-    detail = load_session(settings, session or most_severe_flagged(settings))
+    detail = load_session(settings, session if session is not None else most_severe_flagged(settings))
     # wrapped to the terminal (the result console keeps long lines whole for pipes and copying)
     render_session(Console(highlight=False), detail, full=full)
 

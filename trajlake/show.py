@@ -20,7 +20,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from pipelines.inspect import SessionDetail, flagged_events, looks_like_diff
+from pipelines.inspect import SessionDetail, flagged_steps, looks_like_diff
 
 #: Lines of a command's output or a diff shown before "… N more lines" (``--full`` shows all).
 OUTPUT_LINES = 12
@@ -166,7 +166,7 @@ def flags_table(detail: SessionDetail) -> Table | Text:
             shown = json.dumps(evidence, indent=1, ensure_ascii=False)
         else:
             shown = str(evidence or "")
-        style = "red" if flag.get("severity") == "high" else "yellow"
+        style = "red" if flag.get("severity") in ("high", "critical") else "yellow"
         table.add_row(
             Text(clean(flag["flag"]), style=f"bold {style}"),
             Text(clean(flag.get("flag_class"))),
@@ -176,11 +176,9 @@ def flags_table(detail: SessionDetail) -> Table | Text:
     return table
 
 
-def step_block(step: dict[str, Any], marks: dict[str, list[str]], lines: int | None) -> Group:
-    """One step: its header line, thought, command and output."""
-    flagged = sorted(
-        {f for key in ("action_event_id", "feedback_event_id") for f in marks.get(step.get(key) or "", [])}
-    )
+def step_block(step: dict[str, Any], marks: dict[int, list[str]], lines: int | None) -> Group:
+    """One step: its header line, thought, command and output; ``marks`` names the flags pointing at it."""
+    flagged = marks.get(int(step["step_index"]), [])
     exit_code = step.get("exit_code")
     head = Text()
     head.append(f"#{step['step_index']} ", style="bold")
@@ -260,7 +258,7 @@ def render_session(console: Console, detail: SessionDetail, full: bool = False) 
     console.print(verdict(detail))
     console.rule(Text(f"flags ({len(detail.flags)})"), align="left")
     console.print(flags_table(detail))
-    marks = flagged_events(detail.flags)
+    marks = flagged_steps(detail)
     console.rule(Text(f"steps ({len(detail.steps)})"), align="left")
     for step in detail.steps:
         console.print(step_block(step, marks, lines))

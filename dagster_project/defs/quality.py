@@ -9,6 +9,7 @@ what was written against what the lakehouse says is exportable.
 import json
 from collections.abc import Iterator
 from datetime import date, timedelta
+from pathlib import Path
 
 import polars as pl
 from dagster import (
@@ -35,6 +36,7 @@ from dagster import (
 from common.settings import Settings
 from dagster_project.resources import LakehouseResource, transient_retries
 from pipelines.export import export_training_set
+from pipelines.report import write_report
 from pipelines.score import index_days, score_all
 from warehouse.sql import open_views
 
@@ -260,7 +262,7 @@ def score_drift(lakehouse: LakehouseResource) -> AssetCheckResult:
     group_name=QUALITY_GROUP,
     kinds={"json"},
     description="The day's exportable trajectories as an hf chat training set plus manifest "
-    "(under $TRAJLAKE_HOME/exports/hf/<day>).",
+    "(under $TRAJLAKE_HOME/exports/hf/<day>), and its HTML report (linked as `report`).",
     check_specs=[
         AssetCheckSpec(
             "export_count", asset="training_set", description="Records written equal the day's exportable sessions."
@@ -283,8 +285,18 @@ def training_set(context: AssetExecutionContext, lakehouse: LakehouseResource) -
             "manifest": MetadataValue.path(stats.manifest),
             "files": MetadataValue.json(json.loads(json.dumps(stats.files))),
             "export_id": stats.export_id,
+            **export_report(settings, Path(stats.out_dir), "hf", day.isoformat()),
         },
     )
+
+
+def export_report(settings: Settings, export_dir: Path, fmt: str, day: str) -> dict[str, MetadataValue]:
+    """Write the HTML report of an export (``$TRAJLAKE_HOME/reports/<fmt>/<day>``); the metadata linking it.
+
+    ``report`` is a ``file://`` link the Dagster UI shows as a link; ``report_path`` the file itself.
+    """
+    stats = write_report(settings, settings.home_dir / "reports" / fmt / day, export_dir=export_dir)
+    return {"report": MetadataValue.url(stats.index.as_uri()), "report_path": MetadataValue.path(str(stats.index))}
 
 
 @asset(

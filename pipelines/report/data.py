@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from common.errors import TerminalError
 from pipelines.errors import PipelineError
+from pipelines.inspect import class_rank, severity_rank
 
 if TYPE_CHECKING:
     import duckdb
@@ -172,8 +173,7 @@ def overview(con: duckdb.DuckDBPyConnection, scope: str, max_pages: int) -> Over
         "coalesce(t.task_family, t.task_type) AS task_family, t.status, t.started_at, s.quality "
         "FROM flags fl JOIN scope USING (session_id) JOIN trajectories t USING (session_id) "
         "LEFT JOIN scores s USING (session_id) "
-        "ORDER BY CASE fl.flag_class WHEN 'security' THEN 0 WHEN 'behavioural' THEN 1 ELSE 2 END, "
-        "CASE fl.severity WHEN 'high' THEN 0 WHEN 'medium' THEN 1 ELSE 2 END, t.started_at DESC, fl.session_id",
+        f"ORDER BY {class_rank('fl.flag_class')}, {severity_rank('fl.severity')}, t.started_at DESC, fl.session_id",
     )
     by_session: dict[str, dict[str, Any]] = {}
     for row in flags:

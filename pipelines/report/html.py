@@ -14,7 +14,7 @@ from datetime import datetime
 from html import escape
 from typing import Any
 
-from pipelines.inspect import SessionDetail, flagged_events, looks_like_diff, parse_json
+from pipelines.inspect import SessionDetail, flagged_steps, looks_like_diff, parse_json
 from pipelines.report.data import Overview
 from pipelines.report.svg import bar_chart, histogram
 
@@ -28,11 +28,12 @@ table{border-collapse:collapse;margin:8px 0}th,td{border-bottom:1px solid #e6ebf
 vertical-align:top}th{background:#f4f6f9}td.n{text-align:right;font-variant-numeric:tabular-nums}
 pre{background:#f6f8fa;padding:8px 10px;overflow-x:auto;white-space:pre-wrap;word-break:break-word;margin:4px 0}
 .kpi{display:inline-block;margin:0 18px 10px 0}.kpi b{display:block;font-size:20px}
-.high{color:#b3261e;font-weight:600}.medium{color:#a15c00;font-weight:600}.low{color:#555}
+.high,.critical{color:#b3261e;font-weight:600}.medium{color:#a15c00;font-weight:600}.low{color:#555}
 .ok{color:#1a7f37}.bad{color:#b3261e}.dim{color:#6b7480}.step{border-left:3px solid #dde3ea;padding-left:10px;
 margin:14px 0}.step.flagged{border-left-color:#b3261e;background:#fff5f4}.flagmark{color:#b3261e;font-weight:600}
 .add{color:#1a7f37}.del{color:#b3261e}.hunk{color:#0b6e99}code{background:#f1f3f5;padding:0 3px}
-a{color:#0b57d0}
+a{color:#0b57d0}.row{display:flex;gap:28px;flex-wrap:wrap;align-items:flex-start}
+.row>div{flex:0 1 520px;min-width:0}svg{max-width:100%;height:auto}
 """
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
@@ -68,8 +69,10 @@ def page(title: str, body: str, generated: datetime) -> str:
     )
 
 
-def table(headers: Iterable[str], rows: Iterable[Iterable[str]], numeric: Iterable[int] = ()) -> str:
-    """An HTML table; cells are HTML already (escape values before)."""
+def table(
+    headers: Iterable[str], rows: Iterable[Iterable[str]], numeric: Iterable[int] = (), id: str | None = None
+) -> str:
+    """An HTML table; cells are HTML already (escape values before); ``id`` names it for links."""
     right = set(numeric)
     head = "".join(f"<th>{esc(h)}</th>" for h in headers if h)
     body = "".join(
@@ -77,7 +80,8 @@ def table(headers: Iterable[str], rows: Iterable[Iterable[str]], numeric: Iterab
         for row in rows
     )
     thead = f"<thead><tr>{head}</tr></thead>" if head else ""
-    return f"<table>{thead}<tbody>{body}</tbody></table>"
+    named = f' id="{esc(id)}"' if id else ""
+    return f"<table{named}>{thead}<tbody>{body}</tbody></table>"
 
 
 def diff_html(diff: str) -> str:
@@ -104,7 +108,9 @@ def evidence_html(evidence: Any, step_of_event: dict[str, int] | None = None) ->
         return f"<pre>{esc(parsed)}</pre>"
     items = []
     for key, value in parsed.items():
-        if key == "event_ids" and isinstance(value, list) and step_of_event is not None:
+        if key == "event_ids" and isinstance(value, list) and step_of_event is None:
+            items.append(f"<li><b>events</b>: {len(value)} (on the session's page, each linked to its step)</li>")
+        elif key == "event_ids" and isinstance(value, list) and step_of_event is not None:
             links = [
                 f'<a href="#step-{step_of_event[str(v)]}">step #{step_of_event[str(v)]}</a>'
                 if str(v) in step_of_event
@@ -161,41 +167,20 @@ def overview_html(data: Overview, link: Callable[[str], str | None], generated: 
     ]
     if rows:
         parts.append(bar_chart(rows, title="pass rate by task family"))
-    parts.append(
-        table(
-            ["task family", "sessions", "evaluated", "passed", "pass rate", "mean quality", "mean cost $", "flagged"],
-            [
-                (
-                    esc(f["task_family"]),
-                    number(f["sessions"]),
-                    number(f["evaluated"]),
-                    number(f["passed"]),
-                    f"{f['passed'] / f['sessions'] * 100:.1f}%" if f["sessions"] else "–",
-                    number(f["mean_quality"]),
-                    number(f["mean_cost_usd"], 4),
-                    number(f["flagged"]),
-                )
-                for f in data.families
-            ],
-            numeric=range(1, 8),
-        )
-    )
-    parts.append('<h2 id="quality">Quality</h2>')
-    parts.append(histogram(data.quality_bins, 0.0, 1.0, "quality (sessions per bin)", title="quality distribution"))
-    parts.append('<h2 id="cost">Cost per session</h2>')
-    if data.cost_bins:
-        parts.append(
-            histogram(data.cost_bins, 0.0, data.cost_high, "cost in USD (sessions per bin)", "${:.4f}", title="cost")
-        )
     c = data.cost_stats
-    parts.append(
-        f"<p>median ${number(c.get('p50'), 4)}, p95 ${number(c.get('p95'), 4)}, mean ${number(c.get('mean'), 4)}, "
-        f"max ${number(c.get('max'), 4)} (the plot stops at the 99th percentile, ${number(data.cost_high, 4)})</p>"
+    cost_plot = (
+        histogram(data.cost_bins, 0.0, data.cost_high, "cost in USD (sessions per bin)", "${:.4f}", 520, title="cost")
+        if data.cost_bins
+        else ""
     )
-    parts.append('<h2 id="outcomes">Outcomes</h2>')
     parts.append(
-        table(["status", "sessions"], [(esc(s), number(n)) for s, n in data.statuses], numeric=[1])
-        + table(["failure cause", "sessions"], [(esc(s), number(n)) for s, n in data.failure_causes], numeric=[1])
+        '<div class="row"><div><h2 id="quality">Quality</h2>'
+        + histogram(data.quality_bins, 0.0, 1.0, "quality (sessions per bin)", width=520, title="quality distribution")
+        + '</div><div><h2 id="cost">Cost per session</h2>'
+        + cost_plot
+        + f"<p class=dim>median ${number(c.get('p50'), 4)}, p95 ${number(c.get('p95'), 4)}, "
+        f"mean ${number(c.get('mean'), 4)}, max ${number(c.get('max'), 4)}; the plot stops at the 99th percentile, "
+        f"${number(data.cost_high, 4)}</p></div></div>"
     )
     parts.append(f'<h2 id="flagged">Flagged sessions ({number(data.flagged_total)})</h2>')
     if data.flagged_total > len(data.flagged):
@@ -213,7 +198,35 @@ def overview_html(data: Overview, link: Callable[[str], str | None], generated: 
         evidence = "".join(evidence_html(f["evidence"]) for f in entry["flags"] if f["flag_class"] != "anomaly")
         evidence = evidence or "".join(evidence_html(f["evidence"]) for f in entry["flags"])
         flagged_rows.append((cell, esc(entry["task_family"]), esc(entry["status"]), flags, evidence))
-    parts.append(table(["session", "task family", "status", "flags", "evidence"], flagged_rows))
+    parts.append(table(["session", "task family", "status", "flags", "evidence"], flagged_rows, id="flagged-sessions"))
+    parts.append('<h2 id="families">By task family</h2>')
+    parts.append(
+        table(
+            ["task family", "sessions", "evaluated", "passed", "pass rate", "mean quality", "mean cost $", "flagged"],
+            [
+                (
+                    esc(f["task_family"]),
+                    number(f["sessions"]),
+                    number(f["evaluated"]),
+                    number(f["passed"]),
+                    f"{f['passed'] / f['sessions'] * 100:.1f}%" if f["sessions"] else "–",
+                    number(f["mean_quality"]),
+                    number(f["mean_cost_usd"], 4),
+                    number(f["flagged"]),
+                )
+                for f in data.families
+            ],
+            numeric=range(1, 8),
+            id="family-table",
+        )
+    )
+    parts.append('<h2 id="outcomes">Outcomes</h2>')
+    parts.append(
+        '<div class="row">'
+        + table(["status", "sessions"], [(esc(s), number(n)) for s, n in data.statuses], numeric=[1])
+        + table(["failure cause", "sessions"], [(esc(s), number(n)) for s, n in data.failure_causes], numeric=[1])
+        + "</div>"
+    )
     parts.append(f'<h2 id="sessions">Sessions with a page ({len(data.listed)} of {number(sessions)})</h2>')
     parts.append(
         table(
@@ -237,8 +250,8 @@ def overview_html(data: Overview, link: Callable[[str], str | None], generated: 
     return page(f"trajlake report: {data.scope}", "".join(parts), generated)
 
 
-def _step_html(step: dict[str, Any], marks: dict[str, list[str]]) -> str:
-    flags = sorted({f for key in ("action_event_id", "feedback_event_id") for f in marks.get(step.get(key) or "", [])})
+def _step_html(step: dict[str, Any], marks: dict[int, list[str]]) -> str:
+    flags = marks.get(int(step["step_index"]), [])
     exit_code = step.get("exit_code")
     head = [f"<b>#{esc(step['step_index'])}</b> <b>{esc(step.get('tool_name') or 'action')}</b>"]
     if exit_code is not None:
@@ -329,12 +342,7 @@ def session_html(detail: SessionDetail, back: str, generated: datetime) -> str:
             f"<p>Duplicate cluster <code>{esc(d.get('cluster_id'))}</code> ({esc(d.get('method'))}, similarity "
             f"{number(d.get('similarity'))}){' — the representative' if d.get('is_representative') else ''}</p>"
         )
-    step_of_event = {
-        str(step[key]): int(step["step_index"])
-        for step in detail.steps
-        for key in ("action_event_id", "feedback_event_id")
-        if step.get(key)
-    }
+    step_of_event = detail.event_steps
     parts.append(f'<h2 id="flags">Flags ({len(detail.flags)})</h2>')
     if detail.flags:
         parts.append(
@@ -353,7 +361,7 @@ def session_html(detail: SessionDetail, back: str, generated: datetime) -> str:
         )
     else:
         parts.append('<p class="ok">no flags</p>')
-    marks = flagged_events(detail.flags)
+    marks = flagged_steps(detail)
     parts.append(f'<h2 id="steps">Steps ({len(detail.steps)})</h2>')
     parts += [_step_html(step, marks) for step in detail.steps]
     if detail.changes:
