@@ -228,6 +228,9 @@ def test_planted_symlinks_are_never_followed(small_lake: Settings, tmp_path: Pat
 
 
 def test_score_on_an_empty_lakehouse_says_so(tmp_path: Path) -> None:
+    from warehouse.sql import open_views
+
+    open_views(load_settings(home=tmp_path / "empty")).close()  # a lakehouse with every table and no row
     result = cli(tmp_path / "empty", "score")
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "nothing to score" in result.stdout

@@ -128,7 +128,7 @@ def test_the_documented_test_model_serves_an_llm_agent(newcomer: tuple[Path, dic
     """docs/fleet.md: `trajlake fleet test-model` started as written (on a free port), then the run it documents."""
     work, env = newcomer
     block = next(b for b in fenced(FLEET_DOC, "bash") if "fleet test-model" in b)
-    serve, run, stop = lines_of(block)
+    serve, run, stop = (re.sub(r"\s+#.*$", "", line) for line in lines_of(block))  # no quotes in these lines
     assert serve.endswith("&") and stop == "kill %1"
     port = str(free_port())
     run_line(".venv/bin/trajlake broker start", work, env)

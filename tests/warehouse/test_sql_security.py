@@ -337,6 +337,7 @@ VERBATIM = "root:x:0:0 :smile: [red]x[/red] [bold]b[/] :x:"
 def test_cli_prints_values_verbatim(fmt: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
     env["TRAJLAKE_HOME"] = str(tmp_path / "home")
+    open_views(load_settings(home=tmp_path / "home")).close()  # `trajlake sql` reads an existing lakehouse
     result = subprocess.run(
         [sys.executable, "-m", "trajlake.cli", "sql", f"SELECT '{VERBATIM}' AS v", "--format", fmt],
         env=env,
@@ -357,6 +358,7 @@ def test_cli_prints_values_verbatim(fmt: str, tmp_path: Path) -> None:
 def test_cli_refuses_reading_the_environment_in_one_line(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
     env.update(TRAJLAKE_HOME=str(tmp_path / "home"), AWS_SECRET_ACCESS_KEY=FAKE_SECRET)
+    open_views(load_settings(home=tmp_path / "home")).close()
     for query in ("SELECT * FROM read_text('/proc/self/environ')", "SELECT 1; SELECT 2"):
         result = subprocess.run(
             [sys.executable, "-m", "trajlake.cli", "sql", query], env=env, capture_output=True, text=True, timeout=300
