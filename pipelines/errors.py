@@ -27,3 +27,15 @@ class RecordError(ExportError):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
+
+
+class SessionNotFound(PipelineError, TerminalError):
+    """No session, or more than one, matches the id or prefix asked for (``trajlake show``)."""
+
+
+class ReportError(PipelineError, TerminalError):
+    """The report cannot be written (not an export directory, an unreadable export file, a bad output path)."""
+
+
+class RetryError(PipelineError, TerminalError):
+    """The retries cannot run as asked (an LLM session to retry without a model endpoint)."""

@@ -15,8 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from common.errors import TerminalError
-from pipelines.errors import PipelineError
+from pipelines.errors import SessionNotFound
 from quality.config import SEVERITIES
 
 if TYPE_CHECKING:
@@ -37,10 +36,6 @@ def severity_rank(column: str) -> str:
 def class_rank(column: str) -> str:
     """SQL ranking ``column`` (a flag's class): security 0, behavioural 1, anomaly 2."""
     return f"CASE {column} WHEN 'security' THEN 0 WHEN 'behavioural' THEN 1 ELSE 2 END"
-
-
-class SessionNotFound(PipelineError, TerminalError):
-    """No session, or more than one, matches the id or prefix asked for."""
 
 
 @dataclass

@@ -12,17 +12,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.errors import TerminalError
-from pipelines.errors import PipelineError
+from pipelines.errors import RetryError
 
 if TYPE_CHECKING:
     from common.progress import Progress
     from common.settings import Settings
     from producers.fleet import FleetReport
-
-
-class RetryError(PipelineError, TerminalError):
-    """The retries cannot run as asked (an LLM session to retry without a model endpoint)."""
 
 
 @dataclass

@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipelines.report.data import ReportError, define_scope, export_sessions, overview
+from pipelines.errors import ReportError
+from pipelines.report.data import define_scope, export_sessions, overview
 
 if TYPE_CHECKING:
     from common.progress import Progress

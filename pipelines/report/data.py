@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from common.errors import TerminalError
-from pipelines.errors import PipelineError
+from pipelines.errors import ReportError
 from pipelines.inspect import class_rank, severity_rank
 
 if TYPE_CHECKING:
@@ -26,10 +25,6 @@ QUALITY_BINS = 20
 COST_BINS = 20
 #: Flagged sessions listed on the overview at most (all of them count in the figures).
 FLAGGED_LISTED = 1000
-
-
-class ReportError(PipelineError, TerminalError):
-    """The report cannot be written (not an export directory, an unreadable export file, a bad output path)."""
 
 
 @dataclass
