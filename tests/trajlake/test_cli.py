@@ -60,6 +60,10 @@ def test_demo_end_to_end_then_sql_and_idempotent_ingest(cli_env: dict[str, str])
 
 
 def test_sql_is_read_only_and_errors_are_one_line(cli_env: dict[str, str]) -> None:
+    from common.settings import load_settings
+    from warehouse.sql import open_views
+
+    open_views(load_settings(home=Path(cli_env["TRAJLAKE_HOME"]))).close()  # an empty lakehouse to refuse writes on
     result = trajlake("sql", "drop view events", env=cli_env, check=False)
     assert result.returncode == 1
     assert "read-only" in result.stderr and "Traceback" not in result.stderr
