@@ -101,7 +101,7 @@ def header(detail: SessionDetail) -> Panel:
     body: list[Any] = [grid]
     if instruction:
         body += [Text(""), Text(_cut(instruction, 8)[0], style="italic")]
-    return Panel(Group(*body), title=Text(f"session {detail.session_id}"), title_align="left")
+    return Panel(Group(*body), title=Text(f"session {clean(detail.session_id)}"), title_align="left")
 
 
 def verdict(detail: SessionDetail) -> Table:
