@@ -37,7 +37,7 @@ ATTRIBUTES = {
 }  # fmt: skip
 
 hostile = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs",)), max_size=60
+    alphabet=st.characters(exclude_categories=["Cs"]), max_size=60
 ) | st.sampled_from(
     ["<script>alert(1)</script>", "\"><img src=x onerror=alert(1)>", "</pre><script>", "javascript:alert(1)",
      "\x1b[2J\x1b]0;owned\x07", "<!--", "]]>", "&amp;&lt;", "'; DROP TABLE x; --", "\u202egnp.exe"]
