@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -26,6 +27,16 @@ if TYPE_CHECKING:
     from dagster import AssetCheckResult, AssetChecksDefinition, ExecuteInProcessResult, MetadataValue
 
 BASE_US = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z
+
+
+def real_runs_dir() -> Path:
+    """The shared corpus of recorded real agent runs: ``shared/data/real-trajectories`` beside the checkout,
+    looked up from here upwards (a worktree sits deeper than the main checkout); a missing path when absent."""
+    for parent in Path(__file__).resolve().parents:
+        candidate = parent / "shared" / "data" / "real-trajectories"
+        if (candidate / "manifest.json").is_file():
+            return candidate
+    return Path(__file__).resolve().parents[2] / "shared" / "data" / "real-trajectories"
 
 
 def sample_events(sessions: int, seed: int = 7) -> list[dict[str, Any]]:

@@ -24,9 +24,9 @@ from pipelines.export import export_training_set
 from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from producers.importers import import_paths
-from tests.helpers import AS_OF, sample_events, write_raw
+from tests.helpers import AS_OF, real_runs_dir, sample_events, write_raw
 
-REAL_RUNS = Path(__file__).resolve().parents[3] / "shared" / "data" / "real-trajectories"
+REAL_RUNS = real_runs_dir()
 
 
 class Recorder:

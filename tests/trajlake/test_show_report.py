@@ -28,10 +28,10 @@ from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from producers.fleet.sandbox import bwrap_available
 from producers.importers import import_trajectory
-from tests.helpers import write_raw
+from tests.helpers import real_runs_dir, write_raw
 from warehouse.sql import run_query
 
-REAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "real-trajectories"
+REAL = real_runs_dir()
 MINI = REAL / "mini-swe-agent" / "django__django-11099.traj.json"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 HOSTILE = "<script>document.title='pwned';alert(1)</script>"
