@@ -15,6 +15,7 @@ NOT_SETTINGS = {
     "TRAJLAKE_LOG_LEVEL",
     "TRAJLAKE_TEST_WORKERS",
     "TRAJLAKE_UI_SCREENSHOTS",
+    "TRAJLAKE_REPORT_SCREENSHOT",  # tests/trajlake/test_show_report.py keeps the report's screenshot
     "TRAJLAKE_FUZZ_EXAMPLES",
     "TRAJLAKE_KAFKA_JAVA",
     "TRAJLAKE_KAFKA_MVN",
