@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -118,6 +119,11 @@ def test_export_count_check_compares_the_export_with_the_lakehouse(settings: Set
     assert records == plain(evaluation.metadata)["exportable"]
     one_lost = export_count_result(settings, datetime.fromisoformat(day).date(), records - 1, settings.quality_min)
     assert not one_lost.passed
+    # the export's HTML report, linked from the materialization
+    metadata = result.asset_materializations_for_node("training_set")[0].metadata
+    index = Path(str(metadata["report_path"].value))
+    assert index.is_file() and metadata["report"].value == index.as_uri()
+    assert f"<b>{records}</b>sessions" in index.read_text()  # the report covers the export's sessions
 
 
 @pytest.mark.integration
