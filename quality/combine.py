@@ -27,6 +27,7 @@ from quality.cheats import FLAGS_SCHEMA
 from quality.config import QualityConfig
 from quality.dedup import DUPLICATES_SCHEMA, Documents, estimated_similarity, find_duplicates
 from quality.facts import signatures_of
+from quality.failure import outcome
 
 LOOP_PENALTY = 0.4
 STEPS_PENALTY = 0.3
@@ -46,6 +47,7 @@ _COMBINED_SCHEMA_TYPES: dict[str, pl.DataType | type[pl.DataType]] = {
     "security_flagged": pl.Boolean,
     "failure_cause": pl.Utf8,
     "retry_advice": pl.Utf8,
+    "outcome": pl.Utf8,  # quality.failure.OUTCOMES: what an export selects by
     "exportable_base": pl.Boolean,
     "flags": pl.Utf8,
     "task_family": pl.Utf8,
@@ -222,11 +224,14 @@ def combine(
         .alias("quality"),
     )
     scores = (
-        scored.with_columns(
+        scored.with_columns(outcome().alias("outcome"))
+        .with_columns(
+            # a training example is a verified success: a failure is never exportable, whatever its
+            # validity and novelty make its quality (rl exports choose failures by outcome instead)
             (
                 (pl.col("quality") >= config.min_quality)
                 & ~pl.col("security_flagged")
-                & (pl.col("failure_cause") != "still_running")
+                & (pl.col("outcome") == "success")
             ).alias("exportable_base"),
             pl.col("flag_names").alias("flags"),
         )

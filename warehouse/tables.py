@@ -238,6 +238,7 @@ SCORES = register(
                 ("task_family", pa.string()),
                 ("config_digest", pa.string()),
                 ("started_at", _TS),  # the partition: a run rewrites only the days of the sessions it rescored
+                ("outcome", pa.string()),  # success | failure | unevaluated | infrastructure | agent_crash | running
             ]
         ),
         partition_by=[("started_at", DayTransform())],

@@ -1,10 +1,11 @@
 """``trajlake export``: chosen trajectories → a training set (hf, openai, sharegpt, rl, atif) plus its manifest.
 
-Selection (:mod:`pipelines.export.select`): the conditions of ``scores.exportable`` except its
-own threshold (no security flag, ended, best of its duplicate cluster) and ``quality ≥
---min-quality`` as given; optionally one day (the nightly partition), a policy version, a task
-family, a time range, a split (by task family: no family in two splits) and complete rollout
-groups only. Records (:mod:`pipelines.export.formats`) are built from the session's recorded
+Selection (:mod:`pipelines.export.select`): ended, an outcome (SFT formats: verified successes;
+``rl``: every evaluated policy session; ``atif``: every ended session; ``--outcome`` chooses), no
+security flag, best of its duplicate cluster and ``quality ≥ --min-quality``; optionally one day
+(the nightly partition), a policy version, a task family, a time range, a split (by task family:
+no family in two splits) and complete rollout groups only. The manifest counts what each rule
+left out. Records (:mod:`pipelines.export.formats`) are built from the session's recorded
 model calls when it has them (exact prompts, tools, reasoning, token ids) and rebuilt from its
 steps otherwise (``prompt_source``, :mod:`pipelines.export.conversation`); each carries its
 quality, flags (class, severity, weight), down-weighting, group, attempt, policy version and
@@ -84,10 +85,20 @@ class ExportStats:
     files: dict[str, str] = field(default_factory=dict)
     manifest: str = ""
     seconds: float = 0.0
+    considered: int = 0  # sessions in the export's scope (day, policy, family, time, split)
+    left_out: dict[str, Any] = field(default_factory=dict)  # rule -> sessions it left out (outcome: by outcome)
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict for printing and asset metadata."""
         return dict(self.__dict__)
+
+    def left_out_summary(self) -> str:
+        """``rule=n`` for each rule that left something out (outcomes as ``outcome:<name>=n``)."""
+        parts = []
+        for rule, value in self.left_out.items():
+            items = value.items() if isinstance(value, dict) else [("", value)]
+            parts += [f"{rule}{':' + k if k else ''}={n}" for k, n in items if n]
+        return ", ".join(parts) or "nothing"
 
 
 def _arguments(step: dict[str, Any]) -> str:
@@ -226,13 +237,12 @@ def export_training_set(
     catalog = catalog or open_catalog(settings)
     if parquet and fmt != "rl":
         raise ExportError(f"--parquet is for --format rl (typed columns); {fmt} is written as JSON lines")
-    filters = filters or ExportFilters(min_quality=settings.quality_min)
+    filters = filters or ExportFilters()
     if min_quality is not None or day is not None:
         filters = replace(
             filters, min_quality=filters.min_quality if min_quality is None else min_quality, day=day or filters.day
         )
-    if filters.split is not None and filters.split not in SPLIT_PERCENT:
-        raise ExportError(f"unknown split {filters.split!r}; choose one of {', '.join(SPLIT_PERCENT)}")
+    filters = filters.for_format(fmt, settings.quality_min)
     min_quality, day = filters.min_quality, filters.day
     root, dir_fd = _open_out_dir(out_dir, settings)
     try:
@@ -291,10 +301,11 @@ def _write_export(
     quarantined: list[Quarantined] = []
     splits: dict[str, int] = {}
     token_level = 0
+    selection: dict[str, Any] = {}
     out = _ExclusiveFile(dir_fd, data_path.name, binary=parquet)
     writer = _ParquetSink(out, digest) if parquet else None
     try:
-        for session, steps, calls, lookup in _sessions(settings, catalog, filters, weights):
+        for session, steps, calls, lookup in _sessions(settings, catalog, filters, weights, report=selection):
             try:
                 records = _records(fmt, session, steps, calls, lookup)
                 lines = [_record_line(record) for record in records]
@@ -318,6 +329,8 @@ def _write_export(
         out.discard()
         raise
     stats.quarantined = len(quarantined)
+    stats.considered = int(selection.get("considered", 0))
+    stats.left_out = {**selection.get("left_out", {}), "quarantined": stats.quarantined}
     if quarantined:
         record_quarantine(catalog, settings, quarantined, run_id=stats.export_id)
     stats.files = {data_path.name: digest.hexdigest()}
@@ -328,9 +341,11 @@ def _write_export(
         "format": fmt,
         "file_format": "parquet" if parquet else "jsonl",
         "files": [{"path": name, "sha256": sha, "records": stats.records} for name, sha in stats.files.items()],
-        "filters": {"exportable": True, **filters.as_dict()},
+        "filters": filters.as_dict(),
         "splits": {"by": "task_family", "hash": "sha256", "percent": SPLIT_PERCENT},
         "counts": {
+            "considered": stats.considered,
+            "left_out": stats.left_out,
             "sessions": stats.sessions,
             "records": stats.records,
             "quarantined": stats.quarantined,
