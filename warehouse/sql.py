@@ -36,6 +36,7 @@ from warehouse.errors import QueryError
 from warehouse.files import local_path, object_store, object_stores, parquet_source
 from warehouse.health import register_health_views
 from warehouse.object_store import ObjectStores, is_object_store_path
+from warehouse.prices import register_priced_trajectories
 from warehouse.snapshots import current_files, day_partitions, live_files
 from warehouse.tables import TABLES, TableSpec, ensure_table
 
@@ -202,6 +203,7 @@ def open_views(settings: Settings, catalog: Catalog | None = None, locked: bool 
         else:
             table = ensure_table(catalog, settings, spec.name)
             register_table(con, spec.view, table, spec, reads=reads, stores=stores)
+    register_priced_trajectories(con, settings.prices)
     register_health_views(con, settings)
     if locked:
         lock_connection(con, reads, settings.sql_memory_limit)

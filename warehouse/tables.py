@@ -154,6 +154,21 @@ TRAJECTORIES = TableSpec(
             ("attempt", pa.int32()),
             ("retry_of", pa.string()),  # the session a `trajlake fleet retry` re-ran
             ("exit_codes", pa.string()),  # JSON exit code -> count, from the host (session_end.extra)
+            # tokens of model calls without a recorded cost, per model: the ``trajectories`` view prices
+            # them with TRAJLAKE_PRICE_TABLE (stored ``cost_usd`` is what producers or servers recorded)
+            (
+                "unpriced_usage",
+                pa.list_(
+                    pa.struct(
+                        [
+                            ("model", pa.string()),
+                            ("input_tokens", pa.int64()),
+                            ("cached_tokens", pa.int64()),
+                            ("output_tokens", pa.int64()),
+                        ]
+                    )
+                ),
+            ),
         ]
     ),
     partition_by=[("started_at", DayTransform())],
