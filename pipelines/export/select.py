@@ -7,7 +7,7 @@ threshold are by default depends on the format:
 
 - SFT formats (``hf``, ``openai``, ``sharegpt``): ``success`` — evaluated, passed, not voided by a
   flag, not cut by a crash — and ``TRAJLAKE_QUALITY_MIN``: a training example is a verified success.
-- ``rl``: ``any`` — every evaluated session of the policy, success or failure, with its reward
+- ``rl`` (and ``verl``, ``skyrl``): ``any`` — every evaluated session of the policy, success or failure, with its reward
   (failures are signal there), threshold 0; never an infrastructure failure, a crash of the agent
   harness or an unevaluated run, which say nothing about the policy.
 - ``atif``: ``all`` — every ended session (an interchange format, not a training set), threshold 0.
@@ -32,6 +32,8 @@ from warehouse.sql import open_views
 SPLIT_PERCENT = {"train": 80, "validation": 10, "test": 10}
 #: Formats a trainer fine-tunes on (supervised): they default to verified successes.
 SFT_FORMATS = ("hf", "openai", "sharegpt")
+#: Formats whose records are RL samples (``rl`` and the trainers' own): every evaluated policy session.
+RL_FORMATS = ("rl", "verl", "skyrl")
 #: ``--outcome`` values and the session outcomes (``scores.outcome``) each selects.
 OUTCOME_CHOICES: dict[str, tuple[str, ...]] = {
     "success": ("success",),
@@ -43,7 +45,7 @@ OUTCOME_CHOICES: dict[str, tuple[str, ...]] = {
 
 def default_outcome(fmt: str) -> str:
     """The outcome a format exports unless told otherwise (see the module docstring)."""
-    return "success" if fmt in SFT_FORMATS else "any" if fmt == "rl" else "all"
+    return "success" if fmt in SFT_FORMATS else "any" if fmt in RL_FORMATS else "all"
 
 
 @dataclass(frozen=True)
@@ -256,7 +258,7 @@ def _sessions(
         "CREATE TEMP TABLE chosen AS SELECT t.session_id, t.task_id, t.task_type, t.instruction, s.quality, "
         "s.completion, s.flags, coalesce(t.task_family, s.task_family, t.task_id) AS task_family, t.policy_version, "
         "t.group_id, t.attempt, t.agent_name, t.agent_version, t.agent_model, t.status, t.exit_reason, t.reward, "
-        "t.eval_passed, s.failure_cause, s.outcome, "
+        "t.eval_passed, s.failure_cause, s.outcome, t.started_at, "
         "t.input_tokens, t.cached_tokens, t.output_tokens, t.cost_usd "
         f"FROM trajectories t LEFT JOIN scores s USING (session_id) WHERE {where}",
         params,
@@ -274,22 +276,40 @@ def _sessions(
         if report is not None and before and after:
             report.setdefault("left_out", {})["group_incomplete"] = int(before[0]) - int(after[0])
     con.execute(
-        "CREATE TEMP TABLE chosen_rows AS SELECT c.*, f.flag_list, sub.submission FROM chosen c "
+        "CREATE TEMP TABLE chosen_rows AS SELECT c.*, f.flag_list, sub.submission, st.carried_prompt_source "
+        "FROM chosen c "
         "LEFT JOIN (SELECT session_id, list(struct_pack(flag := flag, flag_class := flag_class, severity := severity) "
         "ORDER BY flag) AS flag_list FROM flags WHERE session_id IN (SELECT session_id FROM chosen) "
         "GROUP BY session_id) f USING (session_id) "
         "LEFT JOIN (SELECT e.session_id, arg_max(fb.env_feedback.output, fb.seq) AS submission FROM events e "
         "JOIN events fb ON fb.event_id = e.extra['submission_event_id'] WHERE e.event_type = 'session_end' "
-        "AND e.session_id IN (SELECT session_id FROM chosen) GROUP BY e.session_id) sub USING (session_id)"
+        "AND e.session_id IN (SELECT session_id FROM chosen) GROUP BY e.session_id) sub USING (session_id) "
+        # how an imported run's conversation was first obtained (an ATIF export of a rebuilt one says so)
+        "LEFT JOIN (SELECT session_id, arg_min(extra['prompt_source'], seq) AS carried_prompt_source FROM events "
+        "WHERE event_type = 'session_start' AND session_id IN (SELECT session_id FROM chosen) "
+        "GROUP BY session_id) st USING (session_id)"
     )
     session_rows = "SELECT r.session_id, 0 AS kind, 0 AS pos, r AS session FROM chosen_rows r"
+    # A step's model input (prompt and cached tokens) is on the agent_input event of its model
+    # message; the first action of the message carries it (a session without recorded calls).
     step_rows = (
-        "SELECT session_id, 1 AS kind, step_index AS pos, struct_pack(step_index, tool_name, tool_call_id, arguments, "
-        "command, thought, output, exit_code, ts) AS step FROM steps "
-        "WHERE session_id IN (SELECT session_id FROM chosen)"
+        "SELECT s.session_id, 1 AS kind, s.step_index AS pos, struct_pack(s.step_index, s.tool_name, s.tool_call_id, "
+        "s.arguments, s.command, s.thought, s.output, s.exit_code, s.ts, s.output_tokens, s.reasoning_tokens, "
+        "s.cost_usd, input_tokens := u.input_tokens, cached_tokens := u.cached_tokens) AS step FROM steps s "
+        "LEFT JOIN (SELECT a.event_id AS action_event_id, i.input_tokens, i.cached_tokens FROM "
+        "(SELECT session_id, event_id, agent_message_id, seq FROM events WHERE event_type = 'agent_action' "
+        "AND {within}) a JOIN (SELECT session_id, agent_message_id, "
+        "TRY_CAST(sum(agent_input.input_tokens) AS BIGINT) AS input_tokens, "
+        "TRY_CAST(sum(agent_input.cached_tokens) AS BIGINT) AS cached_tokens "
+        "FROM events WHERE event_type = 'agent_input' "
+        "AND agent_input.model_call IS NULL AND {within} GROUP BY ALL) i USING (session_id, agent_message_id) "
+        "QUALIFY row_number() OVER (PARTITION BY a.session_id, a.agent_message_id ORDER BY a.seq) = 1) u "
+        "USING (action_event_id) WHERE s.session_id IN (SELECT session_id FROM chosen)"
     )
     call_rows = (
-        "SELECT session_id, 2 AS kind, seq AS pos, struct_pack(ts, mc := agent_input.model_call) AS call FROM events "
+        "SELECT session_id, 2 AS kind, seq AS pos, struct_pack(ts, mc := agent_input.model_call, "
+        "pv := coalesce(extra['policy_version'], policy_version), engine := extra['engine'], dtype := extra['dtype'], "
+        "system_fingerprint := extra['system_fingerprint']) AS call FROM events "
         "WHERE event_type = 'agent_input' AND agent_input.model_call IS NOT NULL "
         "AND session_id IN (SELECT session_id FROM chosen)"
     )
@@ -304,8 +324,8 @@ def _sessions(
         within = "session_id BETWEEN $low AND $high"
         reader = con.sql(
             f"SELECT * FROM ({session_rows} WHERE r.{within}) UNION ALL BY NAME "
-            f"SELECT * FROM ({step_rows} AND {within}) UNION ALL BY NAME SELECT * FROM ({call_rows} AND {within}) "
-            "ORDER BY session_id, kind, pos",
+            f"SELECT * FROM ({step_rows.format(within=within)} AND s.{within}) UNION ALL BY NAME "
+            f"SELECT * FROM ({call_rows} AND {within}) ORDER BY session_id, kind, pos",
             params={"low": low, "high": high},
         ).to_arrow_reader(batch_rows)
         yield from _grouped(reader, weights, lookup)
@@ -329,7 +349,9 @@ def _grouped(
                 if kind == 1:
                     steps.append(row["step"])
                 else:
-                    calls.append({**row["call"]["mc"], "_ts": row["call"]["ts"]})
+                    call = row["call"]
+                    served = {k: call[k] for k in ("engine", "dtype", "system_fingerprint") if call.get(k)}
+                    calls.append({**call["mc"], "_ts": call["ts"], "_policy_version": call["pv"], "_served": served})
     if current is not None:
         yield current, steps, calls, lookup
 
