@@ -161,10 +161,15 @@ def from_calls(
         raise RecordError("bad_model_call", str(exc)) from exc
     messages = [_normalized(m) for m in [*rebuilt[-1].messages, last_reply]]
     _restore_reasoning(messages, [texts.get(r.get("response_message_sha256") or "") for r in ok])
-    outputs = {step.get("tool_call_id"): step.get("output") for step in steps or [] if step.get("tool_call_id")}
+    # a call the environment answered (a step with feedback); one it never answered (submit) has no result
+    outputs = {
+        step["tool_call_id"]: step["output"]
+        for step in steps or []
+        if step.get("tool_call_id") and step.get("output") is not None
+    }
     for call in messages[-1]["tool_calls"] or []:
         if call["id"] in outputs:
-            messages.append(message("tool", outputs[call["id"]] or "", tool_call_id=call["id"]))
+            messages.append(message("tool", outputs[call["id"]], tool_call_id=call["id"]))
     calls = [
         Call(
             call_index=r["call_index"],
