@@ -52,7 +52,7 @@ from pipelines.export._files import _ExclusiveFile, _open_out_dir, _write_file, 
 from pipelines.export.atif import ATIF_VERSION, atif_judgement
 from pipelines.export.conversation import SYSTEM_PROMPT, TOOLS, Conversation, from_calls, from_steps
 from pipelines.export.formats import FORMATS as RECORD_FORMATS
-from pipelines.export.formats import to_record, to_records
+from pipelines.export.records import to_record, to_records
 from pipelines.export.rl import RL_SCHEMA
 from pipelines.export.select import SPLIT_PERCENT, ExportFilters, _Blobs, _sessions, split_of
 from pipelines.export.trainers import TRAINER_FORMATS, trainer_records

@@ -6,7 +6,7 @@ attempt, policy version, task family, split, ``prompt_source`` and the session's
 (prompt, cached and completion tokens and the cost, priced like the ``trajectories`` view), so a
 trainer can choose what to keep. ``rl`` is built by :mod:`pipelines.export.rl` (one record per
 segment), ``atif`` by :mod:`pipelines.export.atif` (the trajectory, with this lake's judgement in
-a file of its own).
+a file of its own); :mod:`pipelines.export.records` chooses among them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from decimal import Decimal
 from typing import Any
 
 from common.prices import PriceTable, exact_cost
-from pipelines.errors import ExportError
 from pipelines.export.conversation import Call, Conversation
 
 FORMATS = ("hf", "openai", "sharegpt", "rl", "atif")
@@ -75,7 +74,7 @@ def metadata(session: dict[str, Any], conversation: Conversation) -> dict[str, A
     }
 
 
-def _strip_nulls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def strip_nulls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in m.items() if v is not None} for m in messages]
 
 
@@ -126,36 +125,3 @@ def sharegpt_conversations(conversation: Conversation) -> list[dict[str, str]]:
             role = {"system": "system", "user": "human", "assistant": "gpt", "tool": "observation"}[m["role"]]
             conversations.append({"from": role, "value": m.get("content") or ""})
     return conversations
-
-
-def to_records(
-    fmt: str, session: dict[str, Any], conversation: Conversation, prices: PriceTable | None = None
-) -> list[dict[str, Any]]:
-    """The records of ``session`` in format ``fmt`` (text fields redacted by the caller): one, or one per rl segment.
-
-    Raises:
-        ExportError: an unknown format.
-        RecordError: an rl record of a session never evaluated (no reward).
-    """
-    from pipelines.export.atif import atif_record
-    from pipelines.export.rl import rl_records
-
-    prices = prices or PriceTable()
-    meta = metadata(session, conversation)
-    if fmt == "hf":
-        return [{"messages": conversation.messages, "tools": json.dumps(conversation.tools, sort_keys=True), **meta}]
-    if fmt == "openai":
-        return [{"messages": _strip_nulls(conversation.messages), "tools": conversation.tools, **meta}]
-    if fmt == "sharegpt":
-        tools = json.dumps(conversation.tools, sort_keys=True)
-        return [{"conversations": sharegpt_conversations(conversation), "tools": tools, **meta}]
-    if fmt == "rl":
-        return rl_records(session, conversation)
-    if fmt == "atif":
-        return [atif_record(session, conversation, prices)]
-    raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
-
-
-def to_record(fmt: str, session: dict[str, Any], conversation: Conversation) -> dict[str, Any]:
-    """The first record of ``session`` in ``fmt`` (see :func:`to_records`)."""
-    return to_records(fmt, session, conversation)[0]
