@@ -111,11 +111,13 @@ def _convert(source: SourceFile) -> list[Event]:
     data = source.data
     if not isinstance(data, dict):
         raise ImportFormatError(source.path, "an ATIF trajectory is a JSON object")
-    _version(source, data)
+    minor = _version(source, data)
     steps = data.get("steps")
     if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
         raise ImportFormatError(source.path, "ATIF trajectory without a 'steps' list of objects")
     session_id = str(data.get("session_id") or data.get("trajectory_id") or "") or None
+    if minor < 7 and not data.get("session_id"):
+        raise ImportFormatError(source.path, "ATIF trajectory without a session_id (required before v1.7)")
     instruction = next((text(s.get("message")) for s in steps if s.get("source") == "user"), None)
     if instruction is None:
         raise ImportFormatError(source.path, "no user step with the task statement")
