@@ -109,7 +109,9 @@ def score_sessions(
         baseline_of(day_profiles),
     )
     ranking = level2.scores.select("session_id", "quality", "started_at")
-    duplicates = clusters(facts.select("session_id", "exact_key", "signature", "started_at"), ranking, config)
+    duplicates = clusters(
+        facts.select("session_id", "exact_key", "signature", "started_at", "task_id"), ranking, config
+    )
     flags = pl.concat([level1.cheat_flags, level2.anomaly_flags]).cast(FLAGS_SCHEMA).sort("session_id", "flag")
     return QualityResult(
         scores=finish_scores(level2.scores, duplicates, config),
