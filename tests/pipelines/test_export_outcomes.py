@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,7 +46,7 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _fleet(settings: Settings, events: list[dict], agent: str, seed: int, **kwargs: object) -> set[str]:
+def _fleet(settings: Settings, events: list[dict], agent: str, seed: int, **kwargs: Any) -> set[str]:
     sink = ListSink(decode=False)
     run_fleet(settings, "local", sessions=1, seed=seed, sink=sink, agent=agent, **kwargs)
     events += sink.events
