@@ -58,7 +58,12 @@ def test_scoring_tables_and_rescoring(scored: tuple[Settings, Path]) -> None:
 def test_trainer_formats_leave_out_sessions_without_token_ids(scored: tuple[Settings, Path], tmp_path: Path, fmt: str):
     settings, _ = scored
     stats = export_training_set(settings, fmt, tmp_path / "out")
-    _, rows = run_query(settings, "SELECT count(*) FROM scores WHERE exportable AND quality >= 0.5")
+    # like rl: every evaluated policy session neither security-flagged nor a shadowed duplicate
+    _, rows = run_query(
+        settings,
+        "SELECT count(*) FROM scores WHERE outcome IN ('success', 'failure') AND NOT security_flagged "
+        "AND session_id NOT IN (SELECT session_id FROM duplicates WHERE NOT is_representative)",
+    )
     # synthetic sessions recorded no model call: a trainer record needs sampled ids, none is invented
     assert stats.records == 0 and stats.quarantined == rows[0][0] > 0
 
