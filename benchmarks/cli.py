@@ -30,6 +30,18 @@ def bench_ingest_cmd(
     bench_ingest(events=events, naive=naive)
 
 
+@bench_app.command("import")
+def bench_import_cmd(
+    sizes: Annotated[str, typer.Option(help="Comma-separated run sizes in MB (each imported in a fresh process).")] = (
+        "1.6,3.2,6.4,12.8"
+    ),
+) -> None:
+    """Importing a recorded run: seconds and peak RSS per MB at growing sizes, and their ratio (1.0 is linear)."""
+    from benchmarks.importing import bench_import
+
+    bench_import(tuple(float(s) for s in sizes.split(",") if s.strip()))
+
+
 @bench_app.command("decode")
 def bench_decode_cmd(events: Annotated[int, typer.Option(help="Records to decode.")] = 50_000) -> None:
     """Batch decoding vs per-record decode_event on the same bytes."""
@@ -213,6 +225,14 @@ def bench_automation_cmd(
     from benchmarks.automation import bench_automation
 
     bench_automation(seconds=seconds, rate=rate, time_compression=time_compression)
+
+
+@bench_app.command("sql-start")
+def bench_sql_start_cmd(repeat: Annotated[int, typer.Option(help="Runs of each measurement (median).")] = 10) -> None:
+    """`select 1` in its own query process vs in the calling process, and `trajlake sql` end to end."""
+    from benchmarks.sql_start import bench_sql_start
+
+    bench_sql_start(repeat=repeat)
 
 
 @bench_app.command("fuzz")

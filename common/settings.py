@@ -8,6 +8,7 @@ before settings load: ``TRAJLAKE_FAULT`` (named crash points) and ``TRAJLAKE_LOG
 from __future__ import annotations
 
 import json
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any
@@ -131,6 +132,13 @@ class Settings(BaseSettings):
         description="TRAJLAKE_ASSEMBLE_CHUNK_EVENTS: assembly handles the affected sessions in chunks of about "
         "this many events (memory is bounded by a chunk).",
     )
+    # NoDecode: a comma-separated list (the validator splits it), not JSON.
+    trusted_verdicts: Annotated[tuple[str, ...], NoDecode] = Field(
+        ("fleet_evaluator", "harness_report", "harbor_verifier"),
+        description="TRAJLAKE_TRUSTED_VERDICTS: comma-separated verdict provenances that set eval_passed and the "
+        "reward (fleet_evaluator, harness_report, harbor_verifier, self_reported); a verdict of any other "
+        "provenance is kept in the events but counts for nothing.",
+    )
     assemble_memory_limit: str = Field(
         "2GB",
         description="TRAJLAKE_ASSEMBLE_MEMORY_LIMIT: DuckDB memory limit for assembly; beyond it DuckDB "
@@ -178,6 +186,19 @@ class Settings(BaseSettings):
         pattern=r"(?i)^\s*\d+(\.\d+)?\s*([KMGT]i?B|B|bytes)\s*$",
         description="TRAJLAKE_SQL_MEMORY_LIMIT: DuckDB memory limit of a query (for example 512MB, 4GB); "
         "a query needing more fails, it never spills to disk.",
+    )
+    sql_memory_headroom: str = Field(
+        "256MB",
+        pattern=r"(?i)^\s*\d+(\.\d+)?\s*([KMGT]i?B|B|bytes)\s*$",
+        description="TRAJLAKE_SQL_MEMORY_HEADROOM: a query's process may grow by TRAJLAKE_SQL_MEMORY_LIMIT plus "
+        "this much address space (a hard cap, RLIMIT_AS) for what DuckDB does not count: string results, "
+        "thread stacks, the batches in flight.",
+    )
+    sql_table_rows: int = Field(
+        1000,
+        ge=1,
+        description="TRAJLAKE_SQL_TABLE_ROWS: `trajlake sql --format table` renders at most this many rows "
+        "(the row count covers all); csv and json print every row as it arrives.",
     )
 
     # Quality (quality/config.py documents each knob)
@@ -266,6 +287,15 @@ class Settings(BaseSettings):
             if not isinstance(parsed, dict):
                 raise ValueError("must be a JSON object")
             return {str(k): str(v) for k, v in parsed.items()}
+        return value
+
+    @field_validator("trusted_verdicts", mode="before")
+    @classmethod
+    def _parse_names(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if value.strip().startswith("["):  # the JSON list the configuration reference shows
+                return tuple(str(v) for v in json.loads(value))
+            return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
     @cached_property
@@ -362,6 +392,22 @@ def settings_markdown() -> str:
         cells = [f"`{variable}`", "*derived*" if default == "derived" else f"`{default}`", meaning]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+_SIZE_UNITS = {"b": 1, "bytes": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_SIZE_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def byte_size(text: str) -> int:
+    """Bytes in a size as the memory settings take it, read as DuckDB does (``4GB`` = 4·10⁹, ``4GiB`` = 4·2³⁰).
+
+    Raises:
+        ValueError: not a number followed by a unit (B, KB…TB, KiB…TiB, bytes).
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B|bytes)\s*", text, re.IGNORECASE)
+    if match is None:
+        raise ValueError(f"not a size: {text!r}")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -41,6 +41,8 @@ from pyiceberg.expressions.literals import literal
 from pyiceberg.table import Table
 
 from common.settings import Settings
+from pipelines.ownership import apply_ownership, verdict_provenance_sql
+from pipelines.parts import rebuild_parts
 from pipelines.quarantine import Quarantined, record_quarantine
 from warehouse.catalog import open_catalog
 from warehouse.locks import job_lock
@@ -53,6 +55,8 @@ from warehouse.transactions import retry_on_conflict, transaction
 log = logging.getLogger("trajlake.assemble")
 
 ASSEMBLED_SNAPSHOT = "trajlake.assembled-raw-snapshot"
+#: Verdict provenances that count when no settings say otherwise (``TRAJLAKE_TRUSTED_VERDICTS``).
+DEFAULT_TRUSTED: tuple[str, ...] = tuple(Settings.model_fields["trusted_verdicts"].default)
 
 # Duplicates (the same event_id more than once: a producer's re-send, or one Kafka record
 # landed twice) are rare, so they are found once per run on two narrow columns and only the
@@ -177,6 +181,9 @@ agg AS (
         arg_min(session_start.instruction, struct_pack(seq, event_id))
             FILTER (event_type = 'session_start') AS instruction,
         arg_max(evaluation.passed, struct_pack(seq, event_id)) FILTER (event_type = 'evaluation') AS eval_passed,
+        -- who stands behind the verdict that counted (pipelines.ownership: only trusted ones count)
+        arg_max({verdict_provenance}, struct_pack(seq, event_id)) FILTER (event_type = 'evaluation')
+            AS verdict_provenance,
         arg_max(evaluation.tests_total, struct_pack(seq, event_id)) FILTER (event_type = 'evaluation') AS tests_total,
         arg_max(evaluation.tests_passed, struct_pack(seq, event_id))
             FILTER (event_type = 'evaluation') AS tests_passed,
@@ -207,6 +214,7 @@ SELECT
     cost_usd, cpu_seconds, peak_memory_bytes, peak_processes,
     disk_write_bytes, timeout_s, instruction, eval_passed, tests_total, tests_passed, reward,
     task_family, processes_started, exit_codes, group_id, attempt, retry_of, usage.unpriced_usage,
+    verdict_provenance,
     coalesce(eval_passed, false) AS completed,
     $now AS assembled_at,
     list_filter([
@@ -270,6 +278,8 @@ class AssembleStats:
     chunks: int = 0  # passes over the affected sessions (bounded events each)
     nulled_sessions: int = 0  # landed with out-of-range values NULLed (quarantine action 'nulled')
     skipped_sessions: int = 0  # could not be assembled at all (quarantine action 'skipped')
+    foreign_events: int = 0  # left out of a session another producer started (quarantine 'foreign_producer')
+    uncounted_verdicts: int = 0  # verdicts of an untrusted provenance (quarantine 'untrusted_verdict')
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
@@ -332,14 +342,26 @@ def _as_table_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     return rows.select(schema.names).cast(schema)
 
 
+def _session_rules(con: duckdb.DuckDBPyConnection, trusted: tuple[str, ...]) -> list[Quarantined]:
+    """Ownership and verdict trust (``pipelines.ownership``), then whole texts from parts (``pipelines.parts``)."""
+    return apply_ownership(con, trusted) + rebuild_parts(con)
+
+
 def _compute(
-    con: duckdb.DuckDBPyConnection, source: str, members: str, bounds: dict[str, Any], params: dict[str, Any]
+    con: duckdb.DuckDBPyConnection,
+    source: str,
+    members: str,
+    bounds: dict[str, Any],
+    params: dict[str, Any],
+    trusted: tuple[str, ...] = DEFAULT_TRUSTED,
 ) -> tuple[pa.Table, pa.Table, list[Quarantined]]:
     """Trajectory and step rows of the sessions in ``members`` (a SQL relation of ``session_id``)."""
     con.execute(_DEDUP_SQL.format(source=source, members=members), bounds)
     try:
-        records = _sanitize_values(con)
-        trajectory_rows = con.sql(_TRAJECTORIES_SQL, params=params).to_arrow_table()
+        records = _session_rules(con, trusted)
+        records += _sanitize_values(con)
+        sql = _TRAJECTORIES_SQL.replace("{verdict_provenance}", verdict_provenance_sql(con))
+        trajectory_rows = con.sql(sql, params=params).to_arrow_table()
         overflows = trajectory_rows.column("_overflows").to_pylist()
         for session_id, values in zip(trajectory_rows.column("session_id").to_pylist(), overflows, strict=True):
             if values:
@@ -368,7 +390,12 @@ def _is_data_error(exc: BaseException) -> bool:
 
 
 def _compute_bisecting(
-    con: duckdb.DuckDBPyConnection, source: str, session_ids: list[str], params: dict[str, Any], error: BaseException
+    con: duckdb.DuckDBPyConnection,
+    source: str,
+    session_ids: list[str],
+    params: dict[str, Any],
+    error: BaseException,
+    trusted: tuple[str, ...] = DEFAULT_TRUSTED,
 ) -> tuple[list[pa.Table], list[pa.Table], list[Quarantined]]:
     """Rows of ``session_ids`` (whose chunk failed with ``error``), splitting until each bad session is alone."""
     if len(session_ids) == 1:
@@ -382,14 +409,14 @@ def _compute_bisecting(
     for part in (session_ids[:half], session_ids[half:]):
         con.execute("CREATE OR REPLACE TEMP TABLE part AS SELECT unnest($ids::VARCHAR[]) AS session_id", {"ids": part})
         try:
-            t, st, q = _compute(con, source, "part", {"low": part[0], "high": part[-1]}, params)
+            t, st, q = _compute(con, source, "part", {"low": part[0], "high": part[-1]}, params, trusted)
             trajectories.append(t)
             steps.append(st)
             records += q
         except Exception as exc:
             if not _is_data_error(exc):
                 raise
-            t_parts, s_parts, q = _compute_bisecting(con, source, part, params, exc)
+            t_parts, s_parts, q = _compute_bisecting(con, source, part, params, exc, trusted)
             trajectories += t_parts
             steps += s_parts
             records += q
@@ -528,7 +555,12 @@ def _assemble(settings: Settings, catalog: Catalog, as_of: datetime | None, full
     for chunk, low, high in bounds:
         try:
             trajectory_rows, step_rows, records = _compute(
-                con, source, "affected WHERE chunk = $chunk", {"low": low, "high": high, "chunk": chunk}, params
+                con,
+                source,
+                "affected WHERE chunk = $chunk",
+                {"low": low, "high": high, "chunk": chunk},
+                params,
+                settings.trusted_verdicts,
             )
         except Exception as exc:
             if not _is_data_error(exc):
@@ -540,7 +572,7 @@ def _assemble(settings: Settings, catalog: Catalog, as_of: datetime | None, full
                     "SELECT session_id FROM affected WHERE chunk = $chunk ORDER BY session_id", {"chunk": chunk}
                 ).fetchall()
             ]
-            t_parts, s_parts, records = _compute_bisecting(con, source, ids, params, exc)
+            t_parts, s_parts, records = _compute_bisecting(con, source, ids, params, exc, settings.trusted_verdicts)
             trajectory_rows = pa.concat_tables([TRAJECTORIES.arrow_schema().empty_table(), *t_parts])
             step_rows = pa.concat_tables([STEPS.arrow_schema().empty_table(), *s_parts])
         # Steps first: if we die between the commits, the trajectories watermark has not moved and
@@ -559,6 +591,8 @@ def _assemble(settings: Settings, catalog: Catalog, as_of: datetime | None, full
         stats.steps_written += step_rows.num_rows
         stats.nulled_sessions += len({r.session_id for r in records if r.action == "nulled"})
         stats.skipped_sessions += len({r.session_id for r in records if r.action == "skipped"})
+        stats.foreign_events += sum(1 for r in records if r.reason == "foreign_producer")
+        stats.uncounted_verdicts += sum(1 for r in records if r.reason == "untrusted_verdict")
         del trajectory_rows, step_rows
     stats.seconds = time.monotonic() - started
     log.info("assembled %d sessions (%d steps) from %d new files", stats.sessions, stats.steps_written, len(new_files))

@@ -8,6 +8,14 @@ here what they did instead (``warehouse.tables.QUARANTINE``):
   the original value.
 * ``action = 'skipped'``: the session could not be assembled or exported at all; it is
   left out of that stage's output and counted.
+* ``action = 'excluded'`` (``reason = 'foreign_producer'``): an event from a producer other than
+  the one that started the session, left out of it (``pipelines.ownership``).
+* ``action = 'not_counted'`` (``reason = 'untrusted_verdict'``): a verdict whose provenance is not
+  trusted; it stays in ``events`` but sets no ``eval_passed`` or reward.
+* ``action = 'kept_head'`` (``reason = 'incomplete_parts'``): a text that travelled in parts could
+  not be rebuilt whole; the event keeps its first part, marked truncated (``pipelines.parts``).
+* ``stage = 'import'``: a record of a recorded run that ``trajlake import`` could not take (its
+  file and line or trial in ``detail``).
 
 Assembly replaces a session's ``assemble`` rows whenever it recomputes the session (a
 fixed session leaves the quarantine); export rows accumulate, one set per export id.

@@ -154,6 +154,27 @@ def action_tokens(steps: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def whole_action_tokens(steps: pl.DataFrame) -> pl.DataFrame:
+    """``session_id``, ``step_index``, ``token``, ``failure_reason``: a hash of the *whole* action, sorted.
+
+    What the loop signal compares: the tool and every argument exactly as sent (``tool_name``,
+    ``arguments``, ``command``), nothing normalised. Two actions are the same only when all of them
+    are: an editor viewing two files (no ``command``, different ``arguments``) or a decompiler
+    called on two functions whose names differ in a hex digit are two different actions. (Near-
+    duplicate detection keeps its normalised tokens, :func:`action_tokens`.)
+    """
+    absent = "\x00"  # a missing field, unequal to any text
+    arguments = pl.col("arguments") if "arguments" in steps.columns else pl.lit(None, pl.Utf8)
+    whole = pl.struct(
+        pl.col("tool_name").cast(pl.Utf8).fill_null(absent).alias("t"),
+        arguments.cast(pl.Utf8).fill_null(absent).alias("a"),
+        pl.col("command").cast(pl.Utf8).fill_null(absent).alias("c"),
+    )
+    return steps.select(
+        "session_id", pl.col("step_index").cast(pl.Int64), whole.hash(seed=13).alias("token"), "failure_reason"
+    ).sort("session_id", "step_index")
+
+
 def build_documents(
     trajectories: pl.DataFrame, steps: pl.DataFrame, config: QualityConfig, tokens: pl.DataFrame | None = None
 ) -> Documents:

@@ -29,7 +29,7 @@ import pyarrow as pa
 from quality.anomalies import FEATURES, session_features
 from quality.cheats import FLAGS_SCHEMA, detect_cheats
 from quality.config import QualityConfig
-from quality.dedup import action_tokens, band_keys, build_documents, task_keys
+from quality.dedup import action_tokens, band_keys, build_documents, task_keys, whole_action_tokens
 from quality.failure import failure_causes
 
 #: The session facts (``session_index`` rows without the bookkeeping columns).
@@ -153,7 +153,7 @@ def session_facts(
     causes = failure_causes(trajectories, steps, confirmed)
     tokens = action_tokens(steps)
     docs = build_documents(trajectories, steps, config, tokens)
-    loops = _longest_identical_run(tokens)
+    loops = _longest_identical_run(whole_action_tokens(steps))
     features = session_features(trajectories, steps).drop("task_type")
     signatures = docs.signatures[docs.exact_group]  # one row per session (sessions sorted by key)
     # each session's own task in its band keys: the index finds near-duplicates within a task only
@@ -207,7 +207,11 @@ def session_facts(
 
 
 def _longest_identical_run(tokens: pl.DataFrame) -> pl.DataFrame:
-    """``session_id``, ``max_run``: longest run of identical consecutive actions (transient failures skipped)."""
+    """``session_id``, ``max_run``: longest run of identical consecutive actions (transient failures skipped).
+
+    ``tokens`` are whole actions (:func:`quality.dedup.whole_action_tokens`): a repetition counts only
+    when the tool and every argument repeat.
+    """
     actions = tokens.filter(pl.col("failure_reason").is_null())
     changed = (pl.col("token") != pl.col("token").shift(1)) | (pl.col("session_id") != pl.col("session_id").shift(1))
     runs = actions.select("session_id", changed.fill_null(True).cum_sum().alias("run"))

@@ -57,9 +57,10 @@ CONFIGURATION_PATTERN = r"^model_config_error\b|authenticationerror|permissionde
 #: Exit reasons of a framework limit: steps, iterations, cost, tokens or context window.
 LIMIT_PATTERN = (
     r"limitsexceeded|limit[s]? (?:reached|exceeded)|exit_cost|exit_context|exit_total_execution_time|cost limit"
-    r"|step limit|step_limit|max[_ ]?iterations|maximum iterations|max_steps|context ?window|context length"
+    r"|step limit|step_limit|max[_ ]?iterations?|maximum iterations?|max_steps|context ?window|context length"
     r"|contextwindowexceeded|budget exceeded|token limit|max_tokens|time limit|time_limit|exceeded"
     r"|max_model_tokens|max_model_calls|max_cost_usd|^deadline$"  # the live fleet's own caps (status ``capped``)
+    r"|agenttimeouterror"  # Harbor: the agent ran out of its time budget
 )
 
 
@@ -90,6 +91,10 @@ def failure_causes(trajectories: pl.DataFrame, steps: pl.DataFrame, cheaters: pl
         .then(pl.lit("still_running"))
         .when(reason.str.contains(CONFIGURATION_PATTERN))
         .then(pl.lit("configuration_error"))
+        # a cap the producer says it hit (the fleet's caps, an importer's reading of the framework's own
+        # exit status) is a limit even when the framework worded it as an error
+        .when(status == "capped")
+        .then(pl.lit("limit_reached"))
         .when(
             reason.str.contains(INFRASTRUCTURE_PATTERN)
             | (reason == "idle_timeout")  # no session_end: the host or its stream was lost
@@ -127,15 +132,23 @@ def outcome(
     """The session's outcome (one of :data:`OUTCOMES`) from its failure cause and how it ended.
 
     A passing verdict does not make a crashed session a success: a session whose agent raised, or
-    that ended in an environment error, is ``agent_crash`` / ``infrastructure`` whatever the
-    evaluator found afterwards (its trajectory stops where the crash cut it).
+    that ended in an environment or configuration error, is ``agent_crash`` / ``infrastructure``
+    whatever the evaluator found afterwards (its trajectory stops where the crash cut it), so it is
+    neither an RL episode nor an SFT example.
     """
     reason = exit_reason.fill_null("").str.to_lowercase()
     state = status.fill_null("")
     crashed = (state == "failed") & (reason == AGENT_RAISED)
+    # a configuration error (the endpoint refused the request as configured) says nothing about the policy
+    # either, even when an evaluator passed what the session left behind
     broken = failure_cause.is_in(["infrastructure_error", "reaper_timeout", "configuration_error"]) | (
         (failure_cause == "success")
-        & ((state == "error") | (reason == "idle_timeout") | reason.str.contains(INFRASTRUCTURE_PATTERN))
+        & (
+            (state == "error")
+            | (reason == "idle_timeout")
+            | reason.str.contains(INFRASTRUCTURE_PATTERN)
+            | reason.str.contains(CONFIGURATION_PATTERN)
+        )
     )
     return (
         pl.when(failure_cause == "still_running")

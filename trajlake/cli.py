@@ -10,6 +10,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
@@ -125,14 +126,36 @@ def assemble(
 def sql(
     query: Annotated[str, typer.Argument(help="A read-only DuckDB query over the trajlake views.")],
     format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Print values byte for byte: control characters (terminal escapes) in table output "
+            "and formula-like CSV cells are passed through unchanged.",
+        ),
+    ] = False,
 ) -> None:
-    """Read-only DuckDB SQL over events, trajectories, steps, scores, flags, …"""
-    from warehouse.sql import format_rows, run_query
+    """Read-only DuckDB SQL over events, trajectories, steps, scores, flags, …
 
-    columns, rows = run_query(_settings(), query)
-    # Data is printed byte for byte: rich would turn ``:x:`` into an emoji even with markup off.
-    sys.stdout.write(format_rows(columns, rows, format.value) + "\n")
-    sys.stdout.flush()
+    The query runs in a process of its own, killed at TRAJLAKE_SQL_TIMEOUT_S and capped at
+    TRAJLAKE_SQL_MEMORY_LIMIT; rows are printed as they arrive (table: the first
+    TRAJLAKE_SQL_TABLE_ROWS rows and the count).
+    """
+    from warehouse.sql import stream_query
+    from warehouse.sql_output import write_rows
+
+    settings = _settings()
+    # Data is printed byte for byte (after neutralising, unless --raw): rich would turn ``:x:``
+    # into an emoji even with markup off.
+    try:
+        with stream_query(settings, query) as result:
+            rows = result.rows()
+            write_rows(result.columns, rows, format.value, sys.stdout, raw=raw, table_rows=settings.sql_table_rows)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (``| head``): the query was stopped on the way out; exit quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
 
 
 @app.command()
@@ -181,27 +204,101 @@ class ImportFormat(StrEnum):
     swe_agent = "swe-agent"
     mini_swe_agent = "mini-swe-agent"
     openhands = "openhands"
+    openhands_v1 = "openhands-v1"
     atif = "atif"
+    harbor = "harbor"
+    otel = "otel"
 
 
 @app.command("import")
 def import_runs(
-    paths: Annotated[list[Path], typer.Argument(help="Recorded runs (.traj, .traj.json, OpenHands event lists).")],
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Recorded runs: files (.traj, .traj.json, .json, .jsonl, OTLP JSON) or directories "
+            "(Harbor trials and jobs, OpenHands V1 conversations, folders of runs)."
+        ),
+    ] = None,
     format: Annotated[ImportFormat, typer.Option("--format", "-f")] = ImportFormat.auto,
+    verdicts: Annotated[
+        Path | None,
+        typer.Option(
+            "--verdicts",
+            help="Harness reports (SWE-bench keyed or flat, summaries, Multi-SWE-bench, Harbor result.json): "
+            "a file or a directory. With PATHS they join those runs; alone, the assembled sessions of their "
+            "instances.",
+        ),
+    ] = None,
+    listen: Annotated[
+        str | None,
+        typer.Option("--listen", help="Receive OTLP/HTTP traces on HOST:PORT (e.g. 127.0.0.1:4318) until Ctrl-C."),
+    ] = None,
 ) -> None:
     """Import runs recorded by other agent frameworks into the event stream (Kafka); re-imports are idempotent."""
-    from producers.importers import import_paths
+    from pipelines.importing import import_runs as run_import
+    from pipelines.importing import listen as start_receiver
+    from producers.importers import ImportFormatError
     from producers.sdk import EventProducer
 
-    with EventProducer.from_settings(host_id="importer") as producer:
-        summaries = import_paths(paths, producer.emit, format.value)
-    for summary in summaries:
+    if not paths and verdicts is None and listen is None:
+        raise typer.BadParameter("give PATHS, --verdicts or --listen")
+    settings = _settings()
+    # the importers redact every event before splitting large texts into parts: no second pass here
+    with EventProducer.from_settings(host_id="importer", redact=False) as producer:
+        if listen is not None:
+            receiver = start_receiver(
+                listen, producer, lambda s: out.print(f"{s.position}: session {s.session_id}, {s.steps} steps")
+            )
+            out.print(f"receiving OTLP/HTTP traces at {receiver.endpoint} (Ctrl-C to stop)")
+            try:
+                while True:
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                receiver.stop()
+            out.print(f"received {receiver.spans_received} spans, sent {receiver.sessions_sent} sessions")
+            return
+        run = run_import(settings, list(paths or []), producer, format=format.value, verdicts=verdicts)
+    problems = [str(item) for item in run.report.quarantined] + [f"session {sid}: {why}" for sid, why in run.failed]
+    if paths and not run.report.summaries and problems:  # nothing could be imported: one line says why
+        more = f" (and {len(problems) - 1} more records quarantined)" if len(problems) > 1 else ""
+        raise ImportFormatError("import", f"nothing imported: {problems[0]}{more}")
+    for summary in run.report.summaries:
+        where = f" ({summary.position})" if summary.position else ""
         out.print(
-            f"{summary.path}: {summary.framework} session {summary.session_id}, "
+            f"{summary.path}{where}: {summary.framework} session {summary.session_id}, "
             f"{summary.events} events, {summary.steps} steps",
             markup=False,
         )
-    out.print(f"imported {len(summaries)} sessions, {sum(s.events for s in summaries)} events")
+        if summary.set_aside:
+            out.print(f"  set aside: {summary.set_aside}", markup=False)
+    for item in run.report.quarantined:
+        err.print(f"quarantined {item}", markup=False)
+    for session_id, why in run.failed:
+        err.print(f"not sent: session {session_id}: {why}", markup=False)
+    if run.report.skipped:
+        out.print(f"skipped {len(run.report.skipped)} files that are no recorded run", markup=False)
+    if paths:
+        out.print(
+            f"imported {len(run.report.summaries)} sessions, {sum(s.events for s in run.report.summaries)} events"
+            + (
+                f"; {len(run.report.quarantined) + len(run.failed)} quarantined"
+                if run.report.quarantined or run.failed
+                else ""
+            )
+        )
+    if run.attached is not None:
+        attached = run.attached
+        for verdict in attached.unknown:
+            err.print(f"no session for {verdict.instance_id} ({verdict.source}): kept in quarantine", markup=False)
+        for instance, count in attached.shared.items():
+            out.print(f"{instance}: verdict attached to {count} sessions (several runs of one instance)", markup=False)
+        for line in attached.errors:
+            err.print(line, markup=False)
+        passed = sum(1 for _, _, ok in attached.attached if ok)
+        out.print(
+            f"attached {len(attached.attached)} verdicts ({passed} passed) from {attached.files} files; "
+            f"{len(attached.unknown)} for unknown instances, {len(attached.unevaluated)} not evaluated by the harness"
+        )
 
 
 quality_app = typer.Typer(no_args_is_help=True, help="Quality layer: evaluation against ground truth.")

@@ -7,10 +7,12 @@ by pyiceberg; a view over a table with no rows still has the full schema.
 ``events``, ``trajectories`` and ``steps`` span the hot and cold tiers; ``hot_*``
 and ``cold_*`` views query one tier.
 
-:func:`run_query` runs text it does not trust (``trajlake sql``): exactly one read-only
-statement, parsed by DuckDB itself, on a connection that is locked before the text runs —
-it can open only the data files its views read (``allowed_paths``), cannot install or load
-extensions or change settings, and is interrupted after ``TRAJLAKE_SQL_TIMEOUT_S``.
+:func:`stream_query` (and :func:`run_query`, which collects its rows) runs text it does not trust
+(``trajlake sql``): exactly one read-only statement, parsed by DuckDB itself, on a connection that
+is locked before the text runs — it can open only the data files its views read (``allowed_paths``),
+cannot install or load extensions or change settings — in a process of its own that is killed at
+``TRAJLAKE_SQL_TIMEOUT_S`` (planning included) and whose memory is capped (:mod:`warehouse.isolation`);
+the result streams back in record batches.
 Cold tables on ``s3://`` are read in place too (``warehouse.object_store``): a query fetches
 the footers and row groups it needs, never the whole table.
 :func:`open_views` without ``locked`` is for trusted internal callers (scoring, export, Dagster).
@@ -19,8 +21,7 @@ the footers and row groups it needs, never the whole table.
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import date
 from typing import Any
 
@@ -29,15 +30,18 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from common.settings import Settings
+from common.settings import Settings, byte_size
 from warehouse.catalog import open_catalog
 from warehouse.cold import TIERED_TABLES, ensure_cold_table, tiered_files
 from warehouse.errors import QueryError
 from warehouse.files import local_path, object_store, object_stores, parquet_source
 from warehouse.health import register_health_views
+from warehouse.isolation import BatchSink, IsolatedStream
 from warehouse.object_store import ObjectStores, is_object_store_path
 from warehouse.prices import register_priced_trajectories
 from warehouse.snapshots import current_files, day_partitions, live_files
+from warehouse.sql_output import chunked
+from warehouse.sql_output import format_rows as format_rows  # for callers that render materialised rows
 from warehouse.tables import TABLES, TableSpec, ensure_table
 
 #: Keywords that make an ``EXPLAIN`` run its statement.
@@ -46,6 +50,9 @@ _ANALYZE = {"ANALYZE", "ANALYSE"}
 #: Query nodes a read-only query may contain. DuckDB also parses ``COPY … TO``, ``INSERT``,
 #: ``UPDATE`` and ``DELETE`` as the body of a CTE inside a statement typed SELECT.
 _READ_NODES = {"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"}
+#: Rows per record batch a query streams (the DuckDB vector size times two): small enough that
+#: neither process holds much of a wide result at once.
+BATCH_ROWS = 4096
 
 
 def connect(threads: int | None = None) -> duckdb.DuckDBPyConnection:
@@ -310,7 +317,7 @@ def _check_explain(parser: duckdb.DuckDBPyConnection, text: str) -> None:
 
 def _check_nodes(parser: duckdb.DuckDBPyConnection, text: str) -> None:
     """Refuse a SELECT whose syntax tree holds anything but reads (a ``COPY``/``DELETE``/… CTE)."""
-    row = parser.execute("SELECT json_serialize_sql(?)", [text]).fetchone()
+    row = next(iter(parser.execute("SELECT json_serialize_sql(?)", [text]).fetchall()), None)
     tree: dict[str, Any] = json.loads(row[0]) if row else {"error": True}
     if tree.get("error") or len(tree.get("statements") or []) != 1:
         raise QueryError(f"cannot check the query: {tree.get('error_message', 'not one SELECT')}")
@@ -327,68 +334,86 @@ def _check_nodes(parser: duckdb.DuckDBPyConnection, text: str) -> None:
             stack.extend(node)
 
 
-def run_query(settings: Settings, query: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Run one read-only query over the views on a locked connection; returns column names and rows.
+def _serve_query(sink: BatchSink, settings: Settings, query: str) -> None:
+    """In the query's own process: open the locked views, check ``query``, stream its result to ``sink``."""
+    con = open_views(settings, locked=True)
+    sink.cap_memory()  # what the query text makes the process allocate is capped from here on
+    statement = check_read_only(query, con)  # parsing on this connection saves opening another
+    # A relation streams its result (``execute`` would materialise it first); it runs exactly
+    # the statement that was checked. A DuckDB error ends the process and reaches the caller
+    # as one line (out-of-memory as QueryMemoryExceeded).
+    reader = con.sql(statement).to_arrow_reader(BATCH_ROWS)
+    sink.schema(reader.schema)
+    for batch in reader:
+        sink.write(batch)
 
-    Args:
-        settings: The lakehouse, ``sql_timeout_s`` and ``sql_memory_limit``.
-        query: SQL text, trusted or not (see :func:`check_read_only`, :func:`lock_connection`).
 
-    Returns:
-        The column names and all rows.
+class QueryResult:
+    """One query's result as it streams in: ``columns``, then :meth:`batches` or :meth:`rows`.
+
+    A context manager (see :func:`stream_query`); leaving it stops the query if it still runs.
+    """
+
+    def __init__(self, stream: IsolatedStream) -> None:
+        self._stream = stream
+        self.columns: list[str] = []
+
+    def __enter__(self) -> QueryResult:
+        self._stream.start()
+        self.columns = list(self._stream.schema.names) if self._stream.schema is not None else []
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stream.close()
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """The result's record batches as they arrive (raises as :func:`stream_query` says)."""
+        return self._stream.batches()
+
+    def rows(self) -> Iterator[list[tuple[Any, ...]]]:
+        """The result's rows as Python values, one list per batch."""
+        return chunked(self.batches())
+
+
+def stream_query(settings: Settings, query: str) -> QueryResult:
+    """Run one read-only query in its own process, under a deadline and a memory cap; stream its result.
+
+    The process opens the locked views (:func:`open_views`), checks the statement
+    (:func:`check_read_only`) and streams record batches back (:mod:`warehouse.isolation`).
+    ``TRAJLAKE_SQL_TIMEOUT_S`` counts from before the process starts — opening the views,
+    parsing and planning included — and covers reading the result too: when it passes, the
+    process is killed. Its address space may grow by ``TRAJLAKE_SQL_MEMORY_LIMIT`` (DuckDB's
+    own limit) plus ``TRAJLAKE_SQL_MEMORY_HEADROOM`` and no more.
+
+    Use as ``with stream_query(settings, query) as result:`` then ``result.columns`` and
+    ``result.batches()`` (or ``result.rows()``).
 
     Raises:
-        QueryError: not read-only, refused by the lock, over the timeout or memory
-            limit, or DuckDB failed (a one-line message naming the cause).
+        QueryError: not read-only, refused by the lock, or DuckDB failed (one line naming the cause);
+            its subclasses :class:`~warehouse.errors.QueryTimeout` (the deadline passed),
+            :class:`~warehouse.errors.QueryMemoryExceeded` (over the memory limit or cap) and
+            :class:`~warehouse.errors.QueryKilled` (the process died, most often at its memory cap).
     """
-    con = open_views(settings, locked=True)
-    try:
-        statement = check_read_only(query, con)  # parsing on this connection saves opening another
-    except QueryError:
-        con.close()
-        raise
-    timed_out = threading.Event()
-
-    def interrupt() -> None:
-        timed_out.set()
-        con.interrupt()
-
-    timer = threading.Timer(settings.sql_timeout_s, interrupt)
-    timer.daemon = True
-    try:
-        timer.start()
-        cursor = con.execute(statement)
-        columns = [d[0] for d in cursor.description or []]
-        rows = cursor.fetchall() if columns else []
-        return columns, rows
-    except duckdb.Error as exc:
-        if timed_out.is_set():
-            raise QueryError(f"query interrupted after {settings.sql_timeout_s:g} s (TRAJLAKE_SQL_TIMEOUT_S)") from exc
-        raise QueryError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
-    finally:
-        timer.cancel()
-        con.close()
+    limit = settings.sql_memory_limit.strip()
+    stream = IsolatedStream(
+        _serve_query,
+        (settings, query),
+        timeout_s=settings.sql_timeout_s,
+        memory_bytes=byte_size(settings.sql_memory_limit) + byte_size(settings.sql_memory_headroom),
+        timeout_hint=" (TRAJLAKE_SQL_TIMEOUT_S)",
+        memory_hint=f" (TRAJLAKE_SQL_MEMORY_LIMIT={limit})",
+        preload=["warehouse.sql"],
+    )
+    return QueryResult(stream)
 
 
-def format_rows(columns: list[str], rows: list[tuple[Any, ...]], fmt: str) -> str:
-    """Render rows as ``table`` (aligned text), ``csv`` or ``json`` (one array of objects)."""
-    if fmt == "json":
-        return json.dumps([dict(zip(columns, row, strict=True)) for row in rows], default=str, indent=None)
-    if fmt == "csv":
-        import csv
-        import io
+def run_query(settings: Settings, query: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run one read-only query (as :func:`stream_query` does) and return its column names and all rows.
 
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(columns)
-        writer.writerows(rows)
-        return buffer.getvalue().rstrip("\n")
-    if fmt != "table":
-        raise QueryError(f"unknown format {fmt!r}; use table, csv or json")
-    cells = [[str(c) for c in columns]] + [["NULL" if v is None else str(v) for v in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))] if columns else []
-    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
-    if lines:
-        lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
-    return "\n".join(lines)
+    The rows are held in this process: for a result of unknown size use :func:`stream_query`.
+
+    Raises:
+        QueryError: as :func:`stream_query`.
+    """
+    with stream_query(settings, query) as result:
+        return result.columns, [row for rows in result.rows() for row in rows]

@@ -169,6 +169,8 @@ TRAJECTORIES = TableSpec(
                     )
                 ),
             ),
+            # who stands behind the verdict that counted: fleet_evaluator, harness_report, harbor_verifier, …
+            ("verdict_provenance", pa.string()),
         ]
     ),
     partition_by=[("started_at", DayTransform())],

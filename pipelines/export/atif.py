@@ -15,7 +15,9 @@ changelog: ``trajectory_id``, ``llm_call_count``, extras on tool calls and obser
   the weights' version and the sampling engine;
 - ``agent.tool_definitions`` (v1.5+), ``final_metrics`` as the sums of the steps' metrics;
 - ``extra``: what happened in the run — task, group, attempt, policy version, status, exit
-  reason, the evaluator's verdict and reward, stop reason, submission, ``prompt_source``.
+  reason, the evaluator's verdict and reward (for an imported run no trusted verdict judged, the
+  verdict its own file claimed), stop reason, submission, ``prompt_source``;
+- ``session_id``: an imported run's own id (the one its file gave it), else the session's.
 
 What this lakehouse concluded about the session (quality, completion, outcome, weight, flags) is
 not trajectory content: another lakehouse importing the file would conclude from its own
@@ -26,6 +28,7 @@ sorted keys).
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Any
 
@@ -92,6 +95,34 @@ def _step_extra(call: Call) -> dict[str, Any]:
     if engine:
         extra["engine"] = engine
     return extra
+
+
+def atif_session_id(session: dict[str, Any]) -> str:
+    """The trajectory's ``session_id``: an imported run's own id (``extra.source_session_id``), else the session's.
+
+    Selection leaves the own id out when another session of the lake could be meant by it
+    (:mod:`pipelines.export.select`).
+    """
+    return str(session.get("source_session_id") or session["session_id"])
+
+
+def verdict(session: dict[str, Any]) -> tuple[bool | None, float | None]:
+    """``eval_passed`` and ``reward`` of a trajectory: the verdict that counted, else what the run's own file claimed.
+
+    A self-reported verdict never counts in this lake (``pipelines.ownership``); restating it here
+    gives it no more trust than the file it came from had, and keeps export → import → export
+    byte-stable. The lake's own judgement is in the scores file.
+    """
+    claim = session.get("claimed_verdict")
+    if session.get("verdict_provenance") is not None or not claim:
+        return session.get("eval_passed"), session.get("reward")
+    try:
+        stated = json.loads(claim.get("details") or "")
+    except (TypeError, ValueError):
+        stated = None
+    if isinstance(stated, dict) and {"eval_passed", "reward"} <= stated.keys():
+        return stated["eval_passed"], stated["reward"]  # the claim as the file stated it
+    return claim.get("passed"), claim.get("reward")
 
 
 def atif_record(session: dict[str, Any], conversation: Conversation, prices: PriceTable) -> dict[str, Any]:
@@ -161,12 +192,13 @@ def atif_record(session: dict[str, Any], conversation: Conversation, prices: Pri
         "total_steps": len(steps),
     }
     meta = metadata(session, conversation)
+    eval_passed, reward = verdict(session)
     run = {
         **{k: meta.get(k) for k in RUN_FIELDS if k in meta},
         "status": session.get("status"),
         "exit_reason": session.get("exit_reason"),
-        "eval_passed": session.get("eval_passed"),
-        "reward": session.get("reward"),  # the evaluator's; the trainer's reward is in the scores file
+        "eval_passed": eval_passed,
+        "reward": reward,  # the evaluator's; the trainer's reward is in the scores file
         "stop_reason": stop_reason(session, conversation),
     }
     agent: dict[str, Any] = {
@@ -177,7 +209,7 @@ def atif_record(session: dict[str, Any], conversation: Conversation, prices: Pri
     }
     return {
         "schema_version": ATIF_VERSION,
-        "session_id": session["session_id"],
+        "session_id": atif_session_id(session),
         "agent": {k: v for k, v in agent.items() if v is not None},
         "steps": steps,
         "final_metrics": final,
@@ -189,7 +221,8 @@ def atif_judgement(session: dict[str, Any], conversation: Conversation) -> dict[
     """What this lakehouse concluded about the session: the line of ``<file>.scores.jsonl``."""
     meta = metadata(session, conversation)
     return {
-        "session_id": session["session_id"],
+        "session_id": atif_session_id(session),  # the trajectory's, so the two files join
+        "lakehouse_session_id": session["session_id"],
         "outcome": meta["outcome"],
         "quality": meta["quality"],
         "completion": meta["completion"],

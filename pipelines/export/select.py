@@ -25,6 +25,9 @@ from pyiceberg.catalog import Catalog
 
 from common.settings import Settings
 from pipelines.errors import ExportError
+from pipelines.ownership import has_payload_field
+from pipelines.parts import blob_texts
+from producers.importers.verdicts import SELF_REPORTED
 from quality.failure import EVALUATED_OUTCOMES, OUTCOMES
 from warehouse.sql import open_views
 
@@ -213,6 +216,8 @@ class _Blobs:
             if len(self.cache) > self.capacity:
                 self.cache.clear()
             self.cache.update({sha: text for sha, text in rows})
+            # a blob too large for one event travelled in parts (``producers.parts``)
+            self.cache.update(blob_texts(self.con, [r for r in missing if r not in self.cache]))
         return {r: self.cache[r] for r in wanted if r in self.cache}
 
 
@@ -258,7 +263,7 @@ def _sessions(
         "CREATE TEMP TABLE chosen AS SELECT t.session_id, t.task_id, t.task_type, t.instruction, s.quality, "
         "s.completion, s.flags, coalesce(t.task_family, s.task_family, t.task_id) AS task_family, t.policy_version, "
         "t.group_id, t.attempt, t.agent_name, t.agent_version, t.agent_model, t.status, t.exit_reason, t.reward, "
-        "t.eval_passed, s.failure_cause, s.outcome, t.started_at, "
+        "t.eval_passed, t.verdict_provenance, s.failure_cause, s.outcome, t.started_at, "
         "t.input_tokens, t.cached_tokens, t.output_tokens, t.cost_usd "
         f"FROM trajectories t LEFT JOIN scores s USING (session_id) WHERE {where}",
         params,
@@ -275,19 +280,41 @@ def _sessions(
         after = con.execute("SELECT count(*) FROM chosen").fetchone()
         if report is not None and before and after:
             report.setdefault("left_out", {})["group_incomplete"] = int(before[0]) - int(after[0])
+    # a verdict the run's own file claimed (self-reported): never counted, but an ATIF export restates it
+    claim = (
+        "(SELECT session_id, arg_max(struct_pack(passed := evaluation.passed, reward := evaluation.reward, "
+        "details := evaluation.details), struct_pack(seq, event_id)) AS claimed_verdict FROM events "
+        f"WHERE event_type = 'evaluation' AND evaluation.provenance = '{SELF_REPORTED}' "
+        "AND session_id IN (SELECT session_id FROM chosen) GROUP BY session_id)"
+        if has_payload_field(con, "evaluation", "provenance", table="events")
+        else "(SELECT NULL::VARCHAR AS session_id, NULL AS claimed_verdict WHERE false)"
+    )
     con.execute(
-        "CREATE TEMP TABLE chosen_rows AS SELECT c.*, f.flag_list, sub.submission, st.carried_prompt_source "
+        "CREATE TEMP TABLE chosen_rows AS SELECT c.*, f.flag_list, sub.submission, ps.carried_prompt_source, "
+        "ps.source_session_id, cl.claimed_verdict "
         "FROM chosen c "
         "LEFT JOIN (SELECT session_id, list(struct_pack(flag := flag, flag_class := flag_class, severity := severity) "
         "ORDER BY flag) AS flag_list FROM flags WHERE session_id IN (SELECT session_id FROM chosen) "
         "GROUP BY session_id) f USING (session_id) "
-        "LEFT JOIN (SELECT e.session_id, arg_max(fb.env_feedback.output, fb.seq) AS submission FROM events e "
-        "JOIN events fb ON fb.event_id = e.extra['submission_event_id'] WHERE e.event_type = 'session_end' "
+        # the submission whole: the step's output (assembly rebuilt a text that travelled in parts), else the event's
+        "LEFT JOIN (SELECT e.session_id, arg_max(coalesce(st.output, fb.env_feedback.output), fb.seq) AS submission "
+        "FROM events e JOIN events fb ON fb.event_id = e.extra['submission_event_id'] "
+        "LEFT JOIN steps st ON st.session_id = fb.session_id AND st.feedback_event_id = fb.event_id "
+        "WHERE e.event_type = 'session_end' "
         "AND e.session_id IN (SELECT session_id FROM chosen) GROUP BY e.session_id) sub USING (session_id) "
-        # how an imported run's conversation was first obtained (an ATIF export of a rebuilt one says so)
-        "LEFT JOIN (SELECT session_id, arg_min(extra['prompt_source'], seq) AS carried_prompt_source FROM events "
+        # how an imported run's conversation was first obtained (an ATIF export of a rebuilt one says so),
+        # and the run's own id in the file it came from
+        "LEFT JOIN (SELECT session_id, arg_min(extra['prompt_source'], seq) AS carried_prompt_source, "
+        "arg_min(extra['source_session_id'], seq) AS source_session_id FROM events "
         "WHERE event_type = 'session_start' AND session_id IN (SELECT session_id FROM chosen) "
-        "GROUP BY session_id) st USING (session_id)"
+        f"GROUP BY session_id) ps USING (session_id) LEFT JOIN {claim} cl USING (session_id)"
+    )
+    # a run's own id names it in an export only when no other session could be meant by it: not another
+    # session's id in this lake, not the own id of another chosen session
+    con.execute(
+        "UPDATE chosen_rows SET source_session_id = NULL WHERE source_session_id IN "
+        "(SELECT session_id FROM trajectories) OR source_session_id IN (SELECT source_session_id FROM chosen_rows "
+        "WHERE source_session_id IS NOT NULL GROUP BY source_session_id HAVING count(*) > 1)"
     )
     session_rows = "SELECT r.session_id, 0 AS kind, 0 AS pos, r AS session FROM chosen_rows r"
     # A step's model input (prompt and cached tokens) is on the agent_input event of its model

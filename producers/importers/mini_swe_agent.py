@@ -1,44 +1,52 @@
-"""Import mini-swe-agent runs (``trajectory_format: mini-swe-agent-1.x``).
+"""Import mini-swe-agent runs: 1.x text actions (``mini-swe-agent-1``) and 2.x tool calls (``mini-swe-agent-1.1``).
 
-A step is one assistant message (one agent_input, one agent_action per tool
-call) plus the tool messages answering its calls (env_feedback with the exit
-code from ``extra.returncode`` or ``<returncode>``). The final ``exit`` message
-answers the submit command, whose output the agent turned into the submission.
-Per-turn tokens come from ``extra.response.usage``; the thought is the model's
-``reasoning_content`` (reasoning models) followed by its visible content. Success
-comes from a companion SWE-bench ``*.report.json`` when one sits next to the file:
-its ``evaluation`` event follows ``session_end`` and takes its id from the report's
-content, so a report that arrives after the run was imported adds one event on the
-next import and changes nothing else. ``session_end`` names the feedback holding
-the submission (``extra.submission_event_id``); the workspace root is the
-environment's ``cwd`` (``/testbed`` for SWE-bench). Each assistant turn also
-carries a ``model_call`` (schema v3): the messages before it as the request (the
-system prompt included) and the message itself as the reply, reasoning included.
+A step is one action of an assistant message plus the message answering it:
+
+- **1.x** (and 2.x text models): the action is the fenced shell block of the assistant's text
+  (```` ```bash ```` or ```` ```mswea_bash_command ````, or ``extra.actions`` when 2.x parsed them);
+  the observation is the next ``user`` message, ``<returncode>N</returncode><output>…</output>``
+  (or the timeout template). An assistant message without exactly one block got a format
+  error back: no step. The run's final ``user`` message is the submission (1.x).
+- **2.x tool calls**: one action per ``tool_calls`` entry, answered by the ``tool`` message with
+  its ``tool_call_id`` (exit code from ``extra.returncode``); the final ``exit`` message answers
+  the submit command, whose output is the submission.
+
+Per-turn tokens come from ``extra.response.usage``; without per-turn costs, ``info.model_stats``
+totals are apportioned over the turns (sums stay exact). The thought is the model's
+``reasoning_content`` followed by its visible content. A verdict comes from a report beside the
+file (``producers.importers.verdicts``), after ``session_end``. Each assistant turn also carries a
+``model_call`` (schema v3): the conversation before it as the request, the message as the reply.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from producers.importers._common import (
+    ImportedSession,
     ImportFormatError,
     RunBuilder,
     SourceFile,
     chat_message,
-    digest,
-    end_status,
+    command_of,
+    exit_outcome,
+    exit_reason,
+    list_of,
     object_of,
     text_of,
-    unix_micros,
 )
-from producers.sdk import Event
+from producers.importers._values import count, number, unix_micros
+from producers.importers.verdicts import attach_verdict_beside
 
 FRAMEWORK = "mini-swe-agent"
 _RETURNCODE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
 _OUTPUT = re.compile(r"<output>\n?(.*?)</output>", re.DOTALL)
+# A 1.x action: one fenced shell block (2.x renamed the fence to avoid prompts' own examples).
+_ACTION = re.compile(r"```(?:bash|mswea_bash_command)\s*\n(.*?)\n```", re.DOTALL)
+_TIMEOUT = re.compile(r"^The last command <command>.*?</command> timed out", re.DOTALL)
 # How mini-swe-agent marks an output it cut into head and tail for the model.
 _ELIDED = ("<output_head>", "<elided_chars>", "<output_tail>")
 
@@ -48,36 +56,41 @@ def looks_like(data: Any) -> bool:
     return isinstance(data, dict) and str(data.get("trajectory_format", "")).startswith("mini-swe-agent")
 
 
-def companion_report(path: Path, instance_id: str) -> dict[str, Any] | None:
-    """The SWE-bench report for ``instance_id`` next to ``path`` (``X.traj.json`` → ``X.report.json``), if any.
-
-    Raises:
-        ImportFormatError: a report exists but is not valid JSON.
-    """
-    name = path.name.removesuffix(".json").removesuffix(".traj")
-    candidates = [path.with_name(f"{name}.report.json"), path.with_name("report.json")]
-    for candidate in candidates:
-        if candidate.is_file():
-            try:
-                report = json.loads(candidate.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise ImportFormatError(candidate, f"companion report is not valid JSON: {exc}") from exc
-            entry = report.get(instance_id) if isinstance(report, dict) else None
-            return entry if isinstance(entry, dict) else None
-    return None
+def why_not(data: Any) -> str:
+    """Why ``data`` is not a mini-swe-agent trajectory (for the unknown-format message)."""
+    return "no trajectory_format 'mini-swe-agent-…'"
 
 
-def _test_counts(report: dict[str, Any]) -> tuple[int, int]:
-    passed = total = 0
-    for buckets in (report.get("tests_status") or {}).values():
-        if isinstance(buckets, dict):
-            passed += len(buckets.get("success") or [])
-            total += len(buckets.get("success") or []) + len(buckets.get("failure") or [])
-    return total, passed
+@dataclass
+class _Pending:
+    action_id: str
+    call_id: str
+    ts: int
+
+
+@dataclass
+class _Run:
+    """The state of one run while its messages are read."""
+
+    builder: RunBuilder
+    source: SourceFile
+    messages: list[dict[str, Any]]
+    stamps: list[int | None]
+    instruction: str
+    model: str
+    sampling: dict[str, Any]
+    submission: str
+    costs: list[float]  # per turn, apportioned when the file has no per-turn cost
+    pending: list[_Pending] = field(default_factory=list)
+    turn: int = 0
+    previous_ts: int | None = None
+    submission_event: str | None = None
+    carried_cost: float = 0.0  # of turns that made no action (a format error): counted with the next action
+    carried_tokens: int = 0
 
 
 def _tool_output(content: str) -> tuple[str, int | None, bool]:
-    """(output text, return code, elided?) from a tool message's ``<returncode>…<output>…`` content."""
+    """(output text, return code, elided?) from an observation's ``<returncode>…<output>…`` content."""
     code_match = _RETURNCODE.search(content)
     output_match = _OUTPUT.search(content)
     if output_match:
@@ -99,12 +112,165 @@ def _thought(message: dict[str, Any]) -> str:
     return content
 
 
-def convert(source: SourceFile) -> list[Event]:
-    """All events of one mini-swe-agent run.
+def _calls(run: _Run, message: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(call id, tool name, arguments JSON) of every action of an assistant message."""
+    calls = [c for c in list_of(message.get("tool_calls")) if isinstance(c, dict)]
+    if calls:
+        return [
+            (
+                str(c.get("id") or f"action-{run.turn}-{i}"),
+                str(object_of(c.get("function")).get("name") or "bash"),
+                a if isinstance(a := object_of(c.get("function")).get("arguments"), str) else json.dumps(a or {}),
+            )
+            for i, c in enumerate(calls)
+        ]
+    actions = list_of(object_of(message.get("extra")).get("actions"))
+    if actions:
+        return [
+            (
+                str(object_of(a).get("tool_call_id") or f"action-{run.turn}-{i}"),
+                "bash",
+                json.dumps({"command": str(object_of(a).get("command", a if isinstance(a, str) else ""))}),
+            )
+            for i, a in enumerate(actions)
+        ]
+    blocks = _ACTION.findall(text_of(message.get("content")))
+    if len(blocks) != 1:  # the agent answered this with a format error: not a step
+        return []
+    return [(f"action-{run.turn}-0", "bash", json.dumps({"command": blocks[0].strip()}))]
 
-    Raises:
-        ImportFormatError: required fields are missing or a tool message answers no known call.
-    """
+
+def _on_assistant(run: _Run, index: int, message: dict[str, Any]) -> None:
+    """One model turn: its agent_input (with the model call) and an agent_action per action."""
+    builder, extra = run.builder, object_of(message.get("extra"))
+    response = object_of(extra.get("response"))
+    usage = object_of(response.get("usage"))
+    issues = builder.issues
+    builder.advance(run.previous_ts)
+    message_id = str(response.get("id") or f"turn-{run.turn}")
+    choice = object_of(list_of(response.get("choices"))[0]) if list_of(response.get("choices")) else {}
+    cost = run.costs[run.turn] if run.turn < len(run.costs) else 0.0
+    record = builder.model_call(
+        chat_message(message),
+        model=run.model,
+        sampling=run.sampling,
+        usage=usage,
+        finish_reason=choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None,
+        response_id=str(response["id"]) if response.get("id") else None,
+        cost_usd=cost,
+    )
+    builder.agent_input(
+        prompt_digest=record["request_sha256"],
+        input_tokens=count(usage.get("prompt_tokens"), f"messages[{index}].usage.prompt_tokens", issues),
+        cached_tokens=count(
+            object_of(usage.get("prompt_tokens_details")).get("cached_tokens"), f"messages[{index}].cached", issues
+        ),
+        n_messages=record["n_messages"],
+        content=run.instruction if run.turn == 0 else None,
+        message_id=message_id,
+        model_call=record,
+    )
+    ts = run.stamps[index]
+    builder.advance(ts)
+    reasoning = count(object_of(usage.get("completion_tokens_details")).get("reasoning_tokens"), "reasoning", issues)
+    completion = count(usage.get("completion_tokens"), f"messages[{index}].usage", issues)
+    calls = _calls(run, message)
+    if not calls:
+        run.carried_cost, run.carried_tokens = run.carried_cost + cost, run.carried_tokens + completion
+    for position, (call_id, tool, arguments) in enumerate(calls):
+        first = position == 0  # a turn's tokens and cost belong to its first call only
+        action_id = builder.action(
+            tool,
+            arguments,
+            command_of(arguments),
+            _thought(message),
+            tool_call_id=call_id,
+            message_id=message_id,
+            output_tokens=completion + run.carried_tokens if first else 0,
+            reasoning_tokens=reasoning if first else 0,
+            cost_usd=cost + run.carried_cost if first else 0.0,
+            model_latency_ms=(ts - run.previous_ts) / 1000 if first and ts and run.previous_ts else 0.0,
+        )
+        run.pending.append(_Pending(action_id, call_id, builder.now))
+        if first:
+            run.carried_cost, run.carried_tokens = 0.0, 0
+    run.turn += 1
+
+
+def _answer(run: _Run, pending: _Pending, index: int, message: dict[str, Any], content: str) -> str:
+    """The env_feedback of ``pending`` from an observation message."""
+    extra = object_of(message.get("extra"))
+    ts = run.stamps[index]
+    run.builder.advance(ts)
+    output, code, elided = _tool_output(content)
+    if isinstance(extra.get("returncode"), int) and not isinstance(extra.get("returncode"), bool):
+        code = extra["returncode"]
+    raw_output = extra.get("raw_output")
+    failure = text_of(extra.get("exception_info")) or ("command timed out" if _TIMEOUT.match(content) else None)
+    return run.builder.feedback(
+        pending.action_id,
+        output,
+        tool_call_id=pending.call_id,
+        exit_code=code,
+        duration_ms=(ts - pending.ts) / 1000 if ts is not None else 0.0,
+        elided=elided,
+        full_bytes=len(raw_output.encode()) if isinstance(raw_output, str) else None,
+        failure_reason=failure,
+    )
+
+
+def _on_tool(run: _Run, index: int, message: dict[str, Any]) -> None:
+    """A 2.x tool message: the observation of the call it names."""
+    call_id = str(message.get("tool_call_id") or "")
+    pending = next((p for p in run.pending if p.call_id == call_id), None)
+    if pending is None:
+        raise ImportFormatError(run.source.path, f"message {index}: tool output answers unknown call {call_id!r}")
+    run.pending.remove(pending)
+    _answer(run, pending, index, message, text_of(message.get("content")))
+    run.builder.calls.append(chat_message(message))
+
+
+def _on_user(run: _Run, index: int, message: dict[str, Any]) -> None:
+    """A user message: the task (first), an observation of a text action, the 1.x submission, or a correction."""
+    content = text_of(message.get("content"))
+    if run.pending:
+        pending = run.pending.pop(0)
+        is_observation = bool(_RETURNCODE.search(content) or _TIMEOUT.match(content))
+        feedback = _answer(run, pending, index, message, content) if is_observation else None
+        if feedback is None:  # 1.x: the Submitted exception's message, the submission itself
+            run.builder.advance(run.stamps[index])
+            feedback = run.builder.feedback(pending.action_id, content, tool_call_id=pending.call_id)
+            if run.submission and content.strip() == run.submission.strip():
+                run.submission_event = feedback
+    run.builder.calls.append(chat_message(message))
+
+
+def _on_exit(run: _Run, index: int, message: dict[str, Any]) -> None:
+    """2.x: the submit command's output became the submission; the exit message answers it."""
+    ts = run.stamps[index]
+    run.builder.advance(ts)
+    content = text_of(message.get("content"))
+    for pending in run.pending:
+        feedback_id = run.builder.feedback(
+            pending.action_id,
+            content,
+            tool_call_id=pending.call_id,
+            duration_ms=(ts - pending.ts) / 1000 if ts is not None else 0.0,
+        )
+        if run.submission and content == run.submission:
+            run.submission_event = feedback_id
+    run.pending.clear()
+
+
+def _on_other(run: _Run, index: int, message: dict[str, Any]) -> None:
+    """A system (or unknown-role) message: part of what the model saw."""
+    run.builder.calls.append(chat_message(message))
+
+
+_HANDLERS = {"assistant": _on_assistant, "tool": _on_tool, "user": _on_user, "exit": _on_exit}
+
+
+def _begin(source: SourceFile) -> _Run:
     data = source.data
     messages = data.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
@@ -112,165 +278,88 @@ def convert(source: SourceFile) -> list[Event]:
     messages = [m for m in messages if not m.get("is_demo")]
     info = object_of(data.get("info"))
     config = object_of(info.get("config"))
+    model_config = object_of(config.get("model"))
     instance_id = str(data.get("instance_id") or source.path.name.split(".")[0])
     instruction = next((text_of(m.get("content")) for m in messages if m.get("role") == "user"), None)
     if instruction is None:
         raise ImportFormatError(source.path, "no user message with the task statement")
-    report = companion_report(source.path, instance_id)
-    resolved = bool(report.get("resolved")) if report is not None else None
-
+    format_name = str(data["trajectory_format"])
     builder = RunBuilder(
         source,
         FRAMEWORK,
-        str(data["trajectory_format"]),
+        format_name,
         {
             "task_id": instance_id,
             "task_type": "swe",
-            "image_version": str(data["trajectory_format"]),
+            "image_version": format_name,
             "agent_name": FRAMEWORK,
             "agent_version": str(info["mini_version"]) if info.get("mini_version") else None,
-            "agent_model": (config.get("model") or {}).get("model_name"),
+            "agent_model": str(model_config["model_name"]) if model_config.get("model_name") else None,
         },
     )
-    stamps = [unix_micros((m.get("extra") or {}).get("timestamp")) for m in messages]
+    stamps = [
+        unix_micros(object_of(m.get("extra")).get("timestamp"), f"messages[{i}].timestamp", builder.issues)
+        for i, m in enumerate(messages)
+    ]
+    turns = sum(1 for m in messages if m.get("role") == "assistant")
+    own_costs = [
+        number(object_of(m.get("extra")).get("cost"), "cost", builder.issues)
+        for m in messages
+        if m.get("role") == "assistant"
+    ]
+    if any(c is not None for c in own_costs):
+        costs = [c or 0.0 for c in own_costs]
+    else:
+        total = number(object_of(info.get("model_stats")).get("instance_cost"), "info.model_stats", builder.issues)
+        costs = [(total or 0.0) / turns] * turns if turns else []
     known = [s for s in stamps if s is not None]
-    first_ts = min(known) if known else None
-    builder.at(first_ts)
+    builder.at(min(known) if known else None)
     environment = object_of(config.get("environment"))
     workspace = environment.get("cwd") or ("/testbed" if "__" in instance_id else None)
-    builder.start(instruction, config or None, workspace_root=workspace, task_family=instance_id)
-    submission = text_of(info.get("submission"))
-    submission_event: str | None = None
+    builder.start(
+        instruction, config or None, workspace_root=str(workspace) if workspace else None, task_family=instance_id
+    )
+    return _Run(
+        builder,
+        source,
+        messages,
+        stamps,
+        instruction,
+        str(model_config.get("model_name") or ""),
+        object_of(model_config.get("model_kwargs")),
+        text_of(info.get("submission")),
+        costs,
+        previous_ts=min(known) if known else None,
+    )
 
-    pending: dict[str, tuple[str, int]] = {}  # tool_call_id -> (action event id, action time)
-    previous_ts = first_ts
-    turn = 0
-    for index, message in enumerate(messages):
-        role = message.get("role")
-        extra = object_of(message.get("extra"))
-        ts = stamps[index]
-        if role == "assistant":
-            response = object_of(extra.get("response"))
-            usage = response.get("usage") or {}
-            builder.advance(previous_ts)
-            message_id = str(response.get("id") or f"turn-{turn}")
-            choice = ((response.get("choices") or [{}])[0]) if isinstance(response.get("choices"), list) else {}
-            record = builder.model_call(
-                [chat_message(m) for m in messages[:index] if m.get("role") != "exit"],
-                chat_message(message),
-                model=str((config.get("model") or {}).get("model_name") or ""),
-                sampling=object_of((config.get("model") or {}).get("model_kwargs")),
-                usage=usage,
-                finish_reason=object_of(choice).get("finish_reason"),
-                response_id=response.get("id"),
-                cost_usd=float(extra["cost"]) if isinstance(extra.get("cost"), int | float) else None,
-            )
-            builder.emitter.agent_input(
-                prompt_digest=digest(messages[:index]),
-                input_tokens=int(usage.get("prompt_tokens") or 0),
-                cached_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
-                n_messages=index,
-                content=instruction if turn == 0 else None,
-                message_id=message_id,
-                model_call=record,
-            )
-            builder.advance(ts)
-            calls = message.get("tool_calls") or [
-                {
-                    "id": a.get("tool_call_id") or f"action-{turn}-{i}",
-                    "function": {"name": "bash", "arguments": json.dumps({"command": a.get("command", "")})},
-                }
-                for i, a in enumerate(extra.get("actions") or [])
-            ]
-            details = usage.get("completion_tokens_details") or {}
-            for position, call in enumerate(calls):
-                function = call.get("function") or {}
-                arguments = function.get("arguments") or "{}"
-                try:
-                    parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-                except json.JSONDecodeError:
-                    parsed = {}
-                first = position == 0  # a turn's tokens and cost belong to its first call only
-                call_id = str(call.get("id") or f"action-{turn}-{position}")
-                action_id = builder.action(
-                    str(function.get("name") or "bash"),
-                    arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True),
-                    parsed.get("command") if isinstance(parsed, dict) else None,
-                    _thought(message),
-                    tool_call_id=call_id,
-                    message_id=message_id,
-                    output_tokens=int(usage.get("completion_tokens") or 0) if first else 0,
-                    reasoning_tokens=int(details.get("reasoning_tokens") or 0) if first else 0,
-                    cost_usd=float(extra.get("cost") or 0.0) if first else 0.0,
-                    model_latency_ms=(ts - previous_ts) / 1000 if first and ts and previous_ts else 0.0,
-                )
-                pending[call_id] = (action_id, builder.now)
-            turn += 1
-        elif role == "tool":
-            call_id = str(message.get("tool_call_id") or "")
-            if call_id not in pending:
-                raise ImportFormatError(source.path, f"message {index}: tool output answers unknown call {call_id!r}")
-            action_id, action_ts = pending.pop(call_id)
-            builder.advance(ts)
-            content = text_of(message.get("content"))
-            output, code, elided = _tool_output(content)
-            if isinstance(extra.get("returncode"), int):
-                code = extra["returncode"]
-            raw_output = extra.get("raw_output")
-            builder.feedback(
-                action_id,
-                output,
-                tool_call_id=call_id,
-                exit_code=code,
-                duration_ms=(ts - action_ts) / 1000 if ts is not None else 0.0,
-                elided=elided,
-                full_bytes=len(raw_output.encode()) if isinstance(raw_output, str) else None,
-                failure_reason=text_of(extra.get("exception_info")) or None,
-            )
-        elif role == "exit":
-            # The submit command's output became the submission: the exit message answers it.
-            builder.advance(ts)
-            content = text_of(message.get("content"))
-            for call_id, (action_id, action_ts) in list(pending.items()):
-                feedback_id = builder.feedback(
-                    action_id,
-                    content,
-                    tool_call_id=call_id,
-                    duration_ms=(ts - action_ts) / 1000 if ts is not None else 0.0,
-                )
-                if submission and content == submission:
-                    submission_event = feedback_id
-            pending.clear()
-        if ts is not None:
-            previous_ts = ts
 
+def _end(run: _Run) -> ImportedSession:
+    info = object_of(run.source.data.get("info"))
+    known = [s for s in run.stamps if s is not None]
     if not known:
-        builder.tick()
-    exit_status = str(info.get("exit_status") or "")
-    exception = text_of(info.get("exception_str")).strip()
-    runtime_s = (max(known) - min(known)) / 1e6 if known else 0.0
-    exit_reason = (f"{exit_status}: {exception.splitlines()[-1]}" if exception else exit_status)[:1000] or None
-    # The reward is the evaluation's (below), never session_end's: a later report must not change this event.
-    payload = {
-        "status": end_status(exit_status, None, exception),
-        "runtime_s": runtime_s,
-        "reward": None,
-        "exit_reason": exit_reason,
-    }
-    end_extra = {"submission_event_id": submission_event} if submission_event else None
-    builder.emitter.emit("session_end", payload, "system", extra=end_extra)
-    if report is not None:
-        total, passed = _test_counts(report)
-        builder.tick()
-        builder.evaluation_after_end(
-            report,
-            passed=bool(resolved),
-            tests_total=total,
-            tests_passed=passed,
-            reward=1.0 if resolved else 0.0,
-            fresh_sandbox=False,
-            evaluator=f"imported:{FRAMEWORK}",
-            duration_ms=0.0,
-            details=json.dumps({k: v for k, v in report.items() if k != "tests_status"}, sort_keys=True),
-        )
-    return builder.events
+        run.builder.tick()
+    status_text = str(info.get("exit_status") or "")
+    exception = text_of(info.get("exception_str"))
+    run.builder.end(
+        exit_outcome(status_text, exception),
+        (max(known) - min(known)) / 1e6 if known else 0.0,
+        exit_reason(status_text, exception),
+        submission_event=run.submission_event,
+    )
+    attach_verdict_beside(run.builder, run.source, str(run.builder.emitter.envelope["task_id"]))
+    return run.builder.finish()
+
+
+def convert(source: SourceFile) -> list[ImportedSession]:
+    """The session of one mini-swe-agent run.
+
+    Raises:
+        ImportFormatError: required fields are missing or a tool message answers no known call.
+    """
+    run = _begin(source)
+    for index, message in enumerate(run.messages):
+        _HANDLERS.get(str(message.get("role")), _on_other)(run, index, message)
+        ts = run.stamps[index]
+        if ts is not None:
+            run.previous_ts = ts
+    return [_end(run)]

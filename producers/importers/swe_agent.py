@@ -10,30 +10,35 @@ clock from a fixed epoch advanced by ``execution_time`` where recorded.
 Successful ``create``/``edit``/``insert`` commands become file_op events,
 their path read from the ``[File: …]`` header the command printed. A step
 whose model turn is in the ``history`` carries it as a ``model_call`` (schema
-v3): the history before it, demonstrations included, is the exact request.
+v3): the history before it, demonstrations included, is the exact request. A verdict comes
+from a report beside the file (``results.json``, ``report.json``, …).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from producers.importers._common import (
+    ImportedSession,
     ImportFormatError,
     RunBuilder,
     SourceFile,
     apportion,
+    arguments_text,
     chat_message,
     digest,
-    end_status,
+    exit_outcome,
     object_of,
     text_of,
 )
-from producers.sdk import Event
+from producers.importers._values import count, number
+from producers.importers.verdicts import attach_verdict_beside
 
 FRAMEWORK = "swe-agent"
 # SWE-agent's own interface commands (v0 and EnIGMA); any other first word is a shell command.
@@ -76,6 +81,11 @@ _CTF = re.compile(r"\bCTF\b")
 def looks_like(data: Any) -> bool:
     """Whether parsed JSON is a SWE-agent trajectory."""
     return isinstance(data, dict) and isinstance(data.get("trajectory"), list) and "history" in data
+
+
+def why_not(data: Any) -> str:
+    """Why ``data`` is not a SWE-agent trajectory (for the unknown-format message)."""
+    return "no 'trajectory' list with a 'history'"
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
@@ -147,12 +157,29 @@ def _file_op(step: dict[str, Any], version: str) -> tuple[str, str] | None:
     return _EDIT_OPS[word], path
 
 
-def convert(source: SourceFile) -> list[Event]:
-    """All events of one SWE-agent run.
+@dataclass
+class _Run:
+    """The state of one run while its steps are read."""
 
-    Raises:
-        ImportFormatError: required fields are missing or of the wrong type.
-    """
+    builder: RunBuilder
+    source: SourceFile
+    version: str
+    instruction: str
+    model: str
+    full_history: list[dict[str, Any]]  # what the model saw, demonstrations included (the exact requests)
+    history: list[dict[str, Any]]  # without demonstrations
+    positions: list[int]  # index in full_history of each history entry
+    matches: list[int | None]
+    input_tokens: list[int]
+    output_tokens: list[int]
+    cost: float
+    submission: str
+    cursor: int = 0  # full_history messages already in the conversation
+    runtime_s: float = 0.0
+    submission_event: str | None = None
+
+
+def _begin(source: SourceFile) -> tuple[_Run, list[dict[str, Any]]]:
     data = source.data
     steps, history = data.get("trajectory"), data.get("history")
     lists = isinstance(steps, list) and isinstance(history, list)
@@ -162,102 +189,139 @@ def convert(source: SourceFile) -> list[Event]:
     info = object_of(data.get("info"))
     replay = _as_dict(data.get("replay_config"))
     version = "v1" if replay or any("message_type" in h for h in history) else "v0"
-    full_history = history  # what the model saw, demonstrations included (the exact requests)
     positions = [i for i, h in enumerate(history) if not h.get("is_demo")]
-    history = [h for h in history if not h.get("is_demo")]  # in-context demonstrations are not this run
+    own = [h for h in history if not h.get("is_demo")]  # in-context demonstrations are not this run
     problem = object_of(replay.get("problem_statement"))
-    instruction = next((text_of(h.get("content")) for h in history if h.get("role") == "user"), None)
+    instruction = next((text_of(h.get("content")) for h in own if h.get("role") == "user"), None)
     instruction = instruction or text_of(problem.get("text")) or None
     if instruction is None:
         raise ImportFormatError(source.path, "no non-demo user message or problem statement with the task")
-    system = next((text_of(h.get("content")) for h in history if h.get("role") == "system"), "")
-    model = ((replay.get("agent") or {}).get("model") or {}).get("name") or companion_model(source.path)
-    stats = object_of(info.get("model_stats"))
-
+    system = next((text_of(h.get("content")) for h in own if h.get("role") == "system"), "")
+    model = object_of(object_of(replay.get("agent")).get("model")).get("name") or companion_model(source.path)
+    task_id = str(problem.get("id") or source.path.stem)
     builder = RunBuilder(
         source,
         FRAMEWORK,
         f"swe-agent-traj-{version}",
         {
-            "task_id": str(problem.get("id") or source.path.stem),
+            "task_id": task_id,
             "task_type": "ctf" if _CTF.search(system) or _CTF.search(instruction) else "swe",
             "image_version": version,
             "agent_name": FRAMEWORK,
             "agent_model": str(model) if model else None,
         },
     )
-    task_id = str(problem.get("id") or source.path.stem)
+    stats = object_of(info.get("model_stats"))
+    issues = builder.issues
     states = [_as_dict(step.get("state")) for step in steps]
     workspace = next((str(state["working_dir"]) for state in states if state.get("working_dir")), None)
     builder.start(instruction, replay or None, workspace_root=workspace, task_family=task_id)
-    submission = text_of(info.get("submission"))
-    submission_event: str | None = None
+    run = _Run(
+        builder,
+        source,
+        version,
+        instruction,
+        str(model or ""),
+        history,
+        own,
+        positions,
+        _match_assistant(own, steps),
+        apportion(count(stats.get("tokens_sent"), "info.model_stats.tokens_sent", issues), len(steps)),
+        apportion(count(stats.get("tokens_received"), "info.model_stats.tokens_received", issues), len(steps)),
+        (number(stats.get("instance_cost"), "info.model_stats.instance_cost", issues) or 0.0) / max(len(steps), 1),
+        text_of(info.get("submission")),
+    )
+    return run, steps
 
-    matches = _match_assistant(history, steps)
-    input_tokens = apportion(int(stats.get("tokens_sent") or 0), len(steps))
-    output_tokens = apportion(int(stats.get("tokens_received") or 0), len(steps))
-    cost = float(stats.get("instance_cost") or 0.0) / len(steps) if steps else 0.0
-    runtime_s = 0.0
-    for number, step in enumerate(steps):
-        index = matches[number]
-        entry = history[index] if index is not None else {}
-        builder.tick()
-        message_id = f"step-{number}"
-        record = None
-        if index is not None:  # the step's model turn is in the history: its request and reply as recorded
-            record = builder.model_call(
-                [chat_message(h) for h in full_history[: positions[index]]],
-                chat_message(entry),
-                model=str(model or ""),
-                usage={"prompt_tokens": input_tokens[number], "completion_tokens": output_tokens[number]},
-                cost_usd=cost,
-            )
-        builder.emitter.agent_input(
-            prompt_digest=digest(history[:index] if index is not None else [number, step.get("response")]),
-            input_tokens=input_tokens[number],
-            n_messages=index or 0,
-            content=instruction if number == 0 else None,
-            message_id=message_id,
-            model_call=record,
-        )
-        builder.tick()
-        action = str(step.get("action") or "")
-        calls = entry.get("tool_calls") or []
-        call = calls[0] if calls and isinstance(calls[0], dict) else None
-        if call is not None:
-            function = call.get("function") or {}
-            tool_name = str(function.get("name") or "bash")
-            arguments = function.get("arguments")
-            arguments = arguments if isinstance(arguments, str) else json.dumps(arguments or {}, sort_keys=True)
-            call_id = str(call.get("id") or f"step-{number}")
-        else:
-            word = action.strip().split(maxsplit=1)[0] if action.strip() else ""
-            tool_name = word if word in ACI_COMMANDS else "bash"
-            arguments, call_id = json.dumps({"command": action}), f"step-{number}"
-        action_id = builder.action(
-            tool_name,
-            arguments,
-            action,
-            text_of(step.get("thought")),
-            tool_call_id=call_id,
-            message_id=message_id,
-            output_tokens=output_tokens[number],
-            cost_usd=cost,
-        )
-        seconds = float(step.get("execution_time") or 0.0)
-        runtime_s += seconds
-        builder.tick(seconds)
-        observation = text_of(step.get("observation"))
-        feedback_id = builder.feedback(action_id, observation, tool_call_id=call_id, duration_ms=seconds * 1000)
-        if submission and observation == submission:
-            submission_event = feedback_id
-        file_op = _file_op(step, version)
-        if file_op is not None:
-            builder.emitter.file_op(*file_op)
 
+def _model_turn(run: _Run, number_: int, step: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The step's agent_input (with its model call when the history has the turn); its history entry and message id."""
+    index = run.matches[number_]
+    entry = run.history[index] if index is not None else {}
+    builder = run.builder
     builder.tick()
+    message_id = f"step-{number_}"
+    record = None
+    if index is not None:  # the step's model turn is in the history: its request and reply as recorded
+        position = run.positions[index]
+        for message in run.full_history[run.cursor : position]:
+            builder.calls.append(chat_message(message))
+        run.cursor = position + 1
+        record = builder.model_call(
+            chat_message(entry),
+            model=run.model,
+            usage={"prompt_tokens": run.input_tokens[number_], "completion_tokens": run.output_tokens[number_]},
+            cost_usd=run.cost,
+        )
+    builder.agent_input(
+        prompt_digest=record["request_sha256"] if record else digest([number_, step.get("response")]),
+        input_tokens=run.input_tokens[number_],
+        n_messages=record["n_messages"] if record else 0,
+        content=run.instruction if number_ == 0 else None,
+        message_id=message_id,
+        model_call=record,
+    )
+    return entry, message_id
+
+
+def _call_of(entry: dict[str, Any], action: str, number_: int) -> tuple[str, str, str]:
+    """(tool name, arguments JSON, call id): the v1 tool call, else the ACI command's first word or ``bash``."""
+    calls = entry.get("tool_calls") or []
+    call = calls[0] if calls and isinstance(calls[0], dict) else None
+    if call is not None:
+        function = object_of(call.get("function"))
+        return (
+            str(function.get("name") or "bash"),
+            arguments_text(function.get("arguments")),
+            str(call.get("id") or f"step-{number_}"),
+        )
+    word = action.strip().split(maxsplit=1)[0] if action.strip() else ""
+    return (word if word in ACI_COMMANDS else "bash"), json.dumps({"command": action}), f"step-{number_}"
+
+
+def _step(run: _Run, number_: int, step: dict[str, Any]) -> None:
+    """One SWE-agent step: its model turn, its action, the observation, and a file_op for an edit."""
+    entry, message_id = _model_turn(run, number_, step)
+    builder = run.builder
+    builder.tick()
+    action = text_of(step.get("action"))
+    tool_name, arguments, call_id = _call_of(entry, action, number_)
+    action_id = builder.action(
+        tool_name,
+        arguments,
+        action,
+        text_of(step.get("thought")),
+        tool_call_id=call_id,
+        message_id=message_id,
+        output_tokens=run.output_tokens[number_],
+        cost_usd=run.cost,
+    )
+    seconds = number(step.get("execution_time"), f"trajectory[{number_}].execution_time", builder.issues) or 0.0
+    run.runtime_s += max(seconds, 0.0)
+    builder.tick(seconds)
+    observation = text_of(step.get("observation"))
+    feedback_id = builder.feedback(action_id, observation, tool_call_id=call_id, duration_ms=max(seconds, 0.0) * 1000)
+    if run.submission and observation == run.submission:
+        run.submission_event = feedback_id
+    file_op = _file_op(step, run.version)
+    if file_op is not None:
+        builder.file_op(*file_op)
+
+
+def convert(source: SourceFile) -> list[ImportedSession]:
+    """The session of one SWE-agent run.
+
+    Raises:
+        ImportFormatError: required fields are missing or of the wrong type.
+    """
+    run, steps = _begin(source)
+    for number_, step in enumerate(steps):
+        _step(run, number_, step)
+    run.builder.tick()
+    info = object_of(source.data.get("info"))
     exit_status = str(info.get("exit_status") or "")
-    extra = {"submission_event_id": submission_event} if submission_event else None
-    payload = {"status": end_status(exit_status), "runtime_s": runtime_s, "exit_reason": exit_status or None}
-    builder.emitter.emit("session_end", payload, "system", extra=extra)
-    return builder.events
+    run.builder.end(
+        exit_outcome(exit_status), run.runtime_s, exit_status or None, submission_event=run.submission_event
+    )
+    attach_verdict_beside(run.builder, source, str(run.builder.emitter.envelope["task_id"]))
+    return [run.builder.finish()]

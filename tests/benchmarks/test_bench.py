@@ -72,7 +72,13 @@ def test_every_benchmark_module_is_reachable_from_a_command() -> None:
     import benchmarks.cli
 
     root = Path(benchmarks.cli.__file__).parent
-    modules = {p.stem for p in root.glob("*.py")} - {"__init__", "cli", "harness", "secret_corpus"}
+    modules = {p.stem for p in root.glob("*.py")} - {
+        "__init__",
+        "cli",
+        "harness",
+        "secret_corpus",
+        "secret_corpus_public",
+    }
     commanded = set(re.findall(r"from benchmarks\.(\w+) import", Path(benchmarks.cli.__file__).read_text()))
     assert modules <= commanded, f"benchmark modules without a command: {sorted(modules - commanded)}"
 
@@ -112,3 +118,11 @@ def test_bench_cold_smoke_finds_its_sessions_at_both_sizes() -> None:
         assert measured["aggregate_rows"] == 10_000  # one day's events, counted once
         assert measured["lookup_first_s"] > 0 and measured["peak_rss_bytes"] > 0
         assert measured["lookup_gets"] > 0  # the data comes from the store (footers from the cache)
+
+
+def test_bench_sql_start_measures_the_query_process_against_in_process() -> None:
+    from benchmarks.sql_start import bench_sql_start
+
+    result = bench_sql_start(repeat=1)
+    figures = {f["name"]: f for f in result["figures"]}
+    assert len(figures) == 3 and all(f["value"] > 0 and f["baseline"] > 0 for f in figures.values())

@@ -271,7 +271,8 @@ def test_atif_export_import_export_is_byte_stable_for_fleet_llm_and_imported_ses
     first = {json.loads(line)["session_id"]: line for line in (tmp_path / "a" / "atif.jsonl").read_text().splitlines()}
     assert set(first) == set().union(*kinds.values()) - kinds["cheater"]  # security-flagged: never exported
     again = _lake(tmp_path / "again")
-    write_raw(again, import_trajectory(tmp_path / "a" / "atif.jsonl"), batch_size=5000)
+    imported = import_trajectory(tmp_path / "a" / "atif.jsonl")
+    write_raw(again, imported, batch_size=5000)
     assemble(again)
     score_all(again)
     export_training_set(again, "atif", tmp_path / "b", filters=every)
@@ -279,5 +280,13 @@ def test_atif_export_import_export_is_byte_stable_for_fleet_llm_and_imported_ses
     assert set(second) == set(first)
     for session_id, line in first.items():
         assert second[session_id] == line, session_id
+    # the file's ids are kept beside the lake's own (an import never takes a session id), and its
+    # verdicts are claims: restated by the export, never counted by the lake
+    assert {e["extra"]["source_session_id"] for e in imported} == set(first)
+    assert not {e["session_id"] for e in imported} & set(first)
+    counted = "SELECT count(*) FROM trajectories WHERE eval_passed IS NOT NULL OR reward IS NOT NULL"
+    assert run_query(again, counted)[1][0][0] == 0
+    assert any(json.loads(line)["extra"].get("eval_passed") for line in first.values())
     scores = _records(tmp_path / "a" / "atif.scores.jsonl")
     assert {s["session_id"] for s in scores} == set(first)
+    assert {s["session_id"] for s in _records(tmp_path / "b" / "atif.scores.jsonl")} == set(first)

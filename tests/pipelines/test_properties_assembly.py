@@ -1,4 +1,7 @@
-"""Property-based: whatever the arrival order, duplication, batching and lateness, assembly equals the clean stream."""
+"""Property-based: whatever the arrival order, duplication, batching and lateness, assembly equals the clean stream.
+
+Events another producer sends under a session's id are part of the messy stream: they change nothing.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from pipelines.assemble import assemble
 from tests.helpers import AS_OF, sample_events, snapshot, write_raw
 
 CLOSING = ("evaluation", "session_end")
+FORGED = ("agent_action", "env_feedback", "evaluation", "session_end")
 
 
 @st.composite
@@ -27,8 +31,17 @@ def scenarios(draw: st.DrawFn) -> dict:
     endless = set(draw(st.lists(st.sampled_from(ids), max_size=2, unique=True)))
     late = set(draw(st.lists(st.sampled_from(ids), max_size=2, unique=True))) - endless
     clean = [e for e in events if not (e["session_id"] in endless and e["event_type"] in CLOSING)]
+    # another producer sends events under a session's id (a host or an imported file claiming it): they must
+    # change nothing, whatever the order they arrive in
+    victims = draw(st.lists(st.sampled_from(ids), max_size=2, unique=True))
+    foreign = [
+        {**e, "session_id": victim, "event_id": f"foreign-{victim}-{i}", "host_id": "foreign-host", "seq": e["seq"] + 1}
+        for victim in victims
+        for i, e in enumerate(x for x in events if x["session_id"] != victim and x["event_type"] in FORGED)
+    ]
     return {
         "clean": clean,
+        "foreign": foreign,
         "late": late,
         "shuffle_seed": draw(st.integers(0, 2**32 - 1)),
         "duplicate_fraction": draw(st.sampled_from([0.0, 0.1, 0.5])),
@@ -39,7 +52,7 @@ def scenarios(draw: st.DrawFn) -> dict:
 def deliver(scenario: dict) -> list[list[dict]]:
     """The messy stream: shuffled, partly duplicated, split in batches, with late session tails last."""
     rng = random.Random(scenario["shuffle_seed"])
-    clean = scenario["clean"]
+    clean = scenario["clean"] + scenario["foreign"]
     is_late = [e["session_id"] in scenario["late"] and e["event_type"] in CLOSING for e in clean]
     on_time = [e for e, late in zip(clean, is_late, strict=True) if not late]
     tails = [e for e, late in zip(clean, is_late, strict=True) if late]

@@ -96,7 +96,9 @@ def test_every_atif_version_from_1_2_imports_with_its_own_fields(tmp_path: Path,
     path = tmp_path / "trajectory.json"
     path.write_text(json.dumps(_document(version)))
     events = import_trajectory(path, format="atif")
-    assert {e["session_id"] for e in events} == {f"traj-{minor}" if minor >= 7 else f"run-{minor}"}
+    # the trajectory's own id (session_id, or trajectory_id from v1.7) is kept beside the lake's own
+    assert {e["extra"]["source_session_id"] for e in events} == {f"traj-{minor}" if minor >= 7 else f"run-{minor}"}
+    assert len({e["session_id"] for e in events}) == 1
     start = next(e for e in events if e["event_type"] == "session_start")
     instruction = start["payload"]["instruction"]
     assert instruction.startswith("Fix the bug in app.py.")
@@ -130,3 +132,28 @@ def test_an_unknown_atif_version_is_one_clear_error(tmp_path: Path, version: str
     path.write_text(json.dumps({**_document("ATIF-v1.4"), "schema_version": version}))
     with pytest.raises(ImportFormatError, match="unsupported ATIF version"):
         import_trajectory(path, format="atif")
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [{"eval_passed": True, "reward": 1.0}, {"reward": 0.25}, {"eval_passed": False}, {"eval_passed": True}],
+)
+def test_a_files_own_verdict_is_self_reported_and_an_export_restates_it_as_claimed(
+    tmp_path: Path, claim: dict[str, Any]
+) -> None:
+    from pipelines.export.atif import verdict
+
+    path = tmp_path / "trajectory.json"
+    path.write_text(json.dumps({**_document("ATIF-v1.7"), "extra": claim}))
+    events = import_trajectory(path, format="atif")
+    (evaluation,) = [e for e in events if e["event_type"] == "evaluation"]
+    assert evaluation["payload"]["provenance"] == "self_reported"  # a claim: the lake does not count it
+    (end,) = [e for e in events if e["event_type"] == "session_end"]
+    assert end["payload"]["reward"] is None  # never the session's reward either
+    payload = evaluation["payload"]
+    row = {"eval_passed": None, "reward": None, "verdict_provenance": None}
+    stated = {"passed": payload["passed"], "reward": payload["reward"], "details": payload["details"]}
+    assert verdict({**row, "claimed_verdict": stated}) == (claim.get("eval_passed"), claim.get("reward"))
+    # a verdict that counted is what an export writes, whatever the file claimed
+    trusted = {"eval_passed": False, "reward": 0.0, "verdict_provenance": "harness_report", "claimed_verdict": stated}
+    assert verdict(trusted) == (False, 0.0)

@@ -16,7 +16,7 @@ from producers.importers import (
     import_paths,
     import_trajectory,
 )
-from producers.importers._common import MAX_OUTPUT_BYTES
+from producers.parts import PART_BYTES
 from schemas.registry import decode_event, encode_event
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "real-trajectories"
@@ -96,7 +96,8 @@ def test_mini_swe_agent_details() -> None:
     assert cost == pytest.approx(raw["info"]["model_stats"]["instance_cost"])
     (evaluation,) = [e for e in events if e["event_type"] == "evaluation"]
     assert evaluation["payload"]["passed"] is True and evaluation["payload"]["fresh_sandbox"] is False
-    assert evaluation["payload"]["evaluator"] == "imported:mini-swe-agent"
+    assert evaluation["payload"]["evaluator"] == "swe-bench"
+    assert evaluation["payload"]["provenance"] == "harness_report"  # the SWE-bench report beside the run
     assert evaluation["payload"]["tests_total"] == evaluation["payload"]["tests_passed"] == 22
     end = next(e for e in events if e["event_type"] == "session_end")
     assert end["payload"]["status"] == "completed" and end["payload"]["reward"] is None
@@ -153,20 +154,24 @@ def test_openhands_details() -> None:
     assert events[-1]["payload"]["runtime_s"] == pytest.approx(81.910037)
 
 
-def test_huge_output_is_cut_and_referenced(tmp_path: Path) -> None:
+def test_huge_output_travels_whole_in_parts(tmp_path: Path) -> None:
     data = json.loads(MINI.read_text())
     tool = next(m for m in data["messages"] if m["role"] == "tool")
-    big = "x" * (MAX_OUTPUT_BYTES + 5000)
+    big = "x\u00e9" * (3 * PART_BYTES)
     tool["content"] = f"<returncode>0</returncode>\n<output>\n{big}</output>"
     tool["extra"]["raw_output"] = big
     path = tmp_path / "big.traj.json"
     path.write_text(json.dumps(data))
     events = import_trajectory(path)
-    payload = next(e["payload"] for e in events if e["event_type"] == "env_feedback")
-    assert payload["truncated"] and len(payload["output"].encode()) == MAX_OUTPUT_BYTES
-    assert payload["output_bytes"] == len(big) == payload["output_ref"]["size_bytes"]
-    assert payload["output_ref"]["uri"].startswith("import://")
-    decode_event(encode_event(next(e for e in events if e["event_type"] == "env_feedback")), 1 << 20)
+    feedback = next(e for e in events if e["event_type"] == "env_feedback")
+    payload = feedback["payload"]
+    assert not payload["truncated"] and len(payload["output"].encode()) <= PART_BYTES
+    assert payload["output_bytes"] == len(big.encode()) == payload["output_ref"]["size_bytes"]
+    parts = [e for e in events if e["event_type"] == "annotation" and e["parent_event_id"] == feedback["event_id"]]
+    assert payload["output"] + "".join(p["payload"]["value"] for p in parts) == big
+    assert payload["output_ref"]["uri"] == f"parts:{payload['output_ref']['sha256']}"
+    for event in events:  # every event, parts included, fits ingest's record limit
+        decode_event(encode_event(event), 1 << 20)
 
 
 @pytest.mark.parametrize("name", [r[0] for r in RUNS])
@@ -189,7 +194,6 @@ def test_truncated_file_is_a_format_error(tmp_path: Path, name: str) -> None:
         ('{"trajectory_format": "mini-swe-agent-1.1", "messages": "oops"}', "messages"),
         ('{"trajectory": [], "history": [{"role": "system", "content": "x"}], "info": {}}', "task"),
         ('[{"id": 0, "source": "agent", "action": "run", "args": {}}]', "no user message"),
-        ('[{"id": 0, "timestamp": "yesterday", "source": "user", "action": "message"}]', "timestamp"),
     ],
 )
 def test_corrupt_input_names_file_and_reason(tmp_path: Path, content: str, reason: str) -> None:
@@ -209,16 +213,17 @@ def test_wrong_explicit_format_and_missing_file(tmp_path: Path) -> None:
         import_trajectory(tmp_path / "missing.json")
 
 
-def test_import_paths_sends_nothing_when_one_file_is_corrupt(tmp_path: Path) -> None:
+def test_a_corrupt_file_is_quarantined_and_the_others_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     sent: list[dict] = []
-    with pytest.raises(ImportFormatError):
-        import_paths([MINI, bad], sent.append)
-    assert sent == []
-    summaries = import_paths([MINI, DATA / "openhands" / "basic.json"], sent.append)
-    assert [s.framework for s in summaries] == ["mini-swe-agent", "openhands"]
-    assert [s.steps for s in summaries] == [42, 2] and sum(s.events for s in summaries) == len(sent)
+    report = import_paths([bad, MINI], sent.append)
+    assert [str(q.path) for q in report.quarantined] == [str(bad)] and "not valid JSON" in report.quarantined[0].reason
+    assert [s.framework for s in report.summaries] == ["mini-swe-agent"] and len(sent) == report.summaries[0].events
+    sent.clear()
+    report = import_paths([MINI, DATA / "openhands" / "basic.json"], sent.append)
+    assert [s.framework for s in report.summaries] == ["mini-swe-agent", "openhands"]
+    assert [s.steps for s in report.summaries] == [42, 2] and sum(s.events for s in report.summaries) == len(sent)
 
 
 @pytest.mark.integration
@@ -269,15 +274,20 @@ def test_openhands_evaluation_output_is_one_session_per_line() -> None:
         assert evaluation["payload"]["passed"] is line["test_result"]["result"]
         assert own[-1] is evaluation
     assert len({e["event_id"] for e in events}) == len(events)
-    summaries = import_paths([path], lambda event: None)
-    assert [s.session_id for s in summaries] == list(sessions)
+    report = import_paths([path], lambda event: None)
+    assert [s.session_id for s in report.summaries] == list(sessions)
 
 
-def test_json_lines_with_a_corrupt_line_names_it(tmp_path: Path) -> None:
+def test_json_lines_with_a_corrupt_line_imports_the_rest_and_names_it(tmp_path: Path) -> None:
     path = tmp_path / "output.jsonl"
     good = (DATA / "openhands" / "eval-output" / "ProntoQA.output.jsonl").read_text().splitlines()[0]
-    path.write_text(good + "\n" + good[:100] + "\n")
-    with pytest.raises(ImportFormatError, match="line 2 is not valid JSON"):
+    path.write_text(good[:100] + "\n" + good + "\n")
+    report = import_paths([path], lambda event: None)
+    assert len(report.summaries) == 1
+    (bad,) = report.quarantined
+    assert bad.position == "line 1" and "line 1 is not valid JSON" in bad.reason
+    path.write_text(good[:100] + "\n")
+    with pytest.raises(ImportFormatError, match="not valid JSON"):
         import_trajectory(path)
 
 
@@ -382,12 +392,14 @@ def _atif(**overrides) -> dict:
     return doc
 
 
-def test_atif_import_keeps_the_session_id_calls_token_ids_and_observations(tmp_path: Path) -> None:
+def test_atif_import_keeps_its_own_id_aside_calls_token_ids_and_observations(tmp_path: Path) -> None:
     path = tmp_path / "run.json"
     path.write_text(json.dumps(_atif()))
     assert detect_format(path) == "atif"
     events = import_trajectory(path)
-    assert {e["session_id"] for e in events} == {"atif-session-1"}
+    # the file's own id is kept, but never becomes the session id: a file cannot claim another producer's session
+    assert len({e["session_id"] for e in events}) == 1 and events[0]["session_id"] != "atif-session-1"
+    assert {e["extra"]["source_session_id"] for e in events} == {"atif-session-1"}
     for event in events:
         assert decode_event(encode_event(event))["event_id"] == event["event_id"]
     rebuilt = _model_calls(events)
@@ -403,7 +415,7 @@ def test_atif_import_keeps_the_session_id_calls_token_ids_and_observations(tmp_p
 
 @pytest.mark.parametrize(
     ("overrides", "words"),
-    [({"steps": "nope"}, "steps"), ({"session_id": ""}, "session_id"), ({"steps": []}, "user step")],
+    [({"steps": "nope"}, "steps"), ({"steps": []}, "user step")],
 )
 def test_atif_import_of_a_bad_trajectory_names_the_problem(tmp_path: Path, overrides: dict, words: str) -> None:
     path = tmp_path / "bad.json"

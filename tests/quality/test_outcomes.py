@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from quality.failure import OUTCOMES, RETRY_ADVICE, outcome
 
+CONFIG_REASON = "model_config_error: HTTP 401 (the endpoint refused the key)"
+
 CASES = [
     # (failure_cause, status, exit_reason, eval_passed, reward) -> outcome
     (("success", "completed", "agent_finished", True, 1.0), "success"),
@@ -22,6 +24,11 @@ CASES = [
     (("infrastructure_error", "error", "sandbox died: x", False, 0.0), "infrastructure"),
     (("success", "error", "model_api_error: HTTP 503", True, 1.0), "infrastructure"),
     (("reaper_timeout", "timeout", "reaper", False, 0.0), "infrastructure"),
+    # the endpoint refused the request as configured (401/403/404): no signal about the policy
+    (("configuration_error", "error", "model_config_error: HTTP 401", False, 0.0), "infrastructure"),
+    (("configuration_error", "completed", "AuthenticationError: bad key", None, None), "infrastructure"),
+    (("success", "error", "model_config_error: HTTP 404", True, 1.0), "infrastructure"),
+    (("success", "completed", "AuthenticationError: bad key", True, 1.0), "infrastructure"),
     (("unevaluated", "completed", None, None, None), "unevaluated"),
     (("limit_reached", "capped", "max_steps", None, None), "unevaluated"),  # nobody evaluated it
     (("still_running", "running", None, None, None), "running"),
@@ -54,7 +61,9 @@ def test_outcome_of_each_way_a_session_ends(row: tuple, expected: str) -> None:
         st.tuples(
             st.sampled_from(sorted(RETRY_ADVICE)),
             st.sampled_from(["completed", "capped", "failed", "error", "timeout", "gave_up", "running"]),
-            st.sampled_from([None, "agent_raised", "agent_finished", "reaper", "max_steps", "sandbox died: x"]),
+            st.sampled_from(
+                [None, "agent_raised", "agent_finished", "reaper", "max_steps", "sandbox died: x", CONFIG_REASON]
+            ),
             st.sampled_from([None, True, False]),
             st.sampled_from([None, 0.0, 0.5, 1.0]),
         ),
@@ -73,3 +82,5 @@ def test_a_success_is_evaluated_passed_unvoided_and_uncrashed(rows: list[tuple])
             assert passed is not None or reward is not None
         if reason == "agent_raised" and status == "failed":
             assert got == "agent_crash" or cause == "still_running"
+        if cause == "configuration_error" or (cause == "success" and reason == CONFIG_REASON):
+            assert got in ("infrastructure", "agent_crash")  # never an RL episode nor an SFT example

@@ -42,7 +42,8 @@ def test_shipped_versions_are_backward_compatible_and_the_new_kind_is_not_forwar
     forward = check_shipped(Compatibility.FORWARD)
     assert len(forward[(1, 2)]) == 1 and "Annotation" in forward[(1, 2)][0]
     assert forward[(1, 3)] == forward[(1, 2)] and forward[(2, 3)] == []  # v3 adds no kind: v2 readers read it
-    assert forward[(3, 4)] == [] and forward[(2, 4)] == []  # v4 adds only optional model-call fields
+    # v4 adds only optional fields (model-call token modes, verdict provenance, text parts)
+    assert forward[(3, 4)] == [] and forward[(2, 4)] == []
 
 
 @pytest.mark.parametrize(

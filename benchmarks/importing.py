@@ -1,0 +1,138 @@
+"""``trajlake bench import``: importing a recorded run is linear in its size, in time and in memory.
+
+Recorded runs of 1.6, 3.2, 6.4 and 12.8 MB (a mini-swe-agent 2.x run whose turns repeat with fresh
+ids and texts, so every turn is new content) are imported one at a time, each in a fresh process so
+its peak RSS is its own. The table gives seconds and peak RSS per MB; the ratio of the largest run's
+time per MB to the smallest's is the figure (1.0 is linear; a quadratic import doubles it at each
+doubling of the size, 8.0 across the range).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import multiprocessing
+import resource
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+#: Run sizes, in MB (each twice the last).
+SIZES_MB = (1.6, 3.2, 6.4, 12.8)
+
+
+def recorded_run(target_bytes: int) -> dict[str, Any]:
+    """A mini-swe-agent 2.x run of about ``target_bytes`` bytes: a system and a task message, then turns."""
+    system = {"role": "system", "content": "You are a helpful assistant that can interact with a computer."}
+    task = {"role": "user", "content": "Fix: parse_units('MB') is case-sensitive.", "extra": {"timestamp": 1.7e9}}
+    messages: list[dict[str, Any]] = [system, task]
+    size, turn = 2000, 0
+    while size < target_bytes:
+        command = f"sed -n '{turn},{turn + 40}p' widgets/module_{turn % 97}.py"
+        call = {
+            "id": f"call_{turn}",
+            "type": "function",
+            "function": {"name": "bash", "arguments": json.dumps({"command": command})},
+        }
+        assistant = {
+            "role": "assistant",
+            "content": f"Step {turn}: read the next part of module {turn % 97}. " + "I am reasoning about it. " * 12,
+            "tool_calls": [call],
+            "extra": {
+                "actions": [{"command": command, "tool_call_id": call["id"]}],
+                "response": {
+                    "id": f"resp-{turn}",
+                    "usage": {"prompt_tokens": 2000 + 30 * turn, "completion_tokens": 80},
+                },
+                "cost": 0.0004,
+                "timestamp": 1.7e9 + 10 * turn,
+            },
+        }
+        output = "".join(f"{turn}:{n}\tvalue_{n} = compute({turn}, {n})  # line of module\n" for n in range(40))
+        tool = {
+            "role": "tool",
+            "tool_call_id": call["id"],
+            "content": f"<returncode>0</returncode>\n<output>\n{output}</output>",
+            "extra": {"raw_output": output, "returncode": 0, "timestamp": 1.7e9 + 10 * turn + 1},
+        }
+        messages += [assistant, copy.deepcopy(tool)]
+        size += len(json.dumps(assistant)) + len(json.dumps(tool))
+        turn += 1
+    return {
+        "trajectory_format": "mini-swe-agent-1.1",
+        "instance_id": "acme__widgets-900",
+        "info": {
+            "exit_status": "Submitted",
+            "submission": "",
+            "model_stats": {"instance_cost": 0.1, "api_calls": turn},
+        },
+        "messages": messages,
+    }
+
+
+def _import_in_child(path: str, queue: Any) -> None:
+    from producers.importers import import_file
+
+    started = time.perf_counter()
+    (session,) = import_file(path).sessions
+    seconds = time.perf_counter() - started
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    queue.put((seconds, rss, session.steps, len(session.events)))
+
+
+def measure(path: Path) -> tuple[float, int, int, int]:
+    """(seconds, peak RSS bytes, steps, events) of importing ``path`` in a fresh process."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=_import_in_child, args=(str(path), queue))
+    child.start()
+    result = queue.get(timeout=3600)
+    child.join()
+    return result
+
+
+def _baseline_rss() -> int:
+    """Peak RSS of a fresh process that only loads the importers (what every measurement includes)."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=_load_only, args=(queue,))
+    child.start()
+    rss = int(queue.get(timeout=600))
+    child.join()
+    return rss
+
+
+def _load_only(queue: Any) -> None:
+    import producers.importers  # noqa: F401 (what the import measurement also loads)
+
+    queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def bench_import(sizes: tuple[float, ...] = SIZES_MB) -> dict[str, Any]:
+    """Import runs of ``sizes`` MB and print time and peak RSS per MB, and the ratio largest / smallest."""
+    rows = []
+    base_rss = _baseline_rss()
+    with tempfile.TemporaryDirectory() as directory:
+        for size in sizes:
+            path = Path(directory) / f"run-{size}.traj.json"
+            path.write_text(json.dumps(recorded_run(int(size * 1e6))))
+            megabytes = path.stat().st_size / 1e6
+            seconds, rss, steps, events = measure(path)
+            rows.append((megabytes, steps, events, seconds, rss))
+            path.unlink()
+    print(f"importer peak RSS with nothing imported: {base_rss / 1e6:.0f} MB")
+    print(f"{'MB':>6} {'turns':>6} {'events':>7} {'seconds':>8} {'s/MB':>6} {'peak RSS MB':>11} {'(RSS-base)/MB':>13}")
+    for megabytes, steps, events, seconds, rss in rows:
+        print(
+            f"{megabytes:6.1f} {steps:6d} {events:7d} {seconds:8.2f} {seconds / megabytes:6.2f} {rss / 1e6:11.0f} "
+            f"{(rss - base_rss) / 1e6 / megabytes:13.1f}"
+        )
+    first, last = rows[0], rows[-1]
+    time_ratio = (last[3] / last[0]) / (first[3] / first[0])
+    memory_ratio = ((last[4] - base_rss) / last[0]) / max((first[4] - base_rss) / first[0], 1)
+    print(
+        f"time per MB, {last[0]:.1f} MB vs {first[0]:.1f} MB: {time_ratio:.2f}x; "
+        f"memory per MB: {memory_ratio:.2f}x (1.0 is linear)"
+    )
+    return {"rows": rows, "time_ratio": time_ratio, "memory_ratio": memory_ratio, "base_rss": base_rss}

@@ -1,0 +1,135 @@
+"""``trajlake import``: recorded runs, verdicts and live OTLP traces into the event stream, a session at a time.
+
+Each session is encoded whole before any of its events is produced (:class:`SessionSender`), so an
+event that cannot be encoded sends nothing of its session, never a part. What could not be
+imported (a corrupt line, a trial without a trajectory, a session that would not encode, a verdict
+on an instance no session has) is listed in the result and written to the ``quarantine`` table
+(``stage = 'import'``) with its file and position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.errors import ConfigError, TrajlakeError
+from common.settings import Settings
+from pipelines.quarantine import Quarantined, record_quarantine
+from pipelines.verdicts import Attached, attach_verdicts, run_id
+from producers.importers import ImportedSession, ImportReport, import_paths
+from producers.importers.verdicts import read_verdicts, with_verdicts
+from producers.sdk import EventProducer
+from warehouse.catalog import open_catalog
+
+
+@dataclass
+class SessionSender:
+    """Sends sessions whole: every event encoded first, then all produced (keyed by session id).
+
+    Args:
+        producer: the Kafka producer (its redaction is off: importers redact before splitting texts).
+    """
+
+    producer: EventProducer
+    failed: list[tuple[ImportedSession, str]] = field(default_factory=list)
+    sent: set[str] = field(default_factory=set)
+
+    def __call__(self, session: ImportedSession) -> None:
+        try:
+            encoded = [(event, self.producer.encode(event)) for event in session.events]
+        except TrajlakeError as exc:
+            self.failed.append((session, " ".join(str(exc).split())))
+            return
+        for event, value in encoded:
+            self.producer.send(event["session_id"], event["event_id"], value)
+        self.sent.add(session.session_id)
+
+
+@dataclass
+class ImportRun:
+    """What one ``trajlake import`` did."""
+
+    report: ImportReport = field(default_factory=ImportReport)
+    attached: Attached | None = None
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (session id, why it could not be sent)
+
+    def quarantine_records(self) -> list[Quarantined]:
+        """Everything set aside, as quarantine rows (``stage = 'import'``)."""
+        records = [
+            Quarantined(
+                f"file:{q.path}" + (f"#{q.position}" if q.position else ""),
+                "import",
+                "unreadable_record",
+                "skipped",
+                str(q),
+            )
+            for q in self.report.quarantined
+        ]
+        records += [Quarantined(sid, "import", "unencodable_session", "skipped", why) for sid, why in self.failed]
+        if self.attached is not None:
+            records += self.attached.quarantine_records()
+        return records
+
+
+def import_runs(
+    settings: Settings,
+    paths: list[Path],
+    producer: EventProducer,
+    *,
+    format: str = "auto",
+    verdicts: Path | None = None,
+) -> ImportRun:
+    """Import ``paths`` (sessions sent whole) and attach the verdicts under ``verdicts``.
+
+    With paths, verdicts join the imported sessions of their instance (unless a session brought its
+    own); without, they are attached to the assembled sessions of their instance
+    (:func:`pipelines.verdicts.attach_verdicts`). Everything set aside is recorded in ``quarantine``.
+
+    Raises:
+        ImportFormatError: an unknown format name, or a ``verdicts`` path that does not exist.
+    """
+    run = ImportRun()
+    sender = SessionSender(producer)
+    if paths:
+        files = read_verdicts(verdicts)[0] if verdicts is not None else []
+
+        def send(session: ImportedSession) -> None:
+            if files:
+                with_verdicts(session, files)
+            sender(session)
+
+        run.report = import_paths(paths, format=format, send=send)
+    elif verdicts is not None:
+        run.attached = attach_verdicts(settings, verdicts, producer.emit)
+    run.failed = [(session.session_id, why) for session, why in sender.failed]
+    failed = {sid for sid, _ in run.failed}
+    run.report.summaries = [s for s in run.report.summaries if s.session_id not in failed]
+    producer.flush()
+    records = run.quarantine_records()
+    if records:
+        record_quarantine(open_catalog(settings), settings, records, run_id())
+    return run
+
+
+def listen(address: str, producer: EventProducer, on_session: Callable[[ImportedSession], Any] | None = None) -> Any:
+    """An OTLP/HTTP receiver on ``address`` (``host:port``) sending each conversation to Kafka; started, not joined.
+
+    Raises:
+        ConfigError: ``address`` is not ``host:port``.
+    """
+    from producers.importers.otlp_receiver import OtlpReceiver
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--listen wants host:port, got {address!r}")
+    sender = SessionSender(producer)
+
+    def send(session: ImportedSession) -> None:
+        sender(session)
+        producer.flush()
+        if on_session is not None:
+            on_session(session)
+
+    return OtlpReceiver(send, host, int(port)).start()

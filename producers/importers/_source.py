@@ -1,0 +1,253 @@
+"""Reading recorded runs: whole JSON files, JSON Lines record by record, and what a record is.
+
+A JSON file is parsed whole (its memory is its size); a JSON Lines file is read one line at a
+time, so a bad line is one quarantined record and memory is bounded by the longest line. Every
+record carries the sha256 of its own bytes (the namespace of its session's ids) and where it is
+in the file (``line 7``, ``trial t-3``), which a quarantine entry names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from producers.errors import ProducerError
+
+#: Deepest nesting of lists/objects an imported file may have (real runs nest about ten levels).
+MAX_JSON_DEPTH = 200
+
+
+class ImportFormatError(ProducerError):
+    """A recorded run cannot be imported: unknown, corrupt or truncated input (names the file and the reason)."""
+
+    def __init__(self, path: Path | str, reason: str, position: str = "") -> None:
+        reason = " ".join(reason.split())  # one line, whatever the cause quoted
+        super().__init__(f"{path}: {reason}")
+        self.path = str(path)
+        self.reason = reason
+        self.position = position  # where in the file (``line 7``), when the error is one record's
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One recorded run (or one record of a multi-run file) as read: the sha256 of its bytes and the parsed JSON.
+
+    Attributes:
+        path: the file it came from.
+        sha256: of the record's own bytes (a whole file, or one line of a JSON Lines file).
+        data: the parsed JSON.
+        position: where the record is in the file (``""`` for a whole file, ``"line 3"``, …).
+    """
+
+    path: Path
+    sha256: str
+    data: Any
+    position: str = ""
+    repaired: tuple[str, ...] = ()  # where unpaired surrogates were replaced (they cannot be UTF-8)
+
+    def at(self, position: str, sha256: str, data: Any) -> SourceFile:
+        """A record of this file at ``position``."""
+        return SourceFile(self.path, sha256, data, position)
+
+
+@dataclass(frozen=True)
+class JsonLines:
+    """A JSON Lines file, read lazily: :func:`iter_lines` yields its records."""
+
+    path: Path
+    first: Any  # the first record, parsed (what format detection looks at)
+
+    def records(self) -> Iterator[SourceFile | ImportFormatError]:
+        """Every non-empty line as a record, or the error that line is (a bad line never stops the rest)."""
+        return iter_lines(self.path)
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's bytes.
+
+    Raises:
+        ImportFormatError: missing, unreadable or empty.
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ImportFormatError(path, f"cannot read file ({exc.strerror or exc})") from exc
+    if not raw.strip():
+        raise ImportFormatError(path, "file is empty")
+    return raw
+
+
+def parse_json(path: Path, raw: bytes, where: str = "") -> Any:
+    """Parse JSON bytes, with errors that name the place (unpaired surrogates repaired: :func:`parse_record`).
+
+    Raises:
+        ImportFormatError: not UTF-8, not JSON, or nested deeper than :data:`MAX_JSON_DEPTH`.
+    """
+    prefix = f"{where}: " if where else ""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ImportFormatError(path, f"{prefix}not UTF-8 text (byte {exc.start})") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if where:
+            raise ImportFormatError(path, f"{where} is not valid JSON (truncated or corrupt?): {exc.msg}") from exc
+        raise ImportFormatError(
+            path, f"not valid JSON (truncated or corrupt?): {exc.msg} at line {exc.lineno}"
+        ) from exc
+    except RecursionError:  # the C parser recurses per nesting level
+        raise ImportFormatError(path, f"{prefix}JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+    check_nesting(path, data, where)
+    return data
+
+
+def parse_record(path: Path, raw: bytes, where: str = "") -> tuple[Any, tuple[str, ...]]:
+    """Parse JSON bytes and replace every unpaired surrogate (a ``\\ud800`` escape) by U+FFFD.
+
+    Returns:
+        The data and the JSON paths of the strings that were repaired.
+
+    Raises:
+        ImportFormatError: as :func:`parse_json`.
+    """
+    data = parse_json(path, raw, where)
+    if b"\\ud" not in raw.lower():  # a lone surrogate can only come from an escape
+        return data, ()
+    repaired: list[str] = []
+    return _repair(data, "", repaired), tuple(repaired)
+
+
+def _bad_text(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _fixed(text: str) -> str:
+    return "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in text)
+
+
+def _repair(value: Any, where: str, repaired: list[str]) -> Any:
+    """``value`` with its strings (keys too) made encodable; iterative, so depth costs no stack."""
+    root: list[Any] = [value]
+    stack: list[tuple[Any, Any, str]] = [(root, 0, where)]
+    while stack:
+        container, key, path = stack.pop()
+        item = container[key]
+        if isinstance(item, str):
+            if _bad_text(item):
+                repaired.append(path or "$")
+                container[key] = _fixed(item)
+        elif isinstance(item, dict):
+            if any(_bad_text(k) for k in item):
+                repaired.append(path or "$")
+                item = container[key] = {_fixed(k): v for k, v in item.items()}
+            stack.extend((item, k, f"{path}.{k}" if path else k) for k in item)
+        elif isinstance(item, list):
+            stack.extend((item, i, f"{path}[{i}]") for i in range(len(item)))
+    return root[0]
+
+
+def check_nesting(path: Path, data: Any, where: str = "") -> None:
+    """Refuse ``data`` nested deeper than :data:`MAX_JSON_DEPTH` (walked without recursion).
+
+    Raises:
+        ImportFormatError: the nesting is deeper than the cap.
+    """
+    stack = [(data, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                prefix = f"{where}: " if where else ""
+                raise ImportFormatError(path, f"{prefix}JSON nested deeper than {MAX_JSON_DEPTH} levels")
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+
+
+def read_source(path: Path | str) -> SourceFile:
+    """Read a recorded run: a JSON document, or (objects one per line) a lazily read JSON Lines file.
+
+    A JSON Lines file is recognised by a first line that is a JSON object by itself with more lines
+    after it, or, when the whole file is not JSON, by any line that is: so a file whose first line
+    was cut still imports its other lines.
+
+    Raises:
+        ImportFormatError: the file is missing, unreadable, not UTF-8 or not valid JSON.
+    """
+    path = Path(path)
+    first = _first_line_record(path)
+    if first is not None:
+        return SourceFile(path, _file_sha256(path), JsonLines(path, first))
+    raw = read_bytes(path)
+    digest = hashlib.sha256(raw).hexdigest()
+    try:
+        data, repaired = parse_record(path, raw)
+        return SourceFile(path, digest, data, repaired=repaired)
+    except ImportFormatError:
+        if raw.lstrip().startswith(b"{") and b"\n" in raw.strip():
+            record = next((r for r in iter_lines(path) if isinstance(r, SourceFile) and isinstance(r.data, dict)), None)
+            if record is not None:
+                return SourceFile(path, digest, JsonLines(path, record.data))
+        raise
+
+
+def _file_sha256(path: Path) -> str:
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _first_line_record(path: Path) -> Any | None:
+    """The first line parsed, when it is a JSON object by itself and more lines follow (JSON Lines)."""
+    try:
+        with path.open("rb") as handle:
+            first = b""
+            for line in handle:
+                if line.strip():
+                    first = line
+                    break
+            if not first.lstrip().startswith(b"{"):
+                return None
+            if not any(line.strip() for line in handle):
+                return None
+    except OSError:
+        return None  # read_bytes reports it
+    try:
+        parsed = json.loads(first)
+    except (ValueError, RecursionError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def iter_lines(path: Path) -> Iterator[SourceFile | ImportFormatError]:
+    """The records of a JSON Lines file, one line at a time; a line that is not JSON is an error in its place."""
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            raw = line.rstrip(b"\r\n")
+            where = f"line {number}"
+            try:
+                data, repaired = parse_record(path, raw, where)
+            except ImportFormatError as exc:
+                exc.position = where
+                yield exc
+                continue
+            yield SourceFile(path, hashlib.sha256(raw).hexdigest(), data, where, repaired)
+
+
+def read_json_file(path: Path) -> Any | None:
+    """A small companion JSON file (a report, a result), or None when it is absent.
+
+    Raises:
+        ImportFormatError: it exists but is not valid JSON.
+    """
+    if not path.is_file():
+        return None
+    return parse_record(path, read_bytes(path))[0]

@@ -1,0 +1,108 @@
+"""Fuzzers of every import format: a real-shaped record with hostile values and shapes at random places.
+
+The property: the import either gives sessions whose every event encodes under ingest's record limit,
+or refuses the record with a one-line ``ImportFormatError`` naming the file; never another exception.
+Every crash these found became a test in ``test_hostile.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from producers.importers import ImportFormatError, import_file
+from schemas.registry import encode_event
+
+FIXTURES = Path(__file__).parent / "fixtures"
+# One real-shaped record per format (a JSON Lines fixture: its first line).
+RECORDS = {
+    "mini-swe-agent-1": ("mini_swe_agent_v1/acme__widgets-101.traj.json", False),
+    "mini-swe-agent-2": ("mini_swe_agent_v2/acme__widgets-102/acme__widgets-102.traj.json", False),
+    "swe-agent": ("swe_agent/acme__widgets-103/acme__widgets-103.traj", False),
+    "enigma": ("swe_agent/enigma_rev_crackme.traj", False),
+    "openhands-v0": ("openhands_v0/output.jsonl", True),
+    "openhands-v1": ("openhands_v1/acme__widgets-106.events.json", False),
+    "atif": ("harbor_job/fix-git__Pq3Lm/agent/trajectory.json", False),
+    "otel": ("otel/weather.otlp.json", False),
+}
+
+HOSTILE = st.one_of(
+    st.sampled_from([1e300, -1e300, math.inf, -math.inf, math.nan, 10**40, -(10**19), 2**63, -1, 0, True, None]),
+    st.sampled_from(["", "\ud800", "x\udfff y", "9999-99-99T99:99:99", "+275760-09-13T00:00:00Z", "NaN", "[]", "{"]),
+    st.just("i" * (1 << 20)),
+    st.text(max_size=30),
+    st.sampled_from([[], {}, [None], {"kind": None}, [{"role": 5}], {"text": 7}]),
+    st.integers(),
+    st.floats(),
+)
+
+
+def _paths(value: Any, path: tuple = ()) -> list[tuple]:
+    """Every place in a JSON document (keys of objects, indices of arrays)."""
+    found = [path]
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += _paths(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value[:12]):  # long arrays: their first items stand for the rest
+            found += _paths(item, (*path, index))
+    return found
+
+
+def _mutate(document: Any, where: tuple, replacement: Any, delete: bool) -> Any:
+    replacement = copy.deepcopy(replacement)  # a shared sample inserted twice must not become a cycle
+    if not where:
+        return replacement
+    parent = document
+    for key in where[:-1]:
+        parent = parent[key]
+    if delete and isinstance(parent, dict):
+        parent.pop(where[-1], None)
+    elif delete and isinstance(parent, list):
+        del parent[where[-1]]
+    else:
+        parent[where[-1]] = replacement
+    return document
+
+
+def _check(tmp_path: Path, name: str, document: Any, lines: bool) -> None:
+    path = tmp_path / (Path(RECORDS[name][0]).name)
+    path.write_text(json.dumps(document) + ("\n" if lines else ""))
+    try:
+        result = import_file(path)
+    except ImportFormatError as exc:
+        assert "\n" not in str(exc) and str(path) in str(exc)
+        return
+    for session in result.sessions:
+        for event in session.events:
+            assert len(encode_event(event)) < 1 << 20
+    for item in result.quarantined:
+        assert "\n" not in str(item)
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("name", sorted(RECORDS))
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    mutations=st.lists(
+        st.tuples(st.integers(min_value=0, max_value=10**6), HOSTILE, st.booleans()), min_size=1, max_size=4
+    )
+)
+@example(mutations=[(0, None, False)])  # the whole record replaced: not a run at all
+def test_hostile_records_import_or_are_refused_in_one_line(
+    tmp_path: Path, name: str, mutations: list[tuple[int, Any, bool]]
+) -> None:
+    relative, lines = RECORDS[name]
+    text = (FIXTURES / relative).read_text()
+    document = json.loads(text.splitlines()[0] if lines else text)
+    for pick, replacement, delete in mutations:
+        places = _paths(document)
+        document = _mutate(document, places[pick % len(places)], replacement, delete)
+    _check(tmp_path, name, document, lines)
