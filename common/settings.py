@@ -17,6 +17,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from common.errors import ConfigError
+from common.prices import PriceTable
 
 #: The SQLite catalog's file name under TRAJLAKE_HOME (the default set-up).
 CATALOG_FILE = "catalog.db"
@@ -286,6 +287,13 @@ class Settings(BaseSettings):
         ge=0,
         description="TRAJLAKE_PRICE_MEMORY_GB_SECOND_USD: environment cost of one GB-second of sandbox memory.",
     )
+    price_table: str = Field(
+        "",
+        description="TRAJLAKE_PRICE_TABLE: model prices in USD per million tokens, as a JSON object or the path of "
+        'a JSON file: {"model": {"input": 3.0, "cached": 0.3, "output": 15.0}} ("cached" defaults to "input"). '
+        "Applied when costs are read (trajectories, costs, exports), so a change needs no re-ingest; a cost the "
+        "server reported is used as is; a model without a price costs 0.",
+    )
     max_score_drift: float = Field(
         0.15,
         ge=0,
@@ -312,6 +320,15 @@ class Settings(BaseSettings):
                 return tuple(str(v) for v in json.loads(value))
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
+
+    @cached_property
+    def prices(self) -> PriceTable:
+        """The model price table (``price_table``).
+
+        Raises:
+            ConfigError: the file is unreadable or the JSON is not a price table.
+        """
+        return PriceTable.load(self.price_table)
 
     @cached_property
     def home_dir(self) -> Path:

@@ -94,7 +94,24 @@ MAX_MAGNITUDE = 1e15
 _INT64 = "BETWEEN -9223372036854775808 AND 9223372036854775807"
 
 _TRAJECTORIES_SQL = """
-WITH tools AS (
+WITH usage AS (
+    -- tokens of the successful model calls without a recorded cost, per model: priced when read
+    -- (``warehouse.prices``); the model a request named, else the one that answered, else the agent's
+    SELECT session_id, list(struct_pack(model := model, input_tokens := input_tokens,
+                                        cached_tokens := cached_tokens, output_tokens := output_tokens)
+                            ORDER BY model) AS unpriced_usage
+    FROM (SELECT session_id,
+                 coalesce(nullif(agent_input.model_call.model, ''), agent_input.model_call.response_model,
+                          agent_model, '') AS model,
+                 TRY_CAST(sum(agent_input.model_call.prompt_tokens::HUGEINT) AS BIGINT) AS input_tokens,
+                 TRY_CAST(sum(agent_input.model_call.cached_tokens::HUGEINT) AS BIGINT) AS cached_tokens,
+                 TRY_CAST(sum(agent_input.model_call.completion_tokens::HUGEINT) AS BIGINT) AS output_tokens
+          FROM ev WHERE event_type = 'agent_input' AND agent_input.model_call.status = 'ok'
+                    AND agent_input.model_call.cost_usd IS NULL
+          GROUP BY ALL)
+    GROUP BY session_id
+),
+tools AS (
     SELECT session_id, map_from_entries(list(struct_pack(k := tool_name, v := n) ORDER BY tool_name)) AS tool_counts
     FROM (SELECT session_id, agent_action.tool_name AS tool_name, count(*) AS n
           FROM ev WHERE event_type = 'agent_action' GROUP BY ALL)
@@ -146,9 +163,17 @@ agg AS (
         -- HUGEINT: two int64 values can already overflow int64; range-checked below
         coalesce(sum(agent_input.input_tokens::HUGEINT), 0) AS input_tokens,
         coalesce(sum(agent_input.cached_tokens::HUGEINT), 0) AS cached_tokens,
-        coalesce(sum(agent_action.output_tokens::HUGEINT), 0) AS output_tokens,
-        -- exact decimal sum: float addition depends on arrival order
-        coalesce(sum(agent_action.cost_usd::DECIMAL(38, 12)), 0)::DOUBLE AS cost_usd,
+        -- a session that recorded its model calls counts completions and costs from them, the last
+        -- call (a reply without a tool call, or the one that called submit) included; otherwise
+        -- from its actions, which carry their turn's output tokens and cost
+        CASE WHEN bool_or(agent_input.model_call IS NOT NULL)
+             THEN coalesce(sum(agent_input.model_call.completion_tokens::HUGEINT), 0)
+             ELSE coalesce(sum(agent_action.output_tokens::HUGEINT), 0) END AS output_tokens,
+        -- exact decimal sum: float addition depends on arrival order. The recorded cost only:
+        -- the view adds the priced cost of ``unpriced_usage``
+        CASE WHEN bool_or(agent_input.model_call IS NOT NULL)
+             THEN coalesce(sum(agent_input.model_call.cost_usd::DECIMAL(38, 12)), 0)
+             ELSE coalesce(sum(agent_action.cost_usd::DECIMAL(38, 12)), 0) END::DOUBLE AS cost_usd,
         greatest(max(session_end.cpu_seconds), max(resource_sample.cpu_seconds)) AS cpu_seconds,
         greatest(max(session_end.peak_memory_bytes), max(resource_sample.memory_bytes)) AS peak_memory_bytes,
         greatest(max(session_end.peak_processes), max(resource_sample.processes)) AS peak_processes,
@@ -189,7 +214,8 @@ SELECT
     CASE WHEN output_tokens {int64} THEN output_tokens::BIGINT END AS output_tokens,
     cost_usd, cpu_seconds, peak_memory_bytes, peak_processes,
     disk_write_bytes, timeout_s, instruction, eval_passed, tests_total, tests_passed, reward,
-    task_family, processes_started, exit_codes, group_id, attempt, retry_of, verdict_provenance,
+    task_family, processes_started, exit_codes, group_id, attempt, retry_of, usage.unpriced_usage,
+    verdict_provenance,
     coalesce(eval_passed, false) AS completed,
     $now AS assembled_at,
     list_filter([
@@ -198,7 +224,7 @@ SELECT
         CASE WHEN NOT cached_tokens {int64} THEN 'cached_tokens=' || cached_tokens END,
         CASE WHEN NOT output_tokens {int64} THEN 'output_tokens=' || output_tokens END
     ], lambda x: x IS NOT NULL) AS _overflows
-FROM agg LEFT JOIN tools USING (session_id)
+FROM agg LEFT JOIN tools USING (session_id) LEFT JOIN usage USING (session_id)
 ORDER BY agg.session_id
 """.replace("{int64}", _INT64)
 

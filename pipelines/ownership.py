@@ -35,11 +35,11 @@ _IDENTITY = (
 )
 
 
-def has_payload_field(con: duckdb.DuckDBPyConnection, column: str, field: str) -> bool:
-    """Whether ``ev``'s struct column ``column`` has ``field`` (raw files written before schema v4 lack it)."""
+def has_payload_field(con: duckdb.DuckDBPyConnection, column: str, field: str, table: str = "ev") -> bool:
+    """Whether ``table``'s struct column ``column`` has ``field`` (raw files written before schema v4 lack it)."""
     rows = con.execute(
-        "SELECT data_type FROM information_schema.columns WHERE table_name = 'ev' AND column_name = $column",
-        {"column": column},
+        "SELECT data_type FROM information_schema.columns WHERE table_name = $table AND column_name = $column",
+        {"table": table, "column": column},
     ).fetchall()
     return bool(rows) and f"{field} " in str(rows[0][0]).lower().replace('"', "")
 

@@ -498,7 +498,8 @@ class SessionEmitter:
     def agent_input(self, **payload: Any) -> str:
         """``agent_input``: prompt digest and token counts (incl. cached)."""
         payload.setdefault("prompt_digest", "")
-        return self.emit("agent_input", payload, "agent", agent_message_id=payload.pop("message_id", None))
+        message_id, extra = payload.pop("message_id", None), payload.pop("extra", None)
+        return self.emit("agent_input", payload, "agent", agent_message_id=message_id, extra=extra)
 
     def action(self, tool_name: str, *, arguments: Any = None, command: str | None = None, **payload: Any) -> str:
         """``agent_action``: a tool call; ``arguments`` may be a dict (stored as JSON)."""

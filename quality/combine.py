@@ -25,8 +25,9 @@ import polars as pl
 from quality.anomalies import FEATURES, MIN_GROUP, anomaly_flags
 from quality.cheats import FLAGS_SCHEMA
 from quality.config import QualityConfig
-from quality.dedup import DUPLICATES_SCHEMA, Documents, estimated_similarity, find_duplicates
+from quality.dedup import DUPLICATES_SCHEMA, Documents, estimated_similarity, find_duplicates, task_keys
 from quality.facts import signatures_of
+from quality.failure import outcome
 
 LOOP_PENALTY = 0.4
 STEPS_PENALTY = 0.3
@@ -46,6 +47,7 @@ _COMBINED_SCHEMA_TYPES: dict[str, pl.DataType | type[pl.DataType]] = {
     "security_flagged": pl.Boolean,
     "failure_cause": pl.Utf8,
     "retry_advice": pl.Utf8,
+    "outcome": pl.Utf8,  # quality.failure.OUTCOMES: what an export selects by
     "exportable_base": pl.Boolean,
     "flags": pl.Utf8,
     "task_family": pl.Utf8,
@@ -222,11 +224,14 @@ def combine(
         .alias("quality"),
     )
     scores = (
-        scored.with_columns(
+        scored.with_columns(outcome().alias("outcome"))
+        .with_columns(
+            # a training example is a verified success: a failure is never exportable, whatever its
+            # validity and novelty make its quality (rl exports choose failures by outcome instead)
             (
                 (pl.col("quality") >= config.min_quality)
                 & ~pl.col("security_flagged")
-                & (pl.col("failure_cause") != "still_running")
+                & (pl.col("outcome") == "success")
             ).alias("exportable_base"),
             pl.col("flag_names").alias("flags"),
         )
@@ -282,7 +287,8 @@ def clusters(members: pl.DataFrame, ranking: pl.DataFrame, config: QualityConfig
     :mod:`pipelines.score` update clusters from new sessions alone).
 
     Args:
-        members: session_id, exact_key, signature, started_at.
+        members: session_id, exact_key, signature, started_at, and task_id (near-duplicates only
+            within a task; without the column, across tasks).
         ranking: session_id, quality, started_at (the representative: best quality, then earliest,
             then smallest id; a session without a quality yet ranks last).
         config: LSH parameters and threshold.
@@ -299,7 +305,8 @@ def clusters(members: pl.DataFrame, ranking: pl.DataFrame, config: QualityConfig
     sessions = ordered.join(
         firsts.select("exact_key", "exact_group"), on="exact_key", how="left", maintain_order="left"
     ).select("session_id", "exact_key", "exact_group")
-    docs = Documents(sessions, signatures_of(firsts["signature"], config.num_perm))
+    scopes = task_keys(firsts["task_id"]) if "task_id" in firsts.columns else None
+    docs = Documents(sessions, signatures_of(firsts["signature"], config.num_perm), scopes)
     return find_duplicates(docs, ranking, config)
 
 

@@ -12,6 +12,13 @@ action sequence says nothing about what its model did.
   as ``datasketch.MinHash.update_batch`` — tested), LSH banding (``bands × rows``, defaults
   14×8 as in datatrove) to find candidates, then the estimated Jaccard ≥ threshold confirms.
 
+Near-duplicates are found among sessions of the **same task** (the task instance, ``task_id``):
+two tasks are two samples, however alike their solutions (``data_cli.fx`` and
+``data_cli.group_sum`` may be solved by the same few commands). The task's key is mixed into
+every LSH band key (:func:`band_keys`), so sessions of different tasks never share a bucket, and a
+confirmed pair must be of one task. Exact duplicates (the same instruction and actions) may
+cross anything. An exact group is one document whose task is its first session's.
+
 Clusters are connected components of exact groups and confirmed pairs; the best trajectory
 (highest quality, then earliest) represents its cluster.
 """
@@ -48,15 +55,30 @@ class Documents:
         sessions: session ids, sorted; row ``i`` of every array belongs to ``sessions[i]``.
         exact_group: index of the exact-duplicate group of each session.
         signatures: MinHash signature per exact group (``groups × num_perm``, uint32).
+        scopes: task key per exact group (:func:`task_keys`; near-duplicates only within one), None: any.
     """
 
     sessions: pl.DataFrame  # session_id, exact_key, exact_group
     signatures: np.ndarray
+    scopes: np.ndarray | None = None
 
     @property
     def exact_group(self) -> np.ndarray:
         """Exact group index per session."""
         return self.sessions["exact_group"].to_numpy()
+
+
+def task_keys(task_ids: pl.Series) -> np.ndarray:
+    """A stable 64-bit key (uint64) per session's task (its ``task_id``; 0 for none).
+
+    Stable across library versions (BLAKE2b), like :func:`session_keys`: the keys are mixed into
+    band keys that stored indexes keep.
+    """
+    out = np.zeros(task_ids.len(), dtype=np.uint64)
+    for i, task in enumerate(task_ids.to_list()):
+        if task is not None:
+            out[i] = int.from_bytes(hashlib.blake2b(f"task\x1f{task}".encode(), digest_size=8).digest(), "little")
+    return out
 
 
 def normalize_command(expr: pl.Expr) -> pl.Expr:
@@ -165,13 +187,17 @@ def build_documents(
         tokens: precomputed :func:`action_tokens` of ``steps``.
     """
     tokens = action_tokens(steps) if tokens is None else tokens  # sorted by session, step
+    if "task_id" not in trajectories.columns:
+        trajectories = trajectories.with_columns(pl.lit(None, pl.Utf8).alias("task_id"))
     acted = tokens.select("session_id").unique()["session_id"].implode()
     instruction = ("instruction\x1f" + normalize_command(pl.col("instruction").cast(pl.Utf8))).hash(seed=7)
     # A session that executed no action has nothing to be a duplicate of: its document is its own id, so
     # an empty capped run never stands in for (or is dropped in favour of) a real conversation.
     alone = ("no actions\x1f" + pl.col("session_id").cast(pl.Utf8)).hash(seed=7)
     instructions = trajectories.select(
-        "session_id", pl.when(pl.col("session_id").is_in(acted)).then(instruction).otherwise(alone).alias("head")
+        "session_id",
+        pl.when(pl.col("session_id").is_in(acted)).then(instruction).otherwise(alone).alias("head"),
+        pl.col("task_id").cast(pl.Utf8),
     ).sort("session_id")
     per_session = tokens.group_by("session_id", maintain_order=True).agg(pl.col("token"))
     sessions = instructions.join(per_session, on="session_id", how="left", maintain_order="left").select(
@@ -200,7 +226,11 @@ def build_documents(
     )
     order = np.argsort(doc_index, kind="stable")
     signatures = minhash_signatures(doc_index[order], hashes[order], firsts.height, config)
-    return Documents(sessions.select("session_id", "exact_key", "exact_group"), signatures)
+    return Documents(
+        sessions.select("session_id", "exact_key", "exact_group"),
+        signatures,
+        task_keys(heads["task_id"]),
+    )
 
 
 def estimated_similarity(sig: np.ndarray, left: np.ndarray, right: np.ndarray, chunk: int = 1 << 18) -> np.ndarray:
@@ -212,8 +242,16 @@ def estimated_similarity(sig: np.ndarray, left: np.ndarray, right: np.ndarray, c
     return out
 
 
-def band_keys(signatures: np.ndarray, config: QualityConfig) -> np.ndarray:
-    """LSH band keys (``n × bands`` uint64): rows equal in one band's key are candidate duplicates."""
+#: Odd 64-bit constant mixing a task key into band keys (sessions of two tasks never share a bucket).
+_TASK_MIX = np.uint64(0xD6E8FEB86659FD93)
+
+
+def band_keys(signatures: np.ndarray, config: QualityConfig, scopes: np.ndarray | None = None) -> np.ndarray:
+    """LSH band keys (``n × bands`` uint64): rows equal in one band's key are candidate duplicates.
+
+    ``scopes``: a task key per row (:func:`task_keys`), mixed into every band's key so that only
+    rows of one task can be candidates; None: rows of any task.
+    """
     rng = np.random.default_rng(config.seed)
     mult = rng.integers(1, 1 << 62, size=config.dedup_rows, dtype=np.uint64) | np.uint64(1)
     out = np.zeros((signatures.shape[0], config.dedup_bands), dtype=np.uint64)
@@ -221,6 +259,8 @@ def band_keys(signatures: np.ndarray, config: QualityConfig) -> np.ndarray:
         for band in range(config.dedup_bands):
             cols = signatures[:, band * config.dedup_rows : (band + 1) * config.dedup_rows].astype(np.uint64)
             out[:, band] = (cols * mult).sum(axis=1, dtype=np.uint64) ^ (cols[:, 0] << np.uint64(32))
+        if scopes is not None:
+            out ^= (scopes.astype(np.uint64) * _TASK_MIX)[:, None]
     return out
 
 
@@ -255,8 +295,10 @@ def session_keys(session_ids: pl.Series) -> pl.Series:
     return pl.Series("session_key", digests, dtype=pl.Int64)
 
 
-def lsh_pairs(signatures: np.ndarray, config: QualityConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Candidate pairs from LSH banding, confirmed by estimated Jaccard ≥ threshold.
+def lsh_pairs(
+    signatures: np.ndarray, config: QualityConfig, scopes: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Candidate pairs from LSH banding, confirmed by estimated Jaccard ≥ threshold (and one task, given ``scopes``).
 
     Returns:
         (left, right, similarity) arrays over signature rows, ``left < right``.
@@ -265,7 +307,7 @@ def lsh_pairs(signatures: np.ndarray, config: QualityConfig) -> tuple[np.ndarray
     if n < 2:
         empty = np.empty(0, dtype=np.int64)
         return empty, empty, np.empty(0)
-    keys = band_keys(signatures, config)
+    keys = band_keys(signatures, config, scopes)
     lefts, rights = [], []
     for band in range(config.dedup_bands):
         key = keys[:, band]
@@ -287,6 +329,8 @@ def lsh_pairs(signatures: np.ndarray, config: QualityConfig) -> tuple[np.ndarray
     pairs = np.unique(np.stack([lo, hi], axis=1), axis=0)
     similarity = estimated_similarity(signatures, pairs[:, 0], pairs[:, 1])
     keep = similarity >= config.dedup_threshold
+    if scopes is not None:  # a 64-bit collision of two tasks' mixed keys is not a reason to link them
+        keep &= scopes[pairs[:, 0]] == scopes[pairs[:, 1]]
     return pairs[keep, 0], pairs[keep, 1], similarity[keep]
 
 
@@ -313,7 +357,7 @@ def find_duplicates(docs: Documents, ranking: pl.DataFrame, config: QualityConfi
         the representative; ``method`` is ``exact`` (same normalized sequence as the
         representative) or ``minhash``.
     """
-    left, right, _ = lsh_pairs(docs.signatures, config)
+    left, right, _ = lsh_pairs(docs.signatures, config, docs.scopes)
     component = components(docs.signatures.shape[0], left, right)
     members = docs.sessions.with_columns(pl.Series("component", component[docs.exact_group]))
     members = members.filter(pl.len().over("component") > 1)

@@ -29,7 +29,7 @@ import pyarrow as pa
 from quality.anomalies import FEATURES, session_features
 from quality.cheats import FLAGS_SCHEMA, detect_cheats
 from quality.config import QualityConfig
-from quality.dedup import action_tokens, band_keys, build_documents, whole_action_tokens
+from quality.dedup import action_tokens, band_keys, build_documents, task_keys, whole_action_tokens
 from quality.failure import failure_causes
 
 #: The session facts (``session_index`` rows without the bookkeeping columns).
@@ -156,7 +156,11 @@ def session_facts(
     loops = _longest_identical_run(whole_action_tokens(steps))
     features = session_features(trajectories, steps).drop("task_type")
     signatures = docs.signatures[docs.exact_group]  # one row per session (sessions sorted by key)
-    bands = band_keys(signatures, config).view(np.int64)
+    # each session's own task in its band keys: the index finds near-duplicates within a task only
+    tasks = docs.sessions.select("session_id").join(
+        trajectories.select("session_id", "task_id"), on="session_id", how="left", maintain_order="left"
+    )
+    bands = band_keys(signatures, config, task_keys(tasks["task_id"])).view(np.int64)
     documents = docs.sessions.select(
         "session_id",
         pl.col("exact_key").cast(pl.UInt64).reinterpret(signed=True).alias("exact_key"),

@@ -5,9 +5,16 @@ worth a rerun; capability failures (wrong answer, gave up, cheated) are not — 
 burns compute on the same policy. A reaper timeout is ambiguous (a hung agent or a slow
 machine), so it gets one rerun. A run that hit its framework's step, cost or context limit is
 ``limit_reached``; a run nobody evaluated is ``unevaluated`` (never ``wrong_answer``: nothing
-says it was wrong). A model endpoint that refused the request as configured (a wrong model name,
-key or path: HTTP 401/403/404) is ``configuration_error``: rerunning repeats it until the
-configuration changes. The framework's own exit status stays in ``exit_reason``.
+says it was wrong); a custom agent whose own code raised is ``agent_crashed`` (a bug of the agent
+harness, not a decision of the policy). A model endpoint that refused the request as configured (a
+wrong model name, key or path: HTTP 401/403/404) is ``configuration_error``: rerunning repeats it
+until the configuration changes. The framework's own exit status stays in ``exit_reason``.
+
+The **outcome** (:func:`outcome`) is what an export selects by: ``success`` (evaluated, passed,
+not voided by a flag, not ended by a crash), ``failure`` (evaluated and not a success: a wrong
+answer, a cap, giving up, a voided verdict), and three that carry no signal about the policy:
+``infrastructure`` (the sandbox, host or model API broke — a configuration error too —, or the
+reaper killed it), ``agent_crash`` and ``unevaluated``; ``running`` until the session ends.
 """
 
 from __future__ import annotations
@@ -25,8 +32,16 @@ RETRY_ADVICE = {
     "wrong_answer": "do_not_rerun",
     "unevaluated": "evaluate",
     "cheating": "do_not_rerun",
+    "agent_crashed": "fix_agent",
     "still_running": "wait",
 }
+
+#: Outcomes an export chooses among (see :func:`outcome`).
+OUTCOMES = ("success", "failure", "unevaluated", "infrastructure", "agent_crash", "running")
+#: Outcomes with a verdict about the policy (what ``--outcome any`` exports).
+EVALUATED_OUTCOMES = ("success", "failure")
+#: The live fleet's exit reason of a custom agent whose code raised (``producers.fleet.local``).
+AGENT_RAISED = "agent_raised"
 
 #: Exit reasons of a broken environment or model API (case-insensitive regex): the framework's
 #: exception names (litellm, openai, anthropic, httpx, docker), HTTP 5xx/429 and the fleet's own words.
@@ -91,6 +106,8 @@ def failure_causes(trajectories: pl.DataFrame, steps: pl.DataFrame, cheaters: pl
         .then(pl.lit("limit_reached"))
         .when((status == "timeout") | (reason == "reaper"))
         .then(pl.lit("reaper_timeout"))
+        .when((status == "failed") & (reason == AGENT_RAISED))
+        .then(pl.lit("agent_crashed"))
         .when(status == "gave_up")
         .then(pl.lit("agent_gave_up"))
         .when(pl.col("eval_passed").is_null())
@@ -102,4 +119,47 @@ def failure_causes(trajectories: pl.DataFrame, steps: pl.DataFrame, cheaters: pl
         .join(last, on="session_id", how="left")
         .select("session_id", cause.alias("failure_cause"))
         .with_columns(pl.col("failure_cause").replace_strict(RETRY_ADVICE).alias("retry_advice"))
+    )
+
+
+def outcome(
+    failure_cause: pl.Expr = pl.col("failure_cause"),
+    status: pl.Expr = pl.col("status"),
+    exit_reason: pl.Expr = pl.col("exit_reason"),
+    eval_passed: pl.Expr = pl.col("eval_passed"),
+    reward: pl.Expr = pl.col("reward"),
+) -> pl.Expr:
+    """The session's outcome (one of :data:`OUTCOMES`) from its failure cause and how it ended.
+
+    A passing verdict does not make a crashed session a success: a session whose agent raised, or
+    that ended in an environment or configuration error, is ``agent_crash`` / ``infrastructure``
+    whatever the evaluator found afterwards (its trajectory stops where the crash cut it), so it is
+    neither an RL episode nor an SFT example.
+    """
+    reason = exit_reason.fill_null("").str.to_lowercase()
+    state = status.fill_null("")
+    crashed = (state == "failed") & (reason == AGENT_RAISED)
+    # a configuration error (the endpoint refused the request as configured) says nothing about the policy
+    # either, even when an evaluator passed what the session left behind
+    broken = failure_cause.is_in(["infrastructure_error", "reaper_timeout", "configuration_error"]) | (
+        (failure_cause == "success")
+        & (
+            (state == "error")
+            | (reason == "idle_timeout")
+            | reason.str.contains(INFRASTRUCTURE_PATTERN)
+            | reason.str.contains(CONFIGURATION_PATTERN)
+        )
+    )
+    return (
+        pl.when(failure_cause == "still_running")
+        .then(pl.lit("running"))
+        .when(crashed | (failure_cause == "agent_crashed"))
+        .then(pl.lit("agent_crash"))
+        .when(broken)
+        .then(pl.lit("infrastructure"))
+        .when(eval_passed.is_null() & reward.is_null())
+        .then(pl.lit("unevaluated"))
+        .when((failure_cause == "success") & eval_passed.fill_null(False))
+        .then(pl.lit("success"))
+        .otherwise(pl.lit("failure"))
     )

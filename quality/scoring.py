@@ -9,8 +9,10 @@
 - novelty: 1 − the highest similarity to an earlier trajectory of the same task family.
 - quality: ``w_c·completion + w_v·validity + w_n·novelty``, × the smallest governance weight of the
   session's flags (a suspicion is down-weighted, not dropped).
-- exportable: quality ≥ ``min_quality``, no security flag, ended, and not a non-representative
-  duplicate. The record carries the session's flags (``scores.flags``).
+- outcome: ``success``, ``failure``, ``unevaluated``, ``infrastructure``, ``agent_crash`` or
+  ``running`` (:func:`quality.failure.outcome`).
+- exportable: a verified success (outcome ``success``), quality ≥ ``min_quality``, no security
+  flag, and not a non-representative duplicate. The record carries the session's flags (``scores.flags``).
 
 :func:`score_sessions` runs both levels (:mod:`quality.facts`, :mod:`quality.combine`) over one set
 of sessions in memory; ``pipelines/score/`` computes the same tables incrementally.
@@ -107,7 +109,9 @@ def score_sessions(
         baseline_of(day_profiles),
     )
     ranking = level2.scores.select("session_id", "quality", "started_at")
-    duplicates = clusters(facts.select("session_id", "exact_key", "signature", "started_at"), ranking, config)
+    duplicates = clusters(
+        facts.select("session_id", "exact_key", "signature", "started_at", "task_id"), ranking, config
+    )
     flags = pl.concat([level1.cheat_flags, level2.anomaly_flags]).cast(FLAGS_SCHEMA).sort("session_id", "flag")
     return QualityResult(
         scores=finish_scores(level2.scores, duplicates, config),

@@ -377,7 +377,16 @@ def score(
 def export(
     format: Annotated[ExportFormat, typer.Option("--format", "-f", help="Training-set format.")],
     out_dir: Annotated[Path, typer.Option("--out", help="Directory to write (nothing is written outside it).")],
-    min_quality: Annotated[float | None, typer.Option(help="Quality threshold (TRAJLAKE_QUALITY_MIN).")] = None,
+    min_quality: Annotated[
+        float | None, typer.Option(help="Quality threshold (default: TRAJLAKE_QUALITY_MIN for hf/openai/sharegpt, 0).")
+    ] = None,
+    outcome: Annotated[
+        str | None,
+        typer.Option(
+            help="success, failure, any (every evaluated policy session) or all (every ended session); "
+            "default: success for hf/openai/sharegpt, any for rl, all for atif."
+        ),
+    ] = None,
     day: Annotated[datetime | None, typer.Option(help="Only sessions started on this UTC day.")] = None,
     force: Annotated[bool, typer.Option(help="Write into a non-empty directory (replaces its export).")] = False,
     policy_version: Annotated[str | None, typer.Option(help="Only this policy version.")] = None,
@@ -388,14 +397,15 @@ def export(
     group_complete: Annotated[bool, typer.Option(help="Only rollout groups whose K attempts all finished.")] = False,
     parquet: Annotated[bool, typer.Option(help="Parquet instead of JSON lines (--format rl).")] = False,
 ) -> None:
-    """Export exportable trajectories as a training set plus manifest.json."""
+    """Export trajectories as a training set plus manifest.json (SFT formats: verified successes only)."""
     from datetime import UTC
 
     from pipelines.export import ExportFilters, export_training_set
 
     settings = settings_for("read")
     filters = ExportFilters(
-        min_quality=settings.quality_min if min_quality is None else min_quality,
+        min_quality=min_quality,
+        outcome=outcome,
         day=day.date() if day else None,
         policy_version=policy_version,
         task_family=task_family,
@@ -413,6 +423,8 @@ def export(
     out.print(f"exported {stats.records} trajectories ({stats.format}) to {stats.out_dir}; manifest {stats.manifest}")
     if stats.quarantined:
         out.print(f"  {stats.quarantined} sessions could not be exported (see the quarantine view)", markup=False)
+    if stats.left_out:
+        out.print(f"  of {stats.considered} sessions considered, left out: {stats.left_out_summary()}", markup=False)
 
 
 @app.command()

@@ -38,6 +38,7 @@ from warehouse.files import local_path, object_store, object_stores, parquet_sou
 from warehouse.health import register_health_views
 from warehouse.isolation import BatchSink, IsolatedStream
 from warehouse.object_store import ObjectStores, is_object_store_path
+from warehouse.prices import register_priced_trajectories
 from warehouse.snapshots import current_files, day_partitions, live_files
 from warehouse.sql_output import chunked
 from warehouse.sql_output import format_rows as format_rows  # for callers that render materialised rows
@@ -209,6 +210,7 @@ def open_views(settings: Settings, catalog: Catalog | None = None, locked: bool 
         else:
             table = ensure_table(catalog, settings, spec.name)
             register_table(con, spec.view, table, spec, reads=reads, stores=stores)
+    register_priced_trajectories(con, settings.prices)
     register_health_views(con, settings)
     if locked:
         lock_connection(con, reads, settings.sql_memory_limit)

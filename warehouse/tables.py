@@ -154,6 +154,21 @@ TRAJECTORIES = TableSpec(
             ("attempt", pa.int32()),
             ("retry_of", pa.string()),  # the session a `trajlake fleet retry` re-ran
             ("exit_codes", pa.string()),  # JSON exit code -> count, from the host (session_end.extra)
+            # tokens of model calls without a recorded cost, per model: the ``trajectories`` view prices
+            # them with TRAJLAKE_PRICE_TABLE (stored ``cost_usd`` is what producers or servers recorded)
+            (
+                "unpriced_usage",
+                pa.list_(
+                    pa.struct(
+                        [
+                            ("model", pa.string()),
+                            ("input_tokens", pa.int64()),
+                            ("cached_tokens", pa.int64()),
+                            ("output_tokens", pa.int64()),
+                        ]
+                    )
+                ),
+            ),
             # who stands behind the verdict that counted: fleet_evaluator, harness_report, harbor_verifier, …
             ("verdict_provenance", pa.string()),
         ]
@@ -240,6 +255,7 @@ SCORES = register(
                 ("task_family", pa.string()),
                 ("config_digest", pa.string()),
                 ("started_at", _TS),  # the partition: a run rewrites only the days of the sessions it rescored
+                ("outcome", pa.string()),  # success | failure | unevaluated | infrastructure | agent_crash | running
             ]
         ),
         partition_by=[("started_at", DayTransform())],

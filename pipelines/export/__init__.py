@@ -1,10 +1,11 @@
 """``trajlake export``: chosen trajectories → a training set (hf, openai, sharegpt, rl, atif) plus its manifest.
 
-Selection (:mod:`pipelines.export.select`): the conditions of ``scores.exportable`` except its
-own threshold (no security flag, ended, best of its duplicate cluster) and ``quality ≥
---min-quality`` as given; optionally one day (the nightly partition), a policy version, a task
-family, a time range, a split (by task family: no family in two splits) and complete rollout
-groups only. Records (:mod:`pipelines.export.formats`) are built from the session's recorded
+Selection (:mod:`pipelines.export.select`): ended, an outcome (SFT formats: verified successes;
+``rl``: every evaluated policy session; ``atif``: every ended session; ``--outcome`` chooses), no
+security flag, best of its duplicate cluster and ``quality ≥ --min-quality``; optionally one day
+(the nightly partition), a policy version, a task family, a time range, a split (by task family:
+no family in two splits) and complete rollout groups only. The manifest counts what each rule
+left out. Records (:mod:`pipelines.export.formats`) are built from the session's recorded
 model calls when it has them (exact prompts, tools, reasoning, token ids) and rebuilt from its
 steps otherwise (``prompt_source``, :mod:`pipelines.export.conversation`); each carries its
 quality, flags (class, severity, weight), down-weighting, group, attempt, policy version and
@@ -44,13 +45,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 
+from common.prices import PriceTable
 from common.progress import Progress
 from common.settings import Settings
 from pipelines.errors import ExportError, RecordError
 from pipelines.export._files import _ExclusiveFile, _open_out_dir, _write_file, safe_path
+from pipelines.export.atif import ATIF_VERSION, atif_judgement
 from pipelines.export.conversation import SYSTEM_PROMPT, TOOLS, Conversation, from_calls, from_steps
-from pipelines.export.formats import ATIF_VERSION, RL_SCHEMA, to_record
 from pipelines.export.formats import FORMATS as RECORD_FORMATS
+from pipelines.export.records import to_record, to_records
+from pipelines.export.rl import RL_SCHEMA
 from pipelines.export.select import SPLIT_PERCENT, ExportFilters, _Blobs, _sessions, split_of
 from pipelines.export.trainers import TRAINER_FORMATS, trainer_records
 from pipelines.quarantine import Quarantined, record_quarantine
@@ -85,10 +89,20 @@ class ExportStats:
     files: dict[str, str] = field(default_factory=dict)
     manifest: str = ""
     seconds: float = 0.0
+    considered: int = 0  # sessions in the export's scope (day, policy, family, time, split)
+    left_out: dict[str, Any] = field(default_factory=dict)  # rule -> sessions it left out (outcome: by outcome)
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict for printing and asset metadata."""
         return dict(self.__dict__)
+
+    def left_out_summary(self) -> str:
+        """``rule=n`` for each rule that left something out (outcomes as ``outcome:<name>=n``)."""
+        parts = []
+        for rule, value in self.left_out.items():
+            items = value.items() if isinstance(value, dict) else [("", value)]
+            parts += [f"{rule}{':' + k if k else ''}={n}" for k, n in items if n]
+        return ", ".join(parts) or "nothing"
 
 
 def _arguments(step: dict[str, Any]) -> str:
@@ -125,6 +139,12 @@ def _nesting(value: Any) -> int:
     return deepest
 
 
+def scores_file_name(data_name: str) -> str:
+    """The name of an ``atif`` export's scores file beside its data file (``atif.jsonl`` → ``atif.scores.jsonl``)."""
+    stem = data_name[: -len(".jsonl")] if data_name.endswith(".jsonl") else data_name
+    return f"{stem}.scores.jsonl"
+
+
 def _snapshot_ids(catalog: Catalog, settings: Settings) -> dict[str, int | None]:
     ids: dict[str, int | None] = {}
     for spec in (TRAJECTORIES, STEPS, SCORES, FLAGS, DUPLICATES):
@@ -134,9 +154,15 @@ def _snapshot_ids(catalog: Catalog, settings: Settings) -> dict[str, int | None]
 
 
 def _records(
-    fmt: str, session: dict[str, Any], steps: list[dict[str, Any]], calls: list[dict[str, Any]], lookup: _Blobs
-) -> list[dict[str, Any]]:
-    """The redacted records of one session: one, or (trainer formats, a rewritten history) one per model call.
+    fmt: str,
+    session: dict[str, Any],
+    steps: list[dict[str, Any]],
+    calls: list[dict[str, Any]],
+    lookup: _Blobs,
+    prices: PriceTable,
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The redacted records of one session — one, one per rl segment, or (trainer formats) one per
+    segment — and, for ``atif``, the line of its scores file (what this lake concluded about it).
 
     Raises:
         RecordError: the record is too deep, a model call cannot be rebuilt, a value JSON cannot hold, or an
@@ -146,7 +172,7 @@ def _records(
         raise RecordError("no_model_call", "every model call of the session failed: it is no RL episode")
     try:
         try:
-            conversation = from_calls(calls, lookup, steps) if calls else None
+            conversation = from_calls(calls, lookup, steps, session.get("agent_model")) if calls else None
         except RecordError as exc:
             if exc.reason != "bad_model_call":
                 raise
@@ -158,22 +184,24 @@ def _records(
         built = (
             trainer_records(fmt, session, conversation)
             if fmt in TRAINER_FORMATS
-            else [to_record(fmt, session, conversation)]
+            else to_records(fmt, session, conversation, prices)
         )
         # every string of the record once more, whatever the producer missed (parsed JSON stays JSON)
-        return [dict(redact_record(record)) for record in built]
+        records = [dict(redact_record(r)) for r in built]
+        judgement = dict(redact_record(atif_judgement(session, conversation))) if fmt == "atif" else None
+        return records, judgement
     except RecursionError:
         raise RecordError("too_deep", "record nested deeper than Python can serialize") from None
 
 
-def _record_line(record: dict[str, Any]) -> str:
-    """The JSON line of one record.
+def _record_line(record: dict[str, Any], sort_keys: bool = False) -> str:
+    """The JSON line of one record (``sort_keys``: canonical key order, for byte-stable ATIF).
 
     Raises:
         RecordError: the record is too deep, too large or not representable as JSON.
     """
     try:
-        line = json.dumps(record, ensure_ascii=False, default=str)
+        line = json.dumps(record, ensure_ascii=False, default=str, sort_keys=sort_keys)
         # U+2028/2029 are line breaks to str.splitlines and many JSON-lines readers: escaped, same value
         line = line.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029") + "\n"
     except RecursionError:
@@ -229,13 +257,12 @@ def export_training_set(
     catalog = catalog or open_catalog(settings)
     if parquet and fmt != "rl":
         raise ExportError(f"--parquet is for --format rl (typed columns); {fmt} is written as JSON lines")
-    filters = filters or ExportFilters(min_quality=settings.quality_min)
+    filters = filters or ExportFilters()
     if min_quality is not None or day is not None:
         filters = replace(
             filters, min_quality=filters.min_quality if min_quality is None else min_quality, day=day or filters.day
         )
-    if filters.split is not None and filters.split not in SPLIT_PERCENT:
-        raise ExportError(f"unknown split {filters.split!r}; choose one of {', '.join(SPLIT_PERCENT)}")
+    filters = filters.for_format(fmt, settings.quality_min)
     min_quality, day = filters.min_quality, filters.day
     root, dir_fd = _open_out_dir(out_dir, settings)
     try:
@@ -294,14 +321,21 @@ def _write_export(
     digest = hashlib.sha256()
     quarantined: list[Quarantined] = []
     splits: dict[str, int] = {}
-    token_level = 0
+    token_level = segmented = 0
+    selection: dict[str, Any] = {}
+    prices = settings.prices
     out = _ExclusiveFile(dir_fd, data_path.name, binary=parquet)
     writer = _ParquetSink(out, digest) if parquet else None
+    # atif: what this lake concluded about each session, beside the trajectories (see pipelines.export.atif)
+    scores_name = scores_file_name(data_path.name) if fmt == "atif" else None
+    scores_out = _ExclusiveFile(dir_fd, scores_name) if scores_name else None
+    scores_digest = hashlib.sha256()
     try:
-        for session, steps, calls, lookup in _sessions(settings, catalog, filters, weights):
+        for session, steps, calls, lookup in _sessions(settings, catalog, filters, weights, report=selection):
             try:
-                records = _records(fmt, session, steps, calls, lookup)
-                lines = [_record_line(record) for record in records]
+                records, judgement = _records(fmt, session, steps, calls, lookup, prices)
+                lines = [_record_line(record, sort_keys=fmt == "atif") for record in records]
+                judged = _record_line(judgement, sort_keys=True) if judgement is not None else None
             except RecordError as exc:
                 quarantined.append(Quarantined(session["session_id"], "export", exc.reason, "skipped", str(exc)))
                 continue
@@ -311,38 +345,58 @@ def _write_export(
                 else:
                     out.handle.write(line)
                     digest.update(line.encode("utf-8"))
+            if scores_out is not None and judged is not None:
+                scores_out.handle.write(judged)
+                scores_digest.update(judged.encode("utf-8"))
             stats.sessions += 1
             stats.records += len(records)
             splits[session["split"]] = splits.get(session["split"], 0) + 1
             token_level += bool(records[0].get("has_token_ids", fmt in TRAINER_FORMATS))
+            segmented += len(records) > 1
             if progress is not None:
                 progress(stats.records, None, "records")
         if writer is not None:
             writer.close()
         out.commit()
+        if scores_out is not None:
+            scores_out.commit()
     except BaseException:
         out.discard()
+        if scores_out is not None:
+            scores_out.discard()
         raise
     stats.quarantined = len(quarantined)
+    stats.considered = int(selection.get("considered", 0))
+    stats.left_out = {**selection.get("left_out", {}), "quarantined": stats.quarantined}
     if quarantined:
         record_quarantine(catalog, settings, quarantined, run_id=stats.export_id)
     stats.files = {data_path.name: digest.hexdigest()}
+    if scores_name:
+        stats.files[scores_name] = scores_digest.hexdigest()
     created = clock()
     manifest = {
         "export_id": stats.export_id,
         "created_at": created.isoformat(),
         "format": fmt,
         "file_format": "parquet" if parquet else "jsonl",
-        "files": [{"path": name, "sha256": sha, "records": stats.records} for name, sha in stats.files.items()],
-        "filters": {"exportable": True, **filters.as_dict()},
+        "files": [
+            {"path": name, "sha256": sha, "records": stats.records if name == data_path.name else stats.sessions}
+            for name, sha in stats.files.items()
+        ],
+        "filters": filters.as_dict(),
         "splits": {"by": "task_family", "hash": "sha256", "percent": SPLIT_PERCENT},
         "counts": {
+            "considered": stats.considered,
+            "left_out": stats.left_out,
             "sessions": stats.sessions,
             "records": stats.records,
             "quarantined": stats.quarantined,
             "per_split": splits,
             "with_token_ids": token_level,
+            "segmented": segmented,  # rl: sessions split into segments where a prompt rewrote history
         },
+        # how costs were priced: recorded where the server reported one, else tokens × this table
+        "prices": prices.as_json(),
         "scorer_version": _scorer_version(settings, catalog),
         "scoring": scoring,
         "source_snapshots": snapshots,

@@ -31,7 +31,8 @@ REPLY_TOOLS = frozenset({"message"})
 
 @dataclass
 class Call:
-    """One successful model call of a session (the token-level facts an RL trainer needs)."""
+    """One successful model call of a session (the token-level facts an RL trainer needs), or, for a
+    session that recorded none, one agent turn rebuilt from its step (no ids, its usage as recorded)."""
 
     call_index: int
     model: str | None
@@ -39,12 +40,19 @@ class Call:
     prompt_tokens: int | None
     completion_tokens: int | None
     cached_tokens: int | None
-    cost_usd: float | None
+    cost_usd: float | None  # as recorded: a cost the server (or the simulator) reported, else None
     timestamp: str | None
     prompt_token_ids: list[int] | None
     completion_token_ids: list[int]
     logprobs: list[float]
     latency_ms: float | None = None
+    reasoning_tokens: int | None = None
+    #: the model the price table prices it by: the one the request named, else the one that answered
+    priced_model: str | None = None
+    #: the weights' version that sampled it (what the server reported, else the session's policy version)
+    policy_version: str | None = None
+    #: the sampling engine as the server described it (engine, dtype, system_fingerprint; model)
+    engine: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -57,6 +65,13 @@ class Conversation:
     calls: list[Call] = field(default_factory=list)
     #: per assistant message: the time of its step/call (ATIF timestamps), None when unknown
     assistant_times: list[str | None] = field(default_factory=list)
+    #: a reconstructed session's turns (one per step: its recorded usage; no token ids)
+    turns: list[Call] = field(default_factory=list)
+
+    @property
+    def usage_turns(self) -> list[Call]:
+        """The turns whose usage the session's totals sum: its model calls, else its rebuilt turns."""
+        return self.calls or self.turns
 
 
 def message(
@@ -112,6 +127,7 @@ def from_calls(
     records: list[dict[str, Any]],
     lookup: Callable[[Iterable[str]], dict[str, str]],
     steps: list[dict[str, Any]] | None = None,
+    agent_model: str | None = None,
 ) -> Conversation | None:
     """The recorded conversation of one session, or None when it has no successful call.
 
@@ -119,9 +135,11 @@ def from_calls(
     request holds them) come from the session's steps, matched by tool-call id.
 
     Args:
-        records: the session's ``model_call`` records, each with ``_ts`` (event time) added.
+        records: the session's ``model_call`` records, each with ``_ts`` (event time), ``_policy_version``
+            and ``_served`` (what the server said about itself: the agent_input event's extra) added.
         lookup: sha256 refs → blob texts for refs whose blob another session emitted.
         steps: the session's steps (text fields redacted), for the results of the last reply's calls.
+        agent_model: the session's model (what prices a call whose record names none).
 
     Raises:
         RecordError: a blob is missing everywhere or a rebuilt request does not match its sha256.
@@ -142,10 +160,16 @@ def from_calls(
     except ValueError as exc:
         raise RecordError("bad_model_call", str(exc)) from exc
     messages = [_normalized(m) for m in [*rebuilt[-1].messages, last_reply]]
-    outputs = {step.get("tool_call_id"): step.get("output") for step in steps or [] if step.get("tool_call_id")}
+    _restore_reasoning(messages, [texts.get(r.get("response_message_sha256") or "") for r in ok])
+    # a call the environment answered (a step with feedback); one it never answered (submit) has no result
+    outputs = {
+        step["tool_call_id"]: step["output"]
+        for step in steps or []
+        if step.get("tool_call_id") and step.get("output") is not None
+    }
     for call in messages[-1]["tool_calls"] or []:
         if call["id"] in outputs:
-            messages.append(message("tool", outputs[call["id"]] or "", tool_call_id=call["id"]))
+            messages.append(message("tool", outputs[call["id"]], tool_call_id=call["id"]))
     calls = [
         Call(
             call_index=r["call_index"],
@@ -160,6 +184,14 @@ def from_calls(
             completion_token_ids=c.completion_token_ids,
             logprobs=c.completion_logprobs,
             latency_ms=r.get("latency_ms"),
+            reasoning_tokens=r.get("reasoning_tokens"),
+            priced_model=r.get("model") or r.get("response_model") or agent_model or "",
+            policy_version=r.get("_policy_version"),
+            engine={
+                k: str(v)
+                for k, v in {"model": r.get("response_model"), **(r.get("_served") or {})}.items()
+                if v not in (None, "")
+            },
         )
         for r, c in zip(ok, rebuilt, strict=True)
     ]
@@ -170,6 +202,24 @@ def from_calls(
         calls=calls,
         assistant_times=[c.timestamp for c in calls],
     )
+
+
+def _restore_reasoning(messages: list[dict[str, Any]], replies: list[str | None]) -> None:
+    """Give each assistant message the reasoning its call's reply had (in place).
+
+    An agent sends a reasoning model's earlier replies back without their reasoning, so the last
+    request holds them bare; the replies themselves were recorded whole. The k-th assistant
+    message takes the k-th reply's reasoning when it is that reply (same content and tool calls).
+    """
+    assistants = [m for m in messages if m["role"] == "assistant"]
+    if len(assistants) != len(replies):
+        return  # a rewritten history (a summary, a dropped turn): no safe pairing
+    for current, raw in zip(assistants, replies, strict=True):
+        if raw is None or current["reasoning_content"]:
+            continue
+        reply = _normalized(json.loads(raw))
+        if reply["reasoning_content"] and {**reply, "reasoning_content": None} == current:
+            current["reasoning_content"] = reply["reasoning_content"]
 
 
 def tool_spec(name: str) -> dict[str, Any]:
@@ -202,10 +252,12 @@ def from_steps(
     """
     messages = [message("system", SYSTEM_PROMPT), message("user", session.get("instruction") or "")]
     times: list[str | None] = []
+    turns: list[Call] = []
     used: set[str] = set()
     for i, step in enumerate(steps):
         name = step.get("tool_name") or "bash"
         times.append(_iso(step.get("ts")))
+        turns.append(_turn(i, session, step))
         if name in REPLY_TOOLS:  # the agent talking: its words are the assistant's content
             parsed = json.loads(arguments(step))
             text = parsed.get("content") or parsed.get("message") or step.get("thought") or ""
@@ -221,4 +273,25 @@ def from_steps(
         tools=[tool_spec(t) for t in sorted(used | set(TOOLS))],
         prompt_source="reconstructed",
         assistant_times=times,
+        turns=turns,
+    )
+
+
+def _turn(index: int, session: Mapping[str, Any], step: Mapping[str, Any]) -> Call:
+    """A step's turn as recorded: its model input (on the first action of its model message), output and cost."""
+    return Call(
+        call_index=index,
+        model=None,
+        finish_reason=None,
+        prompt_tokens=step.get("input_tokens"),
+        completion_tokens=step.get("output_tokens"),
+        cached_tokens=step.get("cached_tokens"),
+        cost_usd=step.get("cost_usd"),
+        timestamp=_iso(step.get("ts")),
+        prompt_token_ids=None,
+        completion_token_ids=[],
+        logprobs=[],
+        reasoning_tokens=step.get("reasoning_tokens"),
+        priced_model=session.get("agent_model") or "",
+        policy_version=session.get("policy_version"),
     )

@@ -1,34 +1,64 @@
-"""What an export selects and how it streams: filters, the split by task family, sessions with steps and calls.
+"""What an export selects and how it streams: outcome, filters, the split by task family, sessions with steps and calls.
 
-Selection is ``scores.exportable`` without its own quality threshold (no security flag, ended,
-representative of its duplicate cluster) and ``quality >= min_quality`` as given, so
-``--min-quality 0`` exports every eligible session.
+Selection, in order (the manifest counts the sessions each rule left out, by the first rule
+that left them out): scored; ended; an **outcome** the export asks for; no security flag; the
+representative of its duplicate cluster; ``quality >= min_quality``. What the outcome and the
+threshold are by default depends on the format:
+
+- SFT formats (``hf``, ``openai``, ``sharegpt``): ``success`` — evaluated, passed, not voided by a
+  flag, not cut by a crash — and ``TRAJLAKE_QUALITY_MIN``: a training example is a verified success.
+- ``rl`` (and ``verl``, ``skyrl``): ``any`` — every evaluated session of the policy, success or failure, with its reward
+  (failures are signal there), threshold 0; never an infrastructure failure, a crash of the agent
+  harness or an unevaluated run, which say nothing about the policy.
+- ``atif``: ``all`` — every ended session (an interchange format, not a training set), threshold 0.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime
 from typing import Any
 
 from pyiceberg.catalog import Catalog
 
 from common.settings import Settings
+from pipelines.errors import ExportError
+from pipelines.ownership import has_payload_field
 from pipelines.parts import blob_texts
+from producers.importers.verdicts import SELF_REPORTED
+from quality.failure import EVALUATED_OUTCOMES, OUTCOMES
 from warehouse.sql import open_views
 
 #: Split shares (percent of task families, by the sha256 of the family name).
 SPLIT_PERCENT = {"train": 80, "validation": 10, "test": 10}
+#: Formats a trainer fine-tunes on (supervised): they default to verified successes.
+SFT_FORMATS = ("hf", "openai", "sharegpt")
+#: Formats whose records are RL samples (``rl`` and the trainers' own): every evaluated policy session.
+RL_FORMATS = ("rl", "verl", "skyrl")
+#: ``--outcome`` values and the session outcomes (``scores.outcome``) each selects.
+OUTCOME_CHOICES: dict[str, tuple[str, ...]] = {
+    "success": ("success",),
+    "failure": ("failure",),
+    "any": EVALUATED_OUTCOMES,
+    "all": tuple(o for o in OUTCOMES if o != "running"),
+}
+
+
+def default_outcome(fmt: str) -> str:
+    """The outcome a format exports unless told otherwise (see the module docstring)."""
+    return "success" if fmt in SFT_FORMATS else "any" if fmt in RL_FORMATS else "all"
 
 
 @dataclass(frozen=True)
 class ExportFilters:
-    """What an export selects, beyond ``scores.exportable`` minus its own quality threshold.
+    """What an export selects.
 
     Attributes:
-        min_quality: quality at least this (applied as given: 0 exports every eligible session).
+        min_quality: quality at least this (None: ``TRAJLAKE_QUALITY_MIN`` for SFT formats, 0 otherwise).
+        outcome: ``success``, ``failure``, ``any`` (both: every evaluated policy session) or ``all``
+            (every ended session); None: the format's default (:func:`default_outcome`).
         day: only sessions started on this UTC day (the nightly partition).
         policy_version: only this policy version.
         task_family: only this task family.
@@ -38,7 +68,8 @@ class ExportFilters:
         group_complete: only rollout groups whose K attempts all finished and all pass the filters.
     """
 
-    min_quality: float = 0.5
+    min_quality: float | None = None
+    outcome: str | None = None
     day: date | None = None
     policy_version: str | None = None
     task_family: str | None = None
@@ -47,10 +78,28 @@ class ExportFilters:
     split: str | None = None
     group_complete: bool = False
 
+    def for_format(self, fmt: str, quality_min: float) -> ExportFilters:
+        """These filters with the format's defaults filled in.
+
+        Raises:
+            ExportError: an unknown outcome or split.
+        """
+        outcome = self.outcome or default_outcome(fmt)
+        if outcome not in OUTCOME_CHOICES:
+            raise ExportError(f"unknown outcome {outcome!r}; choose one of {', '.join(OUTCOME_CHOICES)}")
+        if self.split is not None and self.split not in SPLIT_PERCENT:
+            raise ExportError(f"unknown split {self.split!r}; choose one of {', '.join(SPLIT_PERCENT)}")
+        threshold = self.min_quality
+        if threshold is None:
+            threshold = quality_min if fmt in SFT_FORMATS else 0.0
+        return replace(self, outcome=outcome, min_quality=threshold)
+
     def as_dict(self) -> dict[str, object]:
         """Plain JSON for the manifest."""
         return {
-            "eligible": "no security flag, ended, representative of its duplicate cluster",
+            "rules": "scored, ended, outcome, no security flag, representative of its duplicate cluster, min_quality",
+            "outcome": self.outcome,
+            "outcomes": list(OUTCOME_CHOICES.get(self.outcome or "", ())),
             "min_quality": self.min_quality,
             "day": self.day.isoformat() if self.day else None,
             "policy_version": self.policy_version,
@@ -73,15 +122,10 @@ def split_of(task_family: str | None) -> str:
     )
 
 
-def _selection(filters: ExportFilters) -> tuple[str, dict[str, Any]]:
-    """The WHERE clause choosing sessions (the quality threshold is the filter's, not ``exportable``'s)."""
-    where = [
-        "NOT s.security_flagged",
-        "s.failure_cause IS DISTINCT FROM 'still_running'",
-        "s.session_id NOT IN (SELECT session_id FROM duplicates WHERE NOT is_representative)",
-        "s.quality >= $q",
-    ]
-    params: dict[str, Any] = {"q": filters.min_quality}
+def _scope(filters: ExportFilters) -> tuple[list[str], dict[str, Any]]:
+    """The WHERE conditions of the population an export considers (day, policy, family, time)."""
+    where: list[str] = []
+    params: dict[str, Any] = {}
     if filters.day:
         where.append("CAST(t.started_at AS DATE) = $day")
         params["day"] = filters.day
@@ -97,7 +141,59 @@ def _selection(filters: ExportFilters) -> tuple[str, dict[str, Any]]:
     if filters.until:
         where.append("t.started_at < $until")
         params["until"] = filters.until
-    return " AND ".join(where), params
+    if filters.split:
+        where.append(f"{_split_sql('coalesce(t.task_family, s.task_family, t.task_id)')} = $split")
+        params["split"] = filters.split
+    return where, params
+
+
+def _rules(filters: ExportFilters) -> list[tuple[str, str]]:
+    """(name, condition) of each selection rule, in the order the manifest counts them."""
+    chosen = ", ".join(f"'{o}'" for o in OUTCOME_CHOICES[filters.outcome or "all"])
+    return [
+        ("unscored", "s.session_id IS NOT NULL"),
+        ("running", "s.outcome IS DISTINCT FROM 'running' AND s.failure_cause IS DISTINCT FROM 'still_running'"),
+        ("outcome", f"s.outcome IN ({chosen})"),
+        ("security_flag", "NOT s.security_flagged"),
+        ("duplicate", "s.session_id NOT IN (SELECT session_id FROM duplicates WHERE NOT is_representative)"),
+        ("min_quality", "s.quality >= $q"),
+    ]
+
+
+def _selection(filters: ExportFilters) -> tuple[str, dict[str, Any]]:
+    """The WHERE clause choosing sessions (over ``trajectories t LEFT JOIN scores s``)."""
+    where, params = _scope(filters)
+    where += [f"({condition})" for _, condition in _rules(filters)]
+    params["q"] = filters.min_quality if filters.min_quality is not None else 0.0
+    return " AND ".join(where) or "TRUE", params
+
+
+def left_out(con: Any, filters: ExportFilters) -> dict[str, Any]:
+    """Sessions considered and how many each rule left out (the first rule a session fails; outcomes apart).
+
+    Returns:
+        ``{"considered": n, "left_out": {"running": n, "outcome": {"failure": n, …}, …}}``.
+    """
+    scope, params = _scope(filters)
+    params["q"] = filters.min_quality if filters.min_quality is not None else 0.0
+    rules = _rules(filters)
+    first = " ".join(f"WHEN NOT coalesce(({condition}), FALSE) THEN '{name}'" for name, condition in rules)
+    rows = con.execute(
+        f"SELECT CASE {first} ELSE 'chosen' END AS rule, coalesce(s.outcome, 'unscored') AS outcome, count(*) "
+        f"FROM trajectories t LEFT JOIN scores s USING (session_id) WHERE {' AND '.join(scope) or 'TRUE'} "
+        "GROUP BY ALL",
+        params,
+    ).fetchall()
+    counts: dict[str, Any] = {name: 0 for name, _ in rules if name != "outcome"}
+    counts["outcome"] = {}
+    considered = 0
+    for rule, outcome, n in rows:
+        considered += n
+        if rule == "outcome":
+            counts["outcome"][outcome] = counts["outcome"].get(outcome, 0) + n
+        elif rule != "chosen":
+            counts[rule] += n
+    return {"considered": considered, "left_out": counts}
 
 
 class _Blobs:
@@ -144,12 +240,14 @@ def _sessions(
     weights: dict[str, float],
     batch_rows: int = 8192,
     chunk_sessions: int = 4096,
+    report: dict[str, Any] | None = None,
 ) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], _Blobs]]:
     """Chosen sessions in ``session_id`` order with their steps and model calls (text redacted later, per record).
 
     Per chunk of ``chunk_sessions`` session ids, one query streams the session rows, their steps and
     their model calls as one sequence ordered by session id (kind 0, 1, 2 within a session), read in
-    Arrow batches: memory is bounded by a chunk, not by the export's size.
+    Arrow batches: memory is bounded by a chunk, not by the export's size. ``report`` (when given)
+    receives the sessions considered and what each rule left out (:func:`left_out`).
     """
     con = open_views(settings, catalog)
     spill = settings.home_dir / "tmp" / "export"
@@ -159,19 +257,19 @@ def _sessions(
     con.execute(f"SET temp_directory = '{spill}'")
     con.execute("SET threads = 2")  # each thread holds its own sort buffers
     where, params = _selection(filters)
-    if filters.split:
-        where += f" AND {_split_sql('coalesce(t.task_family, s.task_family, t.task_id)')} = $split"
-        params["split"] = filters.split
+    if report is not None:
+        report.update(left_out(con, filters))
     con.execute(
         "CREATE TEMP TABLE chosen AS SELECT t.session_id, t.task_id, t.task_type, t.instruction, s.quality, "
         "s.completion, s.flags, coalesce(t.task_family, s.task_family, t.task_id) AS task_family, t.policy_version, "
         "t.group_id, t.attempt, t.agent_name, t.agent_version, t.agent_model, t.status, t.exit_reason, t.reward, "
-        "t.eval_passed, s.failure_cause, "
+        "t.eval_passed, t.verdict_provenance, s.failure_cause, s.outcome, t.started_at, "
         "t.input_tokens, t.cached_tokens, t.output_tokens, t.cost_usd "
-        f"FROM trajectories t JOIN scores s USING (session_id) WHERE {where}",
+        f"FROM trajectories t LEFT JOIN scores s USING (session_id) WHERE {where}",
         params,
     )
     if filters.group_complete:
+        before = con.execute("SELECT count(*) FROM chosen").fetchone()
         # a group is whole when every attempt 0..K-1 exists, none is running and all K were chosen
         con.execute(
             "DELETE FROM chosen WHERE group_id IS NULL OR group_id NOT IN (SELECT g.group_id FROM (SELECT group_id, "
@@ -179,8 +277,22 @@ def _sessions(
             "FROM trajectories WHERE group_id IS NOT NULL GROUP BY group_id) g JOIN (SELECT group_id, count(*) AS n "
             "FROM chosen GROUP BY group_id) c USING (group_id) WHERE g.done AND g.k = g.top + 1 AND c.n = g.n)"
         )
+        after = con.execute("SELECT count(*) FROM chosen").fetchone()
+        if report is not None and before and after:
+            report.setdefault("left_out", {})["group_incomplete"] = int(before[0]) - int(after[0])
+    # a verdict the run's own file claimed (self-reported): never counted, but an ATIF export restates it
+    claim = (
+        "(SELECT session_id, arg_max(struct_pack(passed := evaluation.passed, reward := evaluation.reward, "
+        "details := evaluation.details), struct_pack(seq, event_id)) AS claimed_verdict FROM events "
+        f"WHERE event_type = 'evaluation' AND evaluation.provenance = '{SELF_REPORTED}' "
+        "AND session_id IN (SELECT session_id FROM chosen) GROUP BY session_id)"
+        if has_payload_field(con, "evaluation", "provenance", table="events")
+        else "(SELECT NULL::VARCHAR AS session_id, NULL AS claimed_verdict WHERE false)"
+    )
     con.execute(
-        "CREATE TEMP TABLE chosen_rows AS SELECT c.*, f.flag_list, sub.submission FROM chosen c "
+        "CREATE TEMP TABLE chosen_rows AS SELECT c.*, f.flag_list, sub.submission, ps.carried_prompt_source, "
+        "ps.source_session_id, cl.claimed_verdict "
+        "FROM chosen c "
         "LEFT JOIN (SELECT session_id, list(struct_pack(flag := flag, flag_class := flag_class, severity := severity) "
         "ORDER BY flag) AS flag_list FROM flags WHERE session_id IN (SELECT session_id FROM chosen) "
         "GROUP BY session_id) f USING (session_id) "
@@ -189,16 +301,42 @@ def _sessions(
         "FROM events e JOIN events fb ON fb.event_id = e.extra['submission_event_id'] "
         "LEFT JOIN steps st ON st.session_id = fb.session_id AND st.feedback_event_id = fb.event_id "
         "WHERE e.event_type = 'session_end' "
-        "AND e.session_id IN (SELECT session_id FROM chosen) GROUP BY e.session_id) sub USING (session_id)"
+        "AND e.session_id IN (SELECT session_id FROM chosen) GROUP BY e.session_id) sub USING (session_id) "
+        # how an imported run's conversation was first obtained (an ATIF export of a rebuilt one says so),
+        # and the run's own id in the file it came from
+        "LEFT JOIN (SELECT session_id, arg_min(extra['prompt_source'], seq) AS carried_prompt_source, "
+        "arg_min(extra['source_session_id'], seq) AS source_session_id FROM events "
+        "WHERE event_type = 'session_start' AND session_id IN (SELECT session_id FROM chosen) "
+        f"GROUP BY session_id) ps USING (session_id) LEFT JOIN {claim} cl USING (session_id)"
+    )
+    # a run's own id names it in an export only when no other session could be meant by it: not another
+    # session's id in this lake, not the own id of another chosen session
+    con.execute(
+        "UPDATE chosen_rows SET source_session_id = NULL WHERE source_session_id IN "
+        "(SELECT session_id FROM trajectories) OR source_session_id IN (SELECT source_session_id FROM chosen_rows "
+        "WHERE source_session_id IS NOT NULL GROUP BY source_session_id HAVING count(*) > 1)"
     )
     session_rows = "SELECT r.session_id, 0 AS kind, 0 AS pos, r AS session FROM chosen_rows r"
+    # A step's model input (prompt and cached tokens) is on the agent_input event of its model
+    # message; the first action of the message carries it (a session without recorded calls).
     step_rows = (
-        "SELECT session_id, 1 AS kind, step_index AS pos, struct_pack(step_index, tool_name, tool_call_id, arguments, "
-        "command, thought, output, exit_code, ts) AS step FROM steps "
-        "WHERE session_id IN (SELECT session_id FROM chosen)"
+        "SELECT s.session_id, 1 AS kind, s.step_index AS pos, struct_pack(s.step_index, s.tool_name, s.tool_call_id, "
+        "s.arguments, s.command, s.thought, s.output, s.exit_code, s.ts, s.output_tokens, s.reasoning_tokens, "
+        "s.cost_usd, input_tokens := u.input_tokens, cached_tokens := u.cached_tokens) AS step FROM steps s "
+        "LEFT JOIN (SELECT a.event_id AS action_event_id, i.input_tokens, i.cached_tokens FROM "
+        "(SELECT session_id, event_id, agent_message_id, seq FROM events WHERE event_type = 'agent_action' "
+        "AND {within}) a JOIN (SELECT session_id, agent_message_id, "
+        "TRY_CAST(sum(agent_input.input_tokens) AS BIGINT) AS input_tokens, "
+        "TRY_CAST(sum(agent_input.cached_tokens) AS BIGINT) AS cached_tokens "
+        "FROM events WHERE event_type = 'agent_input' "
+        "AND agent_input.model_call IS NULL AND {within} GROUP BY ALL) i USING (session_id, agent_message_id) "
+        "QUALIFY row_number() OVER (PARTITION BY a.session_id, a.agent_message_id ORDER BY a.seq) = 1) u "
+        "USING (action_event_id) WHERE s.session_id IN (SELECT session_id FROM chosen)"
     )
     call_rows = (
-        "SELECT session_id, 2 AS kind, seq AS pos, struct_pack(ts, mc := agent_input.model_call) AS call FROM events "
+        "SELECT session_id, 2 AS kind, seq AS pos, struct_pack(ts, mc := agent_input.model_call, "
+        "pv := coalesce(extra['policy_version'], policy_version), engine := extra['engine'], dtype := extra['dtype'], "
+        "system_fingerprint := extra['system_fingerprint']) AS call FROM events "
         "WHERE event_type = 'agent_input' AND agent_input.model_call IS NOT NULL "
         "AND session_id IN (SELECT session_id FROM chosen)"
     )
@@ -213,8 +351,8 @@ def _sessions(
         within = "session_id BETWEEN $low AND $high"
         reader = con.sql(
             f"SELECT * FROM ({session_rows} WHERE r.{within}) UNION ALL BY NAME "
-            f"SELECT * FROM ({step_rows} AND {within}) UNION ALL BY NAME SELECT * FROM ({call_rows} AND {within}) "
-            "ORDER BY session_id, kind, pos",
+            f"SELECT * FROM ({step_rows.format(within=within)} AND s.{within}) UNION ALL BY NAME "
+            f"SELECT * FROM ({call_rows} AND {within}) ORDER BY session_id, kind, pos",
             params={"low": low, "high": high},
         ).to_arrow_reader(batch_rows)
         yield from _grouped(reader, weights, lookup)
@@ -238,7 +376,9 @@ def _grouped(
                 if kind == 1:
                     steps.append(row["step"])
                 else:
-                    calls.append({**row["call"]["mc"], "_ts": row["call"]["ts"]})
+                    call = row["call"]
+                    served = {k: call[k] for k in ("engine", "dtype", "system_fingerprint") if call.get(k)}
+                    calls.append({**call["mc"], "_ts": call["ts"], "_policy_version": call["pv"], "_served": served})
     if current is not None:
         yield current, steps, calls, lookup
 

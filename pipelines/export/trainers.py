@@ -16,11 +16,14 @@ how the episode ended), with each trainer's own field names and meanings:
   ``env_metrics``.
 
 A session whose calls form one exact token sequence (token-in/token-out, or a template that never
-rewrote history) is one record. Otherwise (chat mode against a template that re-renders history)
-each model call is its own record (``extra_fields``/``env_metrics`` ``segment`` = its call
-index): its prompt as the server tokenized it and its sampled completion, never re-tokenized. A
-session without token ids cannot be a trainer record (message-level servers): it is left out with
-the reason ``no_token_ids``.
+rewrote history) is one record. Otherwise (chat mode against a template that re-renders history,
+drops earlier reasoning, or a summarised history) it is one record per segment
+(:func:`pipelines.export.rl.token_segments`: a run of calls whose prompts extend the previous
+prompt + completion; ``extra_fields``/``env_metrics`` ``segment`` = the index of its first call,
+``last_segment`` whether the episode ended in it): its prompt as the server tokenized it and what
+followed, never re-tokenized. Where some calls recorded no ids, each call that did is its own
+record. A session without token ids cannot be a trainer record (message-level servers): it is
+left out with the reason ``no_token_ids``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 
 from pipelines.errors import RecordError
 from pipelines.export.conversation import Conversation
-from pipelines.export.formats import rl_record, token_sequences
+from pipelines.export.rl import rl_records, token_segments
 
 #: Trainer record formats (``trajlake export --format verl|skyrl``).
 TRAINER_FORMATS = ("verl", "skyrl")
@@ -49,6 +52,7 @@ class Sample:
     tool_turns: int
     latency_s: float
     segment: int | None = None
+    last: bool = True  # the episode ended in this sample
 
 
 def _tool_turns(messages: list[dict[str, Any]]) -> int:
@@ -59,30 +63,50 @@ def _tool_turns(messages: list[dict[str, Any]]) -> int:
 
 
 def samples(conversation: Conversation) -> list[Sample]:
-    """The session as one exact sequence, else one sample per model call.
+    """The session as one exact sequence, else one sample per segment (or per call with ids).
 
     Raises:
         RecordError: ``no_token_ids``: no call recorded token ids (a message-level server).
     """
     calls = conversation.calls
-    latency = sum(c.latency_ms or 0.0 for c in calls) / 1000
-    tokens = token_sequences(conversation)
-    if tokens is not None:
-        prompt, response, mask, logprobs = tokens
+    segments = token_segments(calls)
+    if segments is not None and len(segments) == 1:
+        (only,) = segments
         has_logprobs = all(len(c.logprobs) == len(c.completion_token_ids) for c in calls)
         assistant = sum(1 for m in conversation.messages if m["role"] == "assistant")
         return [
             Sample(
-                prompt,
-                response,
-                mask,
-                logprobs if has_logprobs else None,
+                only.prompt_ids,
+                only.response_ids,
+                only.response_mask,
+                only.logprobs if has_logprobs else None,
                 calls[-1].finish_reason,
                 assistant,
                 _tool_turns(conversation.messages),
-                latency,
+                sum(c.latency_ms or 0.0 for c in calls) / 1000,
             )
         ]
+    if segments is not None:
+        out = []
+        for index, segment in enumerate(segments):
+            turns = [calls[i] for i in segment.turns]
+            first = segment.turns[0]
+            aligned = all(len(c.logprobs) == len(c.completion_token_ids) for c in turns)
+            out.append(
+                Sample(
+                    segment.prompt_ids,
+                    segment.response_ids,
+                    segment.response_mask,
+                    segment.logprobs if aligned else None,
+                    turns[-1].finish_reason,
+                    first + len(turns),  # its replies and every earlier one (the prompt holds those)
+                    first + len(turns) - 1,  # the tool results before each of its replies
+                    sum(c.latency_ms or 0.0 for c in turns) / 1000,
+                    segment=calls[first].call_index,
+                    last=index == len(segments) - 1,
+                )
+            )
+        return out
     out = []
     for i, call in enumerate(calls):
         if call.prompt_token_ids is None or not call.completion_token_ids:
@@ -99,6 +123,7 @@ def samples(conversation: Conversation) -> list[Sample]:
                 i,  # the tool results before it (an agent loop answers every reply that called a tool)
                 (call.latency_ms or 0.0) / 1000,
                 segment=call.call_index,
+                last=i == len(calls) - 1,
             )
         )
     if not out:
@@ -120,7 +145,7 @@ def verl_records(session: dict[str, Any], conversation: Conversation) -> list[di
     Raises:
         RecordError: ``no_reward`` (never evaluated), ``no_token_ids``.
     """
-    rl = rl_record(session, conversation)
+    rl = rl_records(session, conversation)[-1]  # the episode's reward, and how it ended (its last record)
     extra = _extra(rl)
     return [
         {
@@ -131,7 +156,7 @@ def verl_records(session: dict[str, Any], conversation: Conversation) -> list[di
             "reward_score": rl["reward"],
             "num_turns": 1 + s.assistant_turns + s.tool_turns,
             "metrics": {"generate_sequences": round(s.latency_s, 6)},
-            "extra_fields": {**extra, "segment": s.segment},
+            "extra_fields": {**extra, "segment": s.segment, "last_segment": s.last},
         }
         for s in samples(conversation)
     ]
@@ -148,12 +173,11 @@ def skyrl_records(session: dict[str, Any], conversation: Conversation) -> list[d
     Raises:
         RecordError: ``no_reward`` (never evaluated), ``no_token_ids``.
     """
-    rl = rl_record(session, conversation)
+    rl = rl_records(session, conversation)[-1]  # the episode's reward, and how it ended (its last record)
     extra = _extra(rl)
     out = []
     for s in samples(conversation):
-        last = s.segment is None or s.segment == conversation.calls[-1].call_index
-        episode_stop = rl["stop_reason"] if last else "terminal"  # a cap truncates the episode's last call only
+        episode_stop = rl["stop_reason"] if s.last else "terminal"  # a cap truncates the episode's last part only
         out.append(
             {
                 "prompt_ids": s.prompt_ids,
@@ -165,6 +189,7 @@ def skyrl_records(session: dict[str, Any], conversation: Conversation) -> list[d
                 "env_metrics": {
                     **extra,
                     "segment": s.segment,
+                    "last_segment": s.last,
                     "num_turns": 1 + s.assistant_turns + s.tool_turns,
                     "generate_seconds": round(s.latency_s, 6),
                 },

@@ -110,7 +110,8 @@ def cluster_set(
     finally:
         con.unregister("__here")
         con.unregister("__keys")
-    columns = "session_id, exact_key, signature, started_at::TIMESTAMPTZ AS started_at"
+    # with its task: near-duplicates are found within a task (quality.dedup)
+    columns = "session_id, exact_key, signature, started_at::TIMESTAMPTZ AS started_at, task_id"
     members = lookup(con, columns, "session_index", closed["session_id"], closed["day"].unique().to_list())
     # a member's scores row is on its day; only what ranking and exportability read
     others = members.filter(~pl.col("session_id").is_in(here.implode()))

@@ -108,7 +108,7 @@ def exportable_base(config: QualityConfig) -> str:
     """SQL over ``scores`` columns: exportable on the session's own merits (before duplicate clusters)."""
     return (
         f"quality >= {float(config.min_quality)!r} AND NOT coalesce(security_flagged, FALSE) "
-        "AND coalesce(failure_cause, '') <> 'still_running'"
+        "AND outcome = 'success'"  # a verified success, as quality.combine decides
     )
 
 

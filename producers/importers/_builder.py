@@ -330,8 +330,19 @@ class RunBuilder:
         """Advance the synthetic clock by ``seconds`` plus one tick."""
         self._now += int(min(max(seconds, 0.0), 1e9) * 1_000_000) + SYNTHETIC_TICK_US
 
+    def group(self, group_id: str | None, attempt: int | None) -> None:
+        """Put the run in the rollout group its record names (``group_id``, ``attempt``): every event carries it."""
+        if group_id is not None or attempt is not None:
+            self.emitter.envelope.update(group_id=group_id, attempt=attempt)
+
     def start(
-        self, instruction: str, config: Any = None, *, workspace_root: str | None = None, task_family: str | None = None
+        self,
+        instruction: str,
+        config: Any = None,
+        *,
+        workspace_root: str | None = None,
+        task_family: str | None = None,
+        extra: Mapping[str, str] | None = None,
     ) -> str:
         """``session_start``; limits are unknown for recorded runs and left at zero.
 
@@ -341,10 +352,13 @@ class RunBuilder:
             workspace_root: the framework's working directory (``/testbed``, ``/workspace``, …): the
                 agent's own workspace, where its writes are not "outside the workspace".
             task_family: what novelty compares within (the benchmark instance).
+            extra: more facts of the run for ``session_start``'s ``extra`` (``prompt_source``).
         """
-        extra = {"workspace_root": workspace_root} if workspace_root else {}
+        start_extra = dict(extra or {})
+        if workspace_root:
+            start_extra["workspace_root"] = workspace_root
         if task_family:
-            extra["task_family"] = task_family
+            start_extra["task_family"] = task_family
         payload: typed.SessionStart = {
             "cpu_limit": 0.0,
             "memory_limit_bytes": 0,
@@ -355,7 +369,7 @@ class RunBuilder:
             "config_digest": digest(config) if config is not None else self.source.sha256,
             "instruction": instruction,
         }
-        return self.emitter.emit("session_start", _plain(payload), "system", extra=extra or None)
+        return self.emitter.emit("session_start", _plain(payload), "system", extra=start_extra or None)
 
     def model_call(
         self,
@@ -401,8 +415,14 @@ class RunBuilder:
         content: str | None = None,
         model_call: typed.ModelCall | None = None,
         message_id: str | None = None,
+        extra: Mapping[str, str] | None = None,
     ) -> str:
-        """``agent_input``: what the model was given for one turn."""
+        """``agent_input``: what the model was given for one turn.
+
+        Args:
+            extra: what the server said about this call (``policy_version``: the weights' version,
+                ``engine``, ``dtype``, ``system_fingerprint``), as the fleet's LLM agent records it.
+        """
         payload: typed.AgentInput = {
             "prompt_digest": prompt_digest,
             "input_tokens": input_tokens,
@@ -411,7 +431,9 @@ class RunBuilder:
             "content": content,
             "model_call": model_call,
         }
-        return self.emitter.emit("agent_input", _plain(payload), "agent", agent_message_id=message_id)
+        return self.emitter.emit(
+            "agent_input", _plain(payload), "agent", agent_message_id=message_id, extra=dict(extra) if extra else None
+        )
 
     def action(
         self,

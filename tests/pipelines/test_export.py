@@ -58,7 +58,12 @@ def test_scoring_tables_and_rescoring(scored: tuple[Settings, Path]) -> None:
 def test_trainer_formats_leave_out_sessions_without_token_ids(scored: tuple[Settings, Path], tmp_path: Path, fmt: str):
     settings, _ = scored
     stats = export_training_set(settings, fmt, tmp_path / "out")
-    _, rows = run_query(settings, "SELECT count(*) FROM scores WHERE exportable AND quality >= 0.5")
+    # like rl: every evaluated policy session neither security-flagged nor a shadowed duplicate
+    _, rows = run_query(
+        settings,
+        "SELECT count(*) FROM scores WHERE outcome IN ('success', 'failure') AND NOT security_flagged "
+        "AND session_id NOT IN (SELECT session_id FROM duplicates WHERE NOT is_representative)",
+    )
     # synthetic sessions recorded no model call: a trainer record needs sampled ids, none is invented
     assert stats.records == 0 and stats.quarantined == rows[0][0] > 0
 
@@ -67,7 +72,19 @@ def test_trainer_formats_leave_out_sessions_without_token_ids(scored: tuple[Sett
 def test_export_loads_and_manifest_matches(scored: tuple[Settings, Path], tmp_path: Path, fmt: str) -> None:
     settings, _ = scored
     stats = export_training_set(settings, fmt, tmp_path / "out")
-    _, rows = run_query(settings, "SELECT count(*) FROM scores WHERE exportable AND quality >= 0.5")
+    # SFT formats: exactly the exportable sessions (verified successes); rl: every evaluated policy
+    # session; atif: every ended one (neither flagged for security nor a shadowed duplicate)
+    chosen = {
+        "hf": "exportable",
+        "openai": "exportable",
+        "sharegpt": "exportable",
+        "rl": "outcome IN ('success', 'failure')",
+        "atif": "outcome <> 'running'",
+    }[fmt]
+    eligible = (
+        "NOT security_flagged AND session_id NOT IN (SELECT session_id FROM duplicates WHERE NOT is_representative)"
+    )
+    _, rows = run_query(settings, f"SELECT count(*) FROM scores WHERE {chosen} AND {eligible}")
     assert stats.records == rows[0][0] > 0
     data = tmp_path / "out" / f"{fmt}.jsonl"
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())

@@ -1,4 +1,4 @@
-"""Issue 20: exact prompts of imported real runs, token-level rl records, ATIF round trip, filters and splits."""
+"""Exact prompts of imported real runs, token-level rl records, filters and splits."""
 
 from __future__ import annotations
 
@@ -21,6 +21,10 @@ REAL = Path("/work/shared/data/real-trajectories")
 DEEPSEEK = REAL / "mini-swe-agent/deepseek-reasoner-dev/marshmallow-code__marshmallow-1359.traj.json"
 DJANGO = REAL / "mini-swe-agent/django__django-11099.traj.json"
 OPENHANDS = REAL / "openhands/basic_interactions.json"
+
+
+#: every ended session, whatever its outcome and quality (the tests here look at records, not selection)
+EVERY = ExportFilters(min_quality=0.0, outcome="all")
 
 
 def _lake(tmp: Path) -> Settings:
@@ -54,7 +58,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 
 def test_real_run_keeps_system_prompt_reasoning_submission_and_call_ids(lake: Settings, tmp_path: Path) -> None:
     source = json.loads(DJANGO.read_text())
-    export_training_set(lake, "hf", tmp_path / "hf", min_quality=0.0)
+    export_training_set(lake, "hf", tmp_path / "hf", filters=EVERY)
     by_task = {r["task_id"]: r for r in _records(tmp_path / "hf" / "hf.jsonl")}
     record = by_task["django__django-11099"]
     assert record["prompt_source"] == "recorded"
@@ -81,7 +85,7 @@ def test_real_run_keeps_system_prompt_reasoning_submission_and_call_ids(lake: Se
 def test_openhands_agent_reply_is_an_assistant_message_not_a_tool_call(lake: Settings, tmp_path: Path) -> None:
     source = json.loads(OPENHANDS.read_text())
     replies = [e["args"]["content"] for e in source if e.get("source") == "agent" and e.get("action") == "message"]
-    export_training_set(lake, "openai", tmp_path / "oh", min_quality=0.0)
+    export_training_set(lake, "openai", tmp_path / "oh", filters=EVERY)
     records = _records(tmp_path / "oh" / "openai.jsonl")
     (record,) = [r for r in records if any(m.get("content") == replies[0] for m in r["messages"])]
     names = [c["function"]["name"] for m in record["messages"] for c in m.get("tool_calls") or []]
@@ -90,15 +94,25 @@ def test_openhands_agent_reply_is_an_assistant_message_not_a_tool_call(lake: Set
     assert assistant == replies and record["prompt_source"] == "reconstructed"
 
 
-def test_min_quality_zero_exports_more_and_the_manifest_says_what_was_applied(lake: Settings, tmp_path: Path) -> None:
-    low = export_training_set(lake, "hf", tmp_path / "low", min_quality=0.0)
+def test_sft_defaults_to_successes_and_the_manifest_counts_what_each_rule_left_out(
+    lake: Settings, tmp_path: Path
+) -> None:
+    wide = export_training_set(lake, "hf", tmp_path / "wide", filters=ExportFilters(min_quality=0.0, outcome="any"))
     default = export_training_set(lake, "hf", tmp_path / "default")
-    assert low.records > default.records
-    manifest = json.loads((tmp_path / "low" / "manifest.json").read_text())
-    assert manifest["filters"]["min_quality"] == 0.0
-    assert sum(manifest["counts"]["per_split"].values()) == low.records
+    assert wide.records > default.records > 0
+    assert {r["outcome"] for r in _records(tmp_path / "default" / "hf.jsonl")} == {"success"}
+    assert {r["outcome"] for r in _records(tmp_path / "wide" / "hf.jsonl")} == {"success", "failure"}
+    manifest = json.loads((tmp_path / "default" / "manifest.json").read_text())
+    assert manifest["filters"]["outcome"] == "success" and manifest["filters"]["min_quality"] == lake.quality_min
+    counts = manifest["counts"]
+    # every session considered is exported or left out by exactly one rule
+    left = counts["left_out"]
+    left_out = sum(v for k, v in left.items() if k != "outcome") + sum(left["outcome"].values())
+    assert counts["considered"] == counts["sessions"] + left_out
+    assert left["outcome"]["failure"] > 0 and "success" not in left["outcome"]
+    assert sum(counts["per_split"].values()) == default.records
     assert manifest["scoring"]["governance"] and manifest["scorer_version"]
-    for record in _records(tmp_path / "low" / "hf.jsonl"):
+    for record in _records(tmp_path / "wide" / "hf.jsonl"):
         assert record["quality"] >= 0.0 and 0.0 <= record["weight"] <= 1.0
         for flag in record["flags"]:
             assert set(flag) == {"flag", "flag_class", "severity", "weight"}
@@ -161,27 +175,6 @@ def test_rl_parquet_has_verl_and_skyrl_names_and_dtypes_and_loads_with_datasets(
     assert len(load_dataset("json", data_files=str(tmp_path / "js" / "rl.jsonl"), split="train")) == table.num_rows
     export_training_set(lake, "atif", tmp_path / "atif", min_quality=0.0)
     assert len(load_dataset("json", data_files=str(tmp_path / "atif" / "atif.jsonl"), split="train")) > 0
-
-
-def test_atif_round_trip_is_lossless_on_real_and_fleet_runs(lake: Settings, tmp_path: Path) -> None:
-    export_training_set(lake, "atif", tmp_path / "a", min_quality=0.0)
-    first = {r["session_id"]: r for r in _records(tmp_path / "a" / "atif.jsonl")}
-    again = _lake(tmp_path / "again")
-    # the export file itself (JSON lines of trajectories), its format detected
-    imported = import_trajectory(tmp_path / "a" / "atif.jsonl")
-    write_raw(again, imported, batch_size=5000)
-    assemble(again)
-    score_all(again)
-    export_training_set(again, "atif", tmp_path / "b", min_quality=0.0)
-    # an import never takes a session id from the file: each trajectory's own id is kept beside its new one
-    renamed = {e["session_id"]: e["extra"]["source_session_id"] for e in imported}
-    second = {renamed[r["session_id"]]: r for r in _records(tmp_path / "b" / "atif.jsonl")}
-    assert set(second) == set(first)
-    assert any(r["agent"]["name"] == "mini-swe-agent" for r in first.values())
-    for session_id, trajectory in first.items():
-        assert second[session_id]["steps"] == trajectory["steps"], session_id
-        assert second[session_id]["agent"] == trajectory["agent"]
-        assert second[session_id]["schema_version"] == trajectory["schema_version"]
 
 
 def test_llm_session_exports_the_server_token_ids_and_logprobs(tmp_path: Path) -> None:
@@ -264,7 +257,8 @@ def test_cli_export_filters_and_a_bad_split_is_one_line(lake: Settings, tmp_path
 def test_rl_reward_is_the_scored_completion_and_an_unevaluated_run_has_none() -> None:
     from pipelines.errors import RecordError
     from pipelines.export.conversation import Conversation
-    from pipelines.export.formats import episode_reward, rl_record
+    from pipelines.export.formats import episode_reward
+    from pipelines.export.rl import rl_records
 
     # a forged verdict: the evaluator said 1.0, a flag voided it (completion 0): the trainer gets 0
     assert episode_reward({"reward": 1.0, "eval_passed": True, "completion": 0.0, "failure_cause": "cheating"}) == 0.0
@@ -272,7 +266,7 @@ def test_rl_reward_is_the_scored_completion_and_an_unevaluated_run_has_none() ->
     unevaluated = {"reward": None, "eval_passed": None, "completion": 0.0, "failure_cause": "unevaluated"}
     assert episode_reward(unevaluated) is None
     with pytest.raises(RecordError) as caught:
-        rl_record(
+        rl_records(
             {**unevaluated, "session_id": "s"}, Conversation(messages=[], tools=[], prompt_source="reconstructed")
         )
     assert caught.value.reason == "no_reward"

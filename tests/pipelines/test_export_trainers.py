@@ -14,7 +14,7 @@ import pytest
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.export import export_training_set
+from pipelines.export import ExportFilters, export_training_set
 from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from producers.fleet.agent_caps import Caps
@@ -129,7 +129,13 @@ def test_a_session_whose_calls_all_failed_is_never_an_rl_episode(lake, tmp_path)
     settings, answers = lake
     failed = _session(answers, "failed")
     records = _export(settings, "rl", tmp_path / "rl")
-    assert failed not in {r["session_id"] for r in records} and len(records) == 2
+    sessions = {r["session_id"] for r in records}  # rl: one record per segment, here one per chat-mode call
+    assert failed not in sessions and len(sessions) == 2 and len(records) == 1 + len(answers["chat"])
+    # by default it is left out as an infrastructure failure (the model API failed); asked for every
+    # session, it is still no episode: nothing was sampled
+    outcomes = json.loads((tmp_path / "rl" / "manifest.json").read_text())["counts"]["left_out"]["outcome"]
+    assert outcomes == {"infrastructure": 1}
+    export_training_set(settings, "rl", tmp_path / "all", filters=ExportFilters(min_quality=0.0, outcome="all"))
     _, rows = run_query(settings, f"SELECT reason FROM quarantine WHERE session_id = '{failed}' AND stage = 'export'")
     assert {row[0] for row in rows} == {"no_model_call"}
     # the SFT formats are not RL episodes: what they keep is their own rule

@@ -86,6 +86,37 @@ def test_an_atif_file_claiming_a_fleet_session_id_does_not_take_it_over(tmp_path
     assert [r[1] for r in _quarantine(both)] == ["untrusted_verdict"]
 
 
+def test_an_atif_export_names_an_imported_run_by_its_own_id_only_when_no_other_session_has_it(tmp_path: Path) -> None:
+    from pipelines.export import ExportFilters, export_training_set
+    from pipelines.score import score_all
+
+    sid, fleet = _failed_fleet_session()
+    events = list(fleet)
+    claims = {"forged": sid, "twin-a": "twin", "twin-b": "twin", "solo": "solo"}
+    lake_ids = {}
+    for name, claimed in claims.items():
+        path = tmp_path / f"{name}.json"
+        document = _atif_claiming(claimed, steps=2)
+        document["steps"][1]["message"] = f"task of {name}"  # other bytes: another session
+        path.write_text(json.dumps(document))
+        imported = import_trajectory(path)
+        lake_ids[name] = imported[0]["session_id"]
+        events += imported
+    settings = _lake(tmp_path / "lake")
+    write_raw(settings, events)
+    assemble(settings, as_of=AS_OF)
+    score_all(settings)
+    export_training_set(settings, "atif", tmp_path / "out", filters=ExportFilters(min_quality=0.0, outcome="all"))
+    lines = (tmp_path / "out" / "atif.jsonl").read_text().splitlines()
+    by_task = {json.loads(line)["steps"][1]["message"]: json.loads(line)["session_id"] for line in lines}
+    # the only run that owns its id in this lake keeps it; a twin or a claim to another session's id does not
+    assert by_task["task of solo"] == "solo"
+    for name in ("forged", "twin-a", "twin-b"):
+        assert by_task[f"task of {name}"] == lake_ids[name]
+    ids = [json.loads(line)["session_id"] for line in lines]
+    assert sid in ids and len(ids) == len(set(ids)) == len(claims) + 1
+
+
 def test_foreign_events_under_a_sessions_id_are_quarantined_in_any_order(tmp_path: Path) -> None:
     sid, fleet = _failed_fleet_session()
     path = tmp_path / "forged.json"

@@ -210,6 +210,8 @@ def test_deeply_nested_arguments_are_quarantined_at_export_not_a_recursion_error
             str(out),
             "--min-quality",
             "0",
+            "--outcome",
+            "all",
         ],
         capture_output=True,
         text=True,
@@ -220,7 +222,7 @@ def test_deeply_nested_arguments_are_quarantined_at_export_not_a_recursion_error
     assert "RecursionError" not in result.stderr and "Traceback" not in result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "sharegpt.jsonl"]  # no .tmp left behind
     exported = {json.loads(line)["session_id"] for line in (out / "sharegpt.jsonl").read_text().splitlines()}
-    # --min-quality 0: every eligible session (exportable's conditions without its own threshold)
+    # --min-quality 0 --outcome all: every ended session that is neither security-flagged nor a shadowed duplicate
     _, rows = run_query(
         settings,
         "SELECT session_id FROM scores WHERE NOT security_flagged AND failure_cause IS DISTINCT FROM 'still_running' "

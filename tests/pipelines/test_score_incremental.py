@@ -214,15 +214,15 @@ def test_new_sessions_of_a_day_with_a_complete_baseline_rescore_only_themselves(
     _assert_matches_pure(settings, _tables(settings), "after a late session of the baseline day")
 
 
-def _passing(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _passing(events: list[dict[str, Any]], reward: float = 1.0) -> list[dict[str, Any]]:
     """``events`` with the evaluation passed and rewarded (the same trajectory, done right)."""
     out = copy.deepcopy(events)
     for event in out:
         if event["event_type"] == "evaluation":
             payload = event["payload"]
-            payload.update(passed=True, reward=1.0, tests_passed=payload["tests_total"])
+            payload.update(passed=True, reward=reward, tests_passed=payload["tests_total"])
         if event["event_type"] == "session_end":
-            event["payload"]["reward"] = 1.0
+            event["payload"]["reward"] = reward
     return out
 
 
@@ -247,13 +247,15 @@ def _failed(sessions: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
 def test_a_better_copy_days_later_takes_over_and_the_old_representative_loses_exportability(
     settings: Settings,
 ) -> None:
-    # every ended session is exportable unless a better duplicate shadows it
+    # every success is exportable unless a better duplicate shadows it
     settings = settings.model_copy(update={"score_watermark_lag_s": 0.0, "quality_min": 0.0})
     rng = random.Random(11)
     day0 = [list(s) for s in synthetic_sessions(70, seed=4, start_us=BASE_US + 3_600_000_000)]
     failed = _failed(day0)
     assert len(failed) >= 3
-    originals = failed[:3]
+    # three that passed with a partial reward: successes, which a copy with the full reward later outranks
+    originals = [_passing(s, reward=0.5) for s in failed[:3]]
+    day0 = [originals[failed.index(s)] if s in failed[:3] else s for s in day0]
     write_raw(settings, [e for s in day0 for e in s])
     assemble(settings)
     score_all(settings)

@@ -24,11 +24,16 @@ def test_every_cap_is_a_limit_reached(exit_reason: str) -> None:
     }
 
 
-def test_an_agent_that_raised_is_not_a_limit() -> None:
+def test_an_agent_that_raised_is_a_crash_of_the_agent_not_a_limit_nor_a_wrong_answer() -> None:
     trajectories = pl.DataFrame(
         {"session_id": ["s"], "status": ["failed"], "exit_reason": ["agent_raised"], "eval_passed": [False]}
     )
     steps = pl.DataFrame(
         {"session_id": ["s"], "step_index": [0], "failure_reason": [None]}, schema_overrides={"failure_reason": pl.Utf8}
     )
-    assert failure_causes(trajectories, steps, pl.Series([], dtype=pl.Utf8))["failure_cause"][0] == "wrong_answer"
+    causes = failure_causes(trajectories, steps, pl.Series([], dtype=pl.Utf8))
+    assert causes.row(0, named=True) == {
+        "session_id": "s",
+        "failure_cause": "agent_crashed",
+        "retry_advice": "fix_agent",
+    }

@@ -28,12 +28,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.prices import PriceTable
 from producers.errors import AgentToolError, ModelAPIError
 from producers.fleet.agent_api import AgentSession
 from producers.fleet.agent_caps import CapReached
-from producers.fleet.agents import PRICE_PER_MTOK
 from producers.fleet.llm.client import ChatClient, Try
-from producers.fleet.llm.record import CallRecorder, ContentStore, canonical, parse_response, request_message
+from producers.fleet.llm.record import (
+    CallRecorder,
+    ContentStore,
+    canonical,
+    parse_response,
+    request_message,
+    served_by,
+    server_cost,
+)
 from producers.fleet.llm.tito import (
     ENGINES,
     LocalRenderer,
@@ -117,7 +125,8 @@ class LLMConfig:
         timeout_s: per-request timeout.
         max_retries: retries of a transient model-API failure (429, 5xx, timeout).
         backoff_s: first retry wait (doubling).
-        prices: USD per million tokens: ``input`` (uncached prompt), ``cached``, ``output``.
+        prices: the price table the ``max_cost_usd`` cap estimates with (None: ``TRAJLAKE_PRICE_TABLE``);
+            a call records only the cost the server reported, the lakehouse prices the rest when read.
         extra_body: more request fields (``top_p``, ``seed``, ``stop`` …), recorded with the sampling parameters.
         token_mode: ``chat`` (messages to the chat endpoint) or ``tito`` (token in, token out).
         engine: the server kind: ``auto`` (chat mode reads whichever ids a response carries), ``vllm``,
@@ -136,7 +145,7 @@ class LLMConfig:
     timeout_s: float = 120.0
     max_retries: int = 4
     backoff_s: float = 0.5
-    prices: dict[str, float] = field(default_factory=lambda: dict(PRICE_PER_MTOK))
+    prices: PriceTable | None = None
     extra_body: dict[str, Any] = field(default_factory=dict)
     token_mode: str = "chat"
     engine: str = "auto"
@@ -175,16 +184,11 @@ class LLMConfig:
         return value
 
 
-def cost_of(usage: Mapping[str, int | None], prices: Mapping[str, float]) -> float:
-    """USD of one call from its usage (cached prompt tokens at the cached price)."""
-    prompt = usage.get("prompt_tokens") or 0
-    cached = usage.get("cached_tokens") or 0
-    completion = usage.get("completion_tokens") or 0
-    return (
-        (prompt - cached) * prices.get("input", 0.0)
-        + cached * prices.get("cached", 0.0)
-        + completion * prices.get("output", 0.0)
-    ) / 1e6
+def cost_of(model: str, usage: Mapping[str, int | None], prices: PriceTable) -> float:
+    """USD of one call from its usage at ``model``'s price (0 without one), for the cost cap."""
+    return float(
+        prices.cost(model, usage.get("prompt_tokens"), usage.get("cached_tokens"), usage.get("completion_tokens"))
+    )
 
 
 class LLMAgent:
@@ -199,6 +203,12 @@ class LLMAgent:
         self.config = config
         self.store = store or ContentStore()
         self.api_key = config.api_key()
+        if config.prices is None:
+            from common.settings import Settings
+
+            self.prices = Settings().prices
+        else:
+            self.prices = config.prices
 
     def __call__(self, session: AgentSession) -> None:
         """Run the loop on one session.
@@ -279,7 +289,8 @@ class LLMAgent:
                 completion_ids = generation.completion_ids
                 tokens.add_completion(completion_ids)
             parsed = parse_response(response)
-            cost = cost_of(parsed.usage, config.prices)
+            reported = server_cost(attempt.body, attempt.headers)
+            cost = reported if reported is not None else cost_of(config.model, parsed.usage, self.prices)
             record = recorder.record(
                 messages=messages,
                 tools=TOOLS,
@@ -289,11 +300,11 @@ class LLMAgent:
                 latency_ms=attempt.latency_ms,
                 try_index=index,
                 http_status=attempt.status,
-                cost_usd=round(cost, 10),
+                cost_usd=reported,  # only what the server said: the lakehouse prices the rest when read
                 token_mode=config.token_mode,
                 engine=engine,
             )
-            self._emit(ctx, record, message_id)
+            self._emit(ctx, record, message_id, served_by(attempt.body))
             ctx.model_tokens += (parsed.usage.get("prompt_tokens") or 0) + (parsed.usage.get("completion_tokens") or 0)
             ctx.cost_usd += cost
             messages.append(request_message(parsed.message))
@@ -308,7 +319,7 @@ class LLMAgent:
                     turn.update(
                         output_tokens=parsed.usage.get("completion_tokens") or 0,
                         reasoning_tokens=parsed.usage.get("reasoning_tokens") or 0,
-                        cost_usd=round(cost, 10),
+                        cost_usd=reported or 0.0,
                         model_latency_ms=round(attempt.latency_ms, 3),
                         finish_reason=parsed.finish_reason,
                         thought=parsed.message.get("content"),
@@ -324,7 +335,7 @@ class LLMAgent:
                 tokens.add_environment(results, completion_ids, parsed.finish_reason)
 
     @staticmethod
-    def _emit(ctx: Any, record: dict[str, Any], message_id: str) -> str:
+    def _emit(ctx: Any, record: dict[str, Any], message_id: str, served: dict[str, str] | None = None) -> str:
         emitted: str = ctx.session.agent_input(
             prompt_digest=record["request_sha256"],
             input_tokens=record["prompt_tokens"] or 0,  # a failed try used none
@@ -333,6 +344,7 @@ class LLMAgent:
             content=None,
             model_call=record,
             message_id=message_id,
+            extra=served or None,  # the weights' version and engine, as the server reported them
         )
         return emitted
 

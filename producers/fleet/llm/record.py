@@ -304,6 +304,51 @@ def parse_response(response: Mapping[str, Any]) -> ParsedResponse:
     )
 
 
+#: Where servers put facts about themselves in a chat-completions body: top level, SGLang's
+#: ``meta_info``, a ``metadata`` object.
+_SELF_REPORT = ("", "meta_info", "metadata")
+
+
+def _reported(response: Mapping[str, Any], key: str) -> Any:
+    for place in _SELF_REPORT:
+        holder = response.get(place) if place else response
+        if isinstance(holder, Mapping) and holder.get(key) not in (None, ""):
+            return holder[key]
+    return None
+
+
+def served_by(response: Mapping[str, Any]) -> dict[str, str]:
+    """What the server said about the weights and the engine that sampled this reply (only what it said).
+
+    ``policy_version``: the weights' version (SGLang's ``weight_version``, or ``policy_version``),
+    so an asynchronous trainer can drop or down-weight turns sampled by stale weights;
+    ``engine`` and ``dtype`` where the server names them; ``system_fingerprint`` (OpenAI, vLLM).
+    """
+    out: dict[str, str] = {}
+    version = _reported(response, "weight_version") or _reported(response, "policy_version")
+    if version is not None:
+        out["policy_version"] = str(version)
+    for key in ("engine", "dtype", "system_fingerprint"):
+        value = _reported(response, key)
+        if value is not None:
+            out[key] = str(value)
+    return out
+
+
+def server_cost(response: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> float | None:
+    """The cost the server reported for this call (OpenRouter ``usage.cost``, a LiteLLM proxy's
+    ``x-litellm-response-cost`` header), None when it reported none."""
+    usage = response.get("usage") or {}
+    value = usage.get("cost") if isinstance(usage, Mapping) else None
+    if value is None and headers:
+        value = next((v for k, v in headers.items() if k.lower() == "x-litellm-response-cost"), None)
+    try:
+        cost = float(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
+    return cost if cost is not None and cost >= 0 and cost == cost and cost != float("inf") else None
+
+
 @dataclass
 class Reconstructed:
     """One successful call, rebuilt from the event stream."""

@@ -126,8 +126,13 @@ def render(
     add_generation_prompt: bool = False,
     continue_final_message: bool = False,
     drift: bool = False,
+    strip_reasoning: bool = False,
 ) -> str:
-    """The ChatML rendering of a conversation (Hermes tool calls; see the module docstring)."""
+    """The ChatML rendering of a conversation (Hermes tool calls; see the module docstring).
+
+    ``strip_reasoning``: earlier turns' reasoning is left out, whatever the client sends back (as the
+    DeepSeek-R1/V3.x reasoner, Qwen3 thinking and gpt-oss templates do).
+    """
     out: list[str] = []
     rest = list(messages)
     system = rest.pop(0)["content"] if rest and rest[0].get("role") == "system" else None
@@ -147,7 +152,7 @@ def render(
             continue
         if role == "assistant":
             body = ""
-            if message.get("reasoning_content") and not drift:
+            if message.get("reasoning_content") and not (drift or strip_reasoning):
                 body += f"<think>{message['reasoning_content']}</think>"
             body += message.get("content") or ""
             for call in message.get("tool_calls") or []:
@@ -261,7 +266,9 @@ class FakeOpenAIServer:
         model: reported as ``model``.
         engine: ``vllm``, ``sglang`` or ``llama.cpp``: the response shapes and endpoints.
         drift: re-render history as real templates do (breaks chat-mode id extension).
-        reasoning: emit ``<think>…</think>`` reasoning before each turn.
+        reasoning: emit ``<think>…</think>`` reasoning before each turn (a callable: the reasoning of
+            the n-th assistant turn, None for a turn without).
+        strip_reasoning: the template leaves earlier turns' reasoning out of the next prompt.
         models: model names served; another name is a 404 (``None``: any name).
         port: the loopback port to listen on (0: a free one).
 
@@ -278,7 +285,8 @@ class FakeOpenAIServer:
         *,
         engine: str = "vllm",
         drift: bool = False,
-        reasoning: bool = False,
+        reasoning: bool | Callable[[int], str | None] = False,
+        strip_reasoning: bool = False,
         models: Iterable[str] | None = None,
         port: int = 0,
     ) -> None:
@@ -288,6 +296,7 @@ class FakeOpenAIServer:
         self.engine = "llama.cpp" if engine in ("llamacpp", "llama.cpp") else engine
         self.drift = drift
         self.reasoning = reasoning
+        self.strip_reasoning = strip_reasoning
         self.models = set(models) if models is not None else None
         self.tokenizer = ToyTokenizer()
         self.requests: list[dict[str, Any]] = []
@@ -365,6 +374,7 @@ class FakeOpenAIServer:
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             drift=self.drift,
+            strip_reasoning=self.strip_reasoning,
         )
         return self.tokenizer.encode(text)
 
@@ -374,7 +384,8 @@ class FakeOpenAIServer:
         with self._lock:
             self._counter += 1
             counter = self._counter
-        thought = f"Turn {_turns(messages)}: what next?" if self.reasoning else None
+        n = _turns(messages)
+        thought = self.reasoning(n) if callable(self.reasoning) else f"Turn {n}: what next?" if self.reasoning else None
         text = emission(turn, thought)
         completion = [*self.tokenizer.encode(text), IM_END]
         conversation = canonical([m.get("content") for m in messages[:2]])
@@ -474,7 +485,11 @@ class FakeOpenAIServer:
             response["prompt_token_ids"] = prompt_ids
         if self.engine == "llama.cpp":
             response["timings"] = {"prompt_n": len(prompt_ids), "predicted_n": len(out["ids"])}
+        self.describe(response)
         return response
+
+    def describe(self, response: dict[str, Any]) -> None:
+        """Add what the server says about itself to a chat response (nothing here; see ``testing_reasoning``)."""
 
     def _from_ids(self, prompt_ids: list[int]) -> dict[str, Any]:
         return self._generate(parse_chatml(self.tokenizer.decode(prompt_ids)), prompt_ids)
@@ -561,6 +576,7 @@ class FakeOpenAIServer:
             add_generation_prompt=not final_assistant,
             continue_final_message=final_assistant,
             drift=self.drift,
+            strip_reasoning=self.strip_reasoning,
         )
         return {"prompt": text}
 

@@ -6,6 +6,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
+from common.prices import PriceTable
 from pipelines.assemble import assemble
 from producers.fleet import ListSink, run_fleet
 from producers.fleet.agent_caps import Caps
@@ -32,8 +33,12 @@ def _end(events):
     return next(e["payload"] for e in events if e["event_type"] == "session_end")
 
 
+#: the cost cap estimates with the price table; a model without a price would cost nothing
+PRICES = PriceTable.parse({"policy-7b": {"input": 3.0, "cached": 0.3, "output": 15.0}})
+
+
 def _config(server, **kwargs):
-    return LLMConfig(server.url, "policy-7b", backoff_s=0.01, **kwargs)
+    return LLMConfig(server.url, "policy-7b", backoff_s=0.01, **{"prices": PRICES, **kwargs})
 
 
 def test_llm_session_lands_with_every_model_call_intact_and_transient_errors_retried(settings):
@@ -85,9 +90,15 @@ def test_llm_session_lands_with_every_model_call_intact_and_transient_errors_ret
     assert [tool for tool, _ in steps] == ["bash", "read_file", "bash", "write_file", "bash"]
     assert {status for _, status in steps} == {"ok"}
     trajectory = run_query(
-        settings, f"SELECT status, input_tokens, agent_model FROM trajectories WHERE session_id = '{session_id}'"
+        settings,
+        "SELECT status, input_tokens, output_tokens, cost_usd, agent_model FROM trajectories "
+        f"WHERE session_id = '{session_id}'",
     )[1][0]
-    assert trajectory == ("completed", sum(c["prompt_tokens"] for c in ok), "policy-7b")
+    # every call counts, the last (the one that called submit, which has no action of its own) included;
+    # no price table here and the server reported no cost: the cost is 0, not an invented one
+    prompt, completion = sum(c["prompt_tokens"] for c in ok), sum(c["completion_tokens"] for c in ok)
+    assert trajectory == ("completed", prompt, completion, 0.0, "policy-7b")
+    assert ok[-1]["completion_tokens"] > 0 and all(c["cost_usd"] is None for c in ok)
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.export.conversation import from_calls
-from pipelines.export.formats import token_sequences
+from pipelines.export.rl import token_segments
 from producers.fleet import ListSink, run_fleet
 from producers.fleet.agent_caps import Caps
 from producers.fleet.llm import LLMConfig, reconstruct
@@ -175,7 +175,14 @@ def test_token_in_token_out_against_vllm_is_one_exact_sequence(settings, vllm_se
         # the training sample: every sampled token under mask 1 with its logprob, every environment token masked
         conversation = from_calls([{**r, "_ts": None} for r in records], lambda refs: {r: blobs[r] for r in refs})
         assert conversation is not None
-        prompt, response, mask, logprobs = token_sequences(conversation)
+        (segment,) = token_segments(conversation.calls) or [None]  # one exact sequence: one segment
+        assert segment is not None
+        prompt, response, mask, logprobs = (
+            segment.prompt_ids,
+            segment.response_ids,
+            segment.response_mask,
+            segment.logprobs,
+        )
         assert prompt == calls[0].prompt_token_ids
         assert [t for t, m in zip(response, mask, strict=True) if m] == sampled
         assert [lp for lp, m in zip(logprobs, mask, strict=True) if m] == sampled_logprobs
