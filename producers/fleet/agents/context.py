@@ -177,7 +177,7 @@ class AgentContext:
             )
         if result is None:
             result = self.sandbox.run(command, stdin=stdin, timeout=timeout)
-        self._network(action_id)
+        self.record_network(action_id)
         self._feedback(action_id, result)
         for change in self.sandbox.diff(before, self.sandbox.snapshot()):
             self.bytes_written += change.size_bytes
@@ -226,7 +226,13 @@ class AgentContext:
             tool_call_id=(self.live_turn or {}).get("tool_call_id") or f"call_{self.steps}",
         )
 
-    def _network(self, action_id: str | None) -> None:
+    def record_network(self, action_id: str | None) -> None:
+        """Emit a ``network_request`` per egress attempt the gateway saw since the last call.
+
+        Args:
+            action_id: the action whose command made the attempts (``None``: a command that never
+                answered, recorded when the agent's phase ends).
+        """
         for attempt in self.sandbox.gateway.drain():
             self.network_attempts += 1
             self.network_denied += not attempt.allowed
