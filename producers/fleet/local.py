@@ -124,8 +124,11 @@ class LocalFleet:
             concurrency: sandboxes at once.
             plans: explicit sessions (``trajlake fleet retry``); overrides ``sessions``.
         """
-        from producers.fleet import CountingSink
+        from producers.fleet.sinks import CountingSink, PreRedactedSink
+        from producers.sdk import EventProducer
 
+        if isinstance(sink, EventProducer):  # every session's emitter redacts: no second pass per event
+            sink = PreRedactedSink(sink)
         todo = plans if plans is not None else group_plans(sessions, seed, self.group_size)
 
         counting = CountingSink(sink)

@@ -222,6 +222,9 @@ class LocalStages:
             agent_model=MODEL if not live else (fleet.llm.model if policy == "llm" else None),
             policy_version="scripted-v1" if not live else (_llm_policy_version() if policy == "llm" else "custom"),
             extra={"backend": "local", "task_family": task.family},
+            # what leaves the host is redacted here, with the session's earlier events in view (a token
+            # split over two outputs): the sink sees nothing the producer would still have to redact
+            redact=True,
         )
         if plan.group_id is not None or plan.retry_of is not None:
             # v3 envelope fields, in every event of the session (only when set: a v1/v2 writer refuses them)
