@@ -30,7 +30,8 @@ reach. So the verdict is computed where the deliverable cannot be: on the host.
   marker (``TL_RESULT``, a runner summary) in the output, a patched runtime (``builtins``,
   ``sys.exit``, the runner's own functions), an object claiming equality with anything, a
   touch of the evaluator's paths, a signal sent to another process, the sandbox's executor
-  dying under a case, a result-like file written. Any of it: ``passed=False``, reward 0, and
+  dying under a case, a result-like file written, a malformed message to the egress gateway or
+  the gateway failing. Any of it: ``passed=False``, reward 0, and
   ``evaluator_tampered`` with the evidence in the ``evaluation`` event. A probe that only timed
   out, or code that merely fails or raises, is a failed test without a tamper signal.
 
@@ -413,6 +414,12 @@ def evaluate(
             for change in sandbox.diff(before, sandbox.snapshot()):
                 if RESULT_FILE.search(change.path.rsplit("/", 1)[-1]):
                     result.tamper.append(_ev("fake_result_file", None, f"{change.op} /workspace/{change.path}"))
+        # the image's hook only sends well-formed requests: anything else was written at the monitor by hand
+        gateway = sandbox.gateway
+        if gateway.failed is not None:
+            result.tamper.append(_ev("egress_monitor_failed", None, gateway.failed))
+        if gateway.malformed:
+            result.tamper.append(_ev("egress_malformed", None, f"{gateway.malformed} malformed message(s)"))
     except SandboxKilled:
         result.error = f"evaluation exceeded its {limits.timeout_s:.0f} s deadline"
     except SandboxError as exc:

@@ -88,7 +88,7 @@ class AgentRun:
         cap: the cap the agent reached (``max_steps`` …), or ``None``.
         api_error: the model endpoint's error, or ``None``.
         api_error_kind: the exit reason's prefix for ``api_error``.
-        limit: a sandbox limit that ended the session (``disk_quota``, ``egress_monitor``), or ``None``.
+        host_limit: the host limit that ended the session (``disk_quota``, ``egress_monitor_failed``), or ``None``.
     """
 
     outcome: AgentOutcome | None = None
@@ -98,15 +98,15 @@ class AgentRun:
     cap: str | None = None
     api_error: str | None = None
     api_error_kind: str = "model_api_error"
-    limit: str | None = None
+    host_limit: str | None = None
 
 
 def session_status(run: AgentRun) -> tuple[str, str]:
     """The ``session_end`` status and exit reason of a session whose agent stage ended as ``run``."""
     if run.cap is not None:  # the agent stopped at its cap (the reaper may have come after)
         return "capped", run.cap
-    if run.limit is not None:  # the sandbox reached a host limit: the session ends there
-        return "failed", run.limit
+    if run.host_limit is not None:  # the sandbox reached a host limit: the session ends there
+        return "failed", run.host_limit
     if run.reaped:
         return "timeout", "reaper"
     if run.api_error is not None:

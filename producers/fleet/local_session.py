@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from producers.errors import ModelAPIError, ModelConfigError
+from producers.errors import ModelAPIError, ModelConfigError, SandboxLimitReached
 from producers.fleet.agent_api import AgentSpec, resolve_agent
 from producers.fleet.agent_caps import CapReached, Caps
 from producers.fleet.agents import MODEL, POLICIES, AgentContext, AgentOutcome, cheat_type, choose_policy
@@ -155,6 +155,20 @@ def _llm_policy_version() -> str:
     from producers.fleet.llm.agent import POLICY_VERSION
 
     return POLICY_VERSION
+
+
+def _gateway_figures(sandbox: Sandbox) -> dict[str, str]:
+    """What the egress gateway dropped or could not serve, when anything (``session_end`` extra)."""
+    gateway = sandbox.gateway
+    figures = {
+        "egress_dropped": gateway.dropped,
+        "egress_malformed": gateway.malformed,
+        "egress_errors": gateway.errors,
+    }
+    out = {key: str(value) for key, value in figures.items() if value}
+    if gateway.failed is not None:
+        out["egress_monitor_failed"] = gateway.failed
+    return out
 
 
 class LocalStages:
@@ -332,6 +346,10 @@ class LocalStages:
         except CapReached as exc:
             run.cap = exc.reason
             run.outcome = AgentOutcome("capped", "unknown")
+        except SandboxLimitReached as exc:
+            run.host_limit = exc.reason
+            run.outcome = AgentOutcome("failed", "fail")
+            state.emitter.emit("annotation", {"key": exc.reason, "value": exc.detail, "author": "fleet"}, "system")
         except ModelConfigError as exc:  # a wrong model name, key or path: no rerun fixes it
             run.api_error, run.api_error_kind = str(exc), "model_config_error"
         except ModelAPIError as exc:
@@ -346,6 +364,10 @@ class LocalStages:
                 "system",
             )
         ctx.record_network(None)  # attempts made by a command that never answered
+        if run.host_limit is None and sandbox.gateway.failed is not None:  # failed after the last command
+            run.host_limit = "egress_monitor_failed"
+            detail = sandbox.gateway.failed
+            state.emitter.emit("annotation", {"key": run.host_limit, "value": detail, "author": "fleet"}, "system")
         state.stats = sandbox.stats()
         if not sandbox.killed:
             sandbox.stop()
@@ -395,6 +417,7 @@ class LocalStages:
                 "cost_usd": f"{ctx.cost_usd:.6f}",
                 "reaper_survivors": str(state.survivors),
                 "first_command_ms": f"{sandbox.first_command_ms or 0:.3f}",
+                **_gateway_figures(sandbox),
             },
         )
         outcome, policy = state.run.outcome, state.policy

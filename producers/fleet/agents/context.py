@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from producers.errors import SandboxLimitReached
 from producers.fleet.agent_caps import Caps
 from producers.fleet.perturb import TRANSIENT_EXIT, Perturbation
 from producers.fleet.sandbox import CommandResult, Sandbox
@@ -143,8 +144,10 @@ class AgentContext:
         Raises:
             SandboxKilled: the sandbox was reaped while the command ran.
             CapReached: a cap (steps, model tokens, cost, deadline) was reached before the call.
+            SandboxLimitReached: the command took the sandbox past a host limit (its events are out).
         """
         self.check_caps()  # a command outliving the deadline is the reaper's (exit_reason 'reaper')
+        self.check_gateway()  # an agent that caught the first refusal still starts nothing new
         action_id = self._model_turn(thought, command, tool, arguments or {"command": command})
         before = self.sandbox.snapshot()
         result: CommandResult | None = None
@@ -191,7 +194,18 @@ class AgentContext:
             network_requests=self.network_attempts,
         )
         self.steps += 1
+        self.check_gateway()
         return result
+
+    def check_gateway(self) -> None:
+        """End the session when the sandbox's egress gateway stopped recording (it failed closed).
+
+        Raises:
+            SandboxLimitReached: ``egress_monitor_failed``, with the gateway's reason.
+        """
+        failed = self.sandbox.gateway.failed
+        if failed is not None:
+            raise SandboxLimitReached("egress_monitor_failed", failed)
 
     def _file_op(self, op: str, path: str, size_bytes: int, sha256: str | None) -> None:
         """A ``file_op``: ``path`` relative to the workspace root, or absolute outside it.
