@@ -14,12 +14,13 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from producers.fleet import EventSink, FleetReport, LabelWriter, percentiles
 from producers.fleet.agent_api import AgentSession, AgentSpec, resolve_agent
 from producers.fleet.agent_caps import Caps
 from producers.fleet.agents import AgentContext, cheat_type
+from producers.fleet.bounds import EventBounds
 from producers.fleet.lifecycle import run_staged
 from producers.fleet.local_session import (
     AGENT_NAME,
@@ -31,9 +32,28 @@ from producers.fleet.local_session import (
 )
 from producers.fleet.perturb import Perturbation
 from producers.fleet.sandbox import ImageStore, Limits, Reaper, image_tools
+from producers.fleet.sandbox.quota import sweep_stale
 from producers.fleet.tasks import TaskInstance
 
-__all__ = ["AGENT_NAME", "AGENT_VERSION", "LocalFleet", "SessionPlan", "SessionRecord", "group_plans"]
+if TYPE_CHECKING:
+    from common.settings import Settings
+
+__all__ = ["AGENT_NAME", "AGENT_VERSION", "LocalFleet", "SessionPlan", "SessionRecord", "group_plans", "host_limits"]
+
+
+def host_limits(settings: Settings) -> tuple[Limits, EventBounds]:
+    """The sandbox limits (disk quota, scan bounds) and event bounds ``settings`` configure."""
+    limits = Limits(
+        disk_quota=settings.sandbox_disk_quota,
+        disk_bytes=settings.sandbox_disk_bytes,
+        disk_inodes=settings.sandbox_disk_inodes,
+        tmp_bytes=settings.sandbox_tmp_bytes,
+        scan_entries=settings.sandbox_scan_entries,
+        scan_seconds=settings.sandbox_scan_seconds,
+        hash_bytes=settings.sandbox_hash_bytes,
+    )
+    bounds = EventBounds(settings.sandbox_file_ops_per_command, settings.sandbox_events_per_session)
+    return limits, bounds
 
 
 class LocalFleet:
@@ -51,6 +71,7 @@ class LocalFleet:
         llm: the LLM agent's endpoint and sampling (required with ``agent='llm'``).
         caps: per-session caps (steps, model tokens, cost); a live agent also stops at its deadline.
         group_size: attempts of each task instance (a rollout group with one ``group_id``).
+        bounds: events per command and per session (``producers.fleet.bounds``).
 
     Raises:
         BubblewrapMissing: ``bwrap`` is not installed.
@@ -70,6 +91,7 @@ class LocalFleet:
         llm: Any = None,
         caps: Caps | None = None,
         group_size: int = 1,
+        bounds: EventBounds | None = None,
     ) -> None:
         from producers.fleet.llm.record import ContentStore
         from producers.fleet.sandbox import find_bwrap
@@ -79,11 +101,13 @@ class LocalFleet:
         self.images = ImageStore(root / "images")
         self.sandbox_root = root / "sandboxes"
         self.sandbox_root.mkdir(parents=True, exist_ok=True)
+        sweep_stale(self.sandbox_root)  # layers a crashed host left mounted
         self.perturb = perturb or Perturbation()
         self.timeout_s = timeout_s
         self.policy_mix = policy_mix
         self.host_id = host_id or f"local-{socket.gethostname()}"
         self.limits = limits or Limits()
+        self.bounds = bounds or EventBounds()
         self.runner = image_tools()["bin/tl_test.py"].decode()
         self.agent: AgentSpec | None = resolve_agent(agent) if agent else None
         self.llm = llm

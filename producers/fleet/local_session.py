@@ -24,7 +24,7 @@ import time
 import traceback
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,14 +32,14 @@ from producers.errors import ModelAPIError, ModelConfigError, SandboxLimitReache
 from producers.fleet.agent_api import AgentSpec, resolve_agent
 from producers.fleet.agent_caps import CapReached, Caps
 from producers.fleet.agents import MODEL, POLICIES, AgentContext, AgentOutcome, cheat_type, choose_policy
-from producers.fleet.evaluator import EvalResult, collect_deliverable, evaluate, protected_files
+from producers.fleet.bounds import BoundedEmitter, EventBounds
+from producers.fleet.evaluator import EvalResult, collect_changes, evaluate, protected_files
 from producers.fleet.lifecycle import AgentRun, session_status
 from producers.fleet.report import LabelWriter
 from producers.fleet.sandbox import Limits, Reaper, Sandbox, SandboxKilled
 from producers.fleet.tasks import TaskInstance, task_for
 from producers.fleet.tasks.repo import init_repository
 from producers.redact import forget_secret_values, register_secret_values
-from producers.sdk import SessionEmitter
 
 if TYPE_CHECKING:
     from producers.fleet.perturb import Perturbation
@@ -90,6 +90,7 @@ class HostFleet(Protocol):
     agent: AgentSpec | None
     timeout_s: float | None
     limits: Limits
+    bounds: EventBounds
     runner: str
     sandbox_root: Path
 
@@ -130,7 +131,7 @@ class LocalSession:
     live: bool
     session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     started: float = field(default_factory=time.monotonic)
-    emitter: SessionEmitter | None = None
+    emitter: BoundedEmitter | None = None
     secrets: dict[str, str] = field(default_factory=dict)  # registered with the redactor until cleanup
     image: Path | None = None
     sandbox: Sandbox | None = None
@@ -168,6 +169,19 @@ def _gateway_figures(sandbox: Sandbox) -> dict[str, str]:
     out = {key: str(value) for key, value in figures.items() if value}
     if gateway.failed is not None:
         out["egress_monitor_failed"] = gateway.failed
+    return out
+
+
+def _bound_figures(ctx: AgentContext, sandbox: Sandbox) -> dict[str, str]:
+    """What the host's bounds left out or cut short, and the layer's quota (``session_end`` extra)."""
+    figures = {
+        "file_ops_not_emitted": ctx.file_ops_not_emitted,
+        "files_unhashed": ctx.unhashed,
+        "workspace_scans_incomplete": ctx.scans_incomplete,
+    }
+    out = {key: str(value) for key, value in figures.items() if value}
+    if ctx.disk_limit is not None:
+        out["disk_quota_reached"] = ctx.disk_limit.detail
     return out
 
 
@@ -219,11 +233,12 @@ class LocalStages:
             agent = None
         return LocalSession(self.index, plan, rng, task, agent, policy, live)
 
-    def _emitter(self, state: LocalSession) -> SessionEmitter:
+    def _emitter(self, state: LocalSession) -> BoundedEmitter:
         fleet, task, policy, live, plan = self.fleet, state.task, state.policy, state.live, self.plan
         image_name, image_version = task.image
-        emitter = SessionEmitter(
+        emitter = BoundedEmitter(
             self.sink,
+            fleet.bounds.events_per_session,
             session_id=state.session_id,
             sandbox_id=state.sandbox_id,
             task_id=task.task_id,
@@ -245,17 +260,6 @@ class LocalStages:
             emitter.envelope.update(group_id=plan.group_id, attempt=plan.attempt, retry_of=plan.retry_of)
         return emitter
 
-    def _limits(self, timeout_s: float) -> Limits:
-        base = self.fleet.limits
-        return Limits(
-            cpu_cores=base.cpu_cores,
-            memory_bytes=base.memory_bytes,
-            pids=base.pids,
-            cpu_seconds=base.cpu_seconds,
-            file_size_bytes=base.file_size_bytes,
-            timeout_s=timeout_s,
-        )
-
     def prepare(self, state: LocalSession) -> None:
         """Image, secrets, sandbox, repository, ``session_start``.
 
@@ -267,7 +271,7 @@ class LocalStages:
         state.image = image = fleet.image_for(task)
         state.emitter = emitter = self._emitter(state)
         timeout_s = fleet.timeout_s or task.timeout_s
-        limits = self._limits(timeout_s)
+        limits = replace(fleet.limits, timeout_s=timeout_s)
         env = {**task.config, **fleet.perturb.session_env(state.rng)}
         files = {**task.files, "run_tests.py": fleet.runner}
         state.started = time.monotonic()
@@ -322,7 +326,16 @@ class LocalStages:
         deadline = state.started + timeout_s if state.live else None  # a scripted policy meets only the reaper
         session_caps = Caps(caps.max_steps, caps.max_model_tokens, caps.max_cost_usd, deadline, caps.max_model_calls)
         agent_rng = random.Random(state.rng.getrandbits(64))
-        state.ctx = AgentContext(emitter, sandbox, task, agent_rng, fleet.perturb, caps=session_caps)
+        state.ctx = AgentContext(
+            emitter,
+            sandbox,
+            task,
+            agent_rng,
+            fleet.perturb,
+            caps=session_caps,
+            bounds=fleet.bounds,
+            watched=frozenset(files),
+        )
 
     # ------------------------------------------------------------------ run agent
 
@@ -380,10 +393,17 @@ class LocalStages:
         """The deliverable alone, in a fresh sandbox with the hidden tests; ``evaluation``."""
         assert state.sandbox is not None and state.emitter is not None and state.image is not None
         fleet, task, sandbox = self.fleet, state.task, state.sandbox
-        deliverable, ignored = collect_deliverable(task, sandbox.workspace, {"run_tests.py": fleet.runner})
+        deliverable, ignored, total = collect_changes(task, sandbox.workspace, {"run_tests.py": fleet.runner})
         sandbox.cleanup()
         state.result = evaluate(
-            task, deliverable, state.image, fleet.sandbox_root, self.reaper, ignored_changes=ignored
+            task,
+            deliverable,
+            state.image,
+            fleet.sandbox_root,
+            self.reaper,
+            ignored_changes=ignored,
+            base_limits=fleet.limits,
+            ignored_total=total,
         )
         state.emitter.emit("evaluation", state.result.payload(), "evaluator", extra=state.result.extra())
 
@@ -396,6 +416,7 @@ class LocalStages:
         sandbox, ctx, stats, task, plan = state.sandbox, state.ctx, state.stats, state.task, self.plan
         status, exit_reason = session_status(state.run)
         runtime = time.monotonic() - state.started
+        state.emitter.summarise()  # what the session's event budget left out, if anything
         state.emitter.emit(
             "session_end",
             {
@@ -418,6 +439,7 @@ class LocalStages:
                 "reaper_survivors": str(state.survivors),
                 "first_command_ms": f"{sandbox.first_command_ms or 0:.3f}",
                 **_gateway_figures(sandbox),
+                **_bound_figures(ctx, sandbox),
             },
         )
         outcome, policy = state.run.outcome, state.policy

@@ -21,8 +21,10 @@ kill is verified (no process left in the sandbox's PID namespace). The host read
 leaves only as regular files, never through links, never blocking (``files``).
 
 Modules: ``images`` (``ImageStore``), ``cgroups`` (``Cgroup``), ``egress`` (``EgressGateway``),
-``bwrap`` (``Sandbox``, ``Limits``, ``find_bwrap``), ``reaper`` (``Reaper``), ``files`` (reading a
-sandbox's layer), ``host`` (uids, the launch, entering the sandbox's network namespace).
+``egress_wire`` (parsing what the sandbox sends the gateway), ``bwrap`` (``Sandbox``, ``Limits``,
+``find_bwrap``), ``reaper`` (``Reaper``), ``files`` (reading a sandbox's layer, bounded), ``quota``
+(the writable layer's disk quota), ``host`` (uids, the launch, entering the sandbox's network
+namespace).
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ from producers.fleet.sandbox.bwrap import (
     SANDBOX_UID,
     CommandResult,
     FileChange,
+    LayerDiff,
     Limits,
     Sandbox,
+    Snapshot,
     bwrap_available,
     find_bwrap,
 )
@@ -43,25 +47,31 @@ from producers.fleet.sandbox.cgroups import Cgroup
 from producers.fleet.sandbox.egress import EgressGateway, NetworkAttempt
 from producers.fleet.sandbox.files import layer_entries, read_regular, read_text_regular, sha256_regular
 from producers.fleet.sandbox.images import ImageStore, image_tools
+from producers.fleet.sandbox.quota import QUOTA_MODES, DiskUsage, WorkspaceQuota
 from producers.fleet.sandbox.reaper import Reaper
 
 __all__ = [
     "BWRAP_PACKAGE",
+    "QUOTA_MODES",
     "EXEC_FIELDS",
     "SANDBOX_UID",
     "BubblewrapMissing",
     "Cgroup",
     "CommandResult",
+    "DiskUsage",
     "EgressGateway",
     "FileChange",
     "ImageConflict",
     "ImageStore",
+    "LayerDiff",
     "Limits",
     "NetworkAttempt",
     "Reaper",
     "Sandbox",
     "SandboxError",
     "SandboxKilled",
+    "Snapshot",
+    "WorkspaceQuota",
     "bwrap_available",
     "find_bwrap",
     "image_tools",

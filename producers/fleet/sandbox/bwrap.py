@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from secrets import token_hex
@@ -22,8 +23,9 @@ from typing import IO
 from producers.errors import BubblewrapMissing, SandboxError, SandboxKilled
 from producers.fleet.sandbox.cgroups import Cgroup
 from producers.fleet.sandbox.egress import EgressGateway
-from producers.fleet.sandbox.files import layer_entries, sha256_regular
+from producers.fleet.sandbox.files import scan_layer, sha256_regular
 from producers.fleet.sandbox.host import UIDS, StageMounts, drops_privileges, launch_preexec
+from producers.fleet.sandbox.quota import DiskUsage, WorkspaceQuota, mark_owner
 
 BWRAP_PACKAGE = "bubblewrap"
 
@@ -77,7 +79,18 @@ def bwrap_available() -> bool:
 
 @dataclass(frozen=True)
 class Limits:
-    """Resource limits of one sandbox."""
+    """Resource limits of one sandbox, and what the host spends reading it.
+
+    Attributes:
+        cpu_cores / memory_bytes / pids: cgroup limits (where the cgroup filesystem is writable).
+        cpu_seconds / file_size_bytes / open_files: rlimits of every process in the sandbox.
+        timeout_s: the reaper's wall-clock deadline.
+        disk_bytes / disk_inodes: the writable layer's quota (``quota``), enforced as ``disk_quota`` says.
+        disk_quota: ``auto`` (the strongest this host can run), ``loop``, ``tmpfs``, ``accounting`` or ``off``.
+        tmp_bytes: size of the sandbox's private ``/tmp`` (a tmpfs).
+        scan_entries / scan_seconds: bounds of one scan of the writable layer (the per-command snapshot).
+        hash_bytes: bytes of changed files hashed per command (beyond, a change has no sha256).
+    """
 
     cpu_cores: float = 1.0
     memory_bytes: int = 1 << 30
@@ -86,6 +99,31 @@ class Limits:
     file_size_bytes: int = 64 << 20
     open_files: int = 256
     timeout_s: float = 20.0
+    disk_bytes: int = 256 << 20
+    disk_inodes: int = 32_768
+    disk_quota: str = "auto"
+    tmp_bytes: int = 64 << 20
+    scan_entries: int = 20_000
+    scan_seconds: float = 0.5
+    hash_bytes: int = 64 << 20
+
+
+@dataclass
+class Snapshot:
+    """(size, mtime_ns) of the writable layer's non-directory entries, as one bounded scan saw them.
+
+    Attributes:
+        entries: relative path → (size, mtime_ns).
+        complete: every entry was seen (else the scan stopped at ``stopped_by``: ``entries`` or ``time``).
+        stopped_by: the bound that stopped an incomplete scan.
+        bytes: bytes the entries seen occupy; inodes: entries seen, directories included.
+    """
+
+    entries: dict[str, tuple[int, int]]
+    complete: bool = True
+    stopped_by: str | None = None
+    bytes: int = 0
+    inodes: int = 0
 
 
 @dataclass
@@ -110,6 +148,21 @@ class FileChange:
     path: str
     size_bytes: int
     sha256: str | None
+
+
+@dataclass
+class LayerDiff:
+    """The changes between two snapshots, and what bounded them.
+
+    Attributes:
+        changes: creates and writes of entries the second scan saw; deletions only when both scans were complete.
+        complete: both scans were complete.
+        unhashed: changed regular files left without a sha256 (past ``Limits.hash_bytes``).
+    """
+
+    changes: list[FileChange]
+    complete: bool = True
+    unhashed: int = 0
 
 
 def _host_root_binds() -> list[str]:
@@ -177,12 +230,20 @@ class Sandbox:
         self._io_lock = threading.Lock()
         self._claimed = False
         bwrap = find_bwrap()
+        self.dir.mkdir(parents=True)
+        mark_owner(self.dir)
+        try:  # the writable layer is a filesystem of its own, limited in bytes and inodes (``quota``)
+            self.quota = WorkspaceQuota(
+                self.workspace, self.dir / "disk.img", limits.disk_bytes, limits.disk_inodes, limits.disk_quota
+            )
+        except SandboxError:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         self.uid: int | None = UIDS.acquire() if drops_privileges() else None
         for rel, text in files.items():
             path = self.workspace / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-        self.workspace.mkdir(parents=True, exist_ok=True)
         # explicit modes: the CLI and the Dagster resource run with umask 0o077, and the sandbox's own
         # uid must still reach the egress socket in ``run/`` (``/run/tl``)
         (self.dir / "run").mkdir()
@@ -230,6 +291,8 @@ class Sandbox:
             "/proc",
             "--dev",
             "/dev",
+            "--size",
+            str(limits.tmp_bytes),
             "--tmpfs",
             "/tmp",
         ]
@@ -377,23 +440,61 @@ class Sandbox:
 
     # ------------------------------------------------------------------ workspace
 
-    def snapshot(self) -> dict[str, tuple[int, int]]:
-        """(size, mtime_ns) of every non-directory entry in the writable layer (``lstat``; links not followed)."""
-        return {rel: (st.st_size, st.st_mtime_ns) for rel, st in layer_entries(self.workspace).items()}
+    def snapshot(self, first: Iterable[str] = ()) -> Snapshot:
+        """(size, mtime_ns) of the writable layer's non-directory entries (``lstat``; links not followed).
 
-    def diff(self, before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> list[FileChange]:
-        """Changes between two snapshots, with the new content's sha256 (``None`` unless a regular file)."""
-        changes: list[FileChange] = []
-        for rel, meta in sorted(after.items()):
-            if before.get(rel) != meta:
-                changes.append(FileChange("create" if rel not in before else "write", rel, meta[0], self._sha(rel)))
-        for rel in sorted(set(before) - set(after)):
-            changes.append(FileChange("delete", rel, 0, None))
-        return changes
+        Bounded by ``Limits.scan_entries`` and ``Limits.scan_seconds``: a layer with more entries is
+        seen in part (``Snapshot.complete`` false), at a bounded cost to the host per command; the
+        paths in ``first`` (the task's own files) are always looked at.
+        """
+        limits = self.limits
+        scan = scan_layer(self.workspace, limit=limits.scan_entries, seconds=limits.scan_seconds, first=first)
+        entries = {rel: (st.st_size, st.st_mtime_ns) for rel, st in scan.entries.items()}
+        return Snapshot(entries, scan.complete, scan.stopped_by, scan.bytes, scan.inodes)
+
+    def changes(self, before: Snapshot, after: Snapshot) -> LayerDiff:
+        """Changes between two snapshots, with the new content's sha256 (``None`` unless a regular file).
+
+        Entries only one incomplete scan saw are not reported as deleted (the other scan may have
+        stopped before them); at most ``Limits.hash_bytes`` of changed files are hashed.
+        """
+        found: list[FileChange] = []
+        budget = self.limits.hash_bytes
+        unhashed = 0
+        for rel, meta in sorted(after.entries.items()):
+            if before.entries.get(rel) != meta:
+                sha = None
+                if meta[0] <= budget:
+                    sha = self._sha(rel)
+                    budget -= meta[0]
+                else:
+                    unhashed += 1
+                found.append(FileChange("create" if rel not in before.entries else "write", rel, meta[0], sha))
+        complete = before.complete and after.complete
+        if complete:
+            for rel in sorted(set(before.entries) - set(after.entries)):
+                found.append(FileChange("delete", rel, 0, None))
+        return LayerDiff(found, complete, unhashed)
+
+    def diff(self, before: Snapshot, after: Snapshot) -> list[FileChange]:
+        """The changes of ``changes`` alone."""
+        return self.changes(before, after).changes
 
     def _sha(self, rel: str) -> str | None:
         # never through a link, never blocking on a FIFO, never more than a file may hold
         return sha256_regular(self.workspace, rel, self.limits.file_size_bytes)
+
+    def disk_usage(self) -> DiskUsage | None:
+        """What the writable layer holds against its quota (``None``: quota off).
+
+        A mounted layer asks its filesystem; in ``accounting`` mode a scan bounded by the inode quota sums it.
+        """
+        if self.quota.mode == "off":
+            return None
+        if self.quota.mounted:
+            return self.quota.usage()
+        scan = scan_layer(self.workspace, limit=self.limits.disk_inodes + 1, seconds=self.limits.scan_seconds)
+        return self.quota.usage(scan.inodes, scan.bytes)
 
     # ------------------------------------------------------------------ teardown
 
@@ -481,6 +582,9 @@ class Sandbox:
                     handle.close()
                 except OSError:
                     pass
+        quota = getattr(self, "quota", None)
+        if quota is not None:
+            quota.release()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

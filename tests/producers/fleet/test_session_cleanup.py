@@ -99,7 +99,7 @@ def test_a_failure_anywhere_leaves_no_secret_sandbox_or_process(where, settings,
     elif where == "sink_end":
         sink = FailingSink("session_end")
     elif where == "collect":
-        monkeypatch.setattr(local_session, "collect_deliverable", _raise)
+        monkeypatch.setattr(local_session, "collect_changes", _raise)
     elif where == "evaluate":
         monkeypatch.setattr(local_session, "evaluate", _raise)
 

@@ -1,0 +1,95 @@
+"""How many events a sandbox can make its host emit: bounds per command and per session, with summaries.
+
+A sandbox decides how much its host records: every file it changes is a ``file_op``, every
+connection it tries a ``network_request``. Unbounded, 250,000 empty files made one session emit
+400,002 events. So:
+
+- per command at most ``file_ops_per_command`` ``file_op`` events; the changes to files the task
+  shipped (tests, runner, sources) and to test-framework files come first, so a flood of junk
+  cannot hide an edited test; what is left out is summarised in one ``annotation``
+  (``file_ops_not_emitted``: counts per operation and their bytes);
+- per session at most ``events_per_session`` events (``BoundedEmitter``); beyond, events are
+  counted instead of emitted, except ``session_start``, ``evaluation``, ``session_end`` and the
+  fleet's annotations, and one ``annotation`` (``events_not_emitted``: counts per event type) is
+  emitted before ``session_end``.
+
+Sequence numbers stay gapless: an event that is not emitted takes no ``seq``.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from producers.sdk import SessionEmitter, new_event_id
+
+#: Event types a session always emits, whatever its budget: its frame and the fleet's own notes.
+ALWAYS_EMITTED = frozenset({"session_start", "evaluation", "session_end", "annotation"})
+#: Test-framework files: a change to one is always emitted first (``quality.cheats`` looks for them).
+FRAMEWORK_FILES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini", "setup.cfg"})
+
+
+@dataclass(frozen=True)
+class EventBounds:
+    """Bounds on the events of one session.
+
+    Attributes:
+        file_ops_per_command: ``file_op`` events one command may cause (the rest summarised).
+        events_per_session: events one session may emit (the rest counted, summarised once).
+    """
+
+    file_ops_per_command: int = 200
+    events_per_session: int = 20_000
+
+
+class BoundedEmitter(SessionEmitter):
+    """A ``SessionEmitter`` that emits at most ``max_events`` events, then counts them (see the module docstring).
+
+    Args:
+        sink: receives every complete event.
+        max_events: events emitted at most (``ALWAYS_EMITTED`` types are emitted beyond it).
+        **kwargs: ``SessionEmitter``'s arguments.
+    """
+
+    def __init__(self, sink: Callable[[dict[str, Any]], Any], max_events: int, **kwargs: Any) -> None:
+        super().__init__(sink, **kwargs)
+        self.max_events = max_events
+        self.not_emitted: Counter[str] = Counter()
+
+    def emit(self, event_type: str, payload: dict[str, Any], source: str, **kwargs: Any) -> str:
+        """Emit one event, or count it when the session's budget is spent; its event id either way."""
+        if event_type not in ALWAYS_EMITTED and self.seq >= self.max_events:
+            self.not_emitted[event_type] += 1
+            return new_event_id()  # a parent id nothing refers to: whatever would answer it is over budget too
+        return super().emit(event_type, payload, source, **kwargs)
+
+    def summarise(self) -> str | None:
+        """Emit the ``events_not_emitted`` annotation when any event was left out; its id, else ``None``."""
+        if not self.not_emitted:
+            return None
+        counts = dict(sorted(self.not_emitted.items()))
+        value = json.dumps({"limit": self.max_events, "not_emitted": counts, "total": sum(counts.values())})
+        return self.emit("annotation", {"key": "events_not_emitted", "value": value, "author": "fleet"}, "system")
+
+
+def emission_order(paths: Iterable[str], watched: frozenset[str]) -> list[str]:
+    """``paths`` with the ones detectors look at first: files the task shipped, then test-framework files.
+
+    Args:
+        paths: workspace-relative paths of changes.
+        watched: paths the task shipped (its pristine files).
+    """
+
+    def rank(path: str) -> tuple[int, str]:
+        name = posixpath.basename(path)
+        if path in watched:
+            return 0, path
+        if name in FRAMEWORK_FILES or name.endswith(".pth") or name.startswith("test"):
+            return 1, path
+        return 2, path
+
+    return sorted(paths, key=rank)
