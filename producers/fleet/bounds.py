@@ -25,12 +25,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from producers.fleet.planted import is_framework_file
 from producers.sdk import SessionEmitter, new_event_id
 
 #: Event types a session always emits, whatever its budget: its frame and the fleet's own notes.
 ALWAYS_EMITTED = frozenset({"session_start", "evaluation", "session_end", "annotation"})
-#: Test-framework files: a change to one is always emitted first (``quality.cheats`` looks for them).
-FRAMEWORK_FILES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini", "setup.cfg"})
 
 
 @dataclass(frozen=True)
@@ -85,10 +84,9 @@ def emission_order(paths: Iterable[str], watched: frozenset[str]) -> list[str]:
     """
 
     def rank(path: str) -> tuple[int, str]:
-        name = posixpath.basename(path)
         if path in watched:
             return 0, path
-        if name in FRAMEWORK_FILES or name.endswith(".pth") or name.startswith("test"):
+        if is_framework_file(path) or posixpath.basename(path).startswith("test"):
             return 1, path
         return 2, path
 

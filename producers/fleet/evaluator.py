@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import posixpath
 import re
 import secrets
 import time
@@ -52,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from producers.fleet.bounds import FRAMEWORK_FILES
+from producers.fleet.planted import is_framework_file
 from producers.fleet.sandbox import CommandResult, Limits, Reaper, Sandbox, SandboxError, SandboxKilled
 from producers.fleet.sandbox.files import read_text_regular, scan_layer
 from producers.fleet.tasks import HiddenCase, TaskInstance
@@ -90,6 +89,8 @@ class EvalResult:
         tamper: evidence items (``kind``, ``test_id``, ``detail``).
         tests_reported: cases for which exactly one well-formed result frame arrived.
         ignored_total: changed paths outside the deliverable before the listing's bound (``None``: all listed).
+        planted: code the agent left to patch test frameworks, assertions or the exit (``producers.fleet.planted``):
+            an attempt, reported whatever the verdict; it does not decide the verdict.
     """
 
     passed: bool
@@ -103,6 +104,7 @@ class EvalResult:
     tamper: list[dict[str, Any]] = field(default_factory=list)
     tests_reported: int = 0
     ignored_total: int | None = None
+    planted: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def tampered(self) -> bool:
@@ -136,6 +138,8 @@ class EvalResult:
             "tamper_kinds": self.tamper_kinds(),
             "tamper_evidence": self.tamper,
             "verdict_channel": "host_compare",
+            "planted": self.planted,
+            "planted_kinds": sorted({str(item["kind"]) for item in self.planted}),
         }
         return {
             "passed": self.passed,
@@ -155,6 +159,7 @@ class EvalResult:
             "tamper_kinds": ",".join(self.tamper_kinds()),
             "tests_expected": str(self.tests_total),
             "tests_reported": str(self.tests_reported),
+            **({"planted_kinds": ",".join(sorted({str(i["kind"]) for i in self.planted}))} if self.planted else {}),
         }
 
 
@@ -208,7 +213,7 @@ def collect_changes(
     )
     scan = scan_layer(workspace, skip=(".git",), limit=MAX_LAYER_ENTRIES, seconds=MAX_LAYER_SECONDS)
     new = sorted(rel for rel in scan.entries if rel not in pristine and rel not in task.deliverables)
-    framework = [rel for rel in new if posixpath.basename(rel) in FRAMEWORK_FILES or rel.endswith(".pth")]
+    framework = [rel for rel in new if is_framework_file(rel)]
     rest = [rel for rel in new if rel not in set(framework)]
     total = len(changed) + len(new)
     listed = (changed + framework + rest)[:MAX_IGNORED_LISTED]
@@ -362,6 +367,7 @@ def evaluate(
     ignored_changes: list[str] | None = None,
     base_limits: Limits | None = None,
     ignored_total: int | None = None,
+    planted: list[dict[str, Any]] | None = None,
 ) -> EvalResult:
     """Run the hidden cases on ``deliverable`` in a fresh sandbox of the pinned ``image``; judge on the host.
 
@@ -375,6 +381,7 @@ def evaluate(
         ignored_changes: the agent's changes outside the deliverable (listed, never evaluated).
         base_limits: the fleet's sandbox limits (quota, bounds) the default takes its deadline into.
         ignored_total: the number of changed paths when ``ignored_changes`` lists only some.
+        planted: evidence of planted code in the agent's layer (reported with the verdict, not part of it).
 
     Returns:
         The verdict, with per-test outcomes and any tamper evidence.
@@ -391,6 +398,7 @@ def evaluate(
     result = EvalResult(False, len(cases), 0, 0.0, shas, ignored_changes or [])
     if ignored_total is not None and ignored_total > len(result.ignored_changes):
         result.ignored_total = ignored_total
+    result.planted = list(planted or [])
     if not cases:
         result.error = "the task has no hidden cases"
     sandbox = None

@@ -35,6 +35,7 @@ from producers.fleet.agents import MODEL, POLICIES, AgentContext, AgentOutcome, 
 from producers.fleet.bounds import BoundedEmitter, EventBounds
 from producers.fleet.evaluator import EvalResult, collect_changes, evaluate, protected_files
 from producers.fleet.lifecycle import AgentRun, session_status
+from producers.fleet.planted import planted_in_layer
 from producers.fleet.report import LabelWriter
 from producers.fleet.sandbox import Limits, Reaper, Sandbox, SandboxKilled
 from producers.fleet.tasks import TaskInstance, task_for
@@ -394,6 +395,8 @@ class LocalStages:
         assert state.sandbox is not None and state.emitter is not None and state.image is not None
         fleet, task, sandbox = self.fleet, state.task, state.sandbox
         deliverable, ignored, total = collect_changes(task, sandbox.workspace, {"run_tests.py": fleet.runner})
+        tests = [rel for rel in task.files if rel.startswith("tests/")]
+        planted = planted_in_layer(sandbox.workspace, deliverable, ignored, tests)  # an attempt, whatever the verdict
         sandbox.cleanup()
         state.result = evaluate(
             task,
@@ -404,6 +407,7 @@ class LocalStages:
             ignored_changes=ignored,
             base_limits=fleet.limits,
             ignored_total=total,
+            planted=planted,
         )
         state.emitter.emit("evaluation", state.result.payload(), "evaluator", extra=state.result.extra())
 

@@ -219,10 +219,10 @@ class AgentContext:
             keep = set(emission_order((c.path for c in changes), self.watched)[:limit])
             left_out = [c for c in changes if c.path not in keep]
             changes = [c for c in changes if c.path in keep]
+        self.unhashed += self.sandbox.hash_changes(changes)  # only what is reported is hashed
         for change in changes:
             self.bytes_written += change.size_bytes
             self._file_op(change.op, change.path, change.size_bytes, change.sha256)
-        self.unhashed += diff.unhashed
         if left_out:
             self.bytes_written += sum(c.size_bytes for c in left_out)
             self.file_ops_not_emitted += len(left_out)

@@ -45,6 +45,8 @@ def _literal_of(script: Path, name: str) -> tuple[str, ...]:
 #: definition and the host reads it from the script's source.
 EXEC_FIELDS: tuple[str, ...] = _literal_of(Path(__file__).resolve().parents[1] / "image" / "tl_exec.py", "FIELDS")
 SANDBOX_UID = 1000
+#: What hashing one changed file costs at least, in bytes of ``Limits.hash_bytes`` (an empty file is still an open).
+HASH_MIN_COST = 4096
 
 
 def find_bwrap() -> str:
@@ -152,17 +154,15 @@ class FileChange:
 
 @dataclass
 class LayerDiff:
-    """The changes between two snapshots, and what bounded them.
+    """The changes between two snapshots.
 
     Attributes:
         changes: creates and writes of entries the second scan saw; deletions only when both scans were complete.
         complete: both scans were complete.
-        unhashed: changed regular files left without a sha256 (past ``Limits.hash_bytes``).
     """
 
     changes: list[FileChange]
     complete: bool = True
-    unhashed: int = 0
 
 
 def _host_root_binds() -> list[str]:
@@ -453,32 +453,44 @@ class Sandbox:
         return Snapshot(entries, scan.complete, scan.stopped_by, scan.bytes, scan.inodes)
 
     def changes(self, before: Snapshot, after: Snapshot) -> LayerDiff:
-        """Changes between two snapshots, with the new content's sha256 (``None`` unless a regular file).
+        """Changes between two snapshots, not yet hashed (``hash_changes`` hashes the ones that are reported).
 
         Entries only one incomplete scan saw are not reported as deleted (the other scan may have
-        stopped before them); at most ``Limits.hash_bytes`` of changed files are hashed.
+        stopped before them).
         """
-        found: list[FileChange] = []
-        budget = self.limits.hash_bytes
-        unhashed = 0
-        for rel, meta in sorted(after.entries.items()):
-            if before.entries.get(rel) != meta:
-                sha = None
-                if meta[0] <= budget:
-                    sha = self._sha(rel)
-                    budget -= meta[0]
-                else:
-                    unhashed += 1
-                found.append(FileChange("create" if rel not in before.entries else "write", rel, meta[0], sha))
+        found = [
+            FileChange("create" if rel not in before.entries else "write", rel, meta[0], None)
+            for rel, meta in sorted(after.entries.items())
+            if before.entries.get(rel) != meta
+        ]
         complete = before.complete and after.complete
         if complete:
-            for rel in sorted(set(before.entries) - set(after.entries)):
-                found.append(FileChange("delete", rel, 0, None))
-        return LayerDiff(found, complete, unhashed)
+            found += [FileChange("delete", rel, 0, None) for rel in sorted(set(before.entries) - set(after.entries))]
+        return LayerDiff(found, complete)
+
+    def hash_changes(self, changes: list[FileChange]) -> int:
+        """Fill in the sha256 of changed regular files, at most ``Limits.hash_bytes`` of them; how many were left.
+
+        Each file costs its size and at least one page of the budget (opening a file is work too).
+        """
+        budget = self.limits.hash_bytes
+        left = 0
+        for change in changes:
+            if change.op == "delete":
+                continue
+            cost = max(change.size_bytes, HASH_MIN_COST)
+            if cost > budget:
+                left += 1
+                continue
+            budget -= cost
+            change.sha256 = self._sha(change.path)
+        return left
 
     def diff(self, before: Snapshot, after: Snapshot) -> list[FileChange]:
-        """The changes of ``changes`` alone."""
-        return self.changes(before, after).changes
+        """Changes between two snapshots with the new content's sha256 (``None`` unless a regular file)."""
+        found = self.changes(before, after).changes
+        self.hash_changes(found)
+        return found
 
     def _sha(self, rel: str) -> str | None:
         # never through a link, never blocking on a FIFO, never more than a file may hold

@@ -31,13 +31,19 @@ SCRIPTED_MIX = {
         "cheat_forged_verdict",
     )
 }
-#: Recorded before the lifecycle was staged (seed 20240, 7 sessions of SCRIPTED_MIX).
-SCRIPTED_DIGEST = "28137d8e9f947c8ad1a1e2a97401e59ef01aedcb0d6cfba081a921df6f61bcf1"
+#: Recorded from the fleet before its sessions were staged (seed 20240, 7 sessions of SCRIPTED_MIX;
+#: scripted 28137d8e…, raising 2892e1b4…, capped 02166102…, synthetic 7737a275… and feb1184d…), and
+#: the staged lifecycle gave exactly those. Re-recorded since for three deliberate changes, checked
+#: by comparing the normalised streams: the task images are version 1.3.0 (their runner's sha256 in
+#: ``session_start`` changed with it; the synthetic stream of the old code with the new version
+#: gives the synthetic digests below byte for byte), and the forged-verdict session's
+#: ``evaluation`` extra names the planted code (``planted_kinds``).
+SCRIPTED_DIGEST = "1dd690c83169d34b08a0d5f494edd36287b5ba9cb26ea92c2150fc2632797226"
 SCRIPTED_LABELS = "5243ee5358b85df8158a9063e27f9987c8cefef2a0f6ef0429e8fec706b70630"
-RAISING_DIGEST = "2892e1b4905ebe894beb629ff4343f9224984079ebd53c5a38c8d0e2b7975120"
-CAPPED_DIGEST = "021661027fa5a563c23132ea3f44d03af5ed751a6f830c7294397a4771ea345d"
-SYNTHETIC_DIGEST = "7737a2753fdc2c5e04e840e77208bdc29e927424656879dc5d26162af484950d"
-SYNTHETIC_REUSE_DIGEST = "feb1184dbaa336f522b456f323dd98381b9ba7f4cdcfa1cee7e6917c338cb41d"
+RAISING_DIGEST = "b4af58c62902184c58c8a35fe3a4a90ac0093653924be0bb3a6ea1a426bae50c"
+CAPPED_DIGEST = "79d93908584c3f3466546a15834da3f16ab853a93efe79e1eb6927c3bb40c47e"
+SYNTHETIC_DIGEST = "20919e1d6d1f7a3f8096a728166c469ce5830255aa09470827c39a185da8aaf3"
+SYNTHETIC_REUSE_DIGEST = "530d96611f8db83f82db73f9ae2974e8089e931aa406d60724eda97520254038"
 
 local = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable")
 
