@@ -350,7 +350,8 @@ def judge_case(
     if run.exit_code != 0:
         evidence.append(_ev("runner_exit", case.test_id, f"exit {run.exit_code} after reporting"))
     status = result.get("status")
-    ok = status in ("returned", "exited") and "value" in result and value == _canonical(case.expected)
+    # a result for another case (a wrong id) is evidence, never this case's pass
+    ok = reported and status in ("returned", "exited") and "value" in result and value == _canonical(case.expected)
     record.update(outcome="passed" if ok else ("timeout" if status == "timeout" else "failed"), status=status)
     if not ok:
         record["observed"] = _short(value if "value" in result else result.get("error"))

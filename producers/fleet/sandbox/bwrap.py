@@ -23,6 +23,7 @@ from typing import IO
 from producers.errors import BubblewrapMissing, SandboxError, SandboxKilled
 from producers.fleet.sandbox.cgroups import Cgroup
 from producers.fleet.sandbox.egress import EgressGateway
+from producers.fleet.sandbox.exec_wire import ExecChannelBroken, read_reply
 from producers.fleet.sandbox.files import scan_layer, sha256_regular
 from producers.fleet.sandbox.host import UIDS, StageMounts, drops_privileges, launch_preexec
 from producers.fleet.sandbox.quota import DiskUsage, WorkspaceQuota, mark_owner
@@ -389,6 +390,8 @@ class Sandbox:
 
         Raises:
             SandboxKilled: the sandbox died (reaped at its deadline) before answering.
+            ExecChannelBroken: the executor's channel gave something that is no reply to this
+                request; the sandbox is killed.
         """
         cmd, data = command.encode(), stdin.encode()
         nonce = token_hex(8)
@@ -403,34 +406,33 @@ class Sandbox:
             try:
                 self._stdin.write(request)
                 self._stdin.flush()
-                header = self._stdout.readline()
-                fields = dict(zip(EXEC_FIELDS, header.split(), strict=True)) if header else None
-                if fields is not None:
-                    reason = self._stdout.read(int(fields["reason_len"]))
-                    output = self._stdout.read(int(fields["output_len"]))
+                reply = read_reply(self._stdout, EXEC_FIELDS)
+            except ExecChannelBroken:
+                # not a reply: the channel is out of step; nothing read from it is trusted
+                self.kill()
+                raise
             except (BrokenPipeError, ValueError, OSError) as exc:
                 raise SandboxKilled(f"sandbox {self.sandbox_id} is gone: {exc}") from exc
-        if fields is None or self.killed:
+        if reply is None or self.killed:
             # ``killed`` is set before the first SIGKILL: a reply that raced the kill (the command
             # died first and the executor answered before it died too) is not a command result.
             raise SandboxKilled(f"sandbox {self.sandbox_id} is gone" + (" (reaped)" if self.reaped else ""))
-        if fields["nonce"] != nonce.encode():
+        if reply.nonce != nonce:
             # not the executor's answer to this request: the channel is out of step; nothing read from it is trusted
             self.kill()
-            raise SandboxError(f"sandbox {self.sandbox_id}: a reply that does not answer the request (forged?)")
+            raise ExecChannelBroken(f"sandbox {self.sandbox_id}: a reply that does not answer the request (forged?)")
         if self.first_command_ms is None:
             self.first_command_ms = (time.monotonic() - self.created_at) * 1000
-        telemetry = {k: float(fields[k]) for k in ("cpu_s", "maxrss_kb", "oublock", "procs")}
-        self.last_telemetry = telemetry
+        self.last_telemetry = reply.telemetry
         return CommandResult(
-            output=output.decode("utf-8", "replace"),
-            exit_code=int(fields["exit_code"]),
-            duration_ms=float(fields["duration_ms"]),
-            output_bytes=int(fields["output_bytes"]),
-            truncated=fields["truncated"] == b"1",
-            sha256=fields["sha256"].decode(),
-            failure_reason=reason.decode("utf-8", "replace") or None,
-            telemetry=telemetry,
+            output=reply.output.decode("utf-8", "replace"),
+            exit_code=reply.exit_code,
+            duration_ms=reply.duration_ms,
+            output_bytes=reply.output_bytes,
+            truncated=reply.truncated,
+            sha256=reply.sha256,
+            failure_reason=reply.reason.decode("utf-8", "replace") or None,
+            telemetry=dict(reply.telemetry),
         )
 
     @property
