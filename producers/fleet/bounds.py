@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from producers.emitter import SessionEmitter
 from producers.fleet.planted import is_framework_file
-from producers.sdk import SessionEmitter, new_event_id
 
 #: Event types a session always emits, whatever its budget: its frame and the fleet's own notes.
 ALWAYS_EMITTED = frozenset({"session_start", "evaluation", "session_end", "annotation"})
@@ -59,12 +59,12 @@ class BoundedEmitter(SessionEmitter):
         self.max_events = max_events
         self.not_emitted: Counter[str] = Counter()
 
-    def emit(self, event_type: str, payload: dict[str, Any], source: str, **kwargs: Any) -> str:
-        """Emit one event, or count it when the session's budget is spent; its event id either way."""
-        if event_type not in ALWAYS_EMITTED and self.seq >= self.max_events:
-            self.not_emitted[event_type] += 1
-            return new_event_id()  # a parent id nothing refers to: whatever would answer it is over budget too
-        return super().emit(event_type, payload, source, **kwargs)
+    def _admit(self, event_type: str) -> bool:
+        """Emit the event unless the session's budget is spent (``ALWAYS_EMITTED`` types are emitted regardless)."""
+        if event_type in ALWAYS_EMITTED or self.seq < self.max_events:
+            return True
+        self.not_emitted[event_type] += 1
+        return False
 
     def summarise(self) -> str | None:
         """Emit the ``events_not_emitted`` annotation when any event was left out; its id, else ``None``."""

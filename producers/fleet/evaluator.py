@@ -55,6 +55,7 @@ from producers.fleet.planted import is_framework_file
 from producers.fleet.sandbox import CommandResult, Limits, Reaper, Sandbox, SandboxError, SandboxKilled
 from producers.fleet.sandbox.files import read_text_regular, scan_layer
 from producers.fleet.tasks import HiddenCase, TaskInstance
+from schemas import typed
 
 EVALUATOR = "host-verdict/tl_test-case"
 PROBE = "python3 /opt/tl/bin/tl_test.py --case"
@@ -124,7 +125,7 @@ class EvalResult:
         """Sorted distinct kinds of tamper evidence."""
         return sorted({str(item["kind"]) for item in self.tamper})
 
-    def payload(self) -> dict[str, object]:
+    def payload(self) -> typed.Evaluation:
         """The ``evaluation`` event payload (schema fields; the rest as JSON in ``details``)."""
         details = {
             "deliverable": self.deliverable,
