@@ -7,11 +7,12 @@
 - ``run_agent``: let the policy or live agent act (an exception of a live agent, a cap, a model
   error, a host limit or the reaper ends it: ``AgentRun``); record egress the last command
   caused; stop the sandbox (or find it reaped) and count survivors.
-- ``judge``: take only the deliverable to a fresh evaluator sandbox with the hidden tests; emit
-  ``evaluation``.
-- ``emit_end``: emit ``session_end`` and write the ground-truth label.
-- ``cleanup`` (always): kill and remove the sandbox (processes, writable layer, gateway,
-  cgroup) if a stage left it, and forget the task's secrets.
+- ``judge``: list what the agent changed and read what it planted (``planted``); take only the
+  deliverable to a fresh evaluator sandbox with the hidden tests; emit ``evaluation``.
+- ``emit_end``: summarise what the session's event budget left out (if anything), emit
+  ``session_end`` and write the ground-truth label.
+- ``cleanup`` (always): kill and remove the sandbox (processes, writable layer and its quota,
+  gateway, cgroup) if a stage left it, and forget the task's secrets.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ Layout of one sandbox (host side, under ``<root>/<sandbox_id>/``)::
 
 plus the task type's image (``ImageStore``, one read-only directory per pinned version, shared by
 every sandbox) at ``/opt/tl`` and the host's ``/usr`` (with ``/bin``, ``/lib``… as on the host)
-read-only. Nothing else of the host is visible; ``/tmp`` is a private tmpfs. Namespaces: user,
+read-only. Nothing else of the host is visible; ``/tmp`` is a private tmpfs of ``Limits.tmp_bytes``,
+and the writable layer is a filesystem of its own with a byte and inode quota (``quota``). Namespaces: user,
 pid, net, ipc, uts, cgroup (``--unshare-all``); the sandbox has no network interface but loopback,
 and (root host) every address it tries is recorded by the egress gateway's tap (``egress``).
 Processes run as an unprivileged host uid of their own (root host; ``host``), with the command
