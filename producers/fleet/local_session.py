@@ -167,6 +167,8 @@ def _gateway_figures(sandbox: Sandbox) -> dict[str, str]:
         "egress_dropped": gateway.dropped,
         "egress_malformed": gateway.malformed,
         "egress_errors": gateway.errors,
+        "egress_evicted": gateway.evicted,
+        "egress_tap_drops": gateway.tap_drops(),
     }
     out = {key: str(value) for key, value in figures.items() if value}
     if gateway.failed is not None:

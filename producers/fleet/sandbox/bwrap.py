@@ -292,6 +292,14 @@ class Sandbox:
             "/proc",
             "--dev",
             "/dev",
+            # bwrap's /dev is a writable tmpfs as large as the host allows: shared memory gets a bounded
+            # tmpfs of its own and the rest of /dev is read-only (device nodes still work)
+            "--size",
+            str(limits.tmp_bytes),
+            "--tmpfs",
+            "/dev/shm",
+            "--remount-ro",
+            "/dev",
             "--size",
             str(limits.tmp_bytes),
             "--tmpfs",

@@ -64,6 +64,7 @@ from producers.fleet.sandbox.egress_wire import (
 from producers.fleet.sandbox.host import enter_netns
 
 ETH_P_ALL = 0x0003
+SOL_PACKET, PACKET_STATISTICS = 263, 6
 PACKET_OUTGOING = 4
 SO_ATTACH_FILTER = 26
 RTM_NEWROUTE = 24
@@ -198,6 +199,9 @@ class EgressGateway:
         self.dropped = 0  # attempts beyond MAX_ATTEMPTS: counted, not kept
         self.malformed = 0  # messages that were no request (dropped)
         self.errors = 0  # messages whose handling failed (dropped)
+        self.evicted = 0  # connections closed to make room for a new one (before their request was read)
+        self._tap: socket.socket | None = None
+        self._tap_drops = 0
         self.failed: str | None = None  # why the gateway stopped serving (it failed closed), or None
         self._drained = 0
         self._lock = threading.Lock()
@@ -260,6 +264,7 @@ class EgressGateway:
             return False
         for sock, handler in created:
             self._add(sock, handler)
+        self._tap = created[0][0]
         self.tapped = True
         return True
 
@@ -414,6 +419,7 @@ class EgressGateway:
     def _open(self, connection: _Connection) -> None:
         if len(self._connections) >= MAX_CONNECTIONS:  # the oldest makes room: a held connection blinds nothing
             self._close_connection(min(self._connections.values(), key=lambda c: c.opened))
+            self.evicted += 1
         connection.sock.setblocking(False)
         self._connections[connection.sock.fileno()] = connection
         self._selector.register(connection.sock, selectors.EVENT_READ, self._on_connection)
@@ -523,6 +529,17 @@ class EgressGateway:
             self._drained = len(self.attempts)
         return new
 
+    def tap_drops(self) -> int:
+        """Packets the kernel dropped before the tap read them (a flood faster than the gateway): attempts unseen."""
+        tap = self._tap
+        if tap is not None and tap.fileno() >= 0:
+            try:  # PACKET_STATISTICS: (packets, drops) since the last read, then reset
+                _, drops = struct.unpack("II", tap.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))
+                self._tap_drops += drops
+            except OSError:
+                pass
+        return self._tap_drops
+
     @property
     def alive(self) -> bool:
         """Whether the gateway still serves (neither closed nor failed)."""
@@ -538,6 +555,7 @@ class EgressGateway:
         except OSError:
             pass
         self._thread.join(2)
+        self.tap_drops()  # the tap's last figure, before its socket goes
         self._wake_w.close()
         for connection in list(self._connections.values()):
             connection.sock.close()

@@ -132,6 +132,7 @@ def test_malformed_messages_and_held_connections_do_not_blind_the_gateway(box):
     for attempt in attempts:
         fits_schema(attempt)
     assert box.gateway.alive and box.gateway.malformed - before >= 6
+    assert box.gateway.evicted > 0  # the held connections made room, oldest first, and are counted
 
 
 @local

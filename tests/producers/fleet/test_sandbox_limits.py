@@ -109,12 +109,15 @@ def test_a_flood_of_files_costs_bounded_events_with_summaries(tmp_path):
     assert int(end["extra"]["file_ops_not_emitted"]) > 0 and int(end["extra"]["workspace_scans_incomplete"]) >= 1
 
 
-def test_tmp_is_bounded_too(tmp_path):
+def test_tmp_and_shared_memory_are_bounded_and_dev_is_read_only(tmp_path):
     image = ImageStore(tmp_path / "images").ensure("trajlake/test", "1.0.0")
     box = Sandbox("tmp", tmp_path / "sb", image, {}, Limits(tmp_bytes=4 << 20, disk_quota="off"))
     try:
-        result = box.run("head -c 10000000 /dev/zero > /tmp/big; echo rc=$?; stat -c %s /tmp/big")
-        assert "rc=1" in result.output and int(result.output.split()[-1]) <= 4 << 20
+        for where in ("/tmp", "/dev/shm"):
+            result = box.run(f"head -c 10000000 /dev/zero > {where}/big; echo rc=$?; stat -c %s {where}/big")
+            assert "rc=1" in result.output and int(result.output.split()[-1]) <= 4 << 20, where
+        assert "Read-only" in box.run("echo x > /dev/elsewhere").output  # bwrap's /dev is as large as the host
+        assert box.run("echo x > /dev/null && echo ok").output == "ok\n"
     finally:
         box.stop()
         box.cleanup()
