@@ -187,7 +187,9 @@ class Settings(BaseSettings):
         description="TRAJLAKE_SANDBOX_DISK_INODES: files, directories and links a sandbox's writable layer may hold.",
     )
     sandbox_tmp_bytes: int = Field(
-        64 << 20, ge=1 << 20, description="TRAJLAKE_SANDBOX_TMP_BYTES: size of a sandbox's private /tmp (tmpfs)."
+        64 << 20,
+        ge=1 << 20,
+        description="TRAJLAKE_SANDBOX_TMP_BYTES: size of a sandbox's private /tmp and of its /dev/shm (each a tmpfs).",
     )
     sandbox_scan_entries: int = Field(
         20_000,
