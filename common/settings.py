@@ -195,7 +195,7 @@ class Settings(BaseSettings):
         20_000,
         ge=100,
         description="TRAJLAKE_SANDBOX_SCAN_ENTRIES: entries of the writable layer the host looks at after each "
-        "command to find what changed (beyond, the scan stops and the session says so).",
+        "command to find what changed (beyond, the scan ends there and the session says so).",
     )
     sandbox_scan_seconds: float = Field(
         0.5,

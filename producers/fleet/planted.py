@@ -472,7 +472,7 @@ def planted_patches(source: str, depth: int = 0, line_offset: int | None = None)
 
     Args:
         source: the file's text (not run; at most ``MAX_SOURCE`` characters are read).
-        depth: nesting of code found in strings (stops at ``MAX_DEPTH``).
+        depth: nesting of code found in strings (at most ``MAX_DEPTH``).
         line_offset: the line to report for code found in a string (the statement that runs it).
 
     Returns:

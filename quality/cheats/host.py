@@ -1,6 +1,6 @@
 """Cheats and blind spots the sandbox host reported: a session it ended because it could no longer watch it.
 
-The egress gateway records every network attempt of a sandbox; if it ever stops, it fails closed
+The egress gateway records every network attempt of a sandbox; if it ever dies, it fails closed
 (network refused) and the host ends the session with ``exit_reason`` ``egress_monitor_failed``.
 What the sandbox did meanwhile is unknown: the session is flagged ``egress_monitor_failed``
 (security: never exported), whoever caused the failure.

@@ -19,7 +19,7 @@ from producers.fleet.agent_caps import Caps
 from producers.fleet.bounds import EventBounds, emission_order
 from producers.fleet.perturb import TRANSIENT_EXIT, Perturbation
 from producers.fleet.sandbox import CommandResult, FileChange, Sandbox
-from producers.fleet.sandbox.bwrap import LayerDiff, Snapshot
+from producers.fleet.sandbox.records import LayerDiff, Snapshot
 from producers.fleet.tasks import TaskInstance
 from producers.sdk import SessionEmitter
 

@@ -1,6 +1,7 @@
 """One bubblewrap sandbox: the ``bwrap`` command line, the executor protocol, workspace snapshots, kill.
 
-See the package docstring for the layout and the limits.
+See the package docstring for the layout and the limits; what a sandbox is given and gives back
+(``Limits``, ``CommandResult``, ``Snapshot``, ``FileChange``, ``LayerDiff``) is in ``records``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from secrets import token_hex
 from typing import IO
@@ -27,6 +27,14 @@ from producers.fleet.sandbox.exec_wire import ExecChannelBroken, read_reply
 from producers.fleet.sandbox.files import scan_layer, sha256_regular
 from producers.fleet.sandbox.host import UIDS, StageMounts, drops_privileges, launch_preexec
 from producers.fleet.sandbox.quota import DiskUsage, WorkspaceQuota, mark_owner
+from producers.fleet.sandbox.records import (
+    HASH_MIN_COST,
+    CommandResult,
+    FileChange,
+    LayerDiff,
+    Limits,
+    Snapshot,
+)
 
 BWRAP_PACKAGE = "bubblewrap"
 
@@ -46,8 +54,6 @@ def _literal_of(script: Path, name: str) -> tuple[str, ...]:
 #: definition and the host reads it from the script's source.
 EXEC_FIELDS: tuple[str, ...] = _literal_of(Path(__file__).resolve().parents[1] / "image" / "tl_exec.py", "FIELDS")
 SANDBOX_UID = 1000
-#: What hashing one changed file costs at least, in bytes of ``Limits.hash_bytes`` (an empty file is still an open).
-HASH_MIN_COST = 4096
 
 
 def find_bwrap() -> str:
@@ -78,92 +84,6 @@ def bwrap_available() -> bool:
         timeout=20,
     )
     return done.returncode == 0
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Resource limits of one sandbox, and what the host spends reading it.
-
-    Attributes:
-        cpu_cores / memory_bytes / pids: cgroup limits (where the cgroup filesystem is writable).
-        cpu_seconds / file_size_bytes / open_files: rlimits of every process in the sandbox.
-        timeout_s: the reaper's wall-clock deadline.
-        disk_bytes / disk_inodes: the writable layer's quota (``quota``), enforced as ``disk_quota`` says.
-        disk_quota: ``auto`` (the strongest this host can run), ``loop``, ``tmpfs``, ``accounting`` or ``off``.
-        tmp_bytes: size of the sandbox's private ``/tmp`` (a tmpfs).
-        scan_entries / scan_seconds: bounds of one scan of the writable layer (the per-command snapshot).
-        hash_bytes: bytes of changed files hashed per command (beyond, a change has no sha256).
-    """
-
-    cpu_cores: float = 1.0
-    memory_bytes: int = 1 << 30
-    pids: int = 64
-    cpu_seconds: int = 120
-    file_size_bytes: int = 64 << 20
-    open_files: int = 256
-    timeout_s: float = 20.0
-    disk_bytes: int = 256 << 20
-    disk_inodes: int = 32_768
-    disk_quota: str = "auto"
-    tmp_bytes: int = 64 << 20
-    scan_entries: int = 20_000
-    scan_seconds: float = 0.5
-    hash_bytes: int = 64 << 20
-
-
-@dataclass
-class Snapshot:
-    """(size, mtime_ns) of the writable layer's non-directory entries, as one bounded scan saw them.
-
-    Attributes:
-        entries: relative path → (size, mtime_ns).
-        complete: every entry was seen (else the scan stopped at ``stopped_by``: ``entries`` or ``time``).
-        stopped_by: the bound that stopped an incomplete scan.
-        bytes: bytes the entries seen occupy; inodes: entries seen, directories included.
-    """
-
-    entries: dict[str, tuple[int, int]]
-    complete: bool = True
-    stopped_by: str | None = None
-    bytes: int = 0
-    inodes: int = 0
-
-
-@dataclass
-class CommandResult:
-    """What one command in a sandbox produced."""
-
-    output: str
-    exit_code: int | None
-    duration_ms: float
-    output_bytes: int
-    truncated: bool = False
-    sha256: str = ""
-    failure_reason: str | None = None
-    telemetry: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class FileChange:
-    """One change in the writable layer between two snapshots."""
-
-    op: str
-    path: str
-    size_bytes: int
-    sha256: str | None
-
-
-@dataclass
-class LayerDiff:
-    """The changes between two snapshots.
-
-    Attributes:
-        changes: creates and writes of entries the second scan saw; deletions only when both scans were complete.
-        complete: both scans were complete.
-    """
-
-    changes: list[FileChange]
-    complete: bool = True
 
 
 def _host_root_binds() -> list[str]:
@@ -664,3 +584,18 @@ def _pids_in_namespace(namespace: str | None) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+__all__ = [
+    "BWRAP_PACKAGE",
+    "EXEC_FIELDS",
+    "SANDBOX_UID",
+    "CommandResult",
+    "FileChange",
+    "LayerDiff",
+    "Limits",
+    "Sandbox",
+    "Snapshot",
+    "bwrap_available",
+    "find_bwrap",
+]

@@ -197,7 +197,7 @@ def scan_layer(
     """``lstat`` of every non-directory entry under ``root`` (files, links, FIFOs, sockets), within bounds.
 
     Links are listed, never followed (a link to a directory is an entry, not a subtree). The scan
-    stops after ``limit`` entries or ``seconds`` of wall time, whichever comes first, and says so:
+    ends after ``limit`` entries or ``seconds`` of wall time, whichever comes first, and says so:
     a sandbox's layer may hold more than the host will look at per command. The paths in ``first``
     are looked at before the walk, so a bound never hides them (the task's own files).
 
