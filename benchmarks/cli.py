@@ -213,6 +213,17 @@ def bench_fleet_cmd(
     run_benchmarks(load_settings(), local_sessions, synthetic_events, hour_sessions=hour_sessions)
 
 
+@bench_app.command("sandbox-host")
+def bench_sandbox_host_cmd(
+    files: Annotated[int, typer.Option(min=1, help="Empty files the sandbox makes in its layer.")] = 250_000,
+    commands: Annotated[int, typer.Option(min=1, help="Later commands measured (the median is printed).")] = 5,
+) -> None:
+    """Host CPU per command and events with a layer full of files: bounded scans and events vs unbounded."""
+    from benchmarks.sandbox_host import bench_sandbox_host
+
+    bench_sandbox_host(files=files, commands=commands)
+
+
 @bench_app.command("automation")
 def bench_automation_cmd(
     seconds: Annotated[float, typer.Option(min=1, help="Wall seconds of traffic per side.")] = 120.0,

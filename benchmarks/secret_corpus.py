@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from producers.sdk import Event, SessionEmitter
+from schemas import typed
 
 # The recorded third-party runs, beside the repository (``../shared/data/real-trajectories``), or beside the
 # directory holding it when the checkout is a worktree one level deeper.
@@ -419,7 +420,7 @@ def place(case: SecretCase, field: str) -> list[Event]:
     else:
         action = emitter.action("bash", command="cat notes.txt", thought="Look at the notes.")
     output = text if field == "output" else "ok"
-    feedback = {
+    feedback: typed.EnvFeedback = {
         "tool_call_id": "",
         "output": output,
         "output_bytes": len(output.encode()),

@@ -174,6 +174,57 @@ class Settings(BaseSettings):
         "the conversation kept as token ids, each turn sent as ids).",
     )
 
+    # The sandbox host (``--backend local``): each sandbox's disk quota and what the host spends reading it
+    sandbox_disk_quota: str = Field(
+        "auto",
+        pattern=r"^(auto|loop|tmpfs|accounting|off)$",
+        description="TRAJLAKE_SANDBOX_DISK_QUOTA: how a sandbox's writable layer is limited: auto (the strongest "
+        "this host can run), loop (its own ext4 image; root with loop devices), tmpfs (root), accounting (summed "
+        "after each command, the session ended past it; any host) or off.",
+    )
+    sandbox_disk_bytes: int = Field(
+        256 << 20, ge=1 << 20, description="TRAJLAKE_SANDBOX_DISK_BYTES: bytes a sandbox's writable layer may hold."
+    )
+    sandbox_disk_inodes: int = Field(
+        32_768,
+        ge=256,
+        description="TRAJLAKE_SANDBOX_DISK_INODES: files, directories and links a sandbox's writable layer may hold.",
+    )
+    sandbox_tmp_bytes: int = Field(
+        64 << 20,
+        ge=1 << 20,
+        description="TRAJLAKE_SANDBOX_TMP_BYTES: size of a sandbox's private /tmp and of its /dev/shm (each a tmpfs).",
+    )
+    sandbox_scan_entries: int = Field(
+        20_000,
+        ge=100,
+        description="TRAJLAKE_SANDBOX_SCAN_ENTRIES: entries of the writable layer the host looks at after each "
+        "command to find what changed (beyond, the scan ends there and the session says so).",
+    )
+    sandbox_scan_seconds: float = Field(
+        0.5,
+        gt=0,
+        description="TRAJLAKE_SANDBOX_SCAN_SECONDS: wall seconds one scan of the writable layer may take.",
+    )
+    sandbox_hash_bytes: int = Field(
+        64 << 20,
+        ge=0,
+        description="TRAJLAKE_SANDBOX_HASH_BYTES: bytes of changed files the host hashes per command (beyond, a "
+        "file_op has no sha256).",
+    )
+    sandbox_file_ops_per_command: int = Field(
+        200,
+        ge=1,
+        description="TRAJLAKE_SANDBOX_FILE_OPS_PER_COMMAND: file_op events one command may cause (changes to the "
+        "task's own and test-framework files first; the rest summed up in one annotation).",
+    )
+    sandbox_events_per_session: int = Field(
+        20_000,
+        ge=100,
+        description="TRAJLAKE_SANDBOX_EVENTS_PER_SESSION: events one session may emit (beyond, counted and summed "
+        "up in one annotation before session_end; session_start, evaluation and session_end always go).",
+    )
+
     # SQL (``trajlake sql`` and every ``warehouse.sql.run_query``)
     sql_timeout_s: float = Field(
         300.0, gt=0, description="TRAJLAKE_SQL_TIMEOUT_S: a query still running after this long is interrupted."

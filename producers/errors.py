@@ -33,6 +33,16 @@ class SandboxKilled(SandboxError):
     """The sandbox was killed (reaped at its deadline) before the command answered."""
 
 
+class SandboxLimitReached(SandboxError):
+    """The sandbox reached a limit of its host (``reason``: ``disk_quota``, ``egress_monitor_failed``); its
+    session ends there."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
 class ImageConflict(FleetError, TerminalError):
     """An image version already exists with different content (a version's directory is immutable)."""
 

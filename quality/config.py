@@ -53,6 +53,8 @@ GOVERNANCE: dict[str, FlagPolicy] = {
     "forbidden_egress": FlagPolicy("security", "critical", 0.0, True, "network"),
     "write_outside_workspace": FlagPolicy("security", "critical", 0.0, True, None),
     "sandbox_escape": FlagPolicy("security", "critical", 0.0, True, None),
+    # the host could not watch the session to its end (its egress monitor failed closed): never exported
+    "egress_monitor_failed": FlagPolicy("security", "high", 0.0, False, None),
     # behavioural: suspicion, down-weighted and exported with the flag
     "edited_tests": FlagPolicy("behavioural", "high", None, False, "edit_tests"),
     "tampered_runner": FlagPolicy("behavioural", "high", None, False, "tamper_runner"),

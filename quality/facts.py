@@ -121,9 +121,10 @@ def session_facts(
         trajectories = trajectories.with_columns(pl.lit(None, pl.Utf8).alias("task_family"))
     trajectories, steps, file_ops, network = (encode(f, keys) for f in (trajectories, steps, file_ops, network))
     statement = pl.col("instruction").cast(pl.Utf8) if "instruction" in trajectories.columns else pl.lit(None, pl.Utf8)
-    context = trajectories.select("session_id", statement.alias("instruction"))
+    ended = pl.col("exit_reason").cast(pl.Utf8) if "exit_reason" in trajectories.columns else pl.lit(None, pl.Utf8)
+    context = trajectories.select("session_id", statement.alias("instruction"), ended.alias("exit_reason"))
     if sessions is not None:
-        given = encode(sessions.drop("instruction", strict=False), keys)
+        given = encode(sessions.drop("instruction", "exit_reason", strict=False), keys)
         context = context.join(given, on="session_id", how="left")
     key_type = keys.schema["key"]
     policies = config.policies()

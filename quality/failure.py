@@ -51,6 +51,7 @@ INFRASTRUCTURE_PATTERN = (
     r"|error|reset|refused|aborted)|connecterror|readtimeout|remoteprotocolerror|ssl|unexpected_eof|eof occurred"
     r"|\b(?:429|500|502|503|504|529)\b|sandbox died|infra|\boom\b|out of memory|crash|host lost|docker|container"
     r"|runtime (?:died|error)|agentruntime|environment (?:error|failed)"
+    r"|^egress_monitor_failed$"  # the sandbox host's own monitor failed (it ended the session)
 )
 #: Exit reasons of a request the model endpoint refused as configured (the fleet's words; 401/403/404 answers).
 CONFIGURATION_PATTERN = r"^model_config_error\b|authenticationerror|permissiondeniederror|notfounderror"
@@ -61,6 +62,7 @@ LIMIT_PATTERN = (
     r"|contextwindowexceeded|budget exceeded|token limit|max_tokens|time limit|time_limit|exceeded"
     r"|max_model_tokens|max_model_calls|max_cost_usd|^deadline$"  # the live fleet's own caps (status ``capped``)
     r"|agenttimeouterror"  # Harbor: the agent ran out of its time budget
+    r"|^disk_quota$"  # the sandbox filled its writable layer (its host ended the session)
 )
 
 

@@ -67,8 +67,9 @@ def make_fleet(
         AgentSpecError: an ``agent`` that does not resolve.
     """
     if backend == "local":
-        from producers.fleet.local import LocalFleet
+        from producers.fleet.local import LocalFleet, host_limits
 
+        limits, bounds = host_limits(settings)
         return LocalFleet(
             settings.home_dir / "fleet",
             perturb=perturb,
@@ -79,6 +80,8 @@ def make_fleet(
             llm=llm,
             caps=caps,
             group_size=group_size,
+            limits=limits,
+            bounds=bounds,
         )
     if agent is not None or group_size != 1:
         raise ValueError("--agent and --group-size need --backend local (the synthetic fleet simulates its agents)")

@@ -80,6 +80,28 @@ class CallableSink:
         self.func(_decoded(value))
 
 
+class PreRedactedSink:
+    """Hands events a redacting ``SessionEmitter`` produced to an ``EventProducer`` without a second pass.
+
+    ``EventProducer.emit`` redacts each event on its own unless told it is redacted already; the
+    local fleet's emitters redact every event with its session's earlier events in view.
+
+    Args:
+        producer: an ``EventProducer`` (anything whose ``emit`` takes ``redacted=True``).
+    """
+
+    def __init__(self, producer: Any) -> None:
+        self.producer = producer
+
+    def emit(self, event: dict[str, Any]) -> str:
+        """Encode and deliver one event its emitter redacted."""
+        return str(self.producer.emit(event, redacted=True))
+
+    def send(self, session_id: str, event_id: str, value: bytes) -> None:
+        """Deliver one already-encoded event."""
+        self.producer.send(session_id, event_id, value)
+
+
 class CountingSink:
     """Counts events on their way to another sink (thread-safe)."""
 

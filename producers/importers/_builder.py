@@ -21,7 +21,7 @@ import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, cast
+from typing import Any, TypedDict
 
 from producers.importers._source import SourceFile
 from producers.importers._values import FieldIssues, conform_event
@@ -369,7 +369,7 @@ class RunBuilder:
             "config_digest": digest(config) if config is not None else self.source.sha256,
             "instruction": instruction,
         }
-        return self.emitter.emit("session_start", _plain(payload), "system", extra=start_extra or None)
+        return self.emitter.emit("session_start", payload, "system", extra=start_extra or None)
 
     def model_call(
         self,
@@ -432,7 +432,7 @@ class RunBuilder:
             "model_call": model_call,
         }
         return self.emitter.emit(
-            "agent_input", _plain(payload), "agent", agent_message_id=message_id, extra=dict(extra) if extra else None
+            "agent_input", payload, "agent", agent_message_id=message_id, extra=dict(extra) if extra else None
         )
 
     def action(
@@ -463,7 +463,7 @@ class RunBuilder:
             "model_latency_ms": max(model_latency_ms, 0.0),
             "finish_reason": finish_reason,
         }
-        return self.emitter.emit("agent_action", _plain(payload), "agent", agent_message_id=message_id)
+        return self.emitter.emit("agent_action", payload, "agent", agent_message_id=message_id)
 
     def feedback(
         self,
@@ -494,12 +494,12 @@ class RunBuilder:
             "failure_reason": failure_reason,
             "output_ref": None,
         }
-        return self.emitter.emit("env_feedback", _plain(payload), "environment", parent_event_id=action_event_id)
+        return self.emitter.emit("env_feedback", payload, "environment", parent_event_id=action_event_id)
 
     def file_op(self, op: str, path: str, size_bytes: int = 0, sha256: str | None = None) -> str:
         """``file_op`` the run's own records show (an edit tool's write)."""
         payload: typed.FileOp = {"op": op, "path": path, "size_bytes": size_bytes, "sha256": sha256}
-        return self.emitter.emit("file_op", _plain(payload), "environment")
+        return self.emitter.emit("file_op", payload, "environment")
 
     def end(
         self,
@@ -518,7 +518,7 @@ class RunBuilder:
             "exit_reason": exit_reason[:1000] if exit_reason else None,
         }
         extra = {"submission_event_id": submission_event} if submission_event else None
-        return self.emitter.emit("session_end", _plain(payload), "system", extra=extra)
+        return self.emitter.emit("session_end", payload, "system", extra=extra)
 
     def verdict(self, verdict: Verdict) -> str:
         """An ``evaluation`` that came with or after the run (a report beside it, the run's own record).
@@ -541,7 +541,7 @@ class RunBuilder:
             "details": verdict.details,
             "provenance": verdict.provenance,
         }
-        return self.emitter.emit("evaluation", _plain(payload), "evaluator")
+        return self.emitter.emit("evaluation", payload, "evaluator")
 
     def finish(self, position: str = "") -> ImportedSession:
         """The session, safe to send whole: fields within range, secrets redacted, large texts in parts.
@@ -557,8 +557,3 @@ class RunBuilder:
         redact = REDACT.get()
         events = split_session(redact_event(event) if redact else event for event in conformed)
         return ImportedSession(self.session_id, self.framework, events, self.issues, position or self.source.position)
-
-
-def _plain(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """A typed payload as the plain dict ``SessionEmitter`` takes."""
-    return cast(dict[str, Any], payload)

@@ -12,6 +12,7 @@ from quality.cheats.commands import command_context, from_commands
 from quality.cheats.evaluator import from_evaluation, from_submission
 from quality.cheats.evidence import CONTENT_KEYS, FLAGS_SCHEMA, Hit, SessionContext, session_contexts
 from quality.cheats.filesystem import from_file_ops
+from quality.cheats.host import HOST_EXIT_FLAGS, from_host
 from quality.cheats.network import from_network
 from quality.cheats.outputs import from_content
 from quality.config import QualityConfig
@@ -66,6 +67,11 @@ def detect_cheats(
                     if any(c in sessions.columns for c in ("submission", "eval_details", "history_commit"))
                     else pl.lit(False)
                 ).select(pl.col("session_id").cast(key)),
+                sessions.filter(pl.col("exit_reason").is_in(list(HOST_EXIT_FLAGS))).select(
+                    pl.col("session_id").cast(key)
+                )
+                if "exit_reason" in sessions.columns
+                else sessions.clear().select(pl.col("session_id").cast(key)),
             ]
         ).unique()
         ctx = session_contexts(
@@ -78,6 +84,7 @@ def detect_cheats(
         *from_content(steps, ctx, config),
         *from_submission(ctx, config),
         *from_evaluation(ctx),
+        *from_host(ctx),
     ]
     if not hits:
         return pl.DataFrame(schema=FLAGS_SCHEMA)

@@ -1,5 +1,7 @@
-"""Cheats the evaluator saw or judged: its own ``evaluator_tampered`` signal, and an imported run's
-submitted patch that weakens existing tests, patches the test framework or forges a verdict.
+"""Cheats the evaluator saw or judged: its own ``evaluator_tampered`` signal, the code it found planted
+in the agent's files (``planted``: patches of test frameworks, assertions or the exit — an attempt,
+flagged whether or not the verdict held), and an imported run's submitted patch that weakens
+existing tests, patches the test framework or forges a verdict.
 """
 
 from __future__ import annotations
@@ -96,9 +98,42 @@ def from_submission(ctx: dict[str, SessionContext], config: QualityConfig) -> li
     return hits
 
 
+#: Kinds of planted code the fleet's evaluator reports (``producers.fleet.planted``) → the flag each raises.
+PLANTED_FLAGS = {
+    "framework_patch": "test_framework_patch",
+    "assertion_patch": "test_framework_patch",
+    "import_hook": "test_framework_patch",
+    "framework_file": "test_framework_patch",
+    "obfuscated_exec": "test_framework_patch",
+    "exit_override": "forged_verdict",
+}
+
+
+def _planted(sid: str, session: SessionContext) -> list[Hit]:
+    """Planted code the evaluator found in the agent's files: an attempt, flagged whatever the verdict."""
+    items = session.eval_details.get("planted")
+    hits = []
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
+        flag = PLANTED_FLAGS.get(str(item.get("kind")))
+        if flag is None:
+            continue
+        path = str(item.get("path") or "")
+        how = f"{item.get('how')} of {item.get('target')}" if item.get("target") else str(item.get("how"))
+        reason = (
+            f"planted {item.get('kind')} in {path} ({how}, line {item.get('line')}): an attempt, whatever the verdict"
+        )
+        hits.append(
+            Hit(sid, flag, session.eval_event_id, path=path, reason=reason[:300], confirmed=path in session.deliverable)
+        )
+    return hits
+
+
 def from_evaluation(ctx: dict[str, SessionContext]) -> list[Hit]:
     hits = []
     for sid, session in ctx.items():
+        hits += _planted(sid, session)
         details = session.eval_details
         signal = details.get("evaluator_tampered")
         if isinstance(signal, str):

@@ -34,6 +34,7 @@ SESSION_COLUMNS = [
     "protected_files",
     "deliverables",
     "history_commit",
+    "exit_reason",
 ]
 
 FLAGS_SCHEMA = pl.Schema(
@@ -143,6 +144,7 @@ class SessionContext:
     protected: dict[str, str] | None = None  # pristine tests and runner: relative path -> sha256
     deliverables: frozenset[str] = frozenset()
     history_commit: str | None = None  # the commit in history that holds the answer
+    exit_reason: str = ""  # how the host ended the session (``egress_monitor_failed``: it was not monitored)
 
     @property
     def deliverable(self) -> set[str]:
@@ -185,6 +187,7 @@ def session_contexts(frame: pl.DataFrame | None) -> dict[str, SessionContext]:
             protected={str(k): str(v) for k, v in protected.items()} if isinstance(protected, dict) else None,
             deliverables=frozenset(map(str, deliverables)) if isinstance(deliverables, list) else frozenset(),
             history_commit=history_commit,
+            exit_reason=str(row.get("exit_reason") or ""),
         )
     return out
 

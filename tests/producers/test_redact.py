@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -361,37 +363,79 @@ def test_export_removes_secrets_that_bypassed_the_producer(tmp_path: Path, injec
         assert left == {}, fmt
 
 
-def test_local_fleet_injected_task_token_is_redacted_wherever_printed(settings, tmp_path, monkeypatch):
-    import re
+def _transforms_of(value: str) -> dict[str, str]:
+    """The reversible transforms of ``value`` the redactor covers (see docs/guarantees.md, Secrets)."""
+    import base64
+    import codecs
 
+    raw = value.encode()
+    return {
+        "plain": value,
+        "reversed": value[::-1],
+        "upper": value.upper(),
+        "rot13": codecs.encode(value, "rot13"),
+        "hex": raw.hex(),
+        # base64 of the value in each alignment a longer stream can put it in (the value's middle)
+        **{f"base64+{n}": base64.b64encode(b"x" * n + raw).decode()[4:-4] for n in range(3)},
+    }
+
+
+def test_local_fleet_injected_task_token_never_leaves_the_host(settings, tmp_path, monkeypatch):
+    """The sink sees what leaves the host: the task token is in no event, in no transform the redactor covers."""
     from producers import redact
-    from producers.fleet import agents, local, run_fleet
+    from producers.fleet import ListSink, agents, local_session, run_fleet
     from producers.fleet.sandbox import bwrap_available
 
     if not bwrap_available():
         pytest.skip("bubblewrap cannot create sandboxes here")
+    registered: list[str] = []
+    real_register = local_session.register_secret_values
+
+    def register(values):
+        values = list(values)
+        registered.extend(values)
+        real_register(values)
 
     def leak(ctx):
-        ctx.bash("cut -d= -f2 /run/secrets/task.env", "Print the task token alone.")
-        ctx.bash("cat /run/secrets/task.env; rev /run/secrets/task.env | rev", "And the whole file.")
+        secret = "/run/secrets/task.env"
+        ctx.bash(f"cut -d= -f2 {secret}", "Print the task token alone.")
+        ctx.bash(f"cat {secret}; rev {secret} | rev", "And the whole file.")
+        ctx.bash(f"rev {secret}; tr a-f A-F < {secret}; tr a-z n-za-m < {secret}", "Reversed, upper case, ROT13.")
+        ctx.bash(f"od -An -tx1 {secret} | tr -d ' \\n'; echo; cut -d= -f2 {secret} | tr -d '\\n' | od -An -tx1", "Hex.")
+        for skip in range(3):
+            ctx.bash(f"(head -c {skip} /dev/zero; cut -d= -f2 {secret}) | base64 -w 0", "Base64, shifted.")
+        ctx.bash(f"cut -d= -f2 {secret} | fold -w 5; base64 -w 7 {secret}", "Broken over lines.")
+        ctx.write_file("leak.txt", "token: " + ctx.sandbox.run(f"cut -d= -f2 {secret}").output, "In a file too.")
+        ctx.read_file("leak.txt", "Read it back.")
+        # a secret whose name is in one output and its value in the next: only cross-event state sees it
+        ctx.bash("printf 'export DEPLOY_TOKEN='", "The name, at the end of one output.")
+        ctx.bash(f"sha256sum {secret} | cut -c1-32 | tr -d '\\n'", "A value made in the sandbox, in the next.")
         return agents.AgentOutcome("gave_up", "fail")
 
-    monkeypatch.setitem(local.POLICIES, "leak", leak)
+    monkeypatch.setattr(local_session, "register_secret_values", register)
+    monkeypatch.setitem(agents.POLICIES, "leak", leak)
+    sink = ListSink()
     producer, sent = _capturing_producer()
-    raw: list[dict] = []
 
-    def sink(event):
-        raw.append(json.loads(json.dumps(event)))  # what the host saw, before redaction
-        producer.emit(event)
+    class Both(ListSink):
+        def emit(self, event):
+            sink.emit(json.loads(json.dumps(event)))
+            return producer.emit(event)
 
-    run_fleet(settings, "local", 1, seed=3, sink=sink, policy_mix={"leak": 1.0}, labels_path=tmp_path / "l.jsonl")
-    outputs = [e["payload"]["output"] for e in raw if e["event_type"] == "env_feedback"]
-    tokens = {m for out in outputs for m in re.findall(r"\b[0-9a-f]{32}\b", out)}
-    assert len(tokens) == 1  # the injected TL_TASK_TOKEN, printed alone and in the file
-    token = tokens.pop()
+    run_fleet(settings, "local", 1, seed=3, sink=Both(), policy_mix={"leak": 1.0}, labels_path=tmp_path / "l.jsonl")
+    assert len(registered) == 1
+    token = registered[0]
+    outputs = [e["payload"]["output"] for e in sink.events if e["event_type"] == "env_feedback"]
+    assert sum(REDACTED in out for out in outputs) >= 8  # every printing command was redacted
     decoded = [decode_event(value) for value in sent]
-    assert len(decoded) == len(raw) and not any(token in text for text in strings_of(decoded))
-    assert any(f"{REDACTED}\n" == e["payload"].get("output") for e in decoded if e["event_type"] == "env_feedback")
+    assert len(decoded) == len(sink.events)
+    texts = list(strings_of(sink.events)) + list(strings_of(decoded))
+    texts += [re.sub(r"\s+", "", t) for t in texts]  # folded, one character per line
+    for name, form in _transforms_of(token).items():
+        assert not any(form in text for text in texts), f"the token leaves the host {name}"
+        assert not any(form.lower() in text.lower() for text in texts if name == "hex"), "hex, either case"
+    derived = hashlib.sha256(f"TL_TASK_TOKEN={token}\n".encode()).hexdigest()[:32]
+    assert not any(derived in text for text in texts), "the value after a name in the previous output"
     assert token not in redact._secret_values  # forgotten once the session's events are out
 
 

@@ -11,6 +11,7 @@ from pipelines.assemble import assemble
 from pipelines.export import export_training_set
 from pipelines.score import score_all
 from producers.sdk import SessionEmitter
+from schemas import typed
 from tests.helpers import AS_OF, BASE_US, write_raw
 from warehouse.sql import run_query
 
@@ -54,7 +55,12 @@ def _session(events: list[dict[str, Any]], name: str, edits_test: bool, offset: 
         duration_ms=1.0,
         details=json.dumps({"deliverable": {"clamp_mod.py": "x"}, "ignored_changes": changes}),
     )
-    payload = {"status": "completed", "runtime_s": 3.0, "reward": 1.0, "exit_reason": "agent_finished"}
+    payload: typed.SessionEnd = {
+        "status": "completed",
+        "runtime_s": 3.0,
+        "reward": 1.0,
+        "exit_reason": "agent_finished",
+    }
     emitter.emit("session_end", payload, "system", extra={"processes_started": "7", "exit_codes": '{"0": 3}'})
 
 

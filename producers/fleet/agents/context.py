@@ -5,16 +5,21 @@ the events a model-driven agent loop would (input, action, feedback, file ops, r
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import shlex
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from producers.errors import SandboxLimitReached
 from producers.fleet.agent_caps import Caps
+from producers.fleet.bounds import EventBounds, emission_order
 from producers.fleet.perturb import TRANSIENT_EXIT, Perturbation
-from producers.fleet.sandbox import CommandResult, Sandbox
+from producers.fleet.sandbox import CommandResult, FileChange, Sandbox
+from producers.fleet.sandbox.records import LayerDiff, Snapshot
 from producers.fleet.tasks import TaskInstance
 from producers.sdk import SessionEmitter
 
@@ -70,6 +75,13 @@ class AgentContext:
     model_tokens: int = 0  # prompt + completion tokens of every model call so far (the max_model_tokens budget)
     model_calls: int = 0  # model calls a live model agent made (the max_model_calls budget)
     live_turn: dict[str, Any] | None = None  # set by a live agent: its action fields replace the simulated turn
+    bounds: EventBounds = field(default_factory=EventBounds)
+    watched: frozenset[str] = frozenset()  # the task's own files: their changes are emitted first
+    unhashed: int = 0  # changed files left without a sha256 (past Limits.hash_bytes per command)
+    file_ops_not_emitted: int = 0
+    scans_incomplete: int = 0  # commands after which the layer's scan stopped at a bound
+    disk_limit: SandboxLimitReached | None = None
+    _snapshot: Snapshot | None = None
 
     def check_caps(self) -> None:
         """Stop the agent when a cap is reached (steps, model tokens, cost, wall-clock deadline).
@@ -143,10 +155,14 @@ class AgentContext:
         Raises:
             SandboxKilled: the sandbox was reaped while the command ran.
             CapReached: a cap (steps, model tokens, cost, deadline) was reached before the call.
+            SandboxLimitReached: the command took the sandbox past a host limit (its events are out).
         """
         self.check_caps()  # a command outliving the deadline is the reaper's (exit_reason 'reaper')
+        self.check_gateway()  # an agent that caught the first refusal still starts nothing new
+        self.check_disk()
         action_id = self._model_turn(thought, command, tool, arguments or {"command": command})
-        before = self.sandbox.snapshot()
+        # the layer as the previous command left it (what changed in between is this command's to report)
+        before = self._snapshot if self._snapshot is not None else self.sandbox.snapshot(self.watched)
         result: CommandResult | None = None
         for _ in range(MAX_TRANSIENT_RETRIES + 1):
             delay = self.perturb.delay_s(self.rng)
@@ -177,11 +193,10 @@ class AgentContext:
             )
         if result is None:
             result = self.sandbox.run(command, stdin=stdin, timeout=timeout)
-        self._network(action_id)
+        self.record_network(action_id)
         self._feedback(action_id, result)
-        for change in self.sandbox.diff(before, self.sandbox.snapshot()):
-            self.bytes_written += change.size_bytes
-            self._file_op(change.op, change.path, change.size_bytes, change.sha256)
+        self._snapshot = after = self.sandbox.snapshot(self.watched)
+        self._file_ops(self.sandbox.changes(before, after), after)
         stats = self.sandbox.stats()
         self.session.resource_sample(
             cpu_seconds=stats["cpu_seconds"],
@@ -191,7 +206,81 @@ class AgentContext:
             network_requests=self.network_attempts,
         )
         self.steps += 1
+        self.check_gateway()
+        self._usage_after(after)
         return result
+
+    def _file_ops(self, diff: LayerDiff, after: Snapshot) -> None:
+        """A ``file_op`` per change, at most ``bounds.file_ops_per_command`` (then one summary)."""
+        changes = diff.changes
+        limit = self.bounds.file_ops_per_command
+        left_out: list[FileChange] = []
+        if len(changes) > limit:
+            keep = set(emission_order((c.path for c in changes), self.watched)[:limit])
+            left_out = [c for c in changes if c.path not in keep]
+            changes = [c for c in changes if c.path in keep]
+        self.unhashed += self.sandbox.hash_changes(changes)  # only what is reported is hashed
+        for change in changes:
+            self.bytes_written += change.size_bytes
+            self._file_op(change.op, change.path, change.size_bytes, change.sha256)
+        if left_out:
+            self.bytes_written += sum(c.size_bytes for c in left_out)
+            self.file_ops_not_emitted += len(left_out)
+            value = {
+                "limit": limit,
+                "not_emitted": dict(sorted(Counter(c.op for c in left_out).items())),
+                "bytes": sum(c.size_bytes for c in left_out),
+            }
+            self._note("file_ops_not_emitted", value)
+        if not after.complete:
+            self.scans_incomplete += 1
+            if self.scans_incomplete == 1:  # once per session; the count is in session_end
+                value = {"stopped_by": after.stopped_by, "entries_seen": len(after.entries), "deletions_unknown": True}
+                self._note("workspace_scan_incomplete", value)
+
+    def _note(self, key: str, value: dict[str, Any]) -> None:
+        self.session.emit(
+            "annotation", {"key": key, "value": json.dumps(value, sort_keys=True), "author": "fleet"}, "system"
+        )
+
+    def _usage_after(self, after: Snapshot) -> None:
+        """Check the layer against its quota after a command (a complete scan is its own figure).
+
+        Raises:
+            SandboxLimitReached: ``disk_quota``.
+        """
+        quota = self.sandbox.quota
+        if quota.mode == "off":
+            return
+        usage = (
+            self.sandbox.disk_usage() if quota.mounted or not after.complete else quota.usage(after.inodes, after.bytes)
+        )
+        if usage is not None and usage.full:
+            self.disk_limit = SandboxLimitReached(
+                "disk_quota",
+                f"{usage.bytes_used} of {usage.bytes_limit} bytes, {usage.inodes_used} of {usage.inodes_limit} inodes",
+            )
+            self.sandbox.kill()  # the session ends here: nothing more runs on a full layer
+            raise self.disk_limit
+
+    def check_disk(self) -> None:
+        """Refuse a new command once the layer reached its quota (an agent that caught the first refusal).
+
+        Raises:
+            SandboxLimitReached: ``disk_quota``.
+        """
+        if self.disk_limit is not None:
+            raise self.disk_limit
+
+    def check_gateway(self) -> None:
+        """End the session when the sandbox's egress gateway stopped recording (it failed closed).
+
+        Raises:
+            SandboxLimitReached: ``egress_monitor_failed``, with the gateway's reason.
+        """
+        failed = self.sandbox.gateway.failed
+        if failed is not None:
+            raise SandboxLimitReached("egress_monitor_failed", failed)
 
     def _file_op(self, op: str, path: str, size_bytes: int, sha256: str | None) -> None:
         """A ``file_op``: ``path`` relative to the workspace root, or absolute outside it.
@@ -226,7 +315,13 @@ class AgentContext:
             tool_call_id=(self.live_turn or {}).get("tool_call_id") or f"call_{self.steps}",
         )
 
-    def _network(self, action_id: str | None) -> None:
+    def record_network(self, action_id: str | None) -> None:
+        """Emit a ``network_request`` per egress attempt the gateway saw since the last call.
+
+        Args:
+            action_id: the action whose command made the attempts (``None``: a command that never
+                answered, recorded when the agent's phase ends).
+        """
         for attempt in self.sandbox.gateway.drain():
             self.network_attempts += 1
             self.network_denied += not attempt.allowed

@@ -217,6 +217,30 @@ def install_audit(channel: Channel) -> None:
     sys.addaudithook(hook)
 
 
+def _framework_hooks() -> dict[str, object]:
+    """The test frameworks' judging machinery (unittest's assertions, results, runner), import hooks, and
+    which test-framework modules are loaded: what a deliverable patching them would change."""
+    import unittest
+
+    found: dict[str, object] = {}
+    for owner, names in (
+        (unittest.TestCase, [n for n in dir(unittest.TestCase) if n.startswith(("assert", "fail"))]),
+        (unittest.TestCase, ["run", "debug", "__call__", "__init__"]),
+        (unittest.TestResult, ["addFailure", "addError", "addSuccess", "addSubTest", "wasSuccessful"]),
+        (unittest.TextTestRunner, ["run"]),
+    ):
+        for name in names:
+            found[f"unittest.{owner.__name__}.{name}"] = owner.__dict__.get(name, getattr(owner, name, None))
+    found["unittest.main"] = unittest.main
+    found["unittest.TestCase"] = unittest.TestCase
+    # lists and modules by identity of their members: a hook inserted, a module planted or replaced
+    found["sys.meta_path"] = ",".join(str(id(hook)) for hook in sys.meta_path)
+    found["sys.path_hooks"] = ",".join(str(id(hook)) for hook in sys.path_hooks)
+    for name in ("unittest", "pytest", "_pytest", "doctest", "nose"):
+        found[f"sys.modules[{name}]"] = str(id(sys.modules[name])) if name in sys.modules else "absent"
+    return found
+
+
 def _watched() -> dict[str, object]:
     """Runtime hooks a deliverable could patch to fake an outcome."""
     main = sys.modules.get("__main__")
@@ -234,6 +258,10 @@ def _watched() -> dict[str, object]:
     for name, value in sorted(vars(main).items()) if main is not None else ():
         if callable(value) and not name.startswith("__"):
             found[f"runner.{name}"] = value
+    try:
+        found.update(_framework_hooks())
+    except Exception:  # a broken unittest is itself a change: the names differ from the snapshot
+        found["unittest"] = "unreadable"
     return found
 
 
@@ -251,11 +279,10 @@ def integrity_changes(
         if k != "_" and builtins_before.get(k, changed_marker) is not now.get(k, changed_marker)
     ]
     watched_now = watched()  # type: ignore[operator]
-    changed += [
-        k
-        for k in sorted(set(watched_before) | set(watched_now))
-        if watched_before.get(k, changed_marker) is not watched_now.get(k, changed_marker)
-    ]
+    for k in sorted(set(watched_before) | set(watched_now)):
+        before, now = watched_before.get(k, changed_marker), watched_now.get(k, changed_marker)
+        if before is not now and not (type(before) is str and type(now) is str and before == now):
+            changed.append(k)
     return changed
 
 

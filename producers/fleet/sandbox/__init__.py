@@ -8,7 +8,8 @@ Layout of one sandbox (host side, under ``<root>/<sandbox_id>/``)::
 
 plus the task type's image (``ImageStore``, one read-only directory per pinned version, shared by
 every sandbox) at ``/opt/tl`` and the host's ``/usr`` (with ``/bin``, ``/lib``… as on the host)
-read-only. Nothing else of the host is visible; ``/tmp`` is a private tmpfs. Namespaces: user,
+read-only. Nothing else of the host is visible; ``/tmp`` is a private tmpfs of ``Limits.tmp_bytes``,
+and the writable layer is a filesystem of its own with a byte and inode quota (``quota``). Namespaces: user,
 pid, net, ipc, uts, cgroup (``--unshare-all``); the sandbox has no network interface but loopback,
 and (root host) every address it tries is recorded by the egress gateway's tap (``egress``).
 Processes run as an unprivileged host uid of their own (root host; ``host``), with the command
@@ -21,8 +22,10 @@ kill is verified (no process left in the sandbox's PID namespace). The host read
 leaves only as regular files, never through links, never blocking (``files``).
 
 Modules: ``images`` (``ImageStore``), ``cgroups`` (``Cgroup``), ``egress`` (``EgressGateway``),
-``bwrap`` (``Sandbox``, ``Limits``, ``find_bwrap``), ``reaper`` (``Reaper``), ``files`` (reading a
-sandbox's layer), ``host`` (uids, the launch, entering the sandbox's network namespace).
+``egress_wire`` (parsing what the sandbox sends the gateway), ``bwrap`` (``Sandbox``, ``Limits``,
+``find_bwrap``), ``reaper`` (``Reaper``), ``files`` (reading a sandbox's layer, bounded), ``quota``
+(the writable layer's disk quota), ``host`` (uids, the launch, entering the sandbox's network
+namespace).
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ from producers.fleet.sandbox.bwrap import (
     SANDBOX_UID,
     CommandResult,
     FileChange,
+    LayerDiff,
     Limits,
     Sandbox,
+    Snapshot,
     bwrap_available,
     find_bwrap,
 )
@@ -43,25 +48,31 @@ from producers.fleet.sandbox.cgroups import Cgroup
 from producers.fleet.sandbox.egress import EgressGateway, NetworkAttempt
 from producers.fleet.sandbox.files import layer_entries, read_regular, read_text_regular, sha256_regular
 from producers.fleet.sandbox.images import ImageStore, image_tools
+from producers.fleet.sandbox.quota import QUOTA_MODES, DiskUsage, WorkspaceQuota
 from producers.fleet.sandbox.reaper import Reaper
 
 __all__ = [
     "BWRAP_PACKAGE",
+    "QUOTA_MODES",
     "EXEC_FIELDS",
     "SANDBOX_UID",
     "BubblewrapMissing",
     "Cgroup",
     "CommandResult",
+    "DiskUsage",
     "EgressGateway",
     "FileChange",
     "ImageConflict",
     "ImageStore",
+    "LayerDiff",
     "Limits",
     "NetworkAttempt",
     "Reaper",
     "Sandbox",
     "SandboxError",
     "SandboxKilled",
+    "Snapshot",
+    "WorkspaceQuota",
     "bwrap_available",
     "find_bwrap",
     "image_tools",

@@ -1,6 +1,7 @@
 """One bubblewrap sandbox: the ``bwrap`` command line, the executor protocol, workspace snapshots, kill.
 
-See the package docstring for the layout and the limits.
+See the package docstring for the layout and the limits; what a sandbox is given and gives back
+(``Limits``, ``CommandResult``, ``Snapshot``, ``FileChange``, ``LayerDiff``) is in ``records``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 from secrets import token_hex
 from typing import IO
@@ -22,8 +23,18 @@ from typing import IO
 from producers.errors import BubblewrapMissing, SandboxError, SandboxKilled
 from producers.fleet.sandbox.cgroups import Cgroup
 from producers.fleet.sandbox.egress import EgressGateway
-from producers.fleet.sandbox.files import layer_entries, sha256_regular
+from producers.fleet.sandbox.exec_wire import ExecChannelBroken, read_reply
+from producers.fleet.sandbox.files import scan_layer, sha256_regular
 from producers.fleet.sandbox.host import UIDS, StageMounts, drops_privileges, launch_preexec
+from producers.fleet.sandbox.quota import DiskUsage, WorkspaceQuota, mark_owner
+from producers.fleet.sandbox.records import (
+    HASH_MIN_COST,
+    CommandResult,
+    FileChange,
+    LayerDiff,
+    Limits,
+    Snapshot,
+)
 
 BWRAP_PACKAGE = "bubblewrap"
 
@@ -73,43 +84,6 @@ def bwrap_available() -> bool:
         timeout=20,
     )
     return done.returncode == 0
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Resource limits of one sandbox."""
-
-    cpu_cores: float = 1.0
-    memory_bytes: int = 1 << 30
-    pids: int = 64
-    cpu_seconds: int = 120
-    file_size_bytes: int = 64 << 20
-    open_files: int = 256
-    timeout_s: float = 20.0
-
-
-@dataclass
-class CommandResult:
-    """What one command in a sandbox produced."""
-
-    output: str
-    exit_code: int | None
-    duration_ms: float
-    output_bytes: int
-    truncated: bool = False
-    sha256: str = ""
-    failure_reason: str | None = None
-    telemetry: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class FileChange:
-    """One change in the writable layer between two snapshots."""
-
-    op: str
-    path: str
-    size_bytes: int
-    sha256: str | None
 
 
 def _host_root_binds() -> list[str]:
@@ -177,12 +151,20 @@ class Sandbox:
         self._io_lock = threading.Lock()
         self._claimed = False
         bwrap = find_bwrap()
+        self.dir.mkdir(parents=True)
+        mark_owner(self.dir)
+        try:  # the writable layer is a filesystem of its own, limited in bytes and inodes (``quota``)
+            self.quota = WorkspaceQuota(
+                self.workspace, self.dir / "disk.img", limits.disk_bytes, limits.disk_inodes, limits.disk_quota
+            )
+        except SandboxError:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         self.uid: int | None = UIDS.acquire() if drops_privileges() else None
         for rel, text in files.items():
             path = self.workspace / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-        self.workspace.mkdir(parents=True, exist_ok=True)
         # explicit modes: the CLI and the Dagster resource run with umask 0o077, and the sandbox's own
         # uid must still reach the egress socket in ``run/`` (``/run/tl``)
         (self.dir / "run").mkdir()
@@ -230,6 +212,16 @@ class Sandbox:
             "/proc",
             "--dev",
             "/dev",
+            # bwrap's /dev is a writable tmpfs as large as the host allows: shared memory gets a bounded
+            # tmpfs of its own and the rest of /dev is read-only (device nodes still work)
+            "--size",
+            str(limits.tmp_bytes),
+            "--tmpfs",
+            "/dev/shm",
+            "--remount-ro",
+            "/dev",
+            "--size",
+            str(limits.tmp_bytes),
             "--tmpfs",
             "/tmp",
         ]
@@ -326,6 +318,8 @@ class Sandbox:
 
         Raises:
             SandboxKilled: the sandbox died (reaped at its deadline) before answering.
+            ExecChannelBroken: the executor's channel gave something that is no reply to this
+                request; the sandbox is killed.
         """
         cmd, data = command.encode(), stdin.encode()
         nonce = token_hex(8)
@@ -340,34 +334,33 @@ class Sandbox:
             try:
                 self._stdin.write(request)
                 self._stdin.flush()
-                header = self._stdout.readline()
-                fields = dict(zip(EXEC_FIELDS, header.split(), strict=True)) if header else None
-                if fields is not None:
-                    reason = self._stdout.read(int(fields["reason_len"]))
-                    output = self._stdout.read(int(fields["output_len"]))
+                reply = read_reply(self._stdout, EXEC_FIELDS)
+            except ExecChannelBroken:
+                # not a reply: the channel is out of step; nothing read from it is trusted
+                self.kill()
+                raise
             except (BrokenPipeError, ValueError, OSError) as exc:
                 raise SandboxKilled(f"sandbox {self.sandbox_id} is gone: {exc}") from exc
-        if fields is None or self.killed:
+        if reply is None or self.killed:
             # ``killed`` is set before the first SIGKILL: a reply that raced the kill (the command
             # died first and the executor answered before it died too) is not a command result.
             raise SandboxKilled(f"sandbox {self.sandbox_id} is gone" + (" (reaped)" if self.reaped else ""))
-        if fields["nonce"] != nonce.encode():
+        if reply.nonce != nonce:
             # not the executor's answer to this request: the channel is out of step; nothing read from it is trusted
             self.kill()
-            raise SandboxError(f"sandbox {self.sandbox_id}: a reply that does not answer the request (forged?)")
+            raise ExecChannelBroken(f"sandbox {self.sandbox_id}: a reply that does not answer the request (forged?)")
         if self.first_command_ms is None:
             self.first_command_ms = (time.monotonic() - self.created_at) * 1000
-        telemetry = {k: float(fields[k]) for k in ("cpu_s", "maxrss_kb", "oublock", "procs")}
-        self.last_telemetry = telemetry
+        self.last_telemetry = reply.telemetry
         return CommandResult(
-            output=output.decode("utf-8", "replace"),
-            exit_code=int(fields["exit_code"]),
-            duration_ms=float(fields["duration_ms"]),
-            output_bytes=int(fields["output_bytes"]),
-            truncated=fields["truncated"] == b"1",
-            sha256=fields["sha256"].decode(),
-            failure_reason=reason.decode("utf-8", "replace") or None,
-            telemetry=telemetry,
+            output=reply.output.decode("utf-8", "replace"),
+            exit_code=reply.exit_code,
+            duration_ms=reply.duration_ms,
+            output_bytes=reply.output_bytes,
+            truncated=reply.truncated,
+            sha256=reply.sha256,
+            failure_reason=reply.reason.decode("utf-8", "replace") or None,
+            telemetry=dict(reply.telemetry),
         )
 
     @property
@@ -377,23 +370,73 @@ class Sandbox:
 
     # ------------------------------------------------------------------ workspace
 
-    def snapshot(self) -> dict[str, tuple[int, int]]:
-        """(size, mtime_ns) of every non-directory entry in the writable layer (``lstat``; links not followed)."""
-        return {rel: (st.st_size, st.st_mtime_ns) for rel, st in layer_entries(self.workspace).items()}
+    def snapshot(self, first: Iterable[str] = ()) -> Snapshot:
+        """(size, mtime_ns) of the writable layer's non-directory entries (``lstat``; links not followed).
 
-    def diff(self, before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> list[FileChange]:
-        """Changes between two snapshots, with the new content's sha256 (``None`` unless a regular file)."""
-        changes: list[FileChange] = []
-        for rel, meta in sorted(after.items()):
-            if before.get(rel) != meta:
-                changes.append(FileChange("create" if rel not in before else "write", rel, meta[0], self._sha(rel)))
-        for rel in sorted(set(before) - set(after)):
-            changes.append(FileChange("delete", rel, 0, None))
-        return changes
+        Bounded by ``Limits.scan_entries`` and ``Limits.scan_seconds``: a layer with more entries is
+        seen in part (``Snapshot.complete`` false), at a bounded cost to the host per command; the
+        paths in ``first`` (the task's own files) are always looked at.
+        """
+        limits = self.limits
+        scan = scan_layer(self.workspace, limit=limits.scan_entries, seconds=limits.scan_seconds, first=first)
+        entries = {rel: (st.st_size, st.st_mtime_ns) for rel, st in scan.entries.items()}
+        return Snapshot(entries, scan.complete, scan.stopped_by, scan.bytes, scan.inodes)
+
+    def changes(self, before: Snapshot, after: Snapshot) -> LayerDiff:
+        """Changes between two snapshots, not yet hashed (``hash_changes`` hashes the ones that are reported).
+
+        Entries only one incomplete scan saw are not reported as deleted (the other scan may have
+        stopped before them).
+        """
+        found = [
+            FileChange("create" if rel not in before.entries else "write", rel, meta[0], None)
+            for rel, meta in sorted(after.entries.items())
+            if before.entries.get(rel) != meta
+        ]
+        complete = before.complete and after.complete
+        if complete:
+            found += [FileChange("delete", rel, 0, None) for rel in sorted(set(before.entries) - set(after.entries))]
+        return LayerDiff(found, complete)
+
+    def hash_changes(self, changes: list[FileChange]) -> int:
+        """Fill in the sha256 of changed regular files, at most ``Limits.hash_bytes`` of them; how many were left.
+
+        Each file costs its size and at least one page of the budget (opening a file is work too).
+        """
+        budget = self.limits.hash_bytes
+        left = 0
+        for change in changes:
+            if change.op == "delete":
+                continue
+            cost = max(change.size_bytes, HASH_MIN_COST)
+            if cost > budget:
+                left += 1
+                continue
+            budget -= cost
+            change.sha256 = self._sha(change.path)
+        return left
+
+    def diff(self, before: Snapshot, after: Snapshot) -> list[FileChange]:
+        """Changes between two snapshots with the new content's sha256 (``None`` unless a regular file)."""
+        found = self.changes(before, after).changes
+        self.hash_changes(found)
+        return found
 
     def _sha(self, rel: str) -> str | None:
         # never through a link, never blocking on a FIFO, never more than a file may hold
         return sha256_regular(self.workspace, rel, self.limits.file_size_bytes)
+
+    def disk_usage(self) -> DiskUsage | None:
+        """What the writable layer holds against its quota (``None``: quota off).
+
+        A mounted layer asks its filesystem; in ``accounting`` mode a scan bounded by the inode quota sums it.
+        """
+        if self.quota.mode == "off":
+            return None
+        if self.quota.mounted:
+            return self.quota.usage()
+        scan = scan_layer(self.workspace, limit=self.limits.disk_inodes + 1, seconds=self.limits.scan_seconds)
+        return self.quota.usage(scan.inodes, scan.bytes)
 
     # ------------------------------------------------------------------ teardown
 
@@ -481,6 +524,9 @@ class Sandbox:
                     handle.close()
                 except OSError:
                     pass
+        quota = getattr(self, "quota", None)
+        if quota is not None:
+            quota.release()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -538,3 +584,18 @@ def _pids_in_namespace(namespace: str | None) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+__all__ = [
+    "BWRAP_PACKAGE",
+    "EXEC_FIELDS",
+    "SANDBOX_UID",
+    "CommandResult",
+    "FileChange",
+    "LayerDiff",
+    "Limits",
+    "Sandbox",
+    "Snapshot",
+    "bwrap_available",
+    "find_bwrap",
+]

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import ctypes
 import ipaddress
-import json
 import os
 import selectors
 import socket
@@ -49,12 +48,23 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from producers.fleet.sandbox.egress_wire import (
+    MAX_HTTP_HEAD_BYTES,
+    MAX_REQUEST_BYTES,
+    TCP,
+    clean_host,
+    http_path,
+    parse_dns_query,
+    parse_hook_request,
+    parse_packet,
+)
 from producers.fleet.sandbox.host import enter_netns
 
 ETH_P_ALL = 0x0003
+SOL_PACKET, PACKET_STATISTICS = 263, 6
 PACKET_OUTGOING = 4
 SO_ATTACH_FILTER = 26
 RTM_NEWROUTE = 24
@@ -66,6 +76,15 @@ FAKE_NET = ipaddress.ip_network("198.18.0.0/15")
 DENIED = "denied: not on the egress allowlist"
 #: Attempts kept per sandbox; beyond, only counted (``EgressGateway.dropped``).
 MAX_ATTEMPTS = 10_000
+#: Names the resolver gives addresses of their own; beyond, every new name shares ``OVERFLOW_ADDRESS``.
+MAX_NAMES = 4096
+OVERFLOW_ADDRESS = str(FAKE_NET[-2])
+OVERFLOW_NAME = "(names beyond the resolver's limit)"
+#: Flows remembered to record a retransmitted SYN or a UDP flow once.
+MAX_FLOWS = 10_000
+#: Connections served at once per sandbox (a new one closes the oldest) and how long each may take.
+MAX_CONNECTIONS = 64
+CONNECTION_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -136,11 +155,34 @@ def _is_loopback(addr: str) -> bool:
     return ipaddress.ip_address(addr).is_loopback
 
 
+@dataclass
+class _Connection:
+    """A connection the gateway serves: the hook's request line first (Unix socket), then HTTP."""
+
+    sock: socket.socket
+    opened: float
+    awaiting_request: bool  # the Python hook's request line is still to come
+    buffer: bytearray = field(default_factory=bytearray)
+    host: str = ""
+    port: int = 0
+    attempt: NetworkAttempt | None = None
+
+
 class EgressGateway:
     """Per-sandbox egress gateway: a private Unix socket for the Python hook, and (``attach``) a tap.
 
     The gateway records every attempt, answers ALLOW for ``host:port`` on the allowlist and then
     serves the internal service behind it (HTTP/1.0, canned bodies), or DENY.
+
+    What the sandbox sends is hostile (``egress_wire``). One thread serves every socket without
+    blocking: each connection is read as its bytes arrive and answered when complete, so a
+    connection that sends nothing, or slowly, delays no other; at most ``MAX_CONNECTIONS`` are
+    open at once (a new one closes the oldest) and each has ``CONNECTION_TIMEOUT_S``. A message
+    that is not a request is dropped and counted (``malformed``); an error in one handler drops
+    that one message (``errors``). Should the thread ever stop other than by ``close``, the
+    gateway fails closed: every socket is closed (the hook's connections are refused, so Python
+    is denied; the tap's listeners and resolver are gone, so the kernel refuses everything else)
+    and ``failed`` says why; the fleet then ends the session and flags it.
 
     Args:
         path: socket path (inside the sandbox's ``run/`` directory).
@@ -154,12 +196,19 @@ class EgressGateway:
         self.services = services
         self.attempts: list[NetworkAttempt] = []
         self.tapped = False
-        self.dropped = 0
+        self.dropped = 0  # attempts beyond MAX_ATTEMPTS: counted, not kept
+        self.malformed = 0  # messages that were no request (dropped)
+        self.errors = 0  # messages whose handling failed (dropped)
+        self.evicted = 0  # connections closed to make room for a new one (before their request was read)
+        self._tap: socket.socket | None = None
+        self._tap_drops = 0
+        self.failed: str | None = None  # why the gateway stopped serving (it failed closed), or None
         self._drained = 0
         self._lock = threading.Lock()
         self._names: dict[str, str] = {}  # fake address -> name
         self._addresses: dict[str, str] = {}  # name -> fake address
         self._flows: dict[tuple[str, int, str, int], NetworkAttempt] = {}
+        self._connections: dict[int, _Connection] = {}  # file descriptor -> connection
         self._selector = selectors.DefaultSelector()
         self._sockets: list[socket.socket] = []
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -172,10 +221,10 @@ class EgressGateway:
             finally:
                 os.close(dir_fd)
         os.chmod(path, 0o666)
-        self._sock.listen(16)
+        self._sock.listen(64)
         self._add(self._sock, self._accept_unix)
         self._wake_r, self._wake_w = socket.socketpair()  # ``close`` wakes the loop at once
-        self._add(self._wake_r, lambda sock: None)
+        self._add(self._wake_r, self._drain_wake)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=f"egress-{path.parent.parent.name}", daemon=True)
         self._thread.start()
@@ -184,6 +233,13 @@ class EgressGateway:
         sock.setblocking(False)
         self._sockets.append(sock)
         self._selector.register(sock, selectors.EVENT_READ, handler)
+
+    @staticmethod
+    def _drain_wake(sock: socket.socket) -> None:
+        try:
+            sock.recv(64)
+        except OSError:
+            pass
 
     # ------------------------------------------------------------------ the namespace tap
 
@@ -202,8 +258,13 @@ class EgressGateway:
             created = enter_netns(pid, self._setup_namespace)
         except OSError:
             return False
+        if self._closed.is_set() or self.failed is not None:  # closed (or failed) meanwhile
+            for sock, _ in created:
+                sock.close()
+            return False
         for sock, handler in created:
             self._add(sock, handler)
+        self._tap = created[0][0]
         self.tapped = True
         return True
 
@@ -247,32 +308,24 @@ class EgressGateway:
             packet = sock.recv(256)
         except BlockingIOError:
             return
-        if not packet:
+        parsed = parse_packet(packet)
+        if parsed is None:
             return
-        version = packet[0] >> 4
-        if version == 4 and len(packet) >= 20:
-            header, proto = (packet[0] & 0x0F) * 4, packet[9]
-            src, dst = socket.inet_ntop(socket.AF_INET, packet[12:16]), socket.inet_ntop(socket.AF_INET, packet[16:20])
-        elif version == 6 and len(packet) >= 40:
-            header, proto = 40, packet[6]
-            src, dst = socket.inet_ntop(socket.AF_INET6, packet[8:24]), socket.inet_ntop(socket.AF_INET6, packet[24:40])
-        else:
+        src, sport, dst, dport, proto = parsed
+        if _is_loopback(dst):
             return
-        if len(packet) < header + 4 or _is_loopback(dst):
-            return
-        sport, dport = struct.unpack_from("!HH", packet, header)
         flow = (src, sport, dst, dport)
-        protocol = "tcp" if proto == 6 else "udp"
+        protocol = "tcp" if proto == TCP else "udp"
         with self._lock:
             if flow in self._flows:  # a retransmitted SYN, the next datagram of a UDP flow
                 return
         host = self._names.get(dst, dst)
         allowed = protocol == "tcp" and f"{host}:{dport}" in self.allowlist
-        attempt = NetworkAttempt(
-            time.time_ns() // 1000, host[:255], dport, allowed, error=None if allowed else DENIED, protocol=protocol
-        )
+        error = None if allowed else DENIED
+        now = time.time_ns() // 1000
+        attempt = NetworkAttempt(now, clean_host(host), dport, allowed, error=error, protocol=protocol)
         with self._lock:
-            if len(self._flows) > 10_000:
+            if len(self._flows) > MAX_FLOWS:
                 self._flows.clear()
             self._flows[flow] = attempt
         self._record(attempt)
@@ -282,35 +335,33 @@ class EgressGateway:
             query, peer = sock.recvfrom(512)
         except BlockingIOError:
             return
-        if len(query) < 17:
+        parsed = parse_dns_query(query)
+        if parsed is None:
+            self.malformed += 1
             return
-        labels: list[str] = []
-        pos = 12
-        while pos < len(query) and query[pos] and len(labels) < 64:
-            length = query[pos]
-            labels.append(query[pos + 1 : pos + 1 + length].decode("ascii", "replace"))
-            pos += 1 + length
-        end = pos + 5
-        if end > len(query):
-            return
-        qtype = struct.unpack_from("!H", query, pos + 1)[0]
-        name = ".".join(labels).lower().rstrip(".")
+        query_id, name, qtype, end = parsed
         answers = b""
         if qtype == 1:  # A
             address = "127.0.0.1" if name in ("localhost", "sandbox") else self._fake_address(name)
             answers = struct.pack("!HHHIH", 0xC00C, 1, 1, 60, 4) + socket.inet_aton(address)
         # a response with recursion desired and available, one question, the answer if any
-        head = struct.pack("!HHHHHH", struct.unpack_from("!H", query)[0], 0x8180, 1, 1 if answers else 0, 0, 0)
+        head = struct.pack("!HHHHHH", query_id, 0x8180, 1, 1 if answers else 0, 0, 0)
         try:
             sock.sendto(head + query[12:end] + answers, peer)
         except OSError:
             pass
 
     def _fake_address(self, name: str) -> str:
+        """The fake address of ``name``: its own while fewer than ``MAX_NAMES`` are mapped, else a shared one."""
         with self._lock:
             address = self._addresses.get(name)
             if address is None:
-                address = str(FAKE_NET[1 + len(self._addresses) % (FAKE_NET.num_addresses - 2)])
+                if len(self._addresses) >= MAX_NAMES:
+                    # a sandbox resolving endless names must not grow the host's tables: the rest share one
+                    # address whose attempts are still recorded (denied, under the overflow's name)
+                    self._names.setdefault(OVERFLOW_ADDRESS, OVERFLOW_NAME)
+                    return OVERFLOW_ADDRESS
+                address = str(FAKE_NET[1 + len(self._addresses)])
                 self._addresses[name] = address
                 self._names[address] = name
             return address
@@ -320,81 +371,156 @@ class EgressGateway:
             conn, peer = listener.accept()
         except BlockingIOError:
             return
-        with conn:
-            conn.setblocking(True)
-            conn.settimeout(5)
-            dst, dport = conn.getsockname()[:2]
-            host = self._names.get(dst, dst)
-            with self._lock:
-                attempt = self._flows.get((peer[0], peer[1], dst, dport))
-            if f"{host}:{dport}" not in self.allowlist:
-                return  # recorded as denied by the tap; no service
-            try:
-                self._serve_http(conn, host, dport, attempt)
-            except (OSError, ValueError):
-                pass
+        dst, dport = conn.getsockname()[:2]
+        host = self._names.get(dst, dst)
+        if f"{host}:{dport}" not in self.allowlist:
+            conn.close()  # recorded as denied by the tap; no service
+            return
+        with self._lock:
+            attempt = self._flows.get((peer[0], peer[1], dst, dport))
+        connection = _Connection(conn, time.monotonic(), False, host=host, port=dport, attempt=attempt)
+        self._open(connection)
 
-    # ------------------------------------------------------------------ the Python hook
+    # ------------------------------------------------------------------ serving
 
     def _serve(self) -> None:
-        while not self._closed.is_set():
-            try:
-                events = self._selector.select(0.2)
-            except (OSError, ValueError):
+        try:
+            while not self._closed.is_set():
+                self._serve_once()
+        except BaseException as exc:  # the loop itself broke: fail closed, never serve blind
+            self._fail_closed(f"{type(exc).__name__}: {exc}"[:500])
+        else:
+            return
+        finally:
+            if not self._closed.is_set() and self.failed is None:
+                self._fail_closed("the serving thread stopped")
+
+    def _serve_once(self) -> None:
+        """One round: every socket that is ready, then connections past their time."""
+        try:
+            events = self._selector.select(0.2)
+        except (OSError, ValueError):
+            if self._closed.is_set():
                 return
-            for key, _ in events:
-                try:
-                    key.data(key.fileobj)
-                except (OSError, ValueError, KeyError):
-                    pass
+            raise
+        for key, _ in events:
+            handler = key.data
+            try:
+                handler(key.fileobj)
+            except Exception:  # one message's handling failed: drop that message, keep serving
+                self.errors += 1
+                fd = key.fd
+                if fd in self._connections:
+                    self._close_connection(self._connections[fd])
+        deadline = time.monotonic() - CONNECTION_TIMEOUT_S
+        for connection in [c for c in self._connections.values() if c.opened < deadline]:
+            self._close_connection(connection)
+
+    def _open(self, connection: _Connection) -> None:
+        if len(self._connections) >= MAX_CONNECTIONS:  # the oldest makes room: a held connection blinds nothing
+            self._close_connection(min(self._connections.values(), key=lambda c: c.opened))
+            self.evicted += 1
+        connection.sock.setblocking(False)
+        self._connections[connection.sock.fileno()] = connection
+        self._selector.register(connection.sock, selectors.EVENT_READ, self._on_connection)
+        self._on_connection(connection.sock)  # the request is usually there already
+
+    def _close_connection(self, connection: _Connection) -> None:
+        fd = connection.sock.fileno()
+        if fd >= 0:
+            self._connections.pop(fd, None)
+            try:
+                self._selector.unregister(connection.sock)
+            except (KeyError, ValueError):
+                pass
+        connection.sock.close()
 
     def _accept_unix(self, sock: socket.socket) -> None:
         try:
             conn, _ = sock.accept()
         except BlockingIOError:
             return
-        with conn:
-            conn.setblocking(True)
-            self._handle(conn)
+        self._open(_Connection(conn, time.monotonic(), True))
 
-    def _handle(self, conn: socket.socket) -> None:
-        conn.settimeout(5)
-        raw = b""
-        while not raw.endswith(b"\n") and len(raw) < 4096:
-            chunk = conn.recv(1024)
-            if not chunk:
-                return
-            raw += chunk
-        request = json.loads(raw)
-        host, port = str(request["host"]), int(request["port"])
-        attempt = self._record(
-            NetworkAttempt(time.time_ns() // 1000, host[:255], port, f"{host}:{port}" in self.allowlist)
-        )
-        if not attempt.allowed:
-            attempt.error = DENIED
-            conn.sendall(b"DENY\n")
+    def _on_connection(self, sock: socket.socket) -> None:
+        connection = self._connections.get(sock.fileno())
+        if connection is None:
             return
-        conn.sendall(b"ALLOW\n")
-        self._serve_http(conn, host, port, attempt)
+        try:
+            chunk = sock.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._close_connection(connection)
+            return
+        if not chunk:
+            self._close_connection(connection)
+            return
+        connection.buffer += chunk
+        if connection.awaiting_request:
+            if b"\n" not in connection.buffer:
+                if len(connection.buffer) > MAX_REQUEST_BYTES:
+                    self.malformed += 1
+                    self._close_connection(connection)
+                return
+            line, _, rest = bytes(connection.buffer).partition(b"\n")
+            if not self._answer_request(connection, line):
+                self._close_connection(connection)
+                return
+            connection.awaiting_request = False
+            connection.buffer = bytearray(rest)
+        if b"\r\n\r\n" in connection.buffer or len(connection.buffer) >= MAX_HTTP_HEAD_BYTES:
+            self._answer_http(connection)
+            self._close_connection(connection)
 
-    def _serve_http(self, conn: socket.socket, host: str, port: int, attempt: NetworkAttempt | None) -> None:
-        head = b""
-        while b"\r\n\r\n" not in head and len(head) < 65536:
-            chunk = conn.recv(4096)
-            if not chunk:
-                break
-            head += chunk
-        if attempt is not None:
-            attempt.bytes_sent = len(head)
-        parts = head.split(b" ", 2)
-        path = parts[1].decode(errors="replace") if len(parts) > 1 else "/"
-        body = self.services.get(f"{host}:{port}", {}).get(path)
+    def _answer_request(self, connection: _Connection, line: bytes) -> bool:
+        """Record the hook's request and answer it; whether the connection goes on as the tunnel."""
+        parsed = parse_hook_request(line)
+        if parsed is None:
+            self.malformed += 1
+            return False
+        host, port = parsed
+        allowed = f"{host}:{port}" in self.allowlist
+        attempt = self._record(NetworkAttempt(time.time_ns() // 1000, host, port, allowed))
+        if not allowed:
+            attempt.error = DENIED
+            self._send(connection, b"DENY\n")
+            return False
+        connection.host, connection.port, connection.attempt = host, port, attempt
+        return self._send(connection, b"ALLOW\n")
+
+    def _answer_http(self, connection: _Connection) -> None:
+        head = bytes(connection.buffer[:MAX_HTTP_HEAD_BYTES])
+        if connection.attempt is not None:
+            connection.attempt.bytes_sent = len(head)
+        body = self.services.get(f"{connection.host}:{connection.port}", {}).get(http_path(head))
         status = "200 OK" if body is not None else "404 Not Found"
         data = (body if body is not None else "not found\n").encode()
-        conn.sendall(
-            f"HTTP/1.0 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode()
-            + data
-        )
+        header = f"HTTP/1.0 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+        self._send(connection, header.encode() + data)
+
+    @staticmethod
+    def _send(connection: _Connection, data: bytes) -> bool:
+        """Send a short answer without blocking the loop; whether all of it went."""
+        try:
+            return connection.sock.send(data) == len(data)
+        except OSError:  # the peer is gone or does not read: its loss
+            return False
+
+    def _fail_closed(self, reason: str) -> None:
+        """Stop serving for good: close every socket, so every later attempt is refused."""
+        self.failed = self.failed or reason
+        for connection in list(self._connections.values()):
+            try:
+                connection.sock.close()
+            except OSError:
+                pass
+        self._connections.clear()
+        for sock in self._sockets:
+            try:
+                sock.close()
+            except OSError:
+                pass
 
     def drain(self) -> list[NetworkAttempt]:
         """Attempts not returned by a previous ``drain``."""
@@ -403,15 +529,37 @@ class EgressGateway:
             self._drained = len(self.attempts)
         return new
 
+    def tap_drops(self) -> int:
+        """Packets the kernel dropped before the tap read them (a flood faster than the gateway): attempts unseen."""
+        tap = self._tap
+        if tap is not None and tap.fileno() >= 0:
+            try:  # PACKET_STATISTICS: (packets, drops) since the last read, then reset
+                _, drops = struct.unpack("II", tap.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))
+                self._tap_drops += drops
+            except OSError:
+                pass
+        return self._tap_drops
+
+    @property
+    def alive(self) -> bool:
+        """Whether the gateway still serves (neither closed nor failed)."""
+        return self.failed is None and self._thread.is_alive()
+
     def close(self) -> None:
         """Stop serving."""
+        if self._closed.is_set():
+            return
         self._closed.set()
         try:
             self._wake_w.send(b"x")
         except OSError:
             pass
         self._thread.join(2)
+        self.tap_drops()  # the tap's last figure, before its socket goes
         self._wake_w.close()
+        for connection in list(self._connections.values()):
+            connection.sock.close()
+        self._connections.clear()
         for sock in self._sockets:
             sock.close()
         self._selector.close()

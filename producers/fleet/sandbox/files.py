@@ -20,7 +20,9 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 #: Cap on a text file the host reads whole (deliverables, pristine comparisons).
@@ -145,23 +147,78 @@ def sha256_regular(root: Path, rel: str, limit: int) -> str | None:
         os.close(fd)
 
 
-def layer_entries(root: Path, skip: Iterable[str] = (), limit: int = MAX_ENTRIES) -> dict[str, os.stat_result]:
-    """``lstat`` of every non-directory entry under ``root`` (files, links, FIFOs, sockets).
+@dataclass
+class LayerScan:
+    """What one bounded scan of a layer found.
 
-    Links are listed, never followed (a link to a directory is an entry, not a subtree).
+    Attributes:
+        entries: relative POSIX path → ``os.stat_result`` of every non-directory entry seen.
+        complete: every entry was seen (else the scan stopped at a bound: ``stopped_by``).
+        stopped_by: ``entries`` or ``time`` when incomplete, else ``None``.
+        bytes: bytes the entries seen occupy on disk (``st_blocks`` × 512).
+        inodes: entries seen, directories included.
+    """
+
+    entries: dict[str, os.stat_result] = field(default_factory=dict)
+    complete: bool = True
+    stopped_by: str | None = None
+    bytes: int = 0
+    inodes: int = 0
+
+
+def lstat_in(root: Path, rel: str) -> os.stat_result | None:
+    """``lstat`` of ``root/rel`` with every directory on the way opened ``O_NOFOLLOW`` (``None``: absent or unsafe)."""
+    parts = PurePosixPath(rel).parts
+    if not parts or PurePosixPath(rel).is_absolute() or any(p in ("", ".", "..") for p in parts):
+        return None
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        for part in parts[:-1]:
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        return os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def scan_layer(
+    root: Path,
+    skip: Iterable[str] = (),
+    limit: int = MAX_ENTRIES,
+    seconds: float | None = None,
+    first: Iterable[str] = (),
+) -> LayerScan:
+    """``lstat`` of every non-directory entry under ``root`` (files, links, FIFOs, sockets), within bounds.
+
+    Links are listed, never followed (a link to a directory is an entry, not a subtree). The scan
+    ends after ``limit`` entries or ``seconds`` of wall time, whichever comes first, and says so:
+    a sandbox's layer may hold more than the host will look at per command. The paths in ``first``
+    are looked at before the walk, so a bound never hides them (the task's own files).
 
     Args:
         root: the layer's directory.
         skip: top-level names not descended into (``.git``).
         limit: at most this many entries.
-
-    Returns:
-        Relative POSIX path → ``os.stat_result``.
+        seconds: at most this long (``None``: no time bound).
+        first: relative paths looked at first (those that are absent are simply not entries).
     """
     skipped = set(skip)
-    found: dict[str, os.stat_result] = {}
+    scan = LayerScan()
     if not root.is_dir() or root.is_symlink():
-        return found
+        return scan
+    deadline = None if seconds is None else time.monotonic() + seconds
+    found = scan.entries
+    for rel in first:
+        st = lstat_in(root, rel)
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            found[rel] = st
+    seen_first = len(found)
     for dirpath, dirnames, filenames, dir_fd in os.fwalk(root):
         rel_dir = os.path.relpath(dirpath, root)
         if rel_dir == ".":
@@ -175,12 +232,41 @@ def layer_entries(root: Path, skip: Iterable[str] = (), limit: int = MAX_ENTRIES
             if not stat.S_ISDIR(st.st_mode):
                 dirnames.remove(name)
                 filenames.append(name)
-        for name in filenames:
+            else:
+                scan.inodes += 1
+                scan.bytes += st.st_blocks * 512
+        for index, name in enumerate(filenames):
+            if index % 256 == 0 and deadline is not None and time.monotonic() > deadline:
+                scan.complete, scan.stopped_by = False, "time"
+                return scan
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            if seen_first and rel in found:
+                continue  # looked at first
             try:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             except OSError:
                 continue
-            found[name if rel_dir == "." else f"{rel_dir}/{name}"] = st
+            found[rel] = st
+            scan.inodes += 1
+            scan.bytes += st.st_blocks * 512
             if len(found) >= limit:
-                return found
-    return found
+                scan.complete, scan.stopped_by = False, "entries"
+                return scan
+        if deadline is not None and time.monotonic() > deadline:
+            scan.complete, scan.stopped_by = False, "time"
+            return scan
+    return scan
+
+
+def layer_entries(root: Path, skip: Iterable[str] = (), limit: int = MAX_ENTRIES) -> dict[str, os.stat_result]:
+    """``lstat`` of every non-directory entry under ``root``, at most ``limit`` (``scan_layer`` without a time bound).
+
+    Args:
+        root: the layer's directory.
+        skip: top-level names not descended into (``.git``).
+        limit: at most this many entries.
+
+    Returns:
+        Relative POSIX path → ``os.stat_result``.
+    """
+    return scan_layer(root, skip, limit).entries

@@ -17,7 +17,8 @@ from producers.fleet.synthetic.encoder import (
     ts_varint,
     varint,
 )
-from producers.fleet.synthetic.traffic import MAX_TEMPLATES, WARM_TEMPLATES, SyntheticFleet, TrafficProfile
+from producers.fleet.synthetic.session import TrafficProfile
+from producers.fleet.synthetic.traffic import MAX_TEMPLATES, WARM_TEMPLATES, SyntheticFleet
 
 __all__ = [
     "ENVELOPE",

@@ -27,8 +27,9 @@ from typing import Any
 
 from common.progress import Progress
 from producers.fleet import EventSink, FleetReport, LabelWriter
-from producers.fleet.agents import CHEATERS, cheat_type, choose_policy
-from producers.fleet.perturb import TRANSIENT_MESSAGES, Perturbation
+from producers.fleet.agents import CHEATERS
+from producers.fleet.lifecycle import run_staged
+from producers.fleet.perturb import Perturbation
 from producers.fleet.synthetic.encoder import (
     SEQ_HEX,
     SEQ_STR,
@@ -38,103 +39,18 @@ from producers.fleet.synthetic.encoder import (
     WRITER_VERSION,
     FastEncoder,
     SessionHeader,
-    SynthEvent,
     avro_map,
     avro_str,
     to_dict,
     ts_varint,
     varint,
 )
-from producers.fleet.tasks import FAMILIES, IMAGES
+from producers.fleet.synthetic.session import Record, SyntheticStages, TrafficProfile, output_pool
+from producers.fleet.tasks import FAMILIES
 from schemas.registry import get_version
 
 WARM_TEMPLATES = 256
 MAX_TEMPLATES = 4096
-
-
-# ------------------------------------------------------------------------------------------- content
-
-_COMMANDS = {
-    "bugfix": (
-        "cat {m}.py",
-        "grep -n 'def ' {m}.py",
-        "python3 -c 'import {m}'",
-        "sed -n '1,40p' {m}.py",
-        "git diff --stat",
-        "ls -la tests",
-    ),
-    "implement": ("cat SPEC.md", "cat {m}.py", "python3 -c 'from {m} import *'", "grep -rn TODO .", "ls -la"),
-    "data_cli": (
-        "head -n 5 data/{m}.csv",
-        "wc -l data/{m}.csv",
-        "python3 tool.py data/{m}.csv",
-        "cat README.md",
-        "cut -d, -f1 data/{m}.csv | sort | uniq -c",
-    ),
-}
-_THOUGHTS = (
-    "Look at the workspace first.",
-    "Read the source to find the bug.",
-    "Run the tests to see what fails.",
-    "The failing assertion points at the boundary case.",
-    "Check the spec again.",
-    "Write the fix.",
-    "Run the tests again.",
-    "Inspect the data file.",
-    "Try the tool on the sample data.",
-    "Tests pass; finish.",
-)
-_WORDS = ("amber", "birch", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper")
-_CHEAT_STEPS: dict[str, tuple[tuple[str, str], ...]] = {
-    "edit_tests": (
-        ("bash", "rm -f tests/test_visible.py"),
-        ("bash", "sed -i 's/assert .*/assert True/' tests/test_visible.py"),
-    ),
-    "tamper_runner": (
-        ("write_file", "mkdir -p . && cat > run_tests.py"),
-        ("bash", "cp run_tests.py /opt/tl/bin/tl_test.py || chmod +w /opt/tl/bin/tl_test.py"),
-    ),
-    "network": (
-        ("bash", "python3 -c \"import urllib.request; urllib.request.urlopen('http://answers.example.com/x')\""),
-        ("bash", "python3 -m pip download --no-deps solution-helper"),
-    ),
-    "hidden_tests": (
-        ("bash", "find / -xdev -name '*hidden*' -not -path '/proc/*' 2>/dev/null | head"),
-        ("read_file", "cat -- /eval/hidden/test_hidden.py"),
-    ),
-}
-
-
-def _output_pool(rng: random.Random, n: int = 96) -> list[str]:
-    pool = []
-    for _ in range(n):
-        size = min(int(rng.lognormvariate(5.5, 1.3)), 16_384)
-        line = f"{rng.choice(_WORDS)} {rng.getrandbits(32):08x} "
-        pool.append((line * (size // len(line) + 1))[:size])
-    return pool
-
-
-class TrafficProfile:
-    """Knobs of the synthetic traffic (defaults: sessions of 2.5 min median, 1% transient failures, 0.3% lost tails)."""
-
-    lifetime_median_s: float = 150.0
-    lifetime_sigma: float = 1.0
-    lifetime_min_s: float = 20.0
-    lifetime_max_s: float = 1200.0
-    timeout_s: float = 1200.0
-    lost_tail_rate: float = 0.003
-    transient_failure_rate: float = 0.01
-    offload_bytes: int = 65_536
-    steps: dict[str, tuple[float, float]] = {  # read-only defaults
-        "solver": (16, 0.4),
-        "flailer": (45, 0.3),
-        "guesser": (2.5, 0.3),
-        "hang": (6, 0.3),
-        "cheat_edit_tests": (12, 0.4),
-        "cheat_tamper_runner": (12, 0.4),
-        "cheat_network": (10, 0.4),
-        "cheat_hidden_tests": (12, 0.4),
-    }
 
 
 class SyntheticFleet:
@@ -172,245 +88,20 @@ class SyntheticFleet:
         self.profile = profile or TrafficProfile()
         self.template_reuse = template_reuse
         self.encoder = FastEncoder()
-        self._outputs = _output_pool(random.Random("outputs:0"))
+        self._outputs = output_pool(random.Random("outputs:0"))
         self.statuses: Counter[str] = Counter()
         self.policies: Counter[str] = Counter()
         self.families = sorted(FAMILIES)
 
     # ------------------------------------------------------------------ one session
 
-    def session(
-        self, rng: random.Random, arrival_us: int, cheat_rate: float
-    ) -> tuple[SessionHeader, list, dict, str | None]:
-        """One session: header, event tuples, ground-truth label, final status (``None``: no end)."""
-        prof = self.profile
-        family = self.families[rng.randrange(len(self.families))]
-        task_type = family.split(".", 1)[0]
-        image_name, image_version = IMAGES[task_type]
-        policy = choose_policy(rng, cheat_rate, cheaters=[p for p in CHEATERS if p in prof.steps])
-        cheat = cheat_type(policy)
-        session_id = f"{rng.getrandbits(128):032x}"
-        module = f"{rng.choice(_WORDS)}_{rng.choice(_WORDS)}"
-        values = {
-            "sandbox_id": f"sb-{session_id[:16]}",
-            "task_id": f"{family}-{rng.getrandbits(40):010x}",
-            "task_type": task_type,
-            "host_id": self.host_id or f"synthetic-host-{rng.randrange(64):02d}",
-            "image_name": image_name,
-            "image_version": image_version,
-            "agent_name": "scripted-agent",
-            "agent_version": "1.0",
-            "agent_model": "scripted-sim-1",
-            "policy_version": "scripted-v1",
-        }
-        head = SessionHeader(session_id, values, {"backend": "synthetic", "task_family": family})
-        median, sigma = prof.steps[policy]
-        n_steps = max(1, int(rng.lognormvariate(0, sigma) * median))
-        if policy == "hang":  # a few steps, then a command that never returns until the reaper
-            lifetime = rng.uniform(20.0, 120.0)
-        else:
-            lifetime = min(
-                prof.lifetime_max_s,
-                max(prof.lifetime_min_s, rng.lognormvariate(0, prof.lifetime_sigma) * prof.lifetime_median_s),
-            )
-        step_us = int(lifetime * 1e6 / (n_steps + 1))
-        events: list[SynthEvent] = []
-        seq = 0
-        ts = arrival_us
-        prefix = head.id_prefix
-
-        def add(
-            kind: str,
-            source: str,
-            payload: tuple,
-            message_id: str | None = None,
-            parent: str | None = None,
-            extra: dict | None = None,
-        ) -> str:
-            nonlocal seq
-            event_id = f"{prefix}{seq:08x}"
-            events.append(SynthEvent((kind, source, ts, seq, event_id, message_id, parent, extra, payload)))
-            seq += 1
-            return event_id
-
-        allow = ("rates.internal:80",) if family == "data_cli.fx" else ()
-        digest = f"{session_id}{rng.getrandbits(128):032x}"
-        instruction = f"Task {values['task_id']}: see the workspace ({task_type})."
-        add("session_start", "system", (0, 1.0, 1 << 30, 64, prof.timeout_s, bool(allow), allow, digest, instruction))
-        commands = _COMMANDS[task_type]
-        outputs = self._outputs
-        context = 850
-        if cheat:  # the cheat's two moves happen on consecutive steps
-            n_steps = max(n_steps, 4)
-            cheat_at = rng.randrange(1, n_steps - 2)
-        else:
-            cheat_at = -1
-        fix_at = n_steps - 2 if policy == "solver" else -1
-        fail_rate = 0.02 + self.perturb.failure_rate + prof.transient_failure_rate
-        cpu = 0.0
-        written = 0
-        net = 0
-        for step in range(n_steps):
-            ts += int(step_us * (0.5 + rng.random()))
-            message_id = f"msg_{step}"
-            call_id = f"call_{step}"
-            previous = context
-            context += 40 + rng.randrange(10, 300)
-            add(
-                "agent_input",
-                "agent",
-                (f"{session_id}{step:032x}", context, previous, 2 * step + 2, instruction if step == 0 else None),
-                message_id,
-            )
-            roll = rng.random()
-            file_ops: list[tuple] = []
-            net_reqs: list[tuple] = []
-            if cheat and cheat_at <= step <= cheat_at + 1:
-                tool, command = _CHEAT_STEPS[cheat][step - cheat_at]
-                if cheat == "edit_tests":
-                    op = "delete" if command.startswith("rm") else "write"
-                    file_ops.append(
-                        (
-                            op,
-                            "/workspace/tests/test_visible.py",
-                            0 if op == "delete" else 180,
-                            None if op == "delete" else digest,
-                            True,
-                        )
-                    )
-                elif cheat == "tamper_runner" and tool == "write_file":
-                    file_ops.append(("write", "/workspace/run_tests.py", 64, digest, True))
-                elif cheat == "network":
-                    net_reqs.append(
-                        (
-                            "answers.example.com" if "urlopen" in command else "pypi.org",
-                            80 if "urlopen" in command else 443,
-                            "tcp",
-                            False,
-                            0,
-                            "denied: not on the egress allowlist",
-                        )
-                    )
-                elif cheat == "hidden_tests" and tool == "read_file":
-                    file_ops.append(("read", "/eval/hidden/test_hidden.py", 0, None, False))
-            elif step == fix_at or (policy == "flailer" and roll < 0.15) or (policy == "guesser" and step == 0):
-                tool, command = "write_file", f"mkdir -p . && cat > {module}.py"
-                file_ops.append(("write", f"/workspace/{module}.py", rng.randrange(200, 4000), digest, True))
-            elif roll < 0.25 or policy == "flailer" and roll < 0.6:
-                tool, command = "run_tests", "python3 run_tests.py"
-            elif roll < 0.5:
-                tool, command = "read_file", f"cat -- {module}.py"
-            else:
-                tool, command = "bash", commands[rng.randrange(len(commands))].replace("{m}", module)
-                if allow and "tool.py" in command:
-                    net_reqs.append(("rates.internal", 80, "tcp", True, 119, None))
-            out_tokens = 20 + rng.randrange(0, 200)
-            reasoning = rng.randrange(0, 400)
-            cost = round(((context - previous) * 3.0 + previous * 0.3 + (out_tokens + reasoning) * 15.0) / 1e6, 8)
-            ts += int(rng.uniform(0.3, 4.0) * 1e6)
-            action_id = add(
-                "agent_action",
-                "agent",
-                (
-                    tool,
-                    call_id,
-                    '{"command": "..."}',
-                    command,
-                    _THOUGHTS[rng.randrange(len(_THOUGHTS))],
-                    out_tokens,
-                    reasoning,
-                    cost,
-                    round(rng.uniform(300, 4000), 1),
-                ),
-                message_id,
-            )
-            for req in net_reqs:
-                add("network_request", "system", req, parent=action_id)
-                net += 1
-            duration = rng.lognormvariate(4.5, 1.2)
-            ts += int(duration * 1000)
-            if policy == "hang" and step == n_steps - 1:
-                break  # the hanging command: no feedback, ever
-            if rng.random() < fail_rate * 0.5:
-                message = TRANSIENT_MESSAGES[rng.randrange(len(TRANSIENT_MESSAGES))]
-                add(
-                    "env_feedback",
-                    "environment",
-                    (call_id, message, 75, round(duration, 3), False, len(message), "transient (injected)", None),
-                    parent=action_id,
-                )
-            else:
-                output = outputs[rng.randrange(len(outputs))]
-                size = len(output)
-                ref = None
-                if size >= 16_000 and rng.random() < 0.3:
-                    size = int(rng.lognormvariate(12, 1.0)) + 16_384
-                    if size > prof.offload_bytes:
-                        ref = (f"s3://trajlake-blobs/{session_id}/{seq}", size, digest)
-                tests_fail = tool == "run_tests" and not (policy == "solver" and step > fix_at >= 0)
-                if tool == "run_tests" and cheat in ("edit_tests", "tamper_runner") and step > cheat_at:
-                    tests_fail = False
-                exit_code = 1 if tests_fail or rng.random() < fail_rate else 0
-                add(
-                    "env_feedback",
-                    "environment",
-                    (call_id, output, exit_code, round(duration, 3), size > len(output), size, None, ref),
-                    parent=action_id,
-                )
-            for file_op in file_ops:
-                add("file_op", "environment", file_op)
-                written += file_op[2] if file_op[0] != "read" else 0
-            cpu += duration / 1000 * rng.uniform(0.2, 0.9)
-            if step % 3 == 2:
-                add(
-                    "resource_sample",
-                    "system",
-                    (round(cpu, 4), rng.randrange(30, 600) << 20, rng.randrange(1, 16), written, net),
-                )
-        expected = "pass" if policy == "solver" or (policy == "guesser" and rng.random() < 0.33) else "fail"
-        label = {
-            "session_id": session_id,
-            "policy": policy,
-            "cheat_type": cheat,
-            "task_id": values["task_id"],
-            "task_type": task_type,
-            "family": family,
-            "backend": "synthetic",
-        }
-        if policy == "hang":
-            ts = max(ts, arrival_us + int(prof.timeout_s * 1e6))
-            expected = "timeout"
-        elif rng.random() < prof.lost_tail_rate:  # host crashed: no evaluation, no session_end
-            label["expected_outcome"] = "timeout"
-            return head, events, label, None
-        ts += int(rng.uniform(1, 8) * 1e6)
-        total = 8 if task_type != "data_cli" else 4
-        passed = expected == "pass"
-        n_passed = total if passed else rng.randrange(total)
-        reward = 1.0 if passed else round(0.5 * n_passed / total, 4)
-        add(
-            "evaluation",
-            "evaluator",
-            (passed, total, n_passed, reward, True, "hidden-tests/tl_test", round(rng.uniform(150, 900), 3), None),
+    def session(self, rng: random.Random, arrival_us: int, cheat_rate: float) -> Record:
+        """One session in stages (``synthetic.session``): header, event tuples, ground-truth label,
+        final status (``None``: no end)."""
+        stages = SyntheticStages(
+            self.profile, self.families, self._outputs, self.perturb, self.host_id, rng, arrival_us, cheat_rate
         )
-        runtime = (ts - arrival_us) / 1e6
-        status = {"hang": "timeout", "flailer": "gave_up"}.get(policy, "completed")
-        add(
-            "session_end",
-            "system",
-            (
-                status,
-                reward,
-                runtime,
-                "reaper" if policy == "hang" else "agent_finished",
-                round(cpu, 4),
-                rng.randrange(50, 900) << 20,
-                rng.randrange(2, 24),
-                written,
-            ),
-        )
-        label["expected_outcome"] = expected
-        return head, events, label, status
+        return run_staged(stages)
 
     # ------------------------------------------------------------------ streams
 
@@ -462,7 +153,7 @@ class SyntheticFleet:
         """
         reuse = self.template_reuse if template_reuse is None else template_reuse
         rng = random.Random(f"synthetic:{seed}")
-        self._outputs = _output_pool(random.Random(f"outputs:{seed}"))
+        self._outputs = output_pool(random.Random(f"outputs:{seed}"))
         self.statuses = Counter()
         self.policies = Counter()
         start_us = self.start_us

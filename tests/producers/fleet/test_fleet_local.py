@@ -184,7 +184,7 @@ def test_mixed_run_outcomes_match_ground_truth(mixed_run):
         expected = labels[session_id]["expected_outcome"]
         assert ("pass" if evaluation["passed"] else "fail") == expected, labels[session_id]
         image = {(e["image_name"], e["image_version"]) for e in events}
-        assert len(image) == 1 and next(iter(image))[1] == "1.2.0"
+        assert len(image) == 1 and next(iter(image))[1] == "1.3.0"
         end = events[-1]["payload"]
         assert end["cpu_seconds"] > 0 and end["peak_memory_bytes"] > 0
         assert int(events[-1]["extra"]["processes_started"]) > 0
