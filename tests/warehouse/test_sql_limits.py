@@ -162,8 +162,16 @@ main()
 """
 
 
+def _lakehouse(home: Path) -> Path:
+    """An existing, empty lakehouse at ``home`` (``trajlake sql`` refuses a home that does not exist)."""
+    if not home.exists():
+        open_views(load_settings(home=home)).close()
+    return home
+
+
 def _cli_peak(home: Path, query: str, env: dict[str, str]) -> tuple[int, int]:
     """(bytes printed, peak RSS of the command's own process) of ``trajlake sql QUERY --format csv``."""
+    _lakehouse(home)
     proc = subprocess.Popen(
         [sys.executable, "-c", _PEAK, query],
         env={**env, "TRAJLAKE_HOME": str(home)},
@@ -204,7 +212,7 @@ HOSTILE = {
 
 def _cli(home: Path, *args: str) -> bytes:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
-    env["TRAJLAKE_HOME"] = str(home)
+    env["TRAJLAKE_HOME"] = str(_lakehouse(home))
     result = subprocess.run(
         [sys.executable, "-m", "trajlake.cli", "sql", *args], env=env, capture_output=True, timeout=300
     )

@@ -132,7 +132,37 @@ def test_malformed_messages_and_held_connections_do_not_blind_the_gateway(box):
     for attempt in attempts:
         fits_schema(attempt)
     assert box.gateway.alive and box.gateway.malformed - before >= 6
-    assert box.gateway.evicted > 0  # the held connections made room, oldest first, and are counted
+
+
+def test_held_connections_past_the_limit_evict_the_oldest_and_are_counted(tmp_path):
+    """More silent connections than the gateway serves at once: the oldest make room, counted.
+
+    In process, so the count does not depend on how fast a loaded host opens connections (inside
+    a sandbox the held ones may expire before the limit is reached)."""
+    gateway = EgressGateway(tmp_path / "egress.sock", ("allowed.test:80",), {"allowed.test:80": {"/": "ok"}})
+    held: list[socket.socket] = []
+    try:
+        for _ in range(egress_module.MAX_CONNECTIONS + 10):
+            client = socket.socket(socket.AF_UNIX)
+            client.settimeout(5)
+            client.connect(str(tmp_path / "egress.sock"))
+            held.append(client)
+        deadline = time.monotonic() + 10
+        while gateway.evicted < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gateway.evicted >= 10
+        with socket.socket(socket.AF_UNIX) as client:  # a real request is still answered
+            client.settimeout(5)
+            client.connect(str(tmp_path / "egress.sock"))
+            client.sendall(b'{"host": "allowed.test", "port": 80}\nGET / HTTP/1.0\r\n\r\n')
+            reply = b""
+            while chunk := client.recv(4096):
+                reply += chunk
+        assert reply.startswith(b"ALLOW\n") and gateway.alive
+    finally:
+        for client in held:
+            client.close()
+        gateway.close()
 
 
 @local

@@ -177,7 +177,7 @@ def test_a_wrong_model_name_is_a_configuration_failure_not_a_rerun(settings):
 
 
 def test_request_timeout_and_retries_are_flags_over_settings(settings, monkeypatch):
-    from trajlake.cli import _llm_options
+    from trajlake.fleet import _llm_options
 
     monkeypatch.setenv("TRAJLAKE_LLM_REQUEST_TIMEOUT_S", "900")
     monkeypatch.setenv("TRAJLAKE_LLM_MAX_RETRIES", "1")
