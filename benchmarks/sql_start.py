@@ -22,7 +22,8 @@ from typing import Any
 
 from benchmarks.harness import Figure, bench_home, cli_env, print_figures
 from common.settings import Settings
-from warehouse.sql import check_read_only, open_views, run_query
+from warehouse.query import run_query
+from warehouse.sql import check_read_only, open_views
 
 #: The command's work without the query process: same imports (the CLI's), views, check, query, table.
 _IN_PROCESS = (
