@@ -80,7 +80,7 @@ from producers.fleet import run_fleet
 from producers.sdk import EventProducer
 from schemas.registry import encode_event
 from warehouse.catalog import open_catalog
-from warehouse.sql import run_query
+from warehouse.query import run_query
 from warehouse.tables import SCORES, TRAJECTORIES, ensure_table
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -97,7 +97,8 @@ def query_child(sessions: list[str], day: int) -> None:
     import time
 
     from warehouse.object_store import fetched
-    from warehouse.sql import open_views, run_query
+    from warehouse.query import run_query
+    from warehouse.sql import open_views
 
     settings = load_settings()
     start = datetime.fromtimestamp((BASE_US + day * _DAY_US) / 1e6, UTC)

@@ -226,7 +226,7 @@ def bench_scaleout(events: int = 300_000, home: Path | None = None) -> dict[str,
     2-core machine the two workers share the cores: the figure is evidence that partitions
     split cleanly and exactly-once holds across workers, not a cluster throughput.
     """
-    from warehouse.sql import run_query
+    from warehouse.query import run_query
 
     with bench_home(home) as settings:
         produce_encoded(settings, encoded_events(events))

@@ -37,7 +37,7 @@ from producers.importers import import_trajectory
 from quality.config import GOVERNANCE
 from schemas.registry import decode_event, encode_event
 from warehouse.catalog import open_catalog
-from warehouse.sql import run_query
+from warehouse.query import run_query
 from warehouse.tables import RAW_EVENTS, ensure_table
 
 #: A seed no test used and no detector was tuned on. Seed 917263 was the first such seed and found

@@ -133,7 +133,7 @@ def bench_assemble(events: int = 10_000_000, home: Path | None = None) -> dict[s
     child process under the default ``TRAJLAKE_ASSEMBLE_MEMORY_LIMIT`` (DuckDB spills
     beyond it). A ratio near 1 means assembly memory does not grow with the backlog.
     """
-    from warehouse.sql import run_query
+    from warehouse.query import run_query
 
     small = max(events // 10, 1)
     measured: dict[int, tuple[int, float, int]] = {}

@@ -44,7 +44,7 @@ def bench_replay(
     from pipelines.score import score_all
     from producers.fleet import run_synthetic_workers
     from warehouse.maintenance import maintain
-    from warehouse.sql import run_query
+    from warehouse.query import run_query
     from warehouse.tables import STEPS, TRAJECTORIES
 
     with bench_home(home) as settings:

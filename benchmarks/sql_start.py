@@ -8,6 +8,10 @@ Three figures, each against a baseline measured in the same run on the same (emp
   fork server (started once, before the timing);
 * ``command line``: ``trajlake sql "select 1"`` end to end vs a fresh interpreter doing the
   same work in-process (the CLI's imports, settings, views, query, table) — what a user waits for.
+
+Both sides open the views as a query does: from the view plan (:mod:`warehouse.view_plan`), saved
+before the timing, so the figures are the isolation's cost alone (``trajlake bench startup``
+compares with the plan turned off).
 """
 
 from __future__ import annotations
@@ -22,14 +26,18 @@ from typing import Any
 
 from benchmarks.harness import Figure, bench_home, cli_env, print_figures
 from common.settings import Settings
-from warehouse.sql import check_read_only, open_views, run_query
+from warehouse.query import run_query
+from warehouse.sql import check_read_only, open_views
+from warehouse.view_plan import open_planned_views
 
 #: The command's work without the query process: same imports (the CLI's), views, check, query, table.
 _IN_PROCESS = (
     "import trajlake.cli\n"
     "from common.settings import load_settings\n"
-    "from warehouse.sql import check_read_only, format_rows, open_views\n"
-    "con = open_views(load_settings(), locked=True)\n"
+    "from warehouse.sql_lock import check_read_only\n"
+    "from warehouse.sql_output import format_rows\n"
+    "from warehouse.view_plan import open_planned_views\n"
+    "con = open_planned_views(load_settings())\n"
     "cursor = con.execute(check_read_only('select 1', con))\n"
     "print(format_rows([d[0] for d in cursor.description], cursor.fetchall(), 'table'))\n"
 )
@@ -45,7 +53,8 @@ def _median(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def _in_process(settings: Settings) -> None:
-    con = open_views(settings, locked=True)
+    con = open_planned_views(settings)
+    assert con is not None, "the view plan was saved before the timing"
     try:
         con.execute(check_read_only("select 1", con)).fetchall()
     finally:
@@ -61,7 +70,7 @@ def _run(args: list[str], env: dict[str, str]) -> None:
 def bench_sql_start(repeat: int = 10) -> dict[str, Any]:
     """Median seconds of ``select 1`` isolated vs in-process (see the module); prints and returns the figures."""
     with bench_home(kafka=False) as settings:
-        open_views(settings).close()  # the tables exist: every run below opens the same views
+        open_views(settings, save_plan=True).close()  # tables and plan exist: every run opens the same views
         run_query(settings, "select 1")  # warm the page cache and the catalog
         isolated = _median(lambda: run_query(settings, "select 1"), repeat)
         direct = _median(lambda: _in_process(settings), repeat)

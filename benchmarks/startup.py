@@ -3,7 +3,10 @@
 Three commands run as a person runs them (fresh processes, the installed entry point), interleaved
 round by round so that a busy machine slows each of them alike: ``python -c pass`` (the floor every
 Python program pays), ``trajlake --help`` and a one-row ``trajlake sql "SELECT 1"`` on a small
-lakehouse. The figures are median wall seconds and their ratio to the floor.
+lakehouse — from the view plan (:mod:`warehouse.view_plan`, what every query after the first of a
+commit does) and, as the baseline, with the plan turned off (``TRAJLAKE_SQL_VIEW_CACHE=false``:
+the views opened through the catalog, as every query did before the plan). The figures are median
+wall seconds and their ratio to the floor.
 """
 
 from __future__ import annotations
@@ -44,22 +47,28 @@ def bench_startup(rounds: int = 7) -> dict[str, float]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
         env.update(TRAJLAKE_HOME=str(home))
         trajlake = _entry_point()
+        uncached = {**env, "TRAJLAKE_SQL_VIEW_CACHE": "false"}
         commands = {
-            "python -c pass": [sys.executable, "-c", "pass"],
-            "trajlake --help": [*trajlake, "--help"],
-            'trajlake sql "SELECT 1"': [*trajlake, "sql", "SELECT 1"],
+            "python -c pass": ([sys.executable, "-c", "pass"], env),
+            "trajlake --help": ([*trajlake, "--help"], env),
+            'trajlake sql "SELECT 1"': ([*trajlake, "sql", "SELECT 1"], env),
+            "same, no view plan": ([*trajlake, "sql", "SELECT 1"], uncached),
         }
-        for command in commands.values():  # warm the page cache: the first run of each reads files from disk
-            _wall(command, env)
+        # Warm the page cache (the first run of each reads files from disk); the first query saves the plan.
+        for command, command_env in commands.values():
+            _wall(command, command_env)
         walls: dict[str, list[float]] = {name: [] for name in commands}
         for _ in range(rounds):
-            for name, command in commands.items():
-                walls[name].append(_wall(command, env))
+            for name, (command, command_env) in commands.items():
+                walls[name].append(_wall(command, command_env))
     medians = {name: statistics.median(values) for name, values in walls.items()}
     floor = medians["python -c pass"]
     print(f"start-up, median of {rounds} interleaved rounds (wall seconds; ratio to python -c pass):")
     for name, seconds in medians.items():
         print(f"  {name:<26} {seconds:7.3f} s  {seconds / floor:6.1f}x")
+    planned = medians['trajlake sql "SELECT 1"'] / medians["same, no view plan"]
+    print(f"  trajlake sql from the view plan / without it: {planned:.2f}x")
     figures = {f"{name} s": round(seconds, 3) for name, seconds in medians.items()}
     figures.update({f"{name} ratio": round(seconds / floor, 1) for name, seconds in medians.items()})
+    figures["view plan ratio"] = round(planned, 2)
     return figures

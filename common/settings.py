@@ -255,6 +255,14 @@ class Settings(BaseSettings):
         "(the row count covers all); csv and json print every row as it arrives.",
     )
 
+    sql_view_cache: bool = Field(
+        True,
+        description="TRAJLAKE_SQL_VIEW_CACHE: `trajlake sql` opens the views from a plan kept in "
+        "TRAJLAKE_HOME/view-plan.json while the SQLite catalog still points where the plan was made, "
+        "without loading the catalog stack (any commit, setting or code change makes a new plan); false: "
+        "always through the catalog.",
+    )
+
     # Command line: the Dagster UI's lifecycle and the HTML report
     ui_stop_timeout_s: float = Field(
         20.0,

@@ -102,7 +102,7 @@ def _ingest(env: dict[str, str], group: str, until_idle: float | None) -> subpro
 def count_rows(env: dict[str, str]) -> tuple[int, int, int]:
     """``count(*)``, ``count(DISTINCT event_id)`` of events and ``count(*)`` of dead letters."""
     from common.settings import load_settings
-    from warehouse.sql import run_query
+    from warehouse.query import run_query
 
     settings = load_settings(home=Path(env["TRAJLAKE_HOME"]), topic=env["TRAJLAKE_TOPIC"])
     rows = run_query(

@@ -20,7 +20,8 @@ from producers.sdk import EventProducer
 from producers.session_generator import synthetic_sessions
 from schemas.registry import decode_event, encode_event
 from warehouse.catalog import open_catalog
-from warehouse.sql import open_views, run_query
+from warehouse.query import run_query
+from warehouse.sql import open_views
 from warehouse.tables import RAW_EVENTS, ensure_table
 
 if TYPE_CHECKING:

@@ -153,7 +153,7 @@ def sql(
     TRAJLAKE_SQL_TABLE_ROWS rows and the count).
     """
     settings = settings_for("read")
-    from warehouse.sql import stream_query
+    from warehouse.query import stream_query
     from warehouse.sql_output import write_rows
 
     # Data is printed byte for byte (after neutralising, unless --raw): rich would turn ``:x:``

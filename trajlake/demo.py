@@ -16,7 +16,8 @@ from pipelines.assemble import assemble
 from pipelines.ingest import run_ingest
 from pipelines.score import score_all
 from producers.fleet import run_fleet
-from warehouse.sql import format_rows, run_query
+from warehouse.query import run_query
+from warehouse.sql import format_rows
 
 EXAMPLE_QUERIES = [
     (

@@ -28,7 +28,7 @@ from dagster_project.resources import LakehouseResource, transient_retries
 from pipelines.assemble import assemble
 from pipelines.ingest import run_ingest
 from warehouse.catalog import open_catalog
-from warehouse.sql import run_query
+from warehouse.query import run_query
 from warehouse.tables import RAW_EVENTS, ensure_table
 
 #: Seconds past the idle deadline before an open session counts as stuck (assembly runs at least this often).

@@ -10,7 +10,7 @@ from dagster_project.definitions import defs
 from dagster_project.defs.lakehouse import lakehouse_assets
 from dagster_project.resources import KafkaConfig, LakehouseResource
 from tests.helpers import materialized, produce, sample_events
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 #: The whole definitions graph: renaming, dropping or rewiring an asset, check, job or schedule
 #: must be a deliberate change to this snapshot.

@@ -24,7 +24,7 @@ from dagster_project.defs.operations import failures_path, record_run_failures
 from dagster_project.resources import KafkaConfig, LakehouseResource, transient_retries
 from producers.fleet import bwrap_available
 from tests.helpers import plain
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 
 def _failed_run(error: Exception, instance: DagsterInstance) -> RunStatusSensorContext:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from common.settings import Settings
 from pipelines.assemble import assemble
 from tests.helpers import AS_OF, one_row, sample_events, snapshot, write_raw
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 
 def test_shuffled_and_duplicated_input_gives_identical_output(settings: Settings, tmp_path) -> None:

@@ -26,7 +26,7 @@ from tests.helpers import lake_state, raw_rows, sample_events, tier_split, write
 from warehouse.catalog import open_catalog
 from warehouse.errors import LockBusy
 from warehouse.locks import job_lock
-from warehouse.sql import run_query
+from warehouse.query import run_query
 from warehouse.tables import RAW_EVENTS, ensure_table
 from warehouse.transactions import transaction
 

@@ -20,7 +20,7 @@ from pipelines.score import score_all
 from producers.fleet import run_fleet
 from tests.helpers import write_raw
 from trajlake.cli import app
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 
 @pytest.fixture(scope="module")

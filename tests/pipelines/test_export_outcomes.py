@@ -25,7 +25,7 @@ from producers.fleet.sandbox import bwrap_available
 from producers.fleet.tasks import task_for
 from producers.importers import import_trajectory
 from tests.helpers import write_raw
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable")
 

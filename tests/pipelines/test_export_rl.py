@@ -15,7 +15,7 @@ from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from producers.importers import import_trajectory
 from tests.helpers import write_raw
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 REAL = Path("/work/shared/data/real-trajectories")
 DEEPSEEK = REAL / "mini-swe-agent/deepseek-reasoner-dev/marshmallow-code__marshmallow-1359.traj.json"

@@ -23,7 +23,7 @@ from producers.fleet.llm.testing import FakeOpenAIServer, solver_script
 from producers.fleet.sandbox import bwrap_available
 from producers.fleet.tasks import task_for
 from tests.helpers import write_raw
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable")
 

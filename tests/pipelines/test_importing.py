@@ -19,7 +19,7 @@ from pipelines.ingest import IngestWorker
 from producers.sdk import EventProducer
 from tests.producers.importers.test_otel_sdk import run_agent
 from trajlake.cli import app
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 FIXTURES = Path(__file__).resolve().parents[1] / "producers" / "importers" / "fixtures"
 

@@ -13,7 +13,7 @@ from pipelines.ingest import IngestWorker, recorded_offsets
 from schemas.registry import encode_event
 from tests.helpers import produce, sample_events
 from warehouse.catalog import open_catalog
-from warehouse.sql import run_query
+from warehouse.query import run_query
 from warehouse.tables import RAW_EVENTS, ensure_table
 
 pytestmark = pytest.mark.integration

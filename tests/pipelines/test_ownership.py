@@ -14,7 +14,7 @@ from pipelines.assemble import assemble
 from pipelines.verdicts import attach_verdicts
 from producers.importers import import_trajectory
 from tests.helpers import AS_OF, sample_events, write_raw
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 FIXTURES = Path(__file__).resolve().parents[1] / "producers" / "importers" / "fixtures"
 

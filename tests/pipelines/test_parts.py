@@ -18,7 +18,7 @@ from producers.importers import import_trajectory
 from producers.parts import PART_BYTES, split_event, split_utf8
 from schemas.registry import encode_event
 from tests.helpers import AS_OF, write_raw
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 FIXTURES = Path(__file__).resolve().parents[1] / "producers" / "importers" / "fixtures"
 

@@ -16,7 +16,7 @@ from pipelines.ingest import IngestWorker
 from producers.sdk import EventProducer
 from schemas.registry import encode_event, latest
 from tests.helpers import sample_events
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 pytestmark = pytest.mark.integration
 

@@ -34,7 +34,7 @@ from producers.errors import NonFiniteNumberError
 from producers.sdk import EventProducer
 from schemas.registry import encode_event
 from tests.helpers import sample_events, write_raw
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)

@@ -12,7 +12,7 @@ from common.settings import Settings, load_settings
 from pipelines.ingest import IngestWorker, recorded_incarnation, recorded_offsets, recorded_reset
 from tests.helpers import produce, sample_events, summary_of
 from warehouse.catalog import open_catalog
-from warehouse.sql import run_query
+from warehouse.query import run_query
 from warehouse.tables import DEAD_LETTERS, RAW_EVENTS, ensure_table
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from common.settings import Settings
 from pipelines.ingest import IngestWorker, event_row, recorded_offsets
 from schemas.registry import decode_event, encode_event
 from tests.helpers import hold_everything, produce, sample_events
-from warehouse.sql import run_query
+from warehouse.query import run_query
 from warehouse.tables import RAW_EVENTS
 
 pytestmark = pytest.mark.integration

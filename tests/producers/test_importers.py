@@ -233,7 +233,7 @@ def test_cli_import_ingest_assemble_mini_swe_agent(kafka_settings) -> None:
     from pipelines.assemble import assemble
     from pipelines.ingest import IngestWorker
     from trajlake.cli import app
-    from warehouse.sql import run_query
+    from warehouse.query import run_query
 
     runner = CliRunner()
     for _ in range(2):  # the second import re-sends the same event ids: ingest+assembly keep one copy

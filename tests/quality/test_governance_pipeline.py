@@ -13,7 +13,7 @@ from pipelines.score import score_all
 from producers.sdk import SessionEmitter
 from schemas import typed
 from tests.helpers import AS_OF, BASE_US, write_raw
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 
 def _session(events: list[dict[str, Any]], name: str, edits_test: bool, offset: int) -> None:

@@ -17,7 +17,7 @@ from pipelines.assemble import assemble
 from pipelines.score import score_all
 from producers.importers import import_trajectory
 from tests.helpers import AS_OF, write_raw
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "real-trajectories"
 pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"real trajectories absent at {DATA}")

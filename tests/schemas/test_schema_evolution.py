@@ -17,7 +17,7 @@ from producers.sdk import EventProducer
 from schemas.compat import Compatibility, IncompatibleSchema, assert_compatible, check_compatibility, check_shipped
 from schemas.registry import decode_event, encode_event, get_version
 from tests.helpers import sample_events
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 ROOT = Path(__file__).resolve().parents[2]
 

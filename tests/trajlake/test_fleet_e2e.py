@@ -16,7 +16,7 @@ pytestmark = [
 def test_local_fleet_40_sessions_end_to_end(kafka_settings, tmp_path):
     from pipelines.assemble import assemble
     from pipelines.ingest import run_ingest
-    from warehouse.sql import run_query
+    from warehouse.query import run_query
 
     labels = tmp_path / "labels.jsonl"
     report = run_fleet(

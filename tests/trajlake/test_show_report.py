@@ -29,7 +29,7 @@ from producers.fleet import ListSink, run_fleet
 from producers.fleet.sandbox import bwrap_available
 from producers.importers import import_trajectory
 from tests.helpers import real_runs_dir, write_raw
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 REAL = real_runs_dir()
 MINI = REAL / "mini-swe-agent" / "django__django-11099.traj.json"

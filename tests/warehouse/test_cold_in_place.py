@@ -19,7 +19,8 @@ from pipelines.assemble import assemble
 from tests.helpers import BASE, BASE_US, day_events, lake_state, tier_split, write_raw
 from warehouse.catalog import open_catalog
 from warehouse.cold import ensure_cold_table
-from warehouse.sql import open_views, run_query
+from warehouse.query import run_query
+from warehouse.sql import open_views
 from warehouse.tables import RAW_EVENTS
 from warehouse.tiering import tier
 from warehouse.transactions import transaction

@@ -12,7 +12,7 @@ from pipelines.ingest import IngestWorker, offsets_key, recorded_incarnation, re
 from tests.helpers import produce, sample_events, summary_of
 from warehouse.catalog import open_catalog
 from warehouse.maintenance import expire_snapshots
-from warehouse.sql import run_query
+from warehouse.query import run_query
 from warehouse.tables import DEAD_LETTERS, RAW_EVENTS, ensure_table
 
 pytestmark = pytest.mark.integration

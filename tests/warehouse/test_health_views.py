@@ -9,7 +9,8 @@ from pipelines.assemble import assemble
 from pipelines.ingest import IngestWorker
 from pipelines.score import score_all
 from tests.helpers import AS_OF, one_row, produce, sample_events, write_raw
-from warehouse.sql import open_views, run_query
+from warehouse.query import run_query
+from warehouse.sql import open_views
 
 
 @pytest.fixture

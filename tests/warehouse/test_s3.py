@@ -16,7 +16,7 @@ from tests.helpers import BASE, day_events, lake_state, tier_split, write_raw
 from warehouse.catalog import open_catalog
 from warehouse.cold import ensure_cold_table
 from warehouse.maintenance import maintain
-from warehouse.sql import run_query
+from warehouse.query import run_query
 from warehouse.tiering import tier
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from common.settings import Settings, load_settings
 from warehouse.errors import QueryError, QueryKilled, QueryMemoryExceeded, QueryTimeout
 from warehouse.isolation import BatchSink, IsolatedStream
-from warehouse.sql import check_read_only, open_views, run_query, stream_query
+from warehouse.query import run_query, stream_query
+from warehouse.sql import check_read_only, open_views
 from warehouse.sql_output import _CONTROL, escape_controls, format_rows, write_rows
 
 
@@ -295,7 +296,7 @@ def test_a_script_without_a_main_guard_can_query_from_threads(lake: Settings, tm
     script.write_text(
         "import threading\n"
         "from common.settings import load_settings\n"
-        "from warehouse.sql import run_query\n"
+        "from warehouse.query import run_query\n"
         "stop = threading.Event()\n"
         "threading.Thread(target=stop.wait, daemon=True).start()\n"
         "print(run_query(load_settings(), 'SELECT 42 AS x')[1])\n"

@@ -26,7 +26,8 @@ from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
 from tests.helpers import BASE, day_events, write_raw
 from warehouse.errors import QueryError
-from warehouse.sql import check_read_only, open_views, run_query
+from warehouse.query import run_query
+from warehouse.sql import check_read_only, open_views
 from warehouse.tables import TABLES
 
 FAKE_SECRET = "fake-aws-secret-Zq9xT4"

@@ -256,7 +256,7 @@ def test_planted_patches_are_flagged_although_the_verdict_held(settings, monkeyp
     from pipelines.score import score_all
     from producers.fleet import run_fleet
     from tests.helpers import write_raw
-    from warehouse.sql import run_query
+    from warehouse.query import run_query
 
     events: list[dict] = []
     probes = list(PROBES)

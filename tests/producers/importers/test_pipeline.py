@@ -17,7 +17,7 @@ from pipelines.export import export_training_set
 from pipelines.score import score_all
 from producers.importers import import_file
 from tests.helpers import AS_OF, write_raw
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FORMATS = [
