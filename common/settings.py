@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from common.errors import ConfigError
 from common.prices import PriceTable
@@ -26,7 +26,8 @@ CATALOG_FILE = "catalog.db"
 class Settings(BaseSettings):
     """All trajlake settings; ``Settings()`` reads the environment at call time."""
 
-    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_", extra="ignore")
+    # allow_inf_nan: no setting is NaN or infinite (a weight of NaN compares false with every bound).
+    model_config = SettingsConfigDict(env_prefix="TRAJLAKE_", extra="ignore", allow_inf_nan=False)
 
     home: Path = Field(Path(".trajlake"), description="TRAJLAKE_HOME: state, catalog and warehouses.")
 
@@ -284,7 +285,8 @@ class Settings(BaseSettings):
     )
 
     # Quality (quality/config.py documents each knob)
-    quality_weights: tuple[float, float, float] = Field(
+    # NoDecode: parsed by _parse_json below (bounded nesting, no NaN), not by pydantic-settings.
+    quality_weights: Annotated[tuple[float, float, float], NoDecode] = Field(
         (0.5, 0.3, 0.2), description="TRAJLAKE_QUALITY_WEIGHTS: JSON [completion, validity, novelty], sum 1."
     )
     quality_min: float = Field(
@@ -294,7 +296,7 @@ class Settings(BaseSettings):
         0.5, ge=0, le=1, description="TRAJLAKE_QUALITY_BEHAVIOURAL_WEIGHT: quality factor for behavioural flags."
     )
     quality_outlier_z: float = Field(3.5, gt=0, description="TRAJLAKE_QUALITY_OUTLIER_Z: robust z of anomalies.")
-    quality_governance: dict[str, dict[str, Any]] = Field(
+    quality_governance: Annotated[dict[str, dict[str, Any]], NoDecode] = Field(
         default_factory=dict,
         description="TRAJLAKE_QUALITY_GOVERNANCE: JSON per-flag overrides of the governance table "
         '(quality/config.py), e.g. {"edited_tests": {"weight": 0.3}}; changing it rescores.',
@@ -365,18 +367,26 @@ class Settings(BaseSettings):
     @classmethod
     def _parse_json_object(cls, value: Any) -> Any:
         if isinstance(value, str):
-            parsed = json.loads(value) if value.strip() else {}
+            parsed = _json_setting(value) if value.strip() else {}
             if not isinstance(parsed, dict):
                 raise ValueError("must be a JSON object")
             return {str(k): str(v) for k, v in parsed.items()}
         return value
+
+    @field_validator("quality_weights", "quality_governance", mode="before")
+    @classmethod
+    def _parse_json(cls, value: Any) -> Any:
+        return _json_setting(value) if isinstance(value, str) else value
 
     @field_validator("trusted_verdicts", mode="before")
     @classmethod
     def _parse_names(cls, value: Any) -> Any:
         if isinstance(value, str):
             if value.strip().startswith("["):  # the JSON list the configuration reference shows
-                return tuple(str(v) for v in json.loads(value))
+                names = _json_setting(value)
+                if not isinstance(names, list) or not all(isinstance(v, str) for v in names):
+                    raise ValueError("must be a JSON list of names")
+                return tuple(names)
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
@@ -477,6 +487,24 @@ class Settings(BaseSettings):
         return self.home_dir / "broker"
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no number a setting may have")
+
+
+def _json_setting(text: str) -> Any:
+    """A setting's JSON value: a ``ValueError`` (which names the variable) for anything that is not plain JSON.
+
+    NaN and Infinity are refused, and so is nesting deeper than the parser's stack (a ``RecursionError``
+    would otherwise escape as a traceback).
+    """
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON: {exc.msg} at character {exc.pos}") from None
+
+
 def _binary_size(value: int) -> str:
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if value % size == 0:
@@ -546,8 +574,11 @@ def load_settings(**overrides: Any) -> Settings:
     """
     try:
         return Settings(**overrides)
+    except SettingsError as exc:  # a value pydantic-settings itself could not decode (its message names the field)
+        raise ConfigError(f"invalid settings: {' '.join(str(exc).split())}") from None
     except ValidationError as exc:
         problems = "; ".join(
-            f"TRAJLAKE_{'_'.join(str(p) for p in e['loc'][:1]).upper()}: {e['msg']}" for e in exc.errors()
+            f"TRAJLAKE_{'_'.join(str(p) for p in e['loc'][:1]).upper()}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
         )
         raise ConfigError(f"invalid settings: {problems}") from None

@@ -115,8 +115,10 @@ class QualityConfig:
         return self.dedup_bands * self.dedup_rows
 
     def __post_init__(self) -> None:
-        total = self.w_completion + self.w_validity + self.w_novelty
-        if min(self.w_completion, self.w_validity, self.w_novelty) < 0 or abs(total - 1.0) > 1e-6:
+        weights = (self.w_completion, self.w_validity, self.w_novelty)
+        total = sum(weights)
+        # written so that NaN fails: every comparison with NaN is false
+        if not (all(w >= 0 for w in weights) and abs(total - 1.0) <= 1e-6):
             raise ValueError(
                 f"quality weights must be non-negative and sum to 1, got "
                 f"{self.w_completion}/{self.w_validity}/{self.w_novelty}"
@@ -135,8 +137,13 @@ class QualityConfig:
         for name, policy in self.policies().items():
             if policy.flag_class not in FLAG_CLASSES or policy.severity not in SEVERITIES:
                 raise ValueError(f"flag {name}: class must be one of {FLAG_CLASSES}, severity one of {SEVERITIES}")
-            if policy.weight is None or not 0.0 <= policy.weight <= 1.0:
-                raise ValueError(f"flag {name}: weight must be in [0, 1], got {policy.weight}")
+            weight = policy.weight
+            if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0.0 <= weight <= 1.0:
+                raise ValueError(f"flag {name}: weight must be a number in [0, 1], got {weight!r}")
+            if not isinstance(policy.voids_verdict, bool):
+                raise ValueError(f"flag {name}: voids_verdict must be true or false, got {policy.voids_verdict!r}")
+            if policy.cheat_type is not None and not isinstance(policy.cheat_type, str):
+                raise ValueError(f"flag {name}: cheat_type must be a name or null, got {policy.cheat_type!r}")
 
     def policies(self) -> dict[str, FlagPolicy]:
         """The governance table in force: defaults, the behavioural weight, then explicit overrides.

@@ -12,14 +12,16 @@ command imports what it uses when it runs.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+import typer.main
 
 from benchmarks.cli import bench_app
 from common.errors import EXIT_ERROR, EXIT_TRANSIENT, TrajlakeError, is_transient
@@ -579,6 +581,30 @@ def _usage_error(exc: typer.TyperException) -> int:
     return code
 
 
+def _finite_numbers_only(command: Any) -> Any:
+    """``command`` (and its subcommands) refusing NaN and infinity for every number option or argument.
+
+    ``float`` parses ``nan`` and ``inf``; a bound (``min=0``) lets ``inf`` through and an unbounded
+    option takes both, so ``--max-cost-usd inf`` or ``--timeout nan`` would be a cap that never
+    holds. Every parameter of every command is checked after conversion, so no float option added
+    later can forget it: a usage error (exit 2) naming the option.
+    """
+    for param in command.params:
+        convert = param.process_value
+
+        def finite(ctx: Any, value: Any, convert: Any = convert, param: Any = param) -> Any:
+            result = convert(ctx, value)
+            values = result if isinstance(result, list | tuple) else [result]
+            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+                raise typer.BadParameter(f"{value!r} is not a finite number", ctx=ctx, param=param)
+            return result
+
+        param.process_value = finite
+    for sub in getattr(command, "commands", {}).values():
+        _finite_numbers_only(sub)
+    return command
+
+
 def main() -> None:
     """Console entry point: run the app, turning trajlake errors into one red line.
 
@@ -592,7 +618,7 @@ def main() -> None:
     )
     try:
         # without standalone mode click hands back a command's ``typer.Exit`` code instead of exiting
-        code = app(standalone_mode=False)
+        code = _finite_numbers_only(typer.main.get_command(app))(standalone_mode=False)
     except TrajlakeError as exc:
         print_error(str(exc).strip() or type(exc).__name__)
         sys.exit(EXIT_TRANSIENT if is_transient(exc) else EXIT_ERROR)

@@ -82,36 +82,57 @@ def _refused_directory(path: Path, settings: Settings) -> str | None:
     return None
 
 
-def _open_out_dir(out_dir: Path | str, settings: Settings) -> tuple[Path, int]:
-    """Create (if needed), open and lock the export directory; returns its resolved path and a descriptor.
+def _open_out_dir(
+    out_dir: Path | str, settings: Settings, error: type[Exception] = ExportError, what: str = "export"
+) -> tuple[Path, int]:
+    """Create (if needed), open and lock an output directory; returns its resolved path and a descriptor.
 
-    The descriptor holds an exclusive ``flock`` until it is closed, so two exports into one directory
-    take turns; temporary files a killed export left behind are removed under that lock.
+    The descriptor holds an exclusive ``flock`` until it is closed, so two exports (or reports) into
+    one directory take turns; temporary files a killed writer left behind are removed under that lock.
+
+    Args:
+        out_dir: the directory asked for.
+        settings: where the lakehouse is (never written into).
+        error: the exception raised (``ExportError``; the report passes ``ReportError``).
+        what: the verb of the refusal (``export``, ``write the report``).
 
     Raises:
-        ExportError: a refused directory, an existing file, a symlink loop, or a directory that cannot
-            be created or opened.
+        ExportError: (or ``error``) a refused directory, an existing file, a symlink loop, or a directory
+            that cannot be created or opened.
     """
     root = Path(out_dir).expanduser()
     try:
         resolved = root.resolve(strict=False)
     except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before Python 3.13), a bad name
-        raise ExportError(f"--out {root}: cannot resolve the path ({exc})") from None
+        raise error(f"--out {root}: cannot resolve the path ({exc})") from None
     why = _refused_directory(resolved, settings)
     if why:
-        raise ExportError(f"refusing to export into {resolved}: {why}")
+        raise error(f"refusing to {what} into {resolved}: {why}")
     if resolved.exists() and not resolved.is_dir():
-        raise ExportError(f"--out {root}: exists and is not a directory")
+        raise error(f"--out {root}: exists and is not a directory")
     try:
         resolved.mkdir(mode=0o700, parents=True, exist_ok=True)  # an export is owner-only
         # O_NOFOLLOW: the checked directory itself, not a symlink swapped in since the check
         dir_fd = os.open(resolved, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         reason = "a symlink loop" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
-        raise ExportError(f"--out {root}: cannot create or open the directory ({reason})") from exc
+        raise error(f"--out {root}: cannot create or open the directory ({reason})") from exc
     fcntl.flock(dir_fd, fcntl.LOCK_EX)  # a second export into this directory waits for this one
     _remove_stale_temporaries(dir_fd)
     return resolved, dir_fd
+
+
+def open_subdirectory(dir_fd: int, name: str) -> int:
+    """A directory ``name`` inside ``dir_fd`` (created owner-only), opened without following a link.
+
+    Raises:
+        OSError: ``name`` is a symlink (``ELOOP``), a file, or cannot be created.
+    """
+    try:
+        os.mkdir(name, 0o700, dir_fd=dir_fd)
+    except FileExistsError:
+        pass
+    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
 
 
 def _remove_stale_temporaries(dir_fd: int) -> None:

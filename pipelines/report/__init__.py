@@ -10,6 +10,7 @@ copied or served by any static web server.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipelines.errors import ReportError
+from pipelines.export._files import _open_out_dir, _remove_stale_temporaries, _write_file, open_subdirectory
 from pipelines.report.data import define_scope, export_sessions, overview
 
 if TYPE_CHECKING:
@@ -51,11 +53,24 @@ def page_name(session_id: str) -> str:
     return f"s-{hashlib.sha256(session_id.encode()).hexdigest()[:32]}.html"
 
 
-def _write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file, so a reader never sees half a page."""
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
+#: Every name a report writes into its directory, and the names of its pages.
+_REPORT_NAMES = frozenset({"index.html", "sessions"})
+_PAGE = re.compile(r"(?:s-[0-9a-f]{32}|[A-Za-z0-9._-]{1,96})\.html")
+
+
+def _check_is_a_report(root: Path, dir_fd: int) -> None:
+    """Refuse a directory holding anything but an earlier report: its files are replaced, its old pages removed.
+
+    Raises:
+        ReportError: the directory holds other files.
+    """
+    others = sorted(name for name in os.listdir(dir_fd) if name not in _REPORT_NAMES and not name.startswith("."))
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise ReportError(
+            f"refusing to write the report into {root}: it holds files that are no report ({shown}); "
+            "choose a new or empty directory"
+        )
 
 
 def write_report(
@@ -76,7 +91,9 @@ def write_report(
         progress: told of each session page written.
 
     Raises:
-        ReportError: ``out_dir`` is not a directory or cannot be written, or ``export_dir`` is not an export.
+        ReportError: ``out_dir`` is refused (a system directory, ``$HOME`` itself, the lakehouse, a
+            directory holding other files than a report), is not a directory or cannot be written, or
+            ``export_dir`` is not an export.
     """
     from pipelines.inspect import load_sessions
     from pipelines.report.html import overview_html, session_html
@@ -84,43 +101,53 @@ def write_report(
 
     started = time.monotonic()
     generated = datetime.now(UTC)
-    root = Path(out_dir).expanduser().resolve()
     limit = settings.report_max_sessions if max_pages is None else max_pages
     manifest, ids = (None, None)
     if export_dir is not None:
         manifest, ids = export_sessions(Path(export_dir).expanduser().resolve())
-    pages = root / "sessions"
+    # where an export may write, a report may (never a system directory, $HOME itself or the
+    # lakehouse), with the same exclusive, no-follow files; and only over an earlier report
+    root, root_fd = _open_out_dir(out_dir, settings, ReportError, "write the report")
+    pages_fd = -1
+    con = None
     try:
-        pages.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ReportError(f"cannot write the report into {root}: {exc.strerror or exc}") from exc
-    con = open_views(settings)
-    try:
+        _check_is_a_report(root, root_fd)
+        pages_fd = open_subdirectory(root_fd, "sessions")
+        _remove_stale_temporaries(pages_fd)
+        con = open_views(settings)
         define_scope(con, ids)
         scope = f"export {manifest.get('export_id')} ({manifest.get('format')})" if manifest else "the lakehouse"
         data = overview(con, scope, limit)
         data.export = manifest
         with_page = {row["session_id"] for row in data.listed}
-        for old in pages.glob("*.html"):  # pages of an earlier report that this one does not have
-            if old.name not in {page_name(s) for s in with_page}:
-                old.unlink()
+        keep = {page_name(s) for s in with_page}
+        for old in os.listdir(pages_fd):  # pages of an earlier report that this one does not have
+            if _PAGE.fullmatch(old) and old not in keep:
+                os.unlink(old, dir_fd=pages_fd)
         listed = [str(row["session_id"]) for row in data.listed]
         done = 0
         for start in range(0, len(listed), _PAGES_PER_READ):
             for detail in load_sessions(con, listed[start : start + _PAGES_PER_READ]):
-                _write(pages / page_name(detail.session_id), session_html(detail, "../index.html", generated))
+                _write_file(pages_fd, page_name(detail.session_id), session_html(detail, "../index.html", generated))
                 done += 1
                 if progress is not None:
                     progress(done, len(listed), "pages")
         index = root / "index.html"
-        _write(
-            index,
+        _write_file(
+            root_fd,
+            index.name,
             overview_html(data, lambda s: f"sessions/{page_name(s)}" if s in with_page else None, generated),
         )
     except OSError as exc:
-        raise ReportError(f"cannot write the report into {root}: {exc.strerror or exc}") from exc
+        planted = exc.errno in (errno.ELOOP, errno.ENOTDIR)  # O_NOFOLLOW | O_DIRECTORY on a link or a file
+        reason = "its sessions is a symlink or a file, not a directory" if planted else exc.strerror or exc
+        raise ReportError(f"cannot write the report into {root}: {reason}") from exc
     finally:
-        con.close()
+        if con is not None:
+            con.close()
+        if pages_fd >= 0:
+            os.close(pages_fd)
+        os.close(root_fd)
     return ReportStats(
         index=index,
         sessions=int(data.totals.get("sessions") or 0),

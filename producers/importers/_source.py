@@ -9,7 +9,10 @@ in the file (``line 7``, ``trial t-3``), which a quarantine entry names.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,14 +69,51 @@ class JsonLines:
         return iter_lines(self.path)
 
 
+def open_regular(path: Path) -> io.BufferedReader:
+    """``path`` opened for reading, if it is (or links to) a regular file.
+
+    A FIFO, a socket or a device (``/dev/zero``, a terminal) is refused before anything is read
+    from it: reading one would block for ever or never end. The check is made on the opened
+    descriptor (opened without blocking), so the file cannot be swapped between check and read.
+
+    Raises:
+        ImportFormatError: missing, unreadable, or not a regular file.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ImportFormatError(path, f"cannot read file ({exc.strerror or exc})") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ImportFormatError(path, f"not a regular file ({_kind(mode)}): only recorded runs on disk are read")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _kind(mode: int) -> str:
+    kinds = [
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ]
+    return next((name for test, name in kinds if test(mode)), "not a file")
+
+
 def read_bytes(path: Path) -> bytes:
     """The file's bytes.
 
     Raises:
-        ImportFormatError: missing, unreadable or empty.
+        ImportFormatError: missing, unreadable, not a regular file, or empty.
     """
     try:
-        raw = path.read_bytes()
+        with open_regular(path) as handle:
+            raw = handle.read()
     except OSError as exc:
         raise ImportFormatError(path, f"cannot read file ({exc.strerror or exc})") from exc
     if not raw.strip():
@@ -199,14 +239,14 @@ def read_source(path: Path | str) -> SourceFile:
 
 
 def _file_sha256(path: Path) -> str:
-    with path.open("rb") as handle:
+    with open_regular(path) as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _first_line_record(path: Path) -> Any | None:
     """The first line parsed, when it is a JSON object by itself and more lines follow (JSON Lines)."""
     try:
-        with path.open("rb") as handle:
+        with open_regular(path) as handle:
             first = b""
             for line in handle:
                 if line.strip():
@@ -216,7 +256,7 @@ def _first_line_record(path: Path) -> Any | None:
                 return None
             if not any(line.strip() for line in handle):
                 return None
-    except OSError:
+    except (OSError, ImportFormatError):
         return None  # read_bytes reports it
     try:
         parsed = json.loads(first)
@@ -227,7 +267,7 @@ def _first_line_record(path: Path) -> Any | None:
 
 def iter_lines(path: Path) -> Iterator[SourceFile | ImportFormatError]:
     """The records of a JSON Lines file, one line at a time; a line that is not JSON is an error in its place."""
-    with path.open("rb") as handle:
+    with open_regular(path) as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue

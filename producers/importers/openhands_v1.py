@@ -45,7 +45,7 @@ from producers.importers._common import (
     object_of,
     text_of,
 )
-from producers.importers._source import JsonLines, read_json_file
+from producers.importers._source import JsonLines, read_bytes, read_json_file
 from producers.importers._values import count, iso_micros
 from producers.importers.openhands import _patch_of, _verdict
 from producers.importers.verdicts import HARNESS, attach_verdict_beside
@@ -458,7 +458,7 @@ def convert_directory(path: Path) -> list[ImportedSession]:
     """
     files = sorted((path / "events").glob("event-*.json"))
     events = [e for e in (read_json_file(f) for f in files) if isinstance(e, dict)]
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+    digest = hashlib.sha256(b"".join(read_bytes(f) for f in files)).hexdigest()
     state = read_json_file(path / "base_state.json") or {}
     run = {"task_id": path.name, "state": state}
     return [_convert(SourceFile(path, digest, events), events, run)]

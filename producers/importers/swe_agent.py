@@ -37,6 +37,7 @@ from producers.importers._common import (
     object_of,
     text_of,
 )
+from producers.importers._source import read_bytes
 from producers.importers._values import count, number
 from producers.importers.verdicts import attach_verdict_beside
 
@@ -106,8 +107,8 @@ def companion_model(path: Path) -> str | None:
     for candidate in (path.with_name(f"{path.stem}.args.yaml"), path.with_name("args.yaml")):
         if candidate.is_file():
             try:
-                args = yaml.safe_load(candidate.read_text())
-            except (OSError, yaml.YAMLError):
+                args = yaml.safe_load(read_bytes(candidate))
+            except (ImportFormatError, yaml.YAMLError):
                 return None  # the model name is optional metadata; a broken config does not block the run
             model = ((args or {}).get("agent") or {}).get("model") or (args or {}).get("model") or {}
             return str(model["model_name"]) if isinstance(model, dict) and model.get("model_name") else None

@@ -311,3 +311,23 @@ def test_sessions_without_actions_are_never_duplicates() -> None:
     assert len({keys["e1"], keys["e2"], keys["e3"]}) == 3 and keys["x"] == keys["y"]
     dups = find_duplicates(docs, traj.with_columns(pl.lit(1.0).alias("quality")), QualityConfig())
     assert sorted(dups["session_id"]) == ["x", "y"]  # only the real twins
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"edited_tests": {"weight": "x"}},
+        {"edited_tests": {"weight": True}},
+        {"edited_tests": {"weight": float("nan")}},
+        {"edited_tests": {"voids_verdict": "no"}},
+        {"edited_tests": {"cheat_type": 3}},
+    ],
+)
+def test_governance_overrides_of_the_wrong_type_are_refused(overrides: dict) -> None:
+    with pytest.raises(ValueError, match="edited_tests"):
+        QualityConfig(governance_overrides=overrides)
+
+
+def test_nan_quality_weights_are_refused() -> None:
+    with pytest.raises(ValueError, match="weights"):
+        QualityConfig(w_completion=float("nan"), w_validity=0.5, w_novelty=0.5)

@@ -64,3 +64,17 @@ def test_markup_in_an_error_message_is_printed_as_is(env: dict[str, str], tmp_pa
     home.write_text("x")
     result = run_cli("sql", "SELECT 1", env={**env, "TRAJLAKE_HOME": str(home)})
     assert_one_line_error(result, "[bold]home[red]")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("fleet", "run", "--sessions", "1", "--max-cost-usd", "inf"),  # a bound of min=0 lets inf through
+        ("export", "--format", "openai", "--out", "{tmp}/e", "--min-quality", "nan"),
+        ("ingest", "--until-idle", "inf"),
+        ("fleet", "run", "--sessions", "1", "--temperature", "-inf"),
+    ],
+)
+def test_a_non_finite_number_option_is_a_usage_error(env: dict[str, str], tmp_path: Path, args: tuple) -> None:
+    result = run_cli(*(a.replace("{tmp}", str(tmp_path)) for a in args), env=env)
+    assert_one_line_error(result, "not a finite number", code=2)
