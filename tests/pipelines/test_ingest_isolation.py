@@ -16,6 +16,7 @@ from pyiceberg.transforms import DayTransform
 from pyiceberg.types import LongType, NestedField, TimestamptzType
 
 from common.settings import Settings
+from pipelines.assemble import assemble
 from pipelines.decode import ROW_INDEX
 from pipelines.decode.files import isolate_unwritable
 from pipelines.decode.results import TS_MAX_US, TS_MIN_US, clamp_event_times
@@ -60,6 +61,14 @@ def test_out_of_range_timestamps_land_clamped_with_the_value_as_sent(kafka_setti
         assert landed[f"extreme-{name}"] == (CLAMPED[name], ts), name
     again = IngestWorker(kafka_settings).run(until_idle=1)
     assert (again.events, again.dead_letters) == (0, 0)
+
+    # Assembly over such rows: every session lands, the clamped ones on the first or last day.
+    stats = assemble(kafka_settings)
+    assert stats.skipped_sessions == 0
+    started = dict(run_query(kafka_settings, "SELECT session_id, epoch_us(started_at) FROM trajectories")[1])
+    assert set(started) == {e["session_id"] for e in good} | {f"extreme-{name}" for name in EXTREME_TS}
+    for name in EXTREME_TS:
+        assert started[f"extreme-{name}"] == CLAMPED[name]
 
 
 def test_clamping_keeps_in_range_times_as_they_are() -> None:
