@@ -63,8 +63,8 @@ def test_out_of_range_timestamps_land_clamped_with_the_value_as_sent(kafka_setti
     assert (again.events, again.dead_letters) == (0, 0)
 
     # Assembly over such rows: every session lands, the clamped ones on the first or last day.
-    stats = assemble(kafka_settings)
-    assert stats.skipped_sessions == 0
+    assembled = assemble(kafka_settings)
+    assert assembled.skipped_sessions == 0
     started = dict(run_query(kafka_settings, "SELECT session_id, epoch_us(started_at) FROM trajectories")[1])
     assert set(started) == {e["session_id"] for e in good} | {f"extreme-{name}" for name in EXTREME_TS}
     for name in EXTREME_TS:
