@@ -49,6 +49,9 @@ INGEST_COLUMNS: list[tuple[str, IcebergType]] = [
     # when Kafka took the record (the producer's send time, or the broker's append time): ingest lag is
     # measured from here, since event time may be back-dated (replayed or imported runs)
     ("kafka_timestamp", TimestamptzType()),
+    # the event time as sent (µs since the epoch) when it lay outside what ``ts`` holds
+    # (0001-01-01 … 9999-12-31 UTC) and ``ts`` was clamped to the nearer end; NULL otherwise
+    ("ts_raw_us", LongType()),
 ]
 
 

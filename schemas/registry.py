@@ -153,8 +153,28 @@ def writer_version(data: bytes) -> SchemaVersion:
     return schema
 
 
-def decode_event(data: bytes, max_bytes: int | None = None) -> dict[str, Any]:
+def _without_logical_types(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _without_logical_types(v) for k, v in node.items() if k != "logicalType"}
+    if isinstance(node, list):
+        return [_without_logical_types(v) for v in node]
+    return node
+
+
+@cache
+def _raw_parsed(version: int) -> Any:
+    """Version ``version``'s schema parsed without logical types: ``ts`` reads as the int64 µs sent."""
+    return fastavro.parse_schema(_without_logical_types(get_version(version).raw), _write_hint=True, _force=True)
+
+
+def decode_event(data: bytes, max_bytes: int | None = None, raw_timestamps: bool = False) -> dict[str, Any]:
     """Decode single-object bytes into an event dict under the latest reader schema.
+
+    Args:
+        data: the record value.
+        max_bytes: larger records raise ``OversizedEvent``.
+        raw_timestamps: ``ts`` as the int64 µs sent (any value an Avro long holds), not a
+            ``datetime`` (which holds years 1 to 9999 only: one outside is ``CorruptPayload``).
 
     Raises:
         OversizedEvent: ``len(data) > max_bytes``.
@@ -166,11 +186,13 @@ def decode_event(data: bytes, max_bytes: int | None = None) -> dict[str, Any]:
     reader = latest()
     buffer = io.BytesIO(data)
     buffer.seek(HEADER_LEN)
+    writer_schema = _raw_parsed(writer.version) if raw_timestamps else writer.parsed
+    reader_schema = (_raw_parsed(reader.version) if raw_timestamps else reader.parsed) if reader is not writer else None
     try:
         record = fastavro.schemaless_reader(
             buffer,
-            writer.parsed,
-            reader.parsed if reader is not writer else None,
+            writer_schema,
+            reader_schema,
             return_record_name=True,
             return_record_name_override=True,
         )

@@ -137,7 +137,8 @@ class LocalDecoder:
         dead: list[tuple[int, DecodeError]] = []
         for index in indices:
             try:
-                event = decode_event(values[index], max_bytes=self.max_event_bytes)
+                # ts as sent: one beyond a datetime's years is clamped later, as the batch path does
+                event = decode_event(values[index], max_bytes=self.max_event_bytes, raw_timestamps=True)
             except DecodeError as exc:
                 dead.append((index, exc))
                 continue

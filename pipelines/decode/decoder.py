@@ -40,6 +40,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from pipelines.decode.batch import LocalDecoder
+from pipelines.decode.files import write_files_isolating
 from pipelines.decode.framing import LazyValues, binary_array, object_container, read_ipc
 from pipelines.decode.process import BlockTimeout, DecoderProcess
 from pipelines.decode.resolution import Plan
@@ -143,12 +144,13 @@ class BatchDecoder(LocalDecoder):
     ) -> DecodeResult:
         """:meth:`decode` for values already in an Arrow binary array (nulls count as empty).
 
-        With ``write``, the decoder process also writes the events as data files and returns
-        their keys (``DecodeResult.files``); when the batch is decoded here instead (a
-        timeout, an error in the decoder process, or not isolated), nothing is written and
-        the events come back whole.
+        With ``write``, the events are written as data files and only their keys come back
+        (``DecodeResult.files``): by the decoder process, or here when the batch was decoded
+        here (a timeout, an error in the decoder process, or not isolated). Events that cannot
+        be written are dead records (``UnwritableEvent``), wherever they were written.
         """
         values = LazyValues(array)
+        result = None
         if self.isolate and len(array):
             try:
                 result = self._decode_in_child(array, sort_by, write)
@@ -156,12 +158,16 @@ class BatchDecoder(LocalDecoder):
                 # Some block spins the reader (or kills it): every group's block would be
                 # suspect, and each retry costs a deadline, so decode_event takes the batch.
                 tables, dead = self._decode_one_by_one(values, list(range(len(values))))
-                return self._finish(
+                result = self._finish(
                     DecodeResult(events=pa.table({}), dead=dead, fallback_records=len(values)), tables, sort_by
                 )
-            if result is not None:
-                return result
-        return self.decode_here(array, values, sort_by)
+        if result is None:
+            result = self.decode_here(array, values, sort_by)
+        if write is not None and result.files is None:
+            result.events, result.files, unwritable = write_files_isolating(result.events, self.target, write)
+            if unwritable:
+                result.dead = sorted(result.dead + unwritable, key=lambda item: item[0])
+        return result
 
     def _decode_in_child(
         self, array: pa.BinaryArray, sort_by: Sequence[tuple[str, str]], write: FileTarget | None = None

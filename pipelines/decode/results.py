@@ -70,7 +70,43 @@ class FileTarget:
     timestamps: np.ndarray | None = None
 
 
-INGEST_ONLY = ("kafka_topic", "kafka_partition", "kafka_offset", "ingested_at", "kafka_timestamp")
+INGEST_ONLY = ("kafka_topic", "kafka_partition", "kafka_offset", "ingested_at", "kafka_timestamp", "ts_raw_us")
+
+#: The event times ``ts`` holds: 0001-01-01T00:00:00Z … 9999-12-31T23:59:59.999999Z in µs, what a
+#: Python ``datetime`` holds, so pyiceberg can name the day partition and every reader can convert it.
+#: An Avro ``timestamp-micros`` holds any int64; one outside this range is clamped to the nearer end
+#: and the value as sent is kept in ``ts_raw_us`` (see :func:`clamp_event_times`).
+TS_MIN_US = -62_135_596_800_000_000
+TS_MAX_US = 253_402_300_799_999_999
+
+
+class UnwritableEvent(DecodeError):
+    """A decoded event that could not be written as a data file (the message names the exception)."""
+
+    reason = "unwritable"
+
+
+def clamp_event_times(ts: pa.Array | pa.ChunkedArray) -> tuple[pa.Array | pa.ChunkedArray, pa.Array]:
+    """``ts`` with values outside [``TS_MIN_US``, ``TS_MAX_US``] clamped, and those values as sent.
+
+    One vectorized min/max over the column when every value is in range (the usual case).
+
+    Returns:
+        The clamped column (same type) and an int64 column holding the original µs where a value
+        was clamped, NULL elsewhere.
+    """
+    n = len(ts)
+    micros = ts.cast(pa.int64())
+    bounds = pc.min_max(micros).as_py() if n else {}
+    low, high = bounds.get("min"), bounds.get("max")
+    if low is None or high is None or (low >= TS_MIN_US and high <= TS_MAX_US):
+        return ts, pa.nulls(n, pa.int64())
+    outside = pc.or_(pc.less(micros, TS_MIN_US), pc.greater(micros, TS_MAX_US))
+    raw = pc.if_else(outside, micros, pa.scalar(None, pa.int64()))
+    low_clamped = pc.max_element_wise(micros, TS_MIN_US, skip_nulls=False)
+    clamped = pc.min_element_wise(low_clamped, TS_MAX_US, skip_nulls=False)
+    raw_array = raw.combine_chunks() if isinstance(raw, pa.ChunkedArray) else raw
+    return clamped.cast(ts.type), raw_array
 
 
 def with_coordinates(
@@ -101,8 +137,13 @@ def with_coordinates(
         kafka_ts = pa.nulls(n, kafka_type)
     else:
         ms = pc.take(timestamps, index).cast(pa.int64())
-        kafka_ts = pc.if_else(pc.greater(ms, 0), pc.multiply(ms, 1000), None).cast(pa.timestamp("us")).cast(kafka_type)
+        # a producer sets the Kafka timestamp: one past year 9999 is not a time ingest can keep
+        known = pc.and_(pc.greater(ms, 0), pc.less_equal(ms, TS_MAX_US // 1000))
+        kafka_ts = pc.if_else(known, pc.multiply(ms, 1000), None).cast(pa.timestamp("us")).cast(kafka_type)
+    ts, ts_raw = clamp_event_times(events.column("ts"))
     extra = {
+        "ts": ts,
+        "ts_raw_us": ts_raw,
         "kafka_topic": pa.repeat(pa.scalar(topic, target.field("kafka_topic").type), n),
         "kafka_partition": pc.take(partitions, index).cast(target.field("kafka_partition").type),
         "kafka_offset": pc.take(offsets, index).cast(target.field("kafka_offset").type),

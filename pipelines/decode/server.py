@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from pipelines.decode.batch import LocalDecoder
-from pipelines.decode.files import write_files
+from pipelines.decode.files import write_files_isolating
 from pipelines.decode.framing import LazyValues, ipc_bytes, read_container_safely
 from pipelines.memory import release_free_memory, reusing_allocator
 
@@ -70,7 +70,9 @@ def handle(
         reply: dict[str, Any] = {"ok": True, "dead": decoded.dead, "fallback": decoded.fallback_records}
         events = decoded.events
         if header.get("write") is not None:
-            events, reply["files"] = write_files(events, header["target"], header["write"])
+            events, reply["files"], unwritable = write_files_isolating(events, header["target"], header["write"])
+            if unwritable:
+                reply["dead"] = sorted(decoded.dead + unwritable, key=lambda item: item[0])
         return reply, _reply_parts(events), _slices(events)
     except Exception as exc:  # reported to the parent, which decodes the batch itself
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, 0, []

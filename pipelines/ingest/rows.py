@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from pipelines.decode.results import TS_MAX_US
 from pipelines.ingest.batch import Batch
 from schemas.registry import HEADER_LEN, latest
 
@@ -38,7 +39,8 @@ def dead_letter_row(batch: Batch, index: int, topic: str, reason: str, error: st
         "kafka_topic": topic,
         "kafka_partition": batch.partitions[index],
         "kafka_offset": batch.offsets[index],
-        "kafka_timestamp": datetime.fromtimestamp(ts_ms / 1000, UTC) if ts_ms and ts_ms > 0 else None,
+        # set by the producer: one past year 9999 is no time a datetime holds
+        "kafka_timestamp": datetime.fromtimestamp(ts_ms / 1000, UTC) if 0 < ts_ms <= TS_MAX_US // 1000 else None,
         "raw_key": batch.keys[index],
         "raw_value": value,
         "value_bytes": len(value),
