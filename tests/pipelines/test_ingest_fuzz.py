@@ -29,7 +29,7 @@ from pipelines.ingest import IngestWorker
 from schemas.errors import DecodeError
 from schemas.registry import decode_event, encode_event
 from tests.strategies import events
-from warehouse.sql import run_query
+from warehouse.query import run_query
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuzz]
 

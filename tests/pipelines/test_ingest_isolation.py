@@ -23,7 +23,7 @@ from pipelines.decode.results import TS_MAX_US, TS_MIN_US, clamp_event_times
 from pipelines.ingest import Batch, IngestWorker, dead_letter_row
 from schemas.registry import encode_event
 from tests.helpers import produce, sample_events
-from warehouse.sql import run_query
+from warehouse.query import run_query
 from warehouse.transactions import data_files
 
 YEAR_0 = -62_167_219_200_000_000  # 0000-01-01T00:00:00Z in µs
