@@ -59,6 +59,7 @@ def test_every_package_is_covered() -> None:
     assert packages == set(ALLOWED)
 
 
+@pytest.mark.slow
 def test_imports_point_one_way() -> None:
     assert layer_violations(ROOT) == []
 
@@ -229,6 +230,7 @@ def _describe(graph: dict[str, dict[str, int]], circle: list[str]) -> str:
     return " → ".join(f"{a}:{graph[a][b]}" for a, b in zip(circle, circle[1:], strict=False)) + f" → {circle[-1]}"
 
 
+@pytest.mark.slow
 def test_no_circle_between_the_files_of_a_package() -> None:
     assert module_cycles(ROOT) == []
 

@@ -159,7 +159,7 @@ def sandbox_runs(
     settings = lakehouse.settings()
     labels = None
     if config.write_labels:
-        labels = settings.home_dir / "fleet" / "labels" / f"{context.run_id}.jsonl"
+        labels = settings.home_dir / "fleet" / "labels" / f"{context.run.run_id}.jsonl"
     with transient_retries():
         report = fleet.launch(
             settings, config.sessions, labels, config.seed, config.backend, config.cheat_rate, config.agent

@@ -323,8 +323,7 @@ def session_index(context: AssetExecutionContext, lakehouse: LakehouseResource) 
 # The multiprocess executor here; Dagster's Kubernetes or Celery executors when one machine is not enough.
 rescore_index_job = define_asset_job(
     "rescore_index",
-    selection=AssetSelection.assets("session_index"),
-    partitions_def=daily_partitions,
+    selection=AssetSelection.assets("session_index"),  # its daily partitions come from the asset
     executor_def=multiprocess_executor,
 )
 

@@ -27,12 +27,14 @@ def test_encoded_events_are_decodable_and_sized() -> None:
     assert (event["session_id"], event["event_id"]) == (session_id, event_id)
 
 
+@pytest.mark.slow
 def test_bench_decode_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     result = bench_decode(events=300)
     assert result["events"] == 300 and result["figures"][0]["ratio"] > 0
     assert "baseline" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_bench_query_smoke(tmp_path: Path) -> None:
     result = bench_query(events=2_000, home=tmp_path)
     assert 1 <= result["files"] <= result["files_as_ingested"]
@@ -43,6 +45,7 @@ def test_bench_query_smoke(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_bench_ingest_smoke_lands_every_event(tmp_path: Path) -> None:
     result = bench_ingest(events=1_500, home=tmp_path, naive=True)
@@ -106,6 +109,7 @@ def test_bench_automation_measures_every_closed_session(tmp_path: Path) -> None:
     assert result["loop"]["loop_runs"]["score"] >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_bench_cold_smoke_finds_its_sessions_at_both_sizes() -> None:
     pytest.importorskip("moto.server", reason="moto[server] is a dev extra: pip install -e '.[dev]'")
@@ -120,6 +124,7 @@ def test_bench_cold_smoke_finds_its_sessions_at_both_sizes() -> None:
         assert measured["lookup_gets"] > 0  # the data comes from the store (footers from the cache)
 
 
+@pytest.mark.slow
 def test_bench_sql_start_measures_the_query_process_against_in_process() -> None:
     from benchmarks.sql_start import bench_sql_start
 

@@ -70,6 +70,7 @@ def test_history_writer_fills_real_tables_by_day(tmp_path: Path) -> None:
     assert all(tuple(commands[1:]) in pool for commands in copies["command"].to_list())
 
 
+@pytest.mark.slow
 def test_bench_incremental_tiny(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

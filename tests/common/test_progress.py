@@ -71,6 +71,7 @@ def test_synthetic_fleet_reports_every_session(settings: Settings) -> None:
     assert len(done) >= 50  # one call per session, not one at the end
 
 
+@pytest.mark.slow
 def test_assembly_scoring_and_export_report_their_units(settings: Settings, tmp_path: Path) -> None:
     write_raw(settings, sample_events(30))
     assembled, scored, exported = Recorder(), Recorder(), Recorder()
@@ -110,6 +111,7 @@ def _run_in_terminal(command: list[str], env: dict[str, str]) -> tuple[int, str]
     return process.returncode, b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_the_command_line_draws_progress_on_a_terminal_and_nothing_in_a_pipe(tmp_path: Path, tansu_broker: str) -> None:
     from common.broker import ensure_topic

@@ -17,6 +17,8 @@ NOT_SETTINGS = {
     "TRAJLAKE_UI_SCREENSHOTS",
     "TRAJLAKE_REPORT_SCREENSHOT",  # tests/trajlake/test_show_report.py keeps the report's screenshot
     "TRAJLAKE_FUZZ_EXAMPLES",
+    "TRAJLAKE_STRESS_TESTS",  # tests/conftest.py: the test tiers
+    "TRAJLAKE_UNMARKED_LIMIT_S",
     "TRAJLAKE_KAFKA_JAVA",
     "TRAJLAKE_KAFKA_MVN",
     "TRAJLAKE_VLLM_VENV",  # scripts/vllm.sh and the real-server test

@@ -73,6 +73,7 @@ def _dead_letters(settings: Settings, n: int) -> None:
     table.append(pa.table({f.name: columns[f.name].cast(f.type) for f in schema}, schema=schema))
 
 
+@pytest.mark.slow
 def test_lakehouse_checks_pass_on_a_healthy_lakehouse(settings: Settings) -> None:
     write_raw(settings, sample_events(6))
     assemble(settings, as_of=AS_OF)
@@ -82,6 +83,7 @@ def test_lakehouse_checks_pass_on_a_healthy_lakehouse(settings: Settings) -> Non
         assert result.passed, (check, result.metadata)
 
 
+@pytest.mark.slow
 def test_lakehouse_checks_fail_on_gaps_stuck_sessions_and_dead_letters(settings: Settings) -> None:
     _broken_lakehouse(settings)
     _dead_letters(settings, 50)
@@ -94,6 +96,7 @@ def test_lakehouse_checks_fail_on_gaps_stuck_sessions_and_dead_letters(settings:
     assert not dead.passed and plain(dead.metadata)["by_reason"] == {"corrupt_payload": 50}
 
 
+@pytest.mark.slow
 def test_score_drift_check_fails_past_its_limit(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     write_raw(settings, day_events(2, 8), batch_size=2000)
     assemble(settings, as_of=AS_OF)
@@ -107,6 +110,7 @@ def test_score_drift_check_fails_past_its_limit(settings: Settings, monkeypatch:
     assert not run_check(score_drift, lakehouse=_lakehouse(settings)).passed
 
 
+@pytest.mark.slow
 def test_export_count_check_compares_the_export_with_the_lakehouse(settings: Settings) -> None:
     write_raw(settings, sample_events(12))
     assemble(settings, as_of=AS_OF)
@@ -126,6 +130,7 @@ def test_export_count_check_compares_the_export_with_the_lakehouse(settings: Set
     assert f"<b>{records}</b>sessions" in index.read_text()  # the report covers the export's sessions
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_ingest_observer_reports_lag_then_the_streaming_commit(
     kafka_settings: Settings, request: pytest.FixtureRequest

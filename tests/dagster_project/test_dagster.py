@@ -67,6 +67,7 @@ def test_definitions_graph_snapshot() -> None:
     assert set(defs.resources or {}) == {"lakehouse", "fleet"}
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_assets_materialize_in_process(kafka_settings: Settings) -> None:
     events = sample_events(8)

@@ -45,6 +45,7 @@ def _failed_run(error: Exception, instance: DagsterInstance) -> RunStatusSensorC
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("error", "transient"),
     [(ConfigError("TRAJLAKE_HOME=/x is not a directory"), False), (KafkaUnavailable("no answer"), True)],
@@ -66,6 +67,7 @@ def test_a_failed_run_is_recorded_with_its_cause(tmp_path: Path, error: Exceptio
     assert record["transient"] is (step["error"] == "KafkaUnavailable")
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.parametrize("backend", ["synthetic", "local"])
 def test_fleet_campaign_job_materializes_sandbox_runs(kafka_settings: Settings, backend: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from dagster import AssetKey, DailyPartitionsDefinition, materialize
 
 from common.settings import load_settings
@@ -28,7 +29,7 @@ def test_quality_definitions_snapshot() -> None:
     partitions = graph.get(AssetKey("training_set")).partitions_def
     assert isinstance(partitions, DailyPartitionsDefinition)
     assert partitions.start.strftime("%Y-%m-%d") == "2026-01-01" and partitions.timezone == "UTC"
-    schedule = defs.get_schedule_def("nightly_training_set_schedule")
+    schedule = defs.resolve_schedule_def("nightly_training_set_schedule")
     assert schedule.cron_schedule == "30 2 * * *" and schedule.job_name == "nightly_training_set"
     checks = sorted((key.asset_key.to_user_string(), key.name) for key in graph.asset_check_keys)
     assert [c for c in checks if c[0] in {"scores", "flags", "duplicates"}] == [
@@ -39,6 +40,7 @@ def test_quality_definitions_snapshot() -> None:
     ]
 
 
+@pytest.mark.slow
 def test_quality_assets_and_checks_materialize(tmp_path: Path) -> None:
     settings = load_settings(home=tmp_path / "home")
     events: list[dict] = []

@@ -49,6 +49,7 @@ def _tables(settings: Settings) -> dict[str, pl.DataFrame]:
         con.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_day_partitions_in_parallel_then_combine_equal_one_full_rescore(
     settings: Settings, monkeypatch: pytest.MonkeyPatch

@@ -28,7 +28,7 @@ from common.settings import load_settings
 from tests.helpers import sample_events, write_raw
 from trajlake.supervise import alive, descendants
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_ARGS = [

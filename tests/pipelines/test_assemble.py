@@ -5,12 +5,15 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime
 
+import pytest
+
 from common.settings import Settings
 from pipelines.assemble import assemble
 from tests.helpers import AS_OF, one_row, sample_events, snapshot, write_raw
 from warehouse.query import run_query
 
 
+@pytest.mark.slow
 def test_shuffled_and_duplicated_input_gives_identical_output(settings: Settings, tmp_path) -> None:
     events = sample_events(25)
     write_raw(settings, events, batch_size=10_000)
@@ -28,6 +31,7 @@ def test_shuffled_and_duplicated_input_gives_identical_output(settings: Settings
     assert snapshot(other) == expected
 
 
+@pytest.mark.slow
 def test_a_kafka_record_landed_twice_counts_once(settings: Settings, tmp_path) -> None:
     """Two copies with the same event id *and* the same Kafka coordinates: exactly one stays."""
     events = sample_events(6)
@@ -45,6 +49,7 @@ def test_a_kafka_record_landed_twice_counts_once(settings: Settings, tmp_path) -
     assert counts == len(events)
 
 
+@pytest.mark.slow
 def test_session_without_end_times_out_and_late_events_amend(settings: Settings) -> None:
     events = sample_events(3)
     session = events[0]["session_id"]
@@ -113,6 +118,7 @@ def test_an_action_with_two_feedbacks_takes_the_first(settings: Settings) -> Non
     assert rows == [(first["event_id"], first["payload"]["output"], first["payload"]["exit_code"])]
 
 
+@pytest.mark.slow
 def test_chunked_assembly_equals_one_pass_and_replaces_rows(settings: Settings, tmp_path) -> None:
     events = sample_events(30)
     write_raw(settings, events, batch_size=10_000)
@@ -129,6 +135,7 @@ def test_chunked_assembly_equals_one_pass_and_replaces_rows(settings: Settings, 
     assert snapshot(small) == expected
 
 
+@pytest.mark.slow
 def test_a_session_that_cannot_be_assembled_is_quarantined_and_the_rest_land(settings: Settings, monkeypatch) -> None:
     """Whatever breaks one session's aggregation (here: a forced DuckDB error) leaves the others whole."""
     import duckdb

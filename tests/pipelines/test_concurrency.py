@@ -89,6 +89,7 @@ def _manifest_matches(out: Path, name: str) -> None:
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_two_of_each_job_at_once_never_duplicate_or_corrupt(lake: Settings, tmp_path: Path) -> None:
     settings = lake
     run_at_once(settings, ["assemble"], ["assemble"])
@@ -144,6 +145,7 @@ def test_a_commit_planned_on_a_stale_snapshot_is_refused_not_replayed(settings: 
     assert catalog.load_table(first.name()).scan().to_arrow().num_rows == 7
 
 
+@pytest.mark.slow
 def test_the_catalog_lock_excludes_a_second_holder_and_survives_a_killed_one(settings: Settings) -> None:
     catalog = open_catalog(settings)
     holder = subprocess.Popen(
@@ -180,6 +182,7 @@ def test_the_catalog_lock_excludes_a_second_holder_and_survives_a_killed_one(set
         holder.wait(30)
 
 
+@pytest.mark.slow
 def test_assemble_waits_for_the_lock_then_finds_nothing_new(lake: Settings) -> None:
     catalog = open_catalog(lake)
     with job_lock(lake, catalog, "assemble"):

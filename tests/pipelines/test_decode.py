@@ -102,6 +102,7 @@ def test_clean_batch_matches_per_record_decoding(decoder: BatchDecoder) -> None:
     assert_same(values, decoder)
 
 
+@pytest.mark.slow
 def test_poison_records_are_isolated_with_decode_event_reasons(decoder: BatchDecoder) -> None:
     good = [encode_event(event) for event in sample_events(20)]
     poison = poison_records(good)
@@ -118,6 +119,7 @@ def test_poison_records_are_isolated_with_decode_event_reasons(decoder: BatchDec
     assert result.events.num_rows == len(good)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", sorted(versions()))
 def test_every_writer_version_resolves_to_the_latest_reader(decoder: BatchDecoder, version: int) -> None:
     values = [encode_event(event, version=version) for event in sample_events(10)]
@@ -132,6 +134,7 @@ def test_mixed_writer_versions_in_one_batch_keep_their_order(decoder: BatchDecod
     assert_same(values, decoder)
 
 
+@pytest.mark.slow
 @given(
     st.lists(event_strategy(), min_size=1, max_size=12),
     st.lists(st.tuples(st.integers(0, 11), st.sampled_from(["flip", "cut", "append"]), st.integers(0, 10_000))),
@@ -162,6 +165,7 @@ def test_isolated_decoder_survives_a_block_the_reader_cannot_finish() -> None:
         assert_same(good, isolated)  # the decoder process is replaced after a timeout
 
 
+@pytest.mark.slow
 def test_a_decoder_child_that_stops_reading_is_killed_and_replaced() -> None:
     """A stopped child neither reads its pipe nor acts on SIGTERM: the deadline must still hold.
 

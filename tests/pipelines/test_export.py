@@ -43,6 +43,7 @@ def scored(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, Path]:
     return settings, labels
 
 
+@pytest.mark.slow
 def test_scoring_tables_and_rescoring(scored: tuple[Settings, Path]) -> None:
     settings, _ = scored
     _, rows = run_query(settings, "SELECT count(*), min(quality) >= 0, max(quality) <= 1 FROM scores")
@@ -188,6 +189,7 @@ def one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
     assert all(word in lines[0] for word in words), lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["/", "/etc", "/usr", "/usr/local/share", "HOME"])
 def test_export_refuses_system_directories(small_lake: Settings, tmp_path: Path, target: str) -> None:
     home = tmp_path / "user-home"
@@ -199,6 +201,7 @@ def test_export_refuses_system_directories(small_lake: Settings, tmp_path: Path,
     assert sorted(os.listdir(out)) == before  # nothing written (no /hf.jsonl, no manifest)
 
 
+@pytest.mark.slow
 def test_export_refuses_a_non_empty_directory_without_force(small_lake: Settings, tmp_path: Path) -> None:
     out = tmp_path / "data"
     out.mkdir()
@@ -211,6 +214,7 @@ def test_export_refuses_a_non_empty_directory_without_force(small_lake: Settings
     assert sorted(p.name for p in out.iterdir()) == ["hf.jsonl", "manifest.json", "notes.txt"]
 
 
+@pytest.mark.slow
 def test_export_to_an_existing_file_is_one_line(small_lake: Settings, tmp_path: Path) -> None:
     target = tmp_path / "a-file"
     target.write_text("keep")
@@ -218,6 +222,7 @@ def test_export_to_an_existing_file_is_one_line(small_lake: Settings, tmp_path: 
     assert target.read_text() == "keep"
 
 
+@pytest.mark.slow
 def test_planted_symlinks_are_never_followed(small_lake: Settings, tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -244,6 +249,7 @@ def test_planted_symlinks_are_never_followed(small_lake: Settings, tmp_path: Pat
     assert (out / "hf.jsonl.tmp").is_symlink()
 
 
+@pytest.mark.slow
 def test_score_on_an_empty_lakehouse_says_so(tmp_path: Path) -> None:
     from warehouse.sql import open_views
 
@@ -253,6 +259,7 @@ def test_score_on_an_empty_lakehouse_says_so(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr and "nothing to score" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_import_of_deeply_nested_json_is_one_line(tansu_broker: str, tmp_path: Path) -> None:
     deep = tmp_path / "deep.traj"

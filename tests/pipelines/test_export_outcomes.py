@@ -104,6 +104,7 @@ def _eligible(settings: Settings, outcomes: tuple[str, ...], min_quality: float 
     return {r[0] for r in rows}
 
 
+@pytest.mark.slow
 def test_each_kind_of_session_gets_its_outcome(lake: tuple[Settings, dict[str, set[str]], list[bytes]]) -> None:
     settings, kinds, _ = lake
     outcomes = _outcomes(settings)
@@ -123,6 +124,7 @@ def test_each_kind_of_session_gets_its_outcome(lake: tuple[Settings, dict[str, s
     assert not any(exportable[s] for kind in ("flailer", "cheater", "capped", "crash", "hang") for s in kinds[kind])
 
 
+@pytest.mark.slow
 def test_default_sft_export_holds_only_verified_successes_and_rl_every_evaluated_policy_session(
     lake: tuple[Settings, dict[str, set[str]], list[bytes]], tmp_path: Path
 ) -> None:
@@ -198,6 +200,7 @@ def _sum(values: list) -> int:
     return sum(v or 0 for v in values)
 
 
+@pytest.mark.slow
 def test_token_and_cost_totals_agree_across_trajectories_costs_every_format_and_atif_steps(
     lake: tuple[Settings, dict[str, set[str]], list[bytes]], tmp_path: Path
 ) -> None:
@@ -262,6 +265,7 @@ def test_a_price_table_changes_costs_without_reingesting(
     assert run_query(_lake(settings.home, doubled), cost_view)[1][0][0] > run_query(settings, cost_view)[1][0][0]
 
 
+@pytest.mark.slow
 def test_atif_export_import_export_is_byte_stable_for_fleet_llm_and_imported_sessions(
     lake: tuple[Settings, dict[str, set[str]], list[bytes]], tmp_path: Path
 ) -> None:

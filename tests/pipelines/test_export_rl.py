@@ -56,6 +56,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return settings
 
 
+@pytest.mark.slow
 def test_real_run_keeps_system_prompt_reasoning_submission_and_call_ids(lake: Settings, tmp_path: Path) -> None:
     source = json.loads(DJANGO.read_text())
     export_training_set(lake, "hf", tmp_path / "hf", filters=EVERY)
@@ -118,6 +119,7 @@ def test_sft_defaults_to_successes_and_the_manifest_counts_what_each_rule_left_o
             assert set(flag) == {"flag", "flag_class", "severity", "weight"}
 
 
+@pytest.mark.slow
 def test_splits_never_share_a_task_family_and_group_complete_drops_incomplete_groups(
     lake: Settings, tmp_path: Path
 ) -> None:
@@ -141,6 +143,7 @@ def test_splits_never_share_a_task_family_and_group_complete_drops_incomplete_gr
     assert "g19" not in counts  # the group whose second attempt never ended
 
 
+@pytest.mark.slow
 def test_rl_parquet_has_verl_and_skyrl_names_and_dtypes_and_loads_with_datasets(lake: Settings, tmp_path: Path) -> None:
     import pyarrow as pa
     from datasets import load_dataset
@@ -177,6 +180,7 @@ def test_rl_parquet_has_verl_and_skyrl_names_and_dtypes_and_loads_with_datasets(
     assert len(load_dataset("json", data_files=str(tmp_path / "atif" / "atif.jsonl"), split="train")) > 0
 
 
+@pytest.mark.slow
 def test_llm_session_exports_the_server_token_ids_and_logprobs(tmp_path: Path) -> None:
     from producers.fleet.llm import LLMConfig
     from producers.fleet.llm.testing import FakeOpenAIServer, solver_script
@@ -210,6 +214,7 @@ def test_llm_session_exports_the_server_token_ids_and_logprobs(tmp_path: Path) -
     assert record["num_turns"] == len(responses) and record["stop_reason"] == "terminal"
 
 
+@pytest.mark.slow
 def test_chunked_stream_gives_every_session_its_own_steps_and_calls_once(lake: Settings) -> None:
     from pipelines.export.select import _sessions
     from warehouse.catalog import open_catalog
@@ -229,6 +234,7 @@ def test_chunked_stream_gives_every_session_its_own_steps_and_calls_once(lake: S
     assert any(c > 0 for _, _, c in whole)  # the imported runs' model calls
 
 
+@pytest.mark.slow
 def test_cli_export_filters_and_a_bad_split_is_one_line(lake: Settings, tmp_path: Path) -> None:
     import os
     import subprocess

@@ -92,6 +92,7 @@ def _by_session(records: list[dict], key: str) -> dict[str, list[dict]]:
     return out
 
 
+@pytest.mark.slow
 def test_verl_records_are_agent_loop_outputs(lake, tmp_path):
     settings, answers = lake
     by_session = _by_session(_export(settings, "verl", tmp_path / "verl"), "extra_fields")

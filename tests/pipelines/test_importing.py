@@ -29,6 +29,7 @@ def _land(settings: Settings) -> None:
     assemble(settings)
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_runs_then_their_verdicts_later_through_the_cli(kafka_settings: Settings, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
@@ -66,6 +67,7 @@ def test_runs_then_their_verdicts_later_through_the_cli(kafka_settings: Settings
     assert ("unknown_instance",) in kept and ("unreadable_record",) in kept
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_live_otlp_traces_land_as_sessions(kafka_settings: Settings) -> None:
     producer = EventProducer(resolve_bootstrap(kafka_settings), kafka_settings.topic, "importer", redact=False)

@@ -28,6 +28,7 @@ def counts(settings: Settings) -> tuple[int, int, int]:
     return rows[0]
 
 
+@pytest.mark.slow
 def test_ingest_lands_every_event_once_and_rerun_adds_nothing(kafka_settings: Settings) -> None:
     events = sample_events(30)
     produce(kafka_settings, events)
@@ -45,6 +46,7 @@ def test_ingest_lands_every_event_once_and_rerun_adds_nothing(kafka_settings: Se
     assert sum(offsets.values()) == len(events)  # next offset per partition = records per partition
 
 
+@pytest.mark.slow
 def test_corrupt_records_go_to_dead_letters_and_the_rest_of_the_batch_lands(kafka_settings: Settings) -> None:
     events = sample_events(5)
     good = encode_event(events[1])
@@ -61,6 +63,7 @@ def test_corrupt_records_go_to_dead_letters_and_the_rest_of_the_batch_lands(kafk
     assert rows == [("bad_magic", 1, True), ("corrupt_payload", 2, True), ("unknown_schema", 1, True)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["after_iceberg_commit", "between_table_commits", "before_commit"])
 def test_crash_at_commit_points_neither_duplicates_nor_skips(kafka_settings: Settings, point: str) -> None:
     events = sample_events(20)
@@ -77,6 +80,7 @@ def test_crash_at_commit_points_neither_duplicates_nor_skips(kafka_settings: Set
     assert stats.events == len(events) - before[0]
 
 
+@pytest.mark.slow
 def test_resent_events_are_dropped_within_and_across_workers(kafka_settings: Settings) -> None:
     events = sample_events(12)
     half = len(events) // 2
@@ -110,6 +114,7 @@ def test_recent_id_window_is_bounded_and_forgets_the_oldest() -> None:
     assert sorted(window._ids) == ["g", "x0", "x1", "x2", "x3"]
 
 
+@pytest.mark.slow
 def test_decoder_written_files_hold_the_decoded_rows_and_a_partial_commit_rewrites_them(
     kafka_settings: Settings,
 ) -> None:
@@ -155,6 +160,7 @@ def test_decoder_written_files_hold_the_decoded_rows_and_a_partial_commit_rewrit
     assert not committed & {f.file_path for f in written.files}
 
 
+@pytest.mark.slow
 def test_a_batch_of_new_rows_commits_the_decoders_files_and_a_replay_deletes_its_copy(
     kafka_settings: Settings,
 ) -> None:

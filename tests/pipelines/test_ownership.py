@@ -64,6 +64,7 @@ def _atif_claiming(session_id: str, steps: int = 40) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_an_atif_file_claiming_a_fleet_session_id_does_not_take_it_over(tmp_path: Path) -> None:
     sid, fleet = _failed_fleet_session()
     alone = _lake(tmp_path / "alone")
@@ -86,6 +87,7 @@ def test_an_atif_file_claiming_a_fleet_session_id_does_not_take_it_over(tmp_path
     assert [r[1] for r in _quarantine(both)] == ["untrusted_verdict"]
 
 
+@pytest.mark.slow
 def test_an_atif_export_names_an_imported_run_by_its_own_id_only_when_no_other_session_has_it(tmp_path: Path) -> None:
     from pipelines.export import ExportFilters, export_training_set
     from pipelines.score import score_all
@@ -117,6 +119,7 @@ def test_an_atif_export_names_an_imported_run_by_its_own_id_only_when_no_other_s
     assert sid in ids and len(ids) == len(set(ids)) == len(claims) + 1
 
 
+@pytest.mark.slow
 def test_foreign_events_under_a_sessions_id_are_quarantined_in_any_order(tmp_path: Path) -> None:
     sid, fleet = _failed_fleet_session()
     path = tmp_path / "forged.json"
@@ -136,6 +139,7 @@ def test_foreign_events_under_a_sessions_id_are_quarantined_in_any_order(tmp_pat
     assert _quarantine(mixed) == _quarantine(reversed_)
 
 
+@pytest.mark.slow
 def test_a_foreign_event_cannot_claim_the_owners_evaluator(tmp_path: Path) -> None:
     sid, fleet = _failed_fleet_session()
     own = next(e for e in fleet if e["event_type"] == "evaluation")
@@ -153,6 +157,7 @@ def test_a_foreign_event_cannot_claim_the_owners_evaluator(tmp_path: Path) -> No
     assert [r[1:3] for r in _quarantine(settings)] == [("foreign_producer", "excluded")]
 
 
+@pytest.mark.slow
 def test_which_provenances_count_is_configuration(tmp_path: Path) -> None:
     path = tmp_path / "run.json"
     path.write_text(json.dumps(_atif_claiming("own-run", steps=2)))
@@ -168,6 +173,7 @@ def test_which_provenances_count_is_configuration(tmp_path: Path) -> None:
     assert _row(default, sid)["n_events"] == row["n_events"]  # the uncounted verdict stays in the session
 
 
+@pytest.mark.slow
 def test_a_late_harness_report_is_attached_once_and_unknown_instances_are_reported(tmp_path: Path) -> None:
     run = tmp_path / "runs" / "acme__widgets-102.traj.json"
     run.parent.mkdir()
@@ -199,6 +205,7 @@ def test_a_late_harness_report_is_attached_once_and_unknown_instances_are_report
     assert second.files == 1 and unknown.quarantine_records()[0].reason == "unknown_instance"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("provenance", ["harness_report", "harbor_verifier"])
 def test_a_late_verdict_from_another_host_counts_when_its_provenance_is_trusted(
     tmp_path: Path, provenance: str

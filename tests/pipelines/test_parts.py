@@ -49,6 +49,7 @@ def _big_run(tmp_path: Path, size: int) -> tuple[Path, str, str]:
     return run, patch, output
 
 
+@pytest.mark.slow
 def test_an_890_kb_submission_lands_and_exports_byte_identical(tmp_path: Path) -> None:
     run, patch, output = _big_run(tmp_path, 890_000)
     events = import_trajectory(run)
@@ -71,6 +72,7 @@ def test_an_890_kb_submission_lands_and_exports_byte_identical(tmp_path: Path) -
     assert quarantined == [(0,)]
 
 
+@pytest.mark.slow
 def test_a_text_missing_a_part_keeps_its_head_says_so_and_is_quarantined(tmp_path: Path) -> None:
     run, patch, _ = _big_run(tmp_path, 890_000)
     events = import_trajectory(run)

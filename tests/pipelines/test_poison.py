@@ -61,6 +61,7 @@ def poison_records(events: list[dict]) -> dict[str, tuple[bytes, str]]:
     }
 
 
+@pytest.mark.slow
 def test_poison_is_dead_lettered_with_coordinates_and_good_events_land(
     kafka_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -105,6 +106,7 @@ def test_poison_is_dead_lettered_with_coordinates_and_good_events_land(
     assert IngestWorker(settings).run(until_idle=1).events == 0  # nothing left behind, nothing re-read
 
 
+@pytest.mark.slow
 def test_huge_event_is_rejected_by_the_producer_or_dead_lettered_past_the_limit(kafka_settings: Settings) -> None:
     events = sample_events(2, seed=22)
     tool_call = next(e for e in events if "arguments" in (e["payload"] or {}))

@@ -133,6 +133,7 @@ def check_every_good_session_lands(settings: Settings, good: set[str], out: Path
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.slow
 @hsettings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(poison=poisons())
 def test_one_poisoned_session_never_stops_the_others(poison: dict) -> None:
@@ -185,6 +186,7 @@ def test_nan_cost_and_overflowing_tokens_are_nulled_and_named(settings: Settings
     assert sorted(again) == sorted(rows)
 
 
+@pytest.mark.slow
 def test_deeply_nested_arguments_are_quarantined_at_export_not_a_recursion_error(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -247,6 +249,7 @@ def test_the_sdk_refuses_non_finite_numbers_with_a_clear_error() -> None:
     assert producer.encode(event)
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_poison_through_a_real_broker_leaves_the_others_whole(
     tansu_broker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

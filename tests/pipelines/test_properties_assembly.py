@@ -9,6 +9,7 @@ import random
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
@@ -63,6 +64,7 @@ def deliver(scenario: dict) -> list[list[dict]]:
     return batches + ([tails + rng.sample(tails, len(tails) // 2)] if tails else [])
 
 
+@pytest.mark.slow
 @hypothesis_settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_messy_delivery_assembles_like_the_clean_ordered_stream(scenario: dict) -> None:

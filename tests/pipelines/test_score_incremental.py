@@ -123,6 +123,7 @@ def _assert_matches_pure(settings: Settings, stored: dict[str, pl.DataFrame], wh
     assert flags.equals(result.flags.select(flag_cols).sort(flag_cols)), what
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("chunk", [100_000, 40], ids=["one-chunk", "many-chunks"])
 def test_incremental_runs_equal_a_full_recomputation_on_a_shuffled_history(settings: Settings, chunk: int) -> None:
@@ -149,6 +150,7 @@ def test_incremental_runs_equal_a_full_recomputation_on_a_shuffled_history(setti
     _assert_equal(incremental, _tables(settings), "incremental vs forced full rescore")
 
 
+@pytest.mark.slow
 def test_a_run_without_new_trajectories_is_skipped_and_a_new_day_touches_only_that_day(settings: Settings) -> None:
     settings = settings.model_copy(update={"score_watermark_lag_s": 0.0})
     first = [e for s in synthetic_sessions(30, seed=1, start_us=BASE_US) for e in s]
@@ -175,6 +177,7 @@ def test_the_index_table_holds_every_fact_and_the_profiles_every_feature() -> No
     assert {f"{name}_{stat}" for name in FEATURES for stat in ("p50", "p90")} <= profile_columns
 
 
+@pytest.mark.slow
 def test_new_sessions_of_a_day_with_a_complete_baseline_rescore_only_themselves(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -244,6 +247,7 @@ def _failed(sessions: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
     ]
 
 
+@pytest.mark.slow
 def test_a_better_copy_days_later_takes_over_and_the_old_representative_loses_exportability(
     settings: Settings,
 ) -> None:
@@ -283,6 +287,7 @@ def test_a_better_copy_days_later_takes_over_and_the_old_representative_loses_ex
     _assert_matches_pure(settings, tables, "after the better copies")
 
 
+@pytest.mark.slow
 def test_clusters_grow_from_new_sessions_alone_and_a_better_later_member_takes_over(settings: Settings) -> None:
     settings = settings.model_copy(update={"score_watermark_lag_s": 0.0, "quality_min": 0.0})
     rng = random.Random(5)
@@ -333,6 +338,7 @@ def test_clusters_grow_from_new_sessions_alone_and_a_better_later_member_takes_o
     assert dups["cluster_id"].n_unique() == 2
 
 
+@pytest.mark.slow
 def test_a_bucket_whose_earliest_sessions_started_together_is_headed_by_the_smallest_id(settings: Settings) -> None:
     """Copies started at the same moment as their original: their buckets' earliest sessions tie, so those
     buckets are read whole for the head (the smallest id of them); a later copy grows their cluster as a
@@ -357,6 +363,7 @@ def test_a_bucket_whose_earliest_sessions_started_together_is_headed_by_the_smal
     assert later[0]["session_id"] in dups["session_id"].to_list()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("by_id", [10_000, 0], ids=["stale-by-id", "stale-days-whole"])
 def test_a_full_rescore_keeps_current_facts_and_leaves_no_stale_row(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, by_id: int

@@ -57,6 +57,7 @@ def assert_reset_recorded(settings: Settings, epoch: int) -> None:
         assert carried and json.loads(carried[-1]) == reset, (name, carried, reset)
 
 
+@pytest.mark.slow
 def test_recreated_topic_is_read_from_its_start_without_duplicates(kafka_settings: Settings) -> None:
     before = sample_events(12, seed=1)
     produce(kafka_settings, before)
@@ -83,6 +84,7 @@ def test_recreated_topic_is_read_from_its_start_without_duplicates(kafka_setting
     assert (third.events, third.resets, third.skipped) == (0, 0, 0)
 
 
+@pytest.mark.slow
 def test_restarted_embedded_broker_truncation_is_detected(settings: Settings) -> None:
     """tansu keeps its log in memory: a restart starts every partition at offset 0 again."""
     start_broker(settings)
@@ -105,6 +107,7 @@ def test_restarted_embedded_broker_truncation_is_detected(settings: Settings) ->
         stop_broker(settings)
 
 
+@pytest.mark.slow
 def test_cli_ingest_prints_the_reset(kafka_settings: Settings) -> None:
     from typer.testing import CliRunner
 
@@ -119,6 +122,7 @@ def test_cli_ingest_prints_the_reset(kafka_settings: Settings) -> None:
     assert "topic reset" in result.output and "epoch 1" in result.output
 
 
+@pytest.mark.slow
 def test_truncation_without_topic_ids_is_reported_not_silent(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:

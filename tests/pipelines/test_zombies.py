@@ -22,6 +22,7 @@ def counts(settings: Settings) -> tuple[int, int]:
     return run_query(settings, "SELECT count(*), count(DISTINCT event_id) FROM events")[1][0]
 
 
+@pytest.mark.slow
 def test_stale_worker_flushing_after_losing_its_partitions_adds_only_what_is_new(kafka_settings: Settings) -> None:
     first, second = sample_events(8, seed=11), sample_events(4, seed=12)
     produce(kafka_settings, first)
@@ -78,6 +79,7 @@ def commit_concurrently(workers: list[IngestWorker], batches: list[list[tuple[in
     assert not errors, errors
 
 
+@pytest.mark.slow
 def test_racing_commits_retry_with_backoff_and_lose_nothing(settings: Settings, tansu_broker: str) -> None:
     """Four workers commit to one SQLite catalog at once, round after round; two of them race on the same rows."""
     workers = [IngestWorker(settings, bootstrap=tansu_broker) for _ in range(4)]

@@ -226,6 +226,7 @@ def test_a_corrupt_file_is_quarantined_and_the_others_import(tmp_path: Path) -> 
     assert [s.steps for s in report.summaries] == [42, 2] and sum(s.events for s in report.summaries) == len(sent)
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_cli_import_ingest_assemble_mini_swe_agent(kafka_settings) -> None:
     from typer.testing import CliRunner

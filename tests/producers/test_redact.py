@@ -324,6 +324,7 @@ def test_import_redacts_a_recorded_run_holding_secrets(tmp_path: Path, injected)
     assert {case.kind: leaks(case, decoded) for case in CASES if leaks(case, decoded)} == {}
 
 
+@pytest.mark.slow
 def test_export_removes_secrets_that_bypassed_the_producer(tmp_path: Path, injected):
     from common.settings import load_settings
     from pipelines.assemble import assemble
@@ -439,6 +440,7 @@ def test_local_fleet_injected_task_token_never_leaves_the_host(settings, tmp_pat
     assert token not in redact._secret_values  # forgotten once the session's events are out
 
 
+@pytest.mark.slow
 def test_bench_redaction_prints_recall_false_positives_and_cost():
     from typer.testing import CliRunner
 

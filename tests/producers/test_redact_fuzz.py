@@ -151,6 +151,7 @@ def gitleaks_tune():
     return [e for e in examples if not e.held_out]
 
 
+@pytest.mark.slow
 def test_public_corpus_tune_half_recall_and_false_positives(gitleaks_tune):
     positives = [e for e in gitleaks_tune if e.positive]
     negatives = [e for e in gitleaks_tune if not e.positive]

@@ -89,6 +89,7 @@ def assert_exactly_once_in_session_order(received: list[dict], sent: list[dict])
     assert all(s == sorted(s) for s in seqs.values()), "a session's events arrived out of order"
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.kafka
 def test_kafka_down_10s_while_producing_loses_nothing_and_keeps_session_order(private_kafka, tmp_path: Path) -> None:
@@ -122,6 +123,7 @@ def test_kafka_down_10s_while_producing_loses_nothing_and_keeps_session_order(pr
     assert_exactly_once_in_session_order(read_topic(private_kafka.bootstrap, topic, len(events)), events)
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.kafka
 def test_restarted_producer_delivers_what_the_previous_process_spooled(private_kafka, tmp_path: Path) -> None:

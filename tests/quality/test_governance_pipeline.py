@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
 from pipelines.export import export_training_set
@@ -68,6 +70,7 @@ def _settings(home: Path, **overrides: Any) -> Settings:
     return load_settings(home=home, topic="unused", kafka_bootstrap=None, catalog_uri=None, **overrides)
 
 
+@pytest.mark.slow
 def test_weight_change_rescores_and_is_in_the_manifest(tmp_path: Path) -> None:
     events: list[dict[str, Any]] = []
     _session(events, "honest", False, 0)

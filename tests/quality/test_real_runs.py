@@ -62,6 +62,7 @@ def scored(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, list[dic
     return settings, events
 
 
+@pytest.mark.slow
 def test_honest_real_runs_get_no_behavioural_or_security_flag(scored) -> None:
     settings, events = scored
     sessions = {e["session_id"] for e in events}
@@ -115,6 +116,7 @@ def test_thought_is_reasoning_content_and_patch_is_verbatim(scored) -> None:
         assert found[0][0].encode() == submission.encode()
 
 
+@pytest.mark.slow
 def test_evaluation_arriving_after_import_is_added_once(tmp_path: Path) -> None:
     run = tmp_path / "django__django-11099.traj.json"
     shutil.copy(MINI / "django__django-11099.traj.json", run)

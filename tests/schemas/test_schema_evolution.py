@@ -86,6 +86,7 @@ def test_cli_schema_check(tmp_path: Path) -> None:
     assert ".tenant: reader field has no default" in message
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_v1_and_v2_producers_at_once_land_in_one_evolved_table(kafka_settings: Settings) -> None:
     events = sample_events(6)

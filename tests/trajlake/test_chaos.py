@@ -27,6 +27,7 @@ def assert_exactly_once(result) -> None:
     assert result.dead_letters == result.poison, result
 
 
+@pytest.mark.slow
 def test_20_sigkills_over_100k_events(kafka_server, tmp_path: Path) -> None:
     result = chaos.run_chaos(kafka_server.bootstrap, tmp_path / "home", events=100_000, kills=20, seed=1)
     assert result.kills >= 20

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 
 def trajlake(*args: str, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -70,6 +70,7 @@ def test_installed_typer_is_within_the_tested_bounds() -> None:
     assert typer.specifier.contains(version("typer")), (version("typer"), str(typer.specifier))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args",
     [
@@ -103,6 +104,7 @@ def test_an_empty_directory_is_not_a_lakehouse_either(env: dict[str, str], tmp_p
     assert list(home.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_broker_commands_do_not_create_a_mistyped_home(env: dict[str, str], tmp_path: Path) -> None:
     home = tmp_path / "mistyped-home"
     local = {**env, "TRAJLAKE_HOME": str(home)}
@@ -111,6 +113,7 @@ def test_broker_commands_do_not_create_a_mistyped_home(env: dict[str, str], tmp_
     assert not home.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_ingest_says_where_it_created_the_lakehouse(env: dict[str, str], tmp_path: Path, tansu_broker: str) -> None:
     home = tmp_path / "fresh"

@@ -9,6 +9,7 @@ from producers.fleet.sandbox import bwrap_available
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.e2e,
     pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable"),
 ]
 

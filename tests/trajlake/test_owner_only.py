@@ -30,6 +30,7 @@ def _shared(root: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_home_and_export_are_owner_only(tmp_path: Path, tansu_broker: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
     suffix = tmp_path.name[-12:]

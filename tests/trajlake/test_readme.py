@@ -33,6 +33,7 @@ VENV = Path(sys.executable).parent.parent
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.e2e,
     pytest.mark.skipif(not (VENV / "bin" / "trajlake").exists(), reason="trajlake is not installed in this venv"),
 ]
 

@@ -36,7 +36,10 @@ MINI = REAL / "mini-swe-agent" / "django__django-11099.traj.json"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 HOSTILE = "<script>document.title='pwned';alert(1)</script>"
 
-pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot create sandboxes here")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot create sandboxes here"),
+]
 
 HOSTILE_AGENT = r"""
 import re

@@ -114,6 +114,7 @@ def cold_lake(
     return settings, expected
 
 
+@pytest.mark.slow
 def test_cold_views_on_s3_read_in_place(
     cold_lake: tuple[Settings, dict[str, Any]], counting_s3: tuple[str, Recorder], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -155,6 +156,7 @@ def test_cold_views_on_s3_read_in_place(
     assert lake_state(settings) == expected["state"]
 
 
+@pytest.mark.slow
 def test_locked_connection_reads_only_the_planned_objects(cold_lake: tuple[Settings, dict[str, Any]]) -> None:
     settings, _ = cold_lake
     from warehouse.errors import QueryError
@@ -212,6 +214,7 @@ def _cold_on_s3(endpoint: str, warehouse: str, monkeypatch: pytest.MonkeyPatch) 
     return load_settings()
 
 
+@pytest.mark.slow
 def test_queries_fetch_only_the_row_groups_they_need(
     settings: Settings, counting_s3: tuple[str, Recorder], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -248,6 +251,7 @@ def test_queries_fetch_only_the_row_groups_they_need(
     assert 0 < fetched(aggregate) < total / 4, (fetched(aggregate), total)
 
 
+@pytest.mark.slow
 def test_a_lookup_in_a_new_process_fetches_only_its_own_day(
     settings: Settings, counting_s3: tuple[str, Recorder], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -100,6 +100,7 @@ def _as_ints(answer: dict[str, list]) -> dict[str, list[int]]:
     return {key: [int(float(v)) if v is not None else 0 for v in values] for key, values in answer.items()}
 
 
+@pytest.mark.slow
 def test_duckdb_iceberg_extension_reads_the_same_rows(lake: Settings) -> None:
     python = _venv(
         CACHE / "duckdb155",

@@ -18,6 +18,7 @@ from warehouse.tables import DEAD_LETTERS, RAW_EVENTS, ensure_table
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow
 def test_ingest_resumes_exactly_after_expiring_every_offset_carrying_snapshot(kafka_settings: Settings) -> None:
     rounds = [sample_events(4, seed=31), sample_events(3, seed=32)]
     for i, events in enumerate(rounds):

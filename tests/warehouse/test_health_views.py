@@ -24,6 +24,7 @@ def lake(settings: Settings) -> Settings:
     return settings
 
 
+@pytest.mark.slow
 def test_costs_add_up_to_the_trajectories(lake: Settings) -> None:
     con = open_views(lake)
     totals = one_row(
@@ -49,6 +50,7 @@ def test_costs_add_up_to_the_trajectories(lake: Settings) -> None:
     assert one_row(con, "SELECT sum(exportable_sessions) FROM costs") == exportable
 
 
+@pytest.mark.slow
 def test_environment_prices_are_settings(lake: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     query = "SELECT sum(environment_cost_usd) FROM costs"
     base = run_query(lake, query)[1][0][0]
@@ -57,6 +59,7 @@ def test_environment_prices_are_settings(lake: Settings, monkeypatch: pytest.Mon
     assert run_query(load_settings(), query)[1][0][0] == pytest.approx(2 * base)
 
 
+@pytest.mark.slow
 def test_fleet_health_reads_start_latency_and_failure_causes(lake: Settings) -> None:
     con = open_views(lake)
     sessions, p50, p95, causes = one_row(
@@ -78,6 +81,7 @@ def test_fleet_health_reads_start_latency_and_failure_causes(lake: Settings) -> 
     assert by_cause == expected
 
 
+@pytest.mark.slow
 def test_pipeline_health_counts_every_event(lake: Settings) -> None:
     con = open_views(lake)
     events, lag = one_row(con, "SELECT sum(events), max(ingest_lag_p95_s) FROM pipeline_health")
@@ -85,6 +89,7 @@ def test_pipeline_health_counts_every_event(lake: Settings) -> None:
     assert lag is None  # written straight to raw_events: no Kafka timestamp, so no lag to claim
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_ingest_lag_is_measured_from_kafka_not_from_back_dated_event_time(kafka_settings: Settings) -> None:
     events = sample_events(6)  # event time: 2026-01-01, long before now
@@ -98,6 +103,7 @@ def test_ingest_lag_is_measured_from_kafka_not_from_back_dated_event_time(kafka_
     assert one_row(con, "SELECT count(*) FROM events WHERE kafka_timestamp IS NULL")[0] == 0
 
 
+@pytest.mark.slow
 def test_health_figures_are_rounded_for_people(lake: Settings) -> None:
     con = open_views(lake)
     ms = con.execute("SELECT start_latency_p50_ms, start_latency_p95_ms FROM fleet_health").fetchall()

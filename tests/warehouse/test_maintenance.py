@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from pyiceberg.table import Table
 
 from common.settings import Settings, load_settings
@@ -44,6 +45,7 @@ def ingest_like(settings: Settings, events: list[dict], batch_size: int, first_o
             tx.set_properties({offsets_key(TOPIC): marker})
 
 
+@pytest.mark.slow
 def test_maintain_compacts_expires_and_keeps_incremental_assembly(settings: Settings) -> None:
     settings = load_settings(compact_min_files=3, snapshot_retention_hours=0)
     events = day_events(2, 4)
@@ -102,6 +104,7 @@ def test_unassembled_files_are_not_compacted(settings: Settings) -> None:
     assert not stats.full_rebuild and stats.new_files == new_batches
 
 
+@pytest.mark.slow
 def test_maintain_bounds_cold_files_after_repeated_tiering(settings: Settings) -> None:
     settings = load_settings(compact_min_files=2, snapshot_retention_hours=0)
     ingest_like(settings, day_events(4, 2), batch_size=200)
@@ -145,6 +148,7 @@ def _small_files_lake(sessions: int, batch_size: int) -> tuple[Settings, Any, Ta
     return settings, catalog, ensure_table(catalog, settings, RAW_EVENTS.name), before
 
 
+@pytest.mark.slow
 def test_compaction_and_tiering_work_in_bounded_bundles(settings: Settings) -> None:
     """Neither a rewrite nor a tier copy reads a whole partition: bundles of about the target size."""
     settings, catalog, raw, before = _small_files_lake(sessions=4, batch_size=10)
@@ -174,6 +178,7 @@ def test_compaction_and_tiering_work_in_bounded_bundles(settings: Settings) -> N
     assert lake_state(settings) == before
 
 
+@pytest.mark.slow
 def test_compaction_is_bounded_in_arrow_memory_and_writes_disjoint_session_ranges(settings: Settings) -> None:
     """Parquet sizes say little about memory (trajectory data compresses 10-30×): a rewrite bundle is
     also bounded by its rows' Arrow bytes; the new files are disjoint ranges of sessions."""

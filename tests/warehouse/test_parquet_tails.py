@@ -39,6 +39,7 @@ def _probe(path: str, value: str) -> list[bool]:
     return [excludes for _, excludes in sorted(rows.fetchall())]
 
 
+@pytest.mark.slow
 def test_bloom_filters_are_written_as_the_table_properties_ask(settings: Settings) -> None:
     table = ensure_table(open_catalog(settings), settings, TRAJECTORIES.name)
     with transaction(table) as tx:
@@ -162,6 +163,7 @@ def test_tiny_tables_still_write(settings: Settings, rows: int) -> None:
     assert table.scan().to_arrow().num_rows == rows
 
 
+@pytest.mark.slow
 def test_maintain_rewrites_the_cold_files_written_before_bloom_filters(settings: Settings) -> None:
     from warehouse.cold import FILTERS_SINCE, ensure_cold_table
     from warehouse.maintenance import maintain, rewrite_unfiltered

@@ -123,6 +123,7 @@ print(conflicts)
 """
 
 
+@pytest.mark.slow
 def test_concurrent_writers_on_postgres_lose_nothing(pg_settings: Settings) -> None:
     ensure_table(open_catalog(pg_settings), pg_settings, RAW_EVENTS.name)
     writers, commits = 3, 6
@@ -144,6 +145,7 @@ def test_concurrent_writers_on_postgres_lose_nothing(pg_settings: Settings) -> N
     assert len(table.snapshots()) == writers * commits
 
 
+@pytest.mark.slow
 def test_tiering_and_views_on_postgres(pg_settings: Settings) -> None:
     from tests.helpers import write_raw
 
@@ -157,6 +159,7 @@ def test_tiering_and_views_on_postgres(pg_settings: Settings) -> None:
     assert (f"{pg_settings.namespace}_cold",) in catalog.list_namespaces()
 
 
+@pytest.mark.slow
 def test_two_machines_assembling_at_once_on_postgres_write_each_session_once(
     pg_settings: Settings, tmp_path: Path
 ) -> None:

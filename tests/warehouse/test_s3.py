@@ -66,6 +66,7 @@ def s3_settings(settings: Settings, s3_endpoint: str, s3_client: object, monkeyp
     return load_settings()
 
 
+@pytest.mark.slow
 def test_tier_and_maintain_on_s3(s3_settings: Settings, s3_client: Any) -> None:
     settings = s3_settings
     write_raw(settings, day_events(4, 2), batch_size=200)

@@ -132,6 +132,7 @@ def test_a_fork_server_child_runs_in_the_callers_environment(tmp_path: Path, mon
 # --- the memory cap holds for what DuckDB does not account ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_huge_scalar_value_is_stopped_by_the_memory_cap(lake: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     # lpad builds one 1 GB string outside DuckDB's memory accounting: the limit alone let it through.
     settings = _limited(monkeypatch, SQL_MEMORY_LIMIT="64MB", SQL_MEMORY_HEADROOM="128MB")
@@ -188,6 +189,7 @@ def _cli_peak(home: Path, query: str, env: dict[str, str]) -> tuple[int, int]:
     return printed, int(errors.split("PEAK")[-1].split()[0])
 
 
+@pytest.mark.slow
 def test_a_large_result_streams_through_a_bounded_process(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
     env.update(TRAJLAKE_SQL_MEMORY_LIMIT="128MB", TRAJLAKE_SQL_TIMEOUT_S="300")
@@ -228,6 +230,7 @@ def _select(values: dict[str, str]) -> str:
     return "SELECT " + ", ".join(f"{literal(v)} AS {k}" for k, v in values.items())
 
 
+@pytest.mark.slow
 def test_table_output_shows_control_characters_as_escapes(tmp_path: Path) -> None:
     text = _cli(tmp_path / "home", _select(HOSTILE)).decode()
     lines = text.splitlines()
@@ -238,6 +241,7 @@ def test_table_output_shows_control_characters_as_escapes(tmp_path: Path) -> Non
     assert "abc\\u202edcb" in lines[2] and "one\\ntwo" in lines[2]
 
 
+@pytest.mark.slow
 def test_raw_keeps_the_bytes(tmp_path: Path) -> None:
     home = tmp_path / "home"
     table = _cli(home, _select(HOSTILE), "--raw").decode()
@@ -256,6 +260,7 @@ FORMULAS = {
 }
 
 
+@pytest.mark.slow
 def test_csv_cells_that_would_run_as_formulas_are_prefixed(tmp_path: Path) -> None:
     query = _select(FORMULAS).replace("SELECT ", "SELECT -5 AS number, 'plain' AS plain, ", 1)
     rows = list(csv.reader(io.StringIO(_cli(tmp_path / "home", query, "--format", "csv").decode())))
@@ -290,6 +295,7 @@ def test_a_query_runs_from_a_process_with_other_threads(lake: Settings) -> None:
         worker.join()
 
 
+@pytest.mark.slow
 def test_a_script_without_a_main_guard_can_query_from_threads(lake: Settings, tmp_path: Path) -> None:
     # The fork server's children must not re-run the caller's script (it would query again, recursively).
     script = tmp_path / "script.py"
@@ -375,6 +381,7 @@ _SQL_WORDS = st.sampled_from(
 _SQL_TEXT = st.lists(_SQL_WORDS | st.text(max_size=8), max_size=14).map(" ".join)
 
 
+@pytest.mark.slow
 @pytest.mark.fuzz
 @settings(deadline=None)
 @given(query=_SQL_TEXT)
@@ -399,6 +406,7 @@ def fuzz_lake(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return settings
 
 
+@pytest.mark.slow
 @pytest.mark.fuzz
 @settings(deadline=None)
 @given(query=_SQL_TEXT)

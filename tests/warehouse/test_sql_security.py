@@ -143,6 +143,7 @@ def test_plain_reads_are_accepted(query: str) -> None:
     check_read_only(query)
 
 
+@pytest.mark.slow
 def test_explain_analyze_copy_cannot_overwrite_the_catalog(lake: Settings) -> None:
     catalog = _catalog(lake)
     before = _catalog_rows(catalog)
@@ -209,6 +210,7 @@ def _file_probes(home: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_files_outside_the_lakehouse_cannot_be_read(lake: Settings) -> None:
     # Traversal from a data file the lock allows, up to the catalog.
     data_file = run_query(lake, "SELECT unnest(current_setting('allowed_paths')) LIMIT 1")[1][0][0]
@@ -231,6 +233,7 @@ def test_only_the_views_data_files_are_readable(lake: Settings) -> None:
         run_query(lake, f"SELECT * FROM read_text('{metadata[0]}')")
 
 
+@pytest.mark.slow
 def test_secrets_in_the_environment_never_appear(lake: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)
     monkeypatch.setenv("TRAJLAKE_KAFKA_EXTRA", json.dumps({"sasl.password": FAKE_SASL}))
@@ -257,6 +260,7 @@ def test_secrets_in_the_environment_never_appear(lake: Settings, monkeypatch: py
     assert refused >= 4  # the environ reads at least are refused, not just empty
 
 
+@pytest.mark.slow
 def test_the_locked_connection_refuses_what_the_parser_would_have_let_through(lake: Settings) -> None:
     """Defence in depth: even a statement that got past the check cannot write, change settings or load."""
     catalog = _catalog(lake)
@@ -284,6 +288,7 @@ def test_the_locked_connection_refuses_what_the_parser_would_have_let_through(la
     assert con.execute("SELECT current_setting('enable_external_access')").fetchone() == (False,)
 
 
+@pytest.mark.slow
 def test_python_variables_are_not_scanned(lake: Settings) -> None:
     leaked_frame = pa.table({"x": [FAKE_SECRET]})  # noqa: F841 - DuckDB's replacement scan would find it by name
     assert duckdb.connect().execute("SELECT * FROM leaked_frame").fetchall() == [(FAKE_SECRET,)]
@@ -291,6 +296,7 @@ def test_python_variables_are_not_scanned(lake: Settings) -> None:
         open_views(lake, locked=True).execute("SELECT * FROM leaked_frame")
 
 
+@pytest.mark.slow
 def test_a_long_query_is_interrupted(lake: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAJLAKE_SQL_TIMEOUT_S", "0.2")
     settings = load_settings()
@@ -316,6 +322,7 @@ def test_memory_is_limited(lake: Settings, monkeypatch: pytest.MonkeyPatch) -> N
 # --- the views still work ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_view_is_readable_on_the_locked_connection(lake: Settings) -> None:
     from warehouse.cold import TIERED_TABLES
 
@@ -334,6 +341,7 @@ def test_every_view_is_readable_on_the_locked_connection(lake: Settings) -> None
 VERBATIM = "root:x:0:0 :smile: [red]x[/red] [bold]b[/] :x:"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["table", "csv", "json"])
 def test_cli_prints_values_verbatim(fmt: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
@@ -356,6 +364,7 @@ def test_cli_prints_values_verbatim(fmt: str, tmp_path: Path) -> None:
     assert VERBATIM.encode() in result.stdout
 
 
+@pytest.mark.slow
 def test_cli_refuses_reading_the_environment_in_one_line(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
     env.update(TRAJLAKE_HOME=str(tmp_path / "home"), AWS_SECRET_ACCESS_KEY=FAKE_SECRET)

@@ -50,6 +50,7 @@ def run_tier_process(as_of: datetime, fault: str | None = None) -> subprocess.Po
     return subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_tier_moves_old_days_once_and_keeps_every_row(aged_lake: Settings) -> None:
     settings = aged_lake
     before = lake_state(settings)
@@ -77,6 +78,7 @@ def test_tier_moves_old_days_once_and_keeps_every_row(aged_lake: Settings) -> No
     assert lake_state(settings) == before
 
 
+@pytest.mark.slow
 def test_open_sessions_and_their_days_stay_hot(settings: Settings) -> None:
     events = day_events(2, 3)
     open_session = events[0]["session_id"]  # first session of day 0 loses its end: still running
@@ -92,6 +94,7 @@ def test_open_sessions_and_their_days_stay_hot(settings: Settings) -> None:
     assert lake_state(settings) == before
 
 
+@pytest.mark.slow
 def test_late_event_in_a_tiered_day_stays_visible(aged_lake: Settings) -> None:
     settings = aged_lake
     tier(settings, as_of=BASE + timedelta(days=10))
@@ -123,6 +126,7 @@ FAULTS = [
 ]
 
 
+@pytest.mark.slow
 def test_crash_at_each_phase_never_loses_or_doubles(aged_lake: Settings) -> None:
     """Die at every commit boundary in turn, the retention boundary advancing a day each time."""
     settings = aged_lake
@@ -141,6 +145,7 @@ def test_crash_at_each_phase_never_loses_or_doubles(aged_lake: Settings) -> None
     assert split["hot_trajectories"] == split["hot_events"] == split["hot_steps"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kills", [2, pytest.param(12, marks=pytest.mark.stress)])
 def test_random_kills_while_aging_across_the_boundary(aged_lake: Settings, kills: int) -> None:
     """Acceptance: kill the tiering job at random moments while the boundary advances across the data."""
@@ -176,6 +181,7 @@ def test_settings_reach_cold_tables(settings: Settings, monkeypatch: pytest.Monk
     assert table.location().startswith(configured.cold_location)
 
 
+@pytest.mark.slow
 def test_cli_tier_maintain_and_tier_views(aged_lake: Settings) -> None:
     env = {**os.environ, "PYTHONPATH": ROOT}
     env.pop("TRAJLAKE_FAULT", None)
@@ -227,6 +233,7 @@ def _session_rows(settings: Settings, sid: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_late_event_for_a_tiered_session_amends_the_cold_trajectory(aged_lake: Settings) -> None:
     settings = aged_lake
     sid, late = _late_event_for_a_tiered_session(settings)
@@ -254,6 +261,7 @@ def test_late_event_for_a_tiered_session_amends_the_cold_trajectory(aged_lake: S
     assert _session_rows(settings, sid) == after
 
 
+@pytest.mark.slow
 def test_crash_while_amending_a_tiered_session_never_loses_or_doubles(aged_lake: Settings) -> None:
     settings = aged_lake
     sid, late = _late_event_for_a_tiered_session(settings)

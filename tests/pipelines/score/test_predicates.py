@@ -37,6 +37,7 @@ def _selected(predicate: str, values: list[datetime | None], column: str = "star
     return [i in found for i in range(len(values))]
 
 
+@pytest.mark.slow
 @given(day_lists, st.lists(moments, max_size=30))
 def test_on_days_selects_exactly_the_moments_on_those_days(
     wanted: list[date | None], values: list[datetime | None]
@@ -52,6 +53,7 @@ def test_on_days_merges_consecutive_days_into_one_range(wanted: list[date | None
     assert on_days(wanted).count(">=") == runs
 
 
+@pytest.mark.slow
 @given(day_lists, st.lists(st.one_of(days, st.none()), max_size=30))
 def test_on_dates_selects_exactly_those_dates(wanted: list[date | None], values: list[date | None]) -> None:
     con = duckdb.connect()
@@ -112,6 +114,7 @@ def test_a_lookup_by_start_times_keeps_every_wanted_row_and_skips_other_moments(
         assert inside < 0.75 * grid.height, (inside, grid.height)
 
 
+@pytest.mark.slow
 @given(st.lists(moments, max_size=40), st.lists(moments, max_size=40))
 def test_on_times_keeps_every_given_moment(wanted: list[datetime | None], others: list[datetime | None]) -> None:
     values = pl.Series("started_at", wanted, dtype=pl.Datetime("us", "UTC"))

@@ -168,6 +168,7 @@ def _forgers(task) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "evidence"),
     [
@@ -190,6 +191,7 @@ def test_forged_verdicts_fail_with_evidence(kind, evidence, unit_task, image, re
     _assert_forgery_rejected(result, *evidence)
 
 
+@pytest.mark.slow
 def test_hidden_tests_never_reach_the_deliverable(unit_task, image, reaper, tmp_path):
     result = _evaluate(unit_task, _forgers(unit_task)["read_hidden_and_print"], image, reaper, tmp_path)
     observed = " ".join(str(t.get("observed", "")) for t in result.tests)
@@ -208,6 +210,7 @@ def test_cli_forgers_fail_with_evidence(cli_task, image, reaper, tmp_path):
     _assert_forgery_rejected(result, "signal_sent", "runner_died")
 
 
+@pytest.mark.slow
 def test_honest_correct_passes_and_honest_wrong_fails_without_tamper(unit_task, cli_task, image, reaper, tmp_path):
     for task in (unit_task, cli_task):
         good = evaluate(task, task.solution, image, tmp_path / "sb", reaper)
@@ -223,6 +226,7 @@ def test_honest_correct_passes_and_honest_wrong_fails_without_tamper(unit_task, 
         assert {t["outcome"] for t in bad.tests} <= {"passed", "failed"}
 
 
+@pytest.mark.slow
 def test_honest_noisy_or_crashing_code_is_not_tampering(unit_task, image, reaper, tmp_path, monkeypatch):
     path, func = _module(unit_task)
     noisy = unit_task.solution[path] + "\nprint('debug ' * 5000)\nimport sys\nprint('warn', file=sys.stderr)\n"
@@ -281,6 +285,7 @@ def _one(events, kind):
     return next(e for e in events if e["event_type"] == kind)
 
 
+@pytest.mark.slow
 def test_scripted_cheaters_are_labelled_and_judged(cheat_run):
     from producers.fleet.agents import CHEATERS, cheat_type
 

@@ -82,6 +82,7 @@ def test_writable_layer_only_and_no_view_of_other_sandboxes(tmp_path, image):
     assert not (tmp_path / "sb" / "a").exists() and not (tmp_path / "sb" / "b").exists()
 
 
+@pytest.mark.slow
 def test_limits_processes_and_file_size(tmp_path, image):
     sandbox = Sandbox("lim", tmp_path / "sb", image, {}, Limits(pids=16, file_size_bytes=1 << 20))
     try:
@@ -114,6 +115,7 @@ def test_reaper_kills_cleans_and_counts(tmp_path, image):
     assert sorted(reaper.reaped) == ["h0", "h1", "h2"] and reaper.survivors == 0
 
 
+@pytest.mark.slow
 def test_many_hangs_all_reaped_and_reported(settings, tmp_path):
     sink = ListSink()
     report = run_fleet(
@@ -169,6 +171,7 @@ def mixed_run(tmp_path_factory):
     return report, _by_session(sink.events), rows
 
 
+@pytest.mark.slow
 def test_mixed_run_outcomes_match_ground_truth(mixed_run):
     report, sessions, labels = mixed_run
     assert report.sessions == 14 == len(sessions) == len(labels)
@@ -252,6 +255,7 @@ def test_labels_are_ground_truth_outside_the_stream(mixed_run):
             assert not any("cheat" in v for v in event["extra"].values())
 
 
+@pytest.mark.slow
 def test_perturbation_injects_transient_failures_and_formats(settings):
     sink = ListSink()
     run_fleet(

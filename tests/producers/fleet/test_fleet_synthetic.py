@@ -40,6 +40,7 @@ def _writer_round_trip(value: bytes) -> bytes:
     return schema.header + out.getvalue()
 
 
+@pytest.mark.slow
 def test_template_reruns_are_exact_events():
     """Re-runs of pre-encoded sessions (the fast path at scale) decode to what their tuple says and
     re-encode to the same bytes: ids, times, parents and envelope are patched in the right places."""
@@ -74,6 +75,7 @@ def test_varints():
         assert ts_varint(n) == varint(n) or n < (1 << 48)
 
 
+@pytest.mark.slow
 def test_same_seed_same_stream_other_seed_differs():
     assert [v for *_, v in _stream(reuse=4, n=400)] == [v for *_, v in _stream(reuse=4, n=400)]
     assert [v for *_, v in _stream(seed=4)] != [v for *_, v in _stream(seed=3)]
@@ -93,6 +95,7 @@ def test_time_order_and_per_session_sequence():
     assert all(d["event_id"].startswith(d["session_id"][:24]) for d in decoded)
 
 
+@pytest.mark.slow
 def test_rates_lifetimes_and_signatures(settings, tmp_path):
     labels = tmp_path / "labels.jsonl"
     sink = ListSink()
@@ -145,6 +148,7 @@ def test_rates_lifetimes_and_signatures(settings, tmp_path):
     assert timeouts and all(e["payload"]["exit_reason"] == "reaper" for e in timeouts)
 
 
+@pytest.mark.slow
 def test_labels_never_in_the_stream(settings, tmp_path):
     sink = ListSink()
     run_fleet(

@@ -87,6 +87,7 @@ def _probe(task, files: dict[str, str], tmp: Path) -> list[str]:
     return outcomes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_hidden_cases_match_the_hidden_tests(name, tmp_path):
     task = make_task(name, 13)

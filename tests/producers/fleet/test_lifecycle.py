@@ -63,6 +63,7 @@ def raising_agent(session) -> None:
     raise RuntimeError("the agent's own bug")
 
 
+@pytest.mark.slow
 @local
 def test_scripted_policies_emit_the_recorded_stream(settings, tmp_path):
     sink = ListSink()

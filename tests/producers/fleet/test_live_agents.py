@@ -19,7 +19,10 @@ from schemas.registry import decode_event, encode_event
 from tests.helpers import write_raw
 from warehouse.query import run_query
 
-pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable"),
+]
 
 
 def _sessions(events):

@@ -249,6 +249,7 @@ def planting_agent(session) -> None:
     session.run("python3 run_tests.py")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable")
 def test_planted_patches_are_flagged_although_the_verdict_held(settings, monkeypatch):
     """Real sessions through ingest's rows, assembly and scoring: the evaluation fails, the attempt is flagged."""

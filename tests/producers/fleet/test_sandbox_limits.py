@@ -81,6 +81,7 @@ def flood_with_an_edited_test(session) -> None:
         session.run("i=0; while [ $i -lt 100 ]; do echo y >> junk/a$i; i=$((i+1)); done")
 
 
+@pytest.mark.slow
 def test_a_flood_of_files_costs_bounded_events_with_summaries(tmp_path):
     settings = _settings(
         tmp_path,

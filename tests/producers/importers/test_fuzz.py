@@ -87,6 +87,7 @@ def _check(tmp_path: Path, name: str, document: Any, lines: bool) -> None:
         assert "\n" not in str(item)
 
 
+@pytest.mark.slow
 @pytest.mark.fuzz
 @pytest.mark.parametrize("name", sorted(RECORDS))
 @settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

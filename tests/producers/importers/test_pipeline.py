@@ -62,6 +62,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, dict[str, 
     return settings, {s.session_id: {**by_id[s.session_id], "imported": s} for s in sessions}
 
 
+@pytest.mark.slow
 def test_every_session_lands_with_its_actions_as_steps(lake) -> None:
     _, sessions = lake
     assert len(sessions) >= 13
