@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import fastavro
 import pyarrow as pa
@@ -17,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.decode import BatchDecoder, binary_array, concatenated, with_coordinates
+from pipelines.decode.resolution import _resolve, fill, plan_for
 from pipelines.ingest import event_row
 from schemas.errors import DecodeError
 from schemas.registry import HEADER_LEN, decode_event, encode_event, latest, versions
@@ -123,6 +125,33 @@ def test_every_writer_version_resolves_to_the_latest_reader(decoder: BatchDecode
     values = [encode_event(event, version=version) for event in sample_events(10)]
     assert_same(values, decoder)
     assert set(decoder.decode(values).events.column("schema_version").to_pylist()) == {version}
+
+
+def _defaults(reader: Any, target: pa.DataType, named: dict[str, Any]) -> Iterator[tuple[Any, pa.DataType]]:
+    """(default, Arrow type) of every field with a default under a reader record, nested records included."""
+    reader = _resolve(reader, named)
+    if not (pa.types.is_struct(target) and isinstance(reader, dict) and reader.get("type") == "record"):
+        return
+    for spec in reader["fields"]:
+        field_type = target.field(spec["name"]).type
+        if "default" in spec:
+            yield spec["default"], field_type
+        yield from _defaults(spec["type"], field_type, named)
+
+
+def test_filled_defaults_are_the_defaults_row_by_row() -> None:
+    # A field the writer lacks is filled from one scalar per batch; every default of the reader
+    # schema (nulls, numbers, booleans, strings, empty lists, records) must come out as the
+    # value-by-value array would.
+    plan = plan_for(versions()[1])
+    fields = plan.reader_fields.items()
+    pairs = [(spec["default"], TARGET.field(name).type) for name, spec in fields if "default" in spec]
+    for kind, record in plan.reader_kinds.items():
+        pairs += _defaults(record, TARGET.field(kind).type, plan.named)
+    assert {repr(default) for default, _ in pairs} >= {"None", "0", "[]", "True", "'tcp'"}
+    for default, field_type in pairs:
+        for length in (0, 3):
+            assert fill(default, length, field_type).equals(pa.array([default] * length, type=field_type))
 
 
 def test_mixed_writer_versions_in_one_batch_keep_their_order(decoder: BatchDecoder) -> None:
