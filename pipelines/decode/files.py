@@ -10,6 +10,7 @@ from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.manifest import DataFile
 
 from pipelines.decode.results import KEY_COLUMNS, FileTarget, with_coordinates
+from warehouse import parquet_writer
 from warehouse.transactions import data_files
 
 
@@ -26,6 +27,7 @@ def write_files(events: pa.Table, target: pa.Schema, write: FileTarget) -> tuple
     rows = with_coordinates(events, target, write.topic, partitions, offsets, write.ingested_at, timestamps)
     del events
     files: list[DataFile] = []
+    parquet_writer.install()  # as in a process that opened the catalog: no dictionary for valueless columns
     if rows.num_rows:
         io = file_io(tuple(sorted(write.io_properties.items())), write.metadata.location)
         files = data_files(write.metadata, rows, io, uuid.uuid4())
