@@ -93,6 +93,9 @@ def run_child(
             tail = (home / "stderr.log").read_text(errors="replace")[-3000:]
             raise RuntimeError(f"{label} {mode} child exited {child.returncode}: {tail}")
         result = json.loads([line for line in out.decode().splitlines() if line.startswith("{")][-1])
+        # What the child logged (a batch decoded record by record after a timeout, commit retries):
+        # kept with the run, since it explains an outlier.
+        notes = [line for line in (home / "stderr.log").read_text(errors="replace").splitlines() if line.strip()]
     finally:
         shutil.rmtree(home, ignore_errors=True)
     events = int(result["events"])
@@ -105,7 +108,10 @@ def run_child(
         setup_cpu_s=float(result["cpu_before_s"]),
         total_cpu_s=usage.ru_utime + usage.ru_stime,
         wall_s=float(result["last_at"]) - float(result["first_at"]),
-        extra={k: v for k, v in result.items() if k in ("batches", "phases", "worker_cpu_s", "decoder_cpu_s")},
+        extra={
+            **{k: v for k, v in result.items() if k in ("batches", "phases", "worker_cpu_s", "decoder_cpu_s")},
+            "notes": notes[-5:],
+        },
     )
 
 
@@ -121,6 +127,8 @@ def _line(run: Run) -> str:
     if "worker_cpu_s" in run.extra:
         per_event = {k: run.extra[f"{k}_cpu_s"] / run.events * 1e6 for k in ("worker", "decoder")}
         line += f"  (worker {per_event['worker']:.2f} + decoder {per_event['decoder']:.2f} µs)"
+    for note in run.extra.get("notes", []):
+        line += f"\n      {run.label} logged: {note[:200]}"
     return line
 
 
