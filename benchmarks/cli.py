@@ -24,7 +24,7 @@ def bench_ingest_cmd(
     guard: Annotated[
         bool,
         typer.Option(
-            help="Instead: CPU per event against a consume-only loop in the same run (150k events, 3 rounds); "
+            help="Instead: CPU per event against a consume-only loop in the same run (200k events, 5 rounds); "
             "exit 1 when the ratio falls below the recorded floor."
         ),
     ] = False,
