@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # The test suite on a fresh machine: a virtual environment with the project and its
-# dev extras, OS packages the integration tests use (when run as root), then pytest.
-# Extra arguments go to pytest (e.g. `bash scripts/test.sh -m slow`).
+# dev extras, OS packages the integration tests use (when run as root), lint, types, then pytest.
+#   bash scripts/test.sh          the fast tier: every test not marked slow, e2e or stress (minutes)
+#   bash scripts/test.sh --full   the full gate CI runs: every test but the stress runs, with coverage
+# Extra arguments go to pytest (e.g. `bash scripts/test.sh tests/quality`, `bash scripts/test.sh -m stress`).
+# Warnings are errors in both ([tool.pytest.ini_options] filterwarnings).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tier=(-m "not slow and not e2e and not stress" --durations=15)
+if [ "${1:-}" = "--full" ]; then
+  shift
+  tier=(--durations=30 --cov --cov-report=term:skip-covered --cov-report=xml:.coverage.xml)
+fi
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
@@ -31,4 +39,4 @@ fi
 .venv/bin/mypy  # the packages typed throughout, the tests relaxed (pyproject.toml [tool.mypy])
 # Two workers by default (pytest-xdist, whole files per worker, each worker with its own embedded
 # broker and real Kafka): about half the serial time. TRAJLAKE_TEST_WORKERS=0 runs serially.
-exec .venv/bin/python -m pytest -q -n "${TRAJLAKE_TEST_WORKERS:-2}" --dist loadfile "$@"
+exec .venv/bin/python -m pytest -q -n "${TRAJLAKE_TEST_WORKERS:-2}" --dist loadfile "${tier[@]}" "$@"

@@ -147,10 +147,36 @@ def kafka_settings(settings: Settings, broker: str, monkeypatch: pytest.MonkeyPa
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip ``slow`` tests unless asked for with ``-m slow`` or TRAJLAKE_SLOW_TESTS=1."""
-    if os.environ.get("TRAJLAKE_SLOW_TESTS") == "1" or "slow" in (config.getoption("-m") or ""):
+    """Skip ``stress`` runs unless asked for with ``-m stress`` or TRAJLAKE_STRESS_TESTS=1."""
+    if os.environ.get("TRAJLAKE_STRESS_TESTS") == "1" or "stress" in (config.getoption("-m") or ""):
         return
-    skip = pytest.mark.skip(reason="slow stress run: use -m slow or TRAJLAKE_SLOW_TESTS=1")
+    skip = pytest.mark.skip(reason="long stress run: use -m stress or TRAJLAKE_STRESS_TESTS=1")
     for item in items:
-        if "slow" in item.keywords:
+        if "stress" in item.keywords:
             item.add_marker(skip)
+
+
+#: A test past this many seconds belongs in a slower tier: ``slow`` (or ``e2e`` when it drives the product
+#: end to end). The fast tier (``bash scripts/test.sh``) names the unmarked ones it met, so the tier stays fast.
+UNMARKED_LIMIT_S = float(os.environ.get("TRAJLAKE_UNMARKED_LIMIT_S", "5"))
+_TIER_MARKS = ("slow", "e2e", "stress")
+_unmarked_slow: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Time each unmarked test's setup, call and teardown (on the controller too, under xdist)."""
+    if any(mark in report.keywords for mark in _TIER_MARKS) or report.skipped:
+        return
+    _unmarked_slow[report.nodeid] = _unmarked_slow.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    slow = sorted(((t, n) for n, t in _unmarked_slow.items() if t > UNMARKED_LIMIT_S), reverse=True)
+    if not slow:
+        return
+    terminalreporter.section("tests over the fast tier's limit without a tier marker")
+    terminalreporter.write_line(
+        f"{len(slow)} test(s) took over {UNMARKED_LIMIT_S:g} s and are not marked slow or e2e (docs/testing.md):"
+    )
+    for seconds, nodeid in slow[:30]:
+        terminalreporter.write_line(f"  {seconds:6.1f} s  {nodeid}")

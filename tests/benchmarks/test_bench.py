@@ -51,14 +51,14 @@ def test_bench_ingest_smoke_lands_every_event(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.stress
 def test_bench_memory_smoke_measures_both_backlogs(tmp_path: Path) -> None:
     result = bench_memory(events=2_000, home=tmp_path)
     assert result["peak_rss_mib"] > 0 and result["baseline_peak_rss_mib"] > 0
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.stress
 def test_bench_scaleout_two_workers_split_partitions_without_duplicates(tmp_path: Path) -> None:
     result = bench_scaleout(events=2_000, home=tmp_path)
     assert result["two_workers_rows"] == result["one_worker_rows"] == 2_000
@@ -84,7 +84,7 @@ def test_every_benchmark_module_is_reachable_from_a_command() -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.stress
 def test_bench_automation_measures_every_closed_session(tmp_path: Path) -> None:
     from benchmarks.automation import bench_automation
 

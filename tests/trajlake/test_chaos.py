@@ -33,7 +33,7 @@ def test_20_sigkills_over_100k_events(kafka_server, tmp_path: Path) -> None:
     assert_exactly_once(result)
 
 
-@pytest.mark.slow
+@pytest.mark.stress
 def test_200_sigkills_over_1m_events(kafka_server, tmp_path: Path) -> None:
     result = chaos.run_chaos(
         kafka_server.bootstrap, tmp_path / "home", events=1_000_000, kills=200, seed=2, max_rows=20_000

@@ -133,7 +133,7 @@ def _runtime_jar() -> Path:
     return jar
 
 
-@pytest.mark.slow  # a JVM plus a Spark session: about a minute on 2 cores once cached, minutes on first download
+@pytest.mark.stress  # a JVM plus a Spark session: about a minute on 2 cores once cached, minutes on first download
 def test_spark_reads_the_same_rows(lake: Settings) -> None:
     if shutil.which("java") is None:
         pytest.skip("Spark needs java on PATH (Java 17)")

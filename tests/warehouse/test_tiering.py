@@ -141,7 +141,7 @@ def test_crash_at_each_phase_never_loses_or_doubles(aged_lake: Settings) -> None
     assert split["hot_trajectories"] == split["hot_events"] == split["hot_steps"] == 0
 
 
-@pytest.mark.parametrize("kills", [2, pytest.param(12, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kills", [2, pytest.param(12, marks=pytest.mark.stress)])
 def test_random_kills_while_aging_across_the_boundary(aged_lake: Settings, kills: int) -> None:
     """Acceptance: kill the tiering job at random moments while the boundary advances across the data."""
     settings = aged_lake

@@ -1,7 +1,7 @@
 """The LLM agent through the fleet against a real OpenAI-compatible server: vLLM's CPU build serving a tiny
 model built at test time (random weights, a tokenizer trained here, a ChatML template with Hermes tool calls).
 
-Slow tier (``-m slow``): the server takes a few minutes to start on two cores. It runs from its own
+Stress tier (``-m stress``): the server takes a few minutes to start on two cores. It runs from its own
 virtual environment, made by ``scripts/vllm.sh`` (``TRAJLAKE_VLLM_VENV``, default
 ``~/.cache/trajlake/vllm-venv``); without it the tests skip and say so. ``TRAJLAKE_VLLM_URL`` points
 them at a server already serving that model as ``tiny`` instead. A recording proxy between
@@ -30,7 +30,7 @@ from producers.fleet.llm.proxy import RecordingProxy
 from producers.fleet.sandbox import bwrap_available
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.stress,
     pytest.mark.timeout(3600),
     pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable"),
 ]
