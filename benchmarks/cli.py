@@ -21,11 +21,45 @@ bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: a figure, its sa
 def bench_ingest_cmd(
     events: Annotated[int, typer.Option(help="Records in the Kafka backlog.")] = 200_000,
     naive: Annotated[bool, typer.Option(help="Also run the naive pyiceberg baseline.")] = True,
+    guard: Annotated[
+        bool,
+        typer.Option(
+            help="Instead: CPU per event against a consume-only loop in the same run (200k events, 5 rounds); "
+            "exit 1 when the ratio falls below the recorded floor."
+        ),
+    ] = False,
 ) -> None:
     """Kafka → Iceberg raw events vs the consume+decode floor and a naive baseline."""
+    if guard:
+        from benchmarks.ingest_ab import bench_ingest_guard
+
+        if not bench_ingest_guard()["passed"]:
+            raise typer.Exit(1)
+        return
     from benchmarks.ingest import bench_ingest
 
     bench_ingest(events=events, naive=naive)
+
+
+@bench_app.command("ingest-ab")
+def bench_ingest_ab_cmd(
+    base: Annotated[Path, typer.Option(help="Checkout A (e.g. `git worktree add /tmp/ab-base d22ce4f`).")],
+    head: Annotated[Path | None, typer.Option(help="Checkout B; this tree by default.")] = None,
+    other: Annotated[list[Path] | None, typer.Option(help="More checkouts, run in the same rounds.")] = None,
+    events: Annotated[int, typer.Option(help="Records in the backlog.")] = 947_050,
+    rounds: Annotated[int, typer.Option(help="Rounds (each runs every checkout once, order alternating).")] = 3,
+    quick: Annotated[bool, typer.Option(help="100k events, 2 rounds.")] = False,
+    consume: Annotated[bool, typer.Option(help="A consume-only run per round.")] = True,
+    profile: Annotated[Path | None, typer.Option(help="Then one py-spy run per checkout; raw stacks here.")] = None,
+) -> None:
+    """Two checkouts' ingest alternated on one backlog: CPU µs/event, events/s, their ratio (B / A)."""
+    from benchmarks.ingest_ab import HERE, bench_ingest_ab
+
+    checkouts = {"A": base.resolve(), "B": (head or HERE).resolve()}
+    checkouts.update({f"C{i}": path.resolve() for i, path in enumerate(other or [], 1)})
+    if quick:
+        events, rounds = 100_000, 2
+    bench_ingest_ab(checkouts, events=events, rounds=rounds, consume=consume, profile_dir=profile)
 
 
 @bench_app.command("import")

@@ -15,6 +15,7 @@ from pyiceberg.manifest import DataFile
 from common.errors import TransientError
 from pipelines.decode.results import KEY_COLUMNS, ROW_INDEX, FileTarget, UnwritableEvent, with_coordinates
 from schemas.errors import DecodeError
+from warehouse import parquet_writer
 from warehouse.transactions import data_files
 
 log = logging.getLogger("trajlake.decode")
@@ -39,6 +40,7 @@ def write_files(events: pa.Table, target: pa.Schema, write: FileTarget) -> tuple
     rows = with_coordinates(events, target, write.topic, partitions, offsets, write.ingested_at, timestamps)
     del events
     files: list[DataFile] = []
+    parquet_writer.install()  # as in a process that opened the catalog: no dictionary for valueless columns
     if rows.num_rows:
         io = file_io(tuple(sorted(write.io_properties.items())), write.metadata.location)
         files = data_files(write.metadata, rows, io, uuid.uuid4())

@@ -53,8 +53,16 @@ def _resolve(node: Any, named: dict[str, Any]) -> Any:
 
 
 def fill(default: Any, length: int, target: pa.DataType) -> pa.Array:
-    """``length`` copies of a reader default, as an Arrow array of ``target`` type."""
-    return pa.array([default] * length, type=target)
+    """``length`` copies of a reader default, as an Arrow array of ``target`` type.
+
+    Built from one scalar, not from a list of ``length`` Python values: a field a writer version
+    lacks is filled on every batch (a v1 record read as v4 lacks ten, one a struct of 31 leaves).
+    """
+    if default is None:
+        return pa.nulls(length, type=target)
+    if not length:  # pa.repeat of a nested scalar needs at least one row
+        return pa.array([], type=target)
+    return pa.repeat(pa.scalar(default, type=target), length)
 
 
 def conform(array: pa.Array, reader: Any, target: pa.DataType, named: dict[str, Any]) -> pa.Array:

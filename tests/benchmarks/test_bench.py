@@ -54,6 +54,28 @@ def test_bench_ingest_smoke_lands_every_event(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
+def test_bench_ingest_ab_measures_each_checkout_and_the_consume_loop() -> None:
+    from benchmarks.ingest_ab import HERE, bench_ingest_ab
+
+    result = bench_ingest_ab({"A": HERE, "B": HERE}, events=1_500, rounds=1)
+    summaries = result["summaries"]
+    assert set(summaries) == {"A", "B", "consume-only"}
+    assert all(s["runs"] == 1 and s["cpu_us_per_event"] > 0 for s in summaries.values())
+    assert result["b_over_a_cpu_us_per_event"] > 0
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_bench_ingest_guard_fails_below_its_floor() -> None:
+    from benchmarks.ingest_ab import bench_ingest_guard
+
+    # Ingest always costs more CPU per event than consuming alone: a floor of 1 cannot be met.
+    result = bench_ingest_guard(events=1_500, rounds=1, floor=1.0)
+    assert 0 < result["ratio"] < 1 and not result["passed"]
+
+
+@pytest.mark.integration
 @pytest.mark.stress
 def test_bench_memory_smoke_measures_both_backlogs(tmp_path: Path) -> None:
     result = bench_memory(events=2_000, home=tmp_path)
@@ -79,6 +101,7 @@ def test_every_benchmark_module_is_reachable_from_a_command() -> None:
         "__init__",
         "cli",
         "harness",
+        "ingest_child",  # the measured child of ingest-ab and the guard, run as a script
         "secret_corpus",
         "secret_corpus_public",
     }

@@ -9,20 +9,28 @@ import signal
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import fastavro
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.decode import BatchDecoder, binary_array, concatenated, with_coordinates
+from common.settings import Settings
+from pipelines.decode import BatchDecoder, FileTarget, binary_array, concatenated, with_coordinates
+from pipelines.decode.resolution import _resolve, fill, plan_for
 from pipelines.ingest import event_row
+from pipelines.ingest.commit import writer_metadata
 from schemas.errors import DecodeError
 from schemas.registry import HEADER_LEN, decode_event, encode_event, latest, versions
 from tests.helpers import sample_events
 from tests.strategies import events as event_strategy
-from warehouse.tables import RAW_EVENTS
+from warehouse.catalog import open_catalog
+from warehouse.sql import local_path
+from warehouse.tables import RAW_EVENTS, ensure_table
 
 TARGET = RAW_EVENTS.arrow_schema()
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -125,6 +133,54 @@ def test_every_writer_version_resolves_to_the_latest_reader(decoder: BatchDecode
     values = [encode_event(event, version=version) for event in sample_events(10)]
     assert_same(values, decoder)
     assert set(decoder.decode(values).events.column("schema_version").to_pylist()) == {version}
+
+
+def _defaults(reader: Any, target: pa.DataType, named: dict[str, Any]) -> Iterator[tuple[Any, pa.DataType]]:
+    """(default, Arrow type) of every field with a default under a reader record, nested records included."""
+    reader = _resolve(reader, named)
+    if not (pa.types.is_struct(target) and isinstance(reader, dict) and reader.get("type") == "record"):
+        return
+    for spec in reader["fields"]:
+        field_type = target.field(spec["name"]).type
+        if "default" in spec:
+            yield spec["default"], field_type
+        yield from _defaults(spec["type"], field_type, named)
+
+
+def test_filled_defaults_are_the_defaults_row_by_row() -> None:
+    # A field the writer lacks is filled from one scalar per batch; every default of the reader
+    # schema (nulls, numbers, booleans, strings, empty lists, records) must come out as the
+    # value-by-value array would.
+    plan = plan_for(versions()[1])
+    fields = plan.reader_fields.items()
+    pairs = [(spec["default"], TARGET.field(name).type) for name, spec in fields if "default" in spec]
+    for kind, record in plan.reader_kinds.items():
+        pairs += _defaults(record, TARGET.field(kind).type, plan.named)
+    assert {repr(default) for default, _ in pairs} >= {"None", "0", "[]", "True", "'tcp'"}
+    for default, field_type in pairs:
+        for length in (0, 3):
+            assert fill(default, length, field_type).equals(pa.array([default] * length, type=field_type))
+
+
+def test_the_decoder_process_writes_valueless_columns_without_a_dictionary(
+    decoder: BatchDecoder, settings: Settings
+) -> None:
+    # v1 events have no model call: its columns hold no value in the batch's file (see warehouse.parquet_writer).
+    table = ensure_table(open_catalog(settings), settings, RAW_EVENTS.name)
+    values = [encode_event(event, version=1) for event in sample_events(5)]
+    n = len(values)
+    target = FileTarget(
+        writer_metadata(table.metadata), dict(table.io.properties), "t", np.zeros(n, np.int32), np.arange(n), NOW
+    )
+    result = decoder.decode_array(binary_array(values), write=target)
+    assert result.files and result.events.num_rows == n
+    meta = pq.read_metadata(local_path(result.files[0].file_path))
+    dictionary = {
+        meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i).has_dictionary_page
+        for i in range(meta.num_columns)
+    }
+    assert not dictionary["agent_input.model_call.model"]
+    assert dictionary["session_id"]
 
 
 def test_mixed_writer_versions_in_one_batch_keep_their_order(decoder: BatchDecoder) -> None:

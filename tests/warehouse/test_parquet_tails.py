@@ -13,7 +13,7 @@ import pytest
 from common.settings import Settings
 from warehouse.catalog import open_catalog
 from warehouse.object_store import FooterCache
-from warehouse.parquet_writer import BLOOM_ENABLED, BLOOM_MAX_BYTES, ROW_GROUP_LIMIT
+from warehouse.parquet_writer import BLOOM_ENABLED, BLOOM_MAX_BYTES, ROW_GROUP_LIMIT, valueless_columns
 from warehouse.sql import local_path
 from warehouse.tables import TRAJECTORIES, ensure_table
 from warehouse.transactions import transaction
@@ -65,6 +65,22 @@ def test_bloom_filters_are_written_as_the_table_properties_ask(settings: Setting
     assert kept <= 30, kept
     # Sized for the row group (1,000 ids), not for pyarrow's default million: a few KB, not a MB.
     assert meta.row_group(0).column(session).bloom_filter_length < 8 << 10
+
+
+def test_columns_without_a_value_are_written_without_a_dictionary(settings: Settings) -> None:
+    table = ensure_table(open_catalog(settings), settings, TRAJECTORIES.name)
+    rows = _rows(3_000, "s")
+    table.append(rows)
+    (path,) = _files(table)
+    meta = pq.read_metadata(path)
+    dictionary = {
+        meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i).has_dictionary_page
+        for i in range(meta.num_columns)
+    }
+    assert dictionary.pop("session_id")
+    assert dictionary and not any(dictionary.values())  # every other column is null in every row
+    assert valueless_columns(rows) == set(dictionary)
+    assert pq.read_table(path).column("session_id").to_pylist() == rows.column("session_id").to_pylist()
 
 
 def test_bloom_filter_size_is_capped_and_absent_without_the_property(settings: Settings) -> None:

@@ -1,0 +1,258 @@
+"""Ingest cost per event, compared in one run: two checkouts (A/B), or this tree against a consume-only loop (guard).
+
+Every measured run is a child process (``benchmarks/ingest_child.py`` under ``PYTHONPATH`` of
+its checkout, the same interpreter and venv) that drains one pre-produced backlog on the same
+embedded broker into a fresh lakehouse (its own ``TRAJLAKE_HOME``, a new consumer group). Its CPU
+time is rusage of the worker process over ``run()`` plus its decoder process after start-up:
+imports and start-up are a fixed cost per process, not a cost per event, and would otherwise
+weigh on short runs more than on long ones. The machine has two cores shared with other work, so
+CPU µs per event is the primary figure and events/s (first record received → last ``raw_events``
+snapshot) is reported beside it.
+
+``bench_ingest_ab`` alternates the checkouts (A B, then B A, ...: the order is balanced across
+rounds, so a drift in the machine's speed falls on both) and a consume-only run per round, and
+prints the medians and their ratios. ``bench_ingest_guard`` measures this tree only, against the
+consume-only loop in the same run, and fails when the ratio drops below ``GUARD_FLOOR``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import bench_home, cli_env, encoded_events, produce_encoded
+from common.settings import Settings
+
+CHILD = Path(__file__).with_name("ingest_child.py")
+#: This tree (the checkout the benchmarks run from).
+HERE = Path(__file__).resolve().parents[1]
+
+#: The guard's floor for ``consume-only CPU per event ÷ ingest CPU per event`` (median of the guard's
+#: rounds). docs/performance.md ("Ingest cost per event") gives the measured values and spread it comes from.
+GUARD_FLOOR = 0.19
+GUARD_EVENTS = 200_000
+GUARD_ROUNDS = 5
+
+
+@dataclass
+class Run:
+    """One child's measurement."""
+
+    label: str
+    events: int
+    cpu_s: float  # CPU of the measured part (see ``benchmarks/ingest_child.py``)
+    setup_cpu_s: float  # before it: imports, the worker's construction, the decoder process's start-up
+    total_cpu_s: float  # the child's whole life and its reaped children's (wait4)
+    wall_s: float  # first record received → end of the work
+    extra: dict[str, Any]
+
+    @property
+    def cpu_us_per_event(self) -> float:
+        return self.cpu_s / self.events * 1e6
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def run_child(
+    settings: Settings, checkout: Path, mode: str, argument: float, label: str, profile: Path | None = None
+) -> Run:
+    """Run one child under ``checkout`` on ``settings``' broker and topic, in a fresh home and a new group."""
+    home = Path(tempfile.mkdtemp(prefix=f"trajlake-ab-{label}-"))
+    try:
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_") and k != "PYTHONPATH"},
+            **cli_env(settings),
+            "TRAJLAKE_HOME": str(home),
+            "TRAJLAKE_CONSUMER_GROUP": f"ab-{label}-{uuid.uuid4().hex[:8]}",
+            "PYTHONPATH": str(checkout),
+        }
+        command = [sys.executable, "-P", str(CHILD), mode, str(argument)]
+        if profile is not None:
+            # py-spy samples the worker and (--subprocesses) its decoder; its own CPU is not the child's.
+            py_spy = Path(sys.executable).with_name("py-spy")
+            command = [str(py_spy), "record", "--subprocesses", "--format", "raw", "--rate", "250", "-o", str(profile)]
+            command += ["--", sys.executable, "-P", str(CHILD), mode, str(argument)]
+        with (home / "stderr.log").open("wb") as stderr:
+            child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=stderr)
+            assert child.stdout is not None
+            out = child.stdout.read()
+            _, status, usage = os.wait4(child.pid, 0)
+            child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode != 0:
+            tail = (home / "stderr.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{label} {mode} child exited {child.returncode}: {tail}")
+        result = json.loads([line for line in out.decode().splitlines() if line.startswith("{")][-1])
+        # What the child logged (a batch decoded record by record after a timeout, commit retries):
+        # kept with the run, since it explains an outlier.
+        notes = [line for line in (home / "stderr.log").read_text(errors="replace").splitlines() if line.strip()]
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    events = int(result["events"])
+    if result.get("dead_letters"):
+        raise RuntimeError(f"{label}: {result['dead_letters']} dead letters on a clean backlog")
+    return Run(
+        label=label,
+        events=events,
+        cpu_s=float(result["cpu_s"]),
+        setup_cpu_s=float(result["cpu_before_s"]),
+        total_cpu_s=usage.ru_utime + usage.ru_stime,
+        wall_s=float(result["last_at"]) - float(result["first_at"]),
+        extra={
+            **{k: v for k, v in result.items() if k in ("batches", "phases", "worker_cpu_s", "decoder_cpu_s")},
+            "notes": notes[-5:],
+        },
+    )
+
+
+def _median(runs: list[Run], attribute: str) -> float:
+    return statistics.median(getattr(r, attribute) for r in runs)
+
+
+def _line(run: Run) -> str:
+    line = (
+        f"  {run.label:>12}: {run.events:,} events  {run.cpu_us_per_event:6.2f} µs CPU/event "
+        f"({run.cpu_s:5.1f} s + set-up {run.setup_cpu_s:.1f} s)  {run.events_per_s / 1e3:6.1f}k events/s"
+    )
+    if "worker_cpu_s" in run.extra:
+        per_event = {k: run.extra[f"{k}_cpu_s"] / run.events * 1e6 for k in ("worker", "decoder")}
+        line += f"  (worker {per_event['worker']:.2f} + decoder {per_event['decoder']:.2f} µs)"
+    for note in run.extra.get("notes", []):
+        line += f"\n      {run.label} logged: {note[:200]}"
+    return line
+
+
+def _summary(label: str, runs: list[Run]) -> dict[str, Any]:
+    cpu = [r.cpu_us_per_event for r in runs]
+    return {
+        "label": label,
+        "runs": len(runs),
+        "cpu_us_per_event": statistics.median(cpu),
+        "cpu_us_per_event_range": [min(cpu), max(cpu)],
+        "events_per_s": _median(runs, "events_per_s"),
+        "events_per_cpu_s": 1e6 / statistics.median(cpu),
+    }
+
+
+def bench_ingest_ab(
+    checkouts: dict[str, Path],
+    events: int = 947_050,
+    rounds: int = 3,
+    until_idle: float = 1.0,
+    consume: bool = True,
+    profile_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Alternate the checkouts' ingest on one backlog; medians of CPU µs/event and events/s, and B/A.
+
+    Args:
+        checkouts: label → checkout directory, in A, B order (two or more).
+        events: records in the backlog (the issue's run used 947,050).
+        rounds: rounds; each runs every checkout once (order alternating) and one consume-only loop.
+        until_idle: the workers' idle window before exiting (not in the measured wall time).
+        consume: also run the consume-only loop each round (this tree's consumer settings).
+        profile_dir: after the timed rounds, one py-spy run per checkout, raw stacks written here.
+    """
+    labels = list(checkouts)
+    runs: dict[str, list[Run]] = {label: [] for label in [*labels, "consume-only"]}
+    with bench_home() as settings:
+        produce_encoded(settings, encoded_events(events))
+        for round_ in range(rounds):
+            order = labels if round_ % 2 == 0 else labels[::-1]
+            for label in order:
+                run = run_child(settings, checkouts[label], "ingest", until_idle, label)
+                if run.events != events:
+                    raise RuntimeError(f"{label} ingested {run.events} of {events} events")
+                runs[label].append(run)
+                print(_line(run), flush=True)
+            if consume:
+                run = run_child(settings, HERE, "consume", events, "consume-only")
+                runs["consume-only"].append(run)
+                print(_line(run), flush=True)
+        if profile_dir is not None:
+            profile_dir.mkdir(parents=True, exist_ok=True)
+            for label in labels:
+                run_child(settings, checkouts[label], "ingest", until_idle, label, profile_dir / f"{label}.txt")
+    summaries = {label: _summary(label, rs) for label, rs in runs.items() if rs}
+    a, b = labels[0], labels[1]
+    result: dict[str, Any] = {"events": events, "rounds": rounds, "summaries": summaries}
+    result["b_over_a_cpu_us_per_event"] = summaries[b]["cpu_us_per_event"] / summaries[a]["cpu_us_per_event"]
+    result["b_over_a_events_per_s"] = summaries[b]["events_per_s"] / summaries[a]["events_per_s"]
+    print(f"== bench ingest-ab: {events:,} events, {rounds} rounds (medians) ==")
+    for label, s in summaries.items():
+        low, high = s["cpu_us_per_event_range"]
+        line = (
+            f"  {label:>12}: {s['cpu_us_per_event']:.2f} µs CPU/event ({low:.2f}–{high:.2f}), "
+            f"{s['events_per_cpu_s'] / 1e3:.1f}k events per CPU-second, {s['events_per_s'] / 1e3:.1f}k events/s"
+        )
+        if consume and label != "consume-only":
+            c = summaries["consume-only"]
+            line += (
+                f"; vs consume-only: CPU {c['cpu_us_per_event'] / s['cpu_us_per_event']:.3f}×, "
+                f"events/s {s['events_per_s'] / c['events_per_s']:.2f}×"
+            )
+        print(line)
+    print(
+        f"  {b} / {a}: CPU per event {result['b_over_a_cpu_us_per_event']:.3f}×, "
+        f"events/s {result['b_over_a_events_per_s']:.3f}×"
+    )
+    return result
+
+
+def bench_ingest_guard(
+    events: int = GUARD_EVENTS, rounds: int = GUARD_ROUNDS, floor: float = GUARD_FLOOR, until_idle: float = 1.0
+) -> dict[str, Any]:
+    """This tree's ingest against the consume-only loop in the same run; fails below ``floor``.
+
+    The figure is ``consume-only CPU µs/event ÷ ingest CPU µs/event`` (median over ``rounds``,
+    each round one ingest and one consume-only run on the same backlog): what share of ingest's
+    CPU per event the Kafka client alone costs. The machine's speed cancels; ingest's own cost
+    per event does not.
+    """
+    ingest: list[Run] = []
+    consume: list[Run] = []
+    with bench_home() as settings:
+        produce_encoded(settings, encoded_events(events))
+        for round_ in range(rounds):
+            pair = ("ingest", "consume") if round_ % 2 == 0 else ("consume", "ingest")
+            for mode in pair:
+                if mode == "ingest":
+                    run = run_child(settings, HERE, "ingest", until_idle, "ingest")
+                    if run.events != events:
+                        raise RuntimeError(f"ingest landed {run.events} of {events} events")
+                    ingest.append(run)
+                else:
+                    run = run_child(settings, HERE, "consume", events, "consume-only")
+                    consume.append(run)
+                print(_line(run), flush=True)
+    ratios = [c.cpu_us_per_event / i.cpu_us_per_event for i, c in zip(ingest, consume, strict=True)]
+    ratio = statistics.median(ratios)
+    result = {
+        "events": events,
+        "rounds": rounds,
+        "ingest_cpu_us_per_event": _median(ingest, "cpu_us_per_event"),
+        "consume_cpu_us_per_event": _median(consume, "cpu_us_per_event"),
+        "ingest_events_per_s": _median(ingest, "events_per_s"),
+        "consume_events_per_s": _median(consume, "events_per_s"),
+        "ratios": ratios,
+        "ratio": ratio,
+        "floor": floor,
+        "passed": ratio >= floor,
+    }
+    print(f"== bench ingest --guard: {events:,} events, {rounds} rounds ==")
+    rounds_text = ", ".join(f"{r:.3f}" for r in ratios)
+    print(
+        f"  ingest {result['ingest_cpu_us_per_event']:.2f} µs CPU/event, consume-only "
+        f"{result['consume_cpu_us_per_event']:.2f}: ratio {ratio:.3f} (rounds {rounds_text}), "
+        f"floor {floor:.3f}: {'ok' if result['passed'] else 'FAILED'}"
+    )
+    return result

@@ -1,0 +1,161 @@
+"""One measured run for the ingest A/B (`benchmarks.ingest_ab`), started as ``python -P <this file> MODE``.
+
+It runs under whichever checkout ``PYTHONPATH`` names (the baseline commit or the current tree), so
+it imports only what every checkout since 2026-12-01 has: ``pipelines.ingest.IngestWorker``,
+``pipelines.ingest.consumer_config``, ``warehouse.catalog.open_catalog`` and ``load_settings`` (in
+``common.settings`` now, ``pipelines.settings`` before). Settings come from the ``TRAJLAKE_*``
+environment the driver sets. It prints one JSON line:
+
+* ``cpu_s``: CPU time (rusage) of the measured part — ingest: the worker process from the start of
+  ``run()`` to its return, plus its decoder process after start-up; consume: the loop;
+* ``cpu_before_s``: CPU time spent before that — this process's imports, settings and the worker's
+  construction, and the decoder process's start-up (waited for, so it is not counted twice);
+* ``first_at`` / ``last_at``: wall clock (``time.time()``) of the first record received and the
+  end of the work (ingest: the last ``raw_events`` snapshot; consume: the last record);
+* ``events``: records ingested (or consumed);
+* ingest only: ``worker_cpu_s`` and ``decoder_cpu_s``, the CPU of each of the two processes after
+  set-up, and the worker's phase timings where the checkout records them.
+
+Modes: ``ingest`` (one worker, ``--until-idle``) and ``consume`` (a plain consumer with the
+worker's own consumer settings that reads every record's value and drops it: the floor any
+ingest on this client pays).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import resource
+import sys
+import time
+from typing import Any
+
+
+def _cpu_self() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _settings() -> Any:
+    for module in ("common.settings", "pipelines.settings"):
+        try:
+            return importlib.import_module(module).load_settings()
+        except ModuleNotFoundError:
+            continue
+    raise RuntimeError("no load_settings in this checkout")
+
+
+class _FirstRecord:
+    """The worker's consumer, noting when the first record arrives (every other call passes through)."""
+
+    def __init__(self, consumer: Any) -> None:
+        self._consumer = consumer
+        self.first_at: float | None = None
+
+    def consume(self, *args: Any, **kwargs: Any) -> Any:
+        messages = self._consumer.consume(*args, **kwargs)
+        if messages and self.first_at is None:
+            self.first_at = time.time()
+        return messages
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a running process has used, from ``/proc/<pid>/stat``."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _decoder_started(worker: Any) -> float:
+    """Wait until the worker's decoder process has finished starting; its CPU so far (0 if none is found).
+
+    Every checkout since 2026-12-01 starts the decoder process in the worker's constructor and has it
+    send a ready message once its imports are done; the message is left in the pipe for the worker.
+    """
+    process = getattr(getattr(worker, "decoder", None), "_decoder", None)
+    conn, child = getattr(process, "_conn", None), getattr(process, "_process", None)
+    if conn is None or child is None or child.pid is None:
+        return 0.0
+    conn.poll(120)
+    return _process_cpu(child.pid)
+
+
+def run_ingest(until_idle: float) -> dict[str, Any]:
+    """Drain the topic with one ingest worker into a fresh lakehouse."""
+    settings = _settings()
+    worker = importlib.import_module("pipelines.ingest").IngestWorker(settings)
+    probe = _FirstRecord(worker.consumer)
+    worker.consumer = probe
+    decoder_before = _decoder_started(worker)
+    cpu_before = _cpu_self()
+    stats = worker.run(until_idle=until_idle)  # returns once the decoder process has exited (and is reaped)
+    worker_cpu, decoder = _cpu_self() - cpu_before, resource.getrusage(resource.RUSAGE_CHILDREN)
+    decoder_cpu = decoder.ru_utime + decoder.ru_stime - decoder_before
+    catalog = importlib.import_module("warehouse.catalog").open_catalog(settings)
+    table = catalog.load_table((settings.namespace, "raw_events"))
+    last_ms = max((s.timestamp_ms for s in table.snapshots()), default=0)
+    timings = getattr(stats, "timings", None)
+    return {
+        "events": stats.events,
+        "dead_letters": stats.dead_letters,
+        "batches": stats.batches,
+        "cpu_before_s": cpu_before + decoder_before,
+        "cpu_s": worker_cpu + decoder_cpu,
+        # the split: this process after set-up, and its decoder process after its start-up
+        "worker_cpu_s": worker_cpu,
+        "decoder_cpu_s": decoder_cpu,
+        "first_at": probe.first_at,
+        "last_at": last_ms / 1000,
+        "phases": None
+        if timings is None
+        else {"consume_s": timings.consume_s, "decode_s": timings.decode_s, "commit_s": timings.commit_s},
+    }
+
+
+def run_consume(expected: int) -> dict[str, Any]:
+    """Read ``expected`` records in a new group with the worker's consumer settings; touch each value."""
+    from confluent_kafka import Consumer
+
+    settings = _settings()
+    config = importlib.import_module("pipelines.ingest").consumer_config(settings, settings.kafka_bootstrap)
+    consumer = Consumer(config)
+    consumer.subscribe([settings.topic])
+    seen = n_bytes = 0
+    first_at: float | None = None
+    cpu_before = _cpu_self()
+    deadline = time.monotonic() + 120 + expected / 2000
+    try:
+        while seen < expected and time.monotonic() < deadline:
+            messages = consumer.consume(num_messages=10_000, timeout=0.5)
+            if messages and first_at is None:
+                first_at = time.time()
+            for message in messages:
+                if message.error() is None:
+                    n_bytes += len(message.value() or b"")
+                    seen += 1
+        last_at, cpu = time.time(), _cpu_self() - cpu_before
+    finally:
+        consumer.close()
+    return {
+        "events": seen,
+        "bytes": n_bytes,
+        "cpu_before_s": cpu_before,
+        "cpu_s": cpu,
+        "first_at": first_at,
+        "last_at": last_at,
+    }
+
+
+def main() -> None:
+    mode, argument = sys.argv[1], float(sys.argv[2])
+    result = run_ingest(argument) if mode == "ingest" else run_consume(int(argument))
+    result["pid"] = os.getpid()
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
