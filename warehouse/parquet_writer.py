@@ -11,8 +11,9 @@ the whole id space. With one, DuckDB skips a row group whose filter excludes the
 
 :func:`install` puts a Parquet format model into pyiceberg's registry that honours those
 properties and otherwise writes exactly what pyiceberg's writer does (it is that writer, given
-pyarrow's ``bloom_filter_options``), except that a leaf column holding no value in the file is
-written without a dictionary (:func:`valueless_columns`). A filter is sized for the row groups being written: the
+pyarrow's ``bloom_filter_options``), except that a leaf column holding no value in the file, or
+mostly distinct values, is written without a dictionary (:func:`valueless_columns`,
+:func:`distinct_columns`). A filter is sized for the row groups being written: the
 most distinct values of the column in one row group (the writer knows its rows before it writes
 them), at the configured false-positive rate, capped at the maximum size.
 """
@@ -77,6 +78,52 @@ def _leaves(path: str, array: pa.Array, empty: bool = False) -> Iterator[tuple[s
         yield path, not empty
 
 
+#: Rows of a file's first chunk whose values decide which leaf columns get a dictionary (see ``distinct_columns``).
+DICTIONARY_SAMPLE_ROWS = 4096
+#: Values a sample must hold to decide; a sparser column keeps the dictionary (pyarrow's default).
+_DICTIONARY_SAMPLE_VALUES = 64
+
+
+def _leaf_arrays(path: str, array: pa.Array) -> Iterator[tuple[str, pa.Array]]:
+    """(Parquet column path, values) of every leaf column of ``array`` (a column named ``path``)."""
+    kind = array.type
+    if pa.types.is_struct(kind):
+        for index in range(kind.num_fields):
+            yield from _leaf_arrays(f"{path}.{kind.field(index).name}", array.field(index))
+    elif pa.types.is_map(kind):
+        yield from _leaf_arrays(f"{path}.key_value.key", array.keys)
+        yield from _leaf_arrays(f"{path}.key_value.value", array.items)
+    elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        yield from _leaf_arrays(f"{path}.list.element", array.values)
+    else:
+        yield path, array
+
+
+def distinct_columns(table: pa.Table) -> set[str]:
+    """Parquet paths of the leaf columns whose values are mostly distinct, judged on the table's first rows.
+
+    A leaf whose first ``DICTIONARY_SAMPLE_ROWS`` rows hold at least 64 values, more than half of
+    them distinct (ids, timestamps, free text, measurements), gains nothing from a dictionary: its
+    page would hold nearly every value once more and every row an index besides, and encoding it is
+    a hash lookup per value. Sorted by session, raw_events' event ids, offsets and outputs are such
+    columns; event types, tool names, session ids and statuses are not.
+    """
+    distinct: set[str] = set()
+    for name in table.column_names:
+        column = table.column(name)
+        if not column.num_chunks:
+            continue
+        head = column.chunk(0).slice(0, DICTIONARY_SAMPLE_ROWS)
+        for path, leaf in _leaf_arrays(name, head):
+            values = leaf.slice(0, DICTIONARY_SAMPLE_ROWS)
+            present = len(values) - values.null_count
+            if present < _DICTIONARY_SAMPLE_VALUES or pa.types.is_boolean(values.type):
+                continue
+            if pc.count_distinct(values).as_py() * 2 > present:
+                distinct.add(path)
+    return distinct
+
+
 def valueless_columns(table: pa.Table) -> set[str]:
     """Parquet paths of the leaf columns of ``table`` that hold no value at all (every row null at some level)."""
     holding: dict[str, bool] = {}
@@ -115,9 +162,10 @@ class _BloomParquetWriter(ParquetFormatWriter):
             # A column with no value in the file gets no dictionary: its chunks hold only definition levels,
             # and an empty dictionary page per chunk and row group is pure cost (49 of the 136 leaf columns
             # of raw_events in a batch of v1 events: the per-kind payloads of later schema versions).
-            valueless = valueless_columns(table)
-            if valueless:
-                used = [path for path in _all_leaves(table) if path not in valueless]
+            # A column of mostly distinct values gets none either (see distinct_columns): smaller and cheaper.
+            plain = valueless_columns(table) | distinct_columns(table)
+            if plain:
+                used = [path for path in _all_leaves(table) if path not in plain]
                 self._parquet_writer_kwargs = {**self._parquet_writer_kwargs, "use_dictionary": used}
         if self._writer is None and self._blooms:
             options: dict[str, dict[str, Any]] = {}

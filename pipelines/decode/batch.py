@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from pipelines.decode.framing import concatenated_buffer, object_container, read_container_safely
 from pipelines.decode.process import BlockTimeout
-from pipelines.decode.resolution import Plan, conform, fill, plan_for
+from pipelines.decode.resolution import Plan, conform, fill, plan_for, spread
 from pipelines.decode.results import INGEST_ONLY, ROW_INDEX, DecodeResult
 from schemas.errors import DecodeError, InvalidEvent, OversizedEvent
 from schemas.registry import HEADER_LEN, MAGIC, decode_event, snake_case, versions, writer_version
@@ -83,15 +83,18 @@ class LocalDecoder:
             snake_case(payload.type.field(i).name.rsplit(".", 1)[-1]) for i in range(payload.type.num_fields)
         ]
         codes = list(payload.type.type_codes)
+        row_codes, row_offsets = type_codes.to_numpy(), offsets.to_numpy()
         for kind, reader_record in plan.reader_kinds.items():
             target = self.target.field(kind).type
-            if kind not in branch_kinds:
+            positions = np.empty(0, np.int64)
+            if kind in branch_kinds:
+                positions = np.flatnonzero(row_codes == codes[branch_kinds.index(kind)])
+            if not len(positions):
                 columns[kind] = pa.nulls(n, type=target)
                 continue
-            branch = branch_kinds.index(kind)
-            take = pc.if_else(pc.equal(type_codes, codes[branch]), offsets, pa.scalar(None, pa.int32()))
-            child = payload.field(branch).take(take)
-            columns[kind] = conform(child, reader_record, target, plan.named)
+            # Only this kind's rows are gathered and resolved; spread lays them out among the batch's rows.
+            child = payload.field(branch_kinds.index(kind)).take(pa.array(row_offsets[positions]))
+            columns[kind] = spread(conform(child, reader_record, target, plan.named), positions, n)
         version = pa.scalar(plan.writer.version, self.target.field("schema_version").type)
         columns["schema_version"] = pa.repeat(version, n)
         table = pa.table(columns)

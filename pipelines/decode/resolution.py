@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -94,6 +95,80 @@ def conform(array: pa.Array, reader: Any, target: pa.DataType, named: dict[str, 
         mask = array.is_null() if array.null_count else None
         return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
     return array if array.type == target else pc.cast(array, target)
+
+
+_OFFSETS: dict[pa.DataType, Any] = {
+    pa.large_string(): np.int64,
+    pa.large_binary(): np.int64,
+    pa.string(): np.int32,
+    pa.binary(): np.int32,
+}
+
+
+class _Spread:
+    """Lays out arrays of ``len(positions)`` rows over ``n`` rows (see ``spread``); the kind's bitmap once."""
+
+    def __init__(self, positions: np.ndarray, n: int) -> None:
+        self.positions, self.n = positions, n
+        valid = np.zeros(n, dtype=bool)
+        valid[positions] = True
+        self.valid = valid
+        self.bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+    def validity(self, array: pa.Array) -> tuple[pa.Buffer, int]:
+        """Validity bitmap of ``n`` rows: ``array``'s validity at ``positions``, null elsewhere; its null count."""
+        if not array.null_count:
+            return self.bitmap, self.n - len(self.positions)
+        valid = np.zeros(self.n, dtype=bool)
+        valid[self.positions] = array.is_valid().to_numpy(zero_copy_only=False)
+        return pa.py_buffer(np.packbits(valid, bitorder="little")), self.n - int(np.count_nonzero(valid))
+
+    def offsets(self, array: pa.Array, dtype: Any) -> pa.Buffer:
+        """Offsets of ``n`` rows: the rows at ``positions`` span what ``array``'s rows span, other rows are empty."""
+        compact = np.frombuffer(array.buffers()[1], dtype=dtype, count=array.offset + len(array) + 1)[array.offset :]
+        lengths = np.zeros(self.n + 1, dtype=dtype)
+        lengths[0] = compact[0]
+        lengths[self.positions + 1] = np.diff(compact)
+        return pa.py_buffer(np.cumsum(lengths, dtype=dtype))
+
+    def __call__(self, array: pa.Array) -> pa.Array:
+        kind, n = array.type, self.n
+        if pa.types.is_struct(kind):
+            children = [self(array.field(i)) for i in range(kind.num_fields)]
+            validity, nulls = self.validity(array)
+            return pa.Array.from_buffers(kind, n, [validity], null_count=nulls, children=children)
+        if kind in _OFFSETS:
+            validity, nulls = self.validity(array)
+            data = array.buffers()[2] or pa.py_buffer(b"")
+            return pa.Array.from_buffers(
+                kind, n, [validity, self.offsets(array, _OFFSETS[kind]), data], null_count=nulls
+            )
+        if pa.types.is_large_list(kind) or pa.types.is_list(kind):
+            validity, nulls = self.validity(array)
+            offsets = self.offsets(array, np.int64 if pa.types.is_large_list(kind) else np.int32)
+            return pa.Array.from_buffers(kind, n, [validity, offsets], null_count=nulls, children=[array.values])
+        if pa.types.is_primitive(kind) and not pa.types.is_boolean(kind):
+            validity, nulls = self.validity(array)
+            width = f"u{kind.bit_width // 8}"
+            compact = np.frombuffer(array.buffers()[1], dtype=width, count=array.offset + len(array))[array.offset :]
+            values = np.zeros(n, dtype=width)
+            values[self.positions] = compact
+            return pa.Array.from_buffers(kind, n, [validity, pa.py_buffer(values)], null_count=nulls)
+        index = np.zeros(n, dtype=np.int64)
+        index[self.positions] = np.arange(len(self.positions))
+        return array.take(pa.array(index, mask=~self.valid))
+
+
+def spread(array: pa.Array, positions: np.ndarray, n: int) -> pa.Array:
+    """``n`` rows: row ``positions[i]`` is ``array[i]`` (``positions`` ascending), every other row null.
+
+    The values of ``array.take(index)`` with ``index`` null off ``positions``, laid out from
+    ``array``'s buffers: strings' and lists' data is not copied again, only offsets, fixed-width
+    values and validity are laid out over the ``n`` rows (one bitmap shared by the leaves without
+    nulls). A payload kind's column then costs a gather of its own rows and a pass per leaf,
+    not a gather of every row of the batch per leaf.
+    """
+    return _Spread(positions, n)(array)
 
 
 @dataclass(frozen=True)

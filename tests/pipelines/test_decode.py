@@ -14,6 +14,7 @@ from typing import Any
 import fastavro
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
@@ -21,11 +22,12 @@ from hypothesis import strategies as st
 
 from common.settings import Settings
 from pipelines.decode import BatchDecoder, FileTarget, binary_array, concatenated, with_coordinates
-from pipelines.decode.resolution import _resolve, fill, plan_for
+from pipelines.decode.batch import LocalDecoder
+from pipelines.decode.resolution import _resolve, conform, fill, plan_for, spread
 from pipelines.ingest import event_row
 from pipelines.ingest.commit import writer_metadata
-from schemas.errors import DecodeError
-from schemas.registry import HEADER_LEN, decode_event, encode_event, latest, versions
+from schemas.errors import DecodeError, EncodeError
+from schemas.registry import HEADER_LEN, decode_event, encode_event, latest, snake_case, versions
 from tests.helpers import sample_events
 from tests.strategies import events as event_strategy
 from warehouse.catalog import open_catalog
@@ -188,6 +190,92 @@ def test_mixed_writer_versions_in_one_batch_keep_their_order(decoder: BatchDecod
     all_versions = sorted(versions())
     values = [encode_event(event, version=all_versions[i % len(all_versions)]) for i, event in enumerate(events)]
     assert_same(values, decoder)
+
+
+def _gathered_payloads(decoder: LocalDecoder, values: list[bytes], version: int) -> dict[str, pa.Array]:
+    """Each payload kind's column as it was built before ``spread``: one gather of every row, nulls included."""
+    plan = plan_for(versions()[version])
+    decoded = decoder._decode_block(plan, concatenated(binary_array(values), range(len(values))), len(values))
+    assert decoded is not None
+    keys = pa.table({"session_id": decoded.column("session_id"), "seq": decoded.column("seq"), "i": range(len(values))})
+    order = pc.sort_indices(keys, sort_keys=[("session_id", "ascending"), ("seq", "ascending"), ("i", "ascending")])
+    payload = decoded.column("payload").combine_chunks()
+    type_codes, offsets = payload.type_codes.take(order), payload.offsets.take(order)
+    kinds = [snake_case(payload.type.field(i).name.rsplit(".", 1)[-1]) for i in range(payload.type.num_fields)]
+    columns = {}
+    for kind, record in plan.reader_kinds.items():
+        target = TARGET.field(kind).type
+        if kind not in kinds:
+            columns[kind] = pa.nulls(len(values), type=target)
+            continue
+        code = payload.type.type_codes[kinds.index(kind)]
+        index = pc.if_else(pc.equal(type_codes, code), offsets, pa.scalar(None, pa.int32()))
+        columns[kind] = conform(payload.field(kinds.index(kind)).take(index), record, target, plan.named)
+    return columns
+
+
+@pytest.mark.fuzz
+@given(st.lists(event_strategy(), min_size=1, max_size=30), st.sampled_from(sorted(versions())))
+@settings(max_examples=25, deadline=None)
+def test_payload_columns_match_one_gather_of_every_row(events: list[dict], version: int) -> None:
+    # Each kind's rows are gathered alone and spread over the batch; the columns must equal the
+    # previous construction buffer-for-value (Arrow equality, full validation), nulls included.
+    events += sample_events(3)  # kinds the strategy does not draw
+    try:
+        values = [encode_event(event, version=version) for event in events]
+    except EncodeError:
+        return  # a field this writer version cannot hold
+    decoder = LocalDecoder(TARGET, None)
+    got = decoder.decode_here(binary_array(values), values, [("session_id", "ascending"), ("seq", "ascending")])
+    assert got.events.num_rows == len(values)
+    for kind, want in _gathered_payloads(decoder, values, version).items():
+        column = got.events.column(kind).combine_chunks()
+        column.validate(full=True)
+        assert column.equals(want), kind
+
+
+@pytest.mark.fuzz
+@given(
+    st.lists(
+        st.none()
+        | st.fixed_dictionaries(
+            {
+                "s": st.none() | st.text(max_size=5),
+                "i": st.none() | st.integers(-(2**40), 2**40),
+                "f": st.none() | st.floats(allow_nan=False),
+                "b": st.none() | st.booleans(),
+                "l": st.none() | st.lists(st.none() | st.text(max_size=3), max_size=3),
+                "r": st.none() | st.fixed_dictionaries({"x": st.none() | st.integers(0, 9)}),
+            }
+        ),
+        min_size=1,
+        max_size=20,
+    ),
+    st.data(),
+)
+@settings(max_examples=50, deadline=None)
+def test_spread_equals_a_gather_with_null_indices(rows: list[Any], data: st.DataObject) -> None:
+    kind = pa.struct(
+        {
+            "s": pa.large_string(),
+            "i": pa.int64(),
+            "f": pa.float64(),
+            "b": pa.bool_(),
+            "l": pa.large_list(pa.large_string()),
+            "r": pa.struct({"x": pa.int32()}),
+        }
+    )
+    start = data.draw(st.integers(0, len(rows) - 1))
+    array = pa.array(rows, kind).slice(start)  # offsets into the buffers, as a sliced child has
+    n = data.draw(st.integers(len(array), len(array) + 10))
+    positions = np.sort(data.draw(st.permutations(range(n)))[: len(array)]).astype(np.int64)
+    index = np.zeros(n, np.int64)
+    index[positions] = np.arange(len(array))
+    mask = np.ones(n, bool)
+    mask[positions] = False
+    got = spread(array, positions, n)
+    got.validate(full=True)
+    assert got.equals(array.take(pa.array(index, mask=mask)))
 
 
 @pytest.mark.slow

@@ -73,7 +73,14 @@ def _outcome(value: bytes) -> tuple[str, str]:
         return "dead", exc.reason
 
 
-BROKER_REFUSALS = {KafkaError.INVALID_TIMESTAMP, KafkaError.INVALID_RECORD, KafkaError.MSG_SIZE_TOO_LARGE}
+#: What a broker refuses of a record itself, and librdkafka's code for the records of a batch that one refused record
+#: failed with it.
+BROKER_REFUSALS = {
+    KafkaError.INVALID_TIMESTAMP,
+    KafkaError.INVALID_RECORD,
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError._INVALID_DIFFERENT_RECORD,
+}
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))

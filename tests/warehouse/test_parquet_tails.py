@@ -13,7 +13,13 @@ import pytest
 from common.settings import Settings
 from warehouse.catalog import open_catalog
 from warehouse.object_store import FooterCache
-from warehouse.parquet_writer import BLOOM_ENABLED, BLOOM_MAX_BYTES, ROW_GROUP_LIMIT, valueless_columns
+from warehouse.parquet_writer import (
+    BLOOM_ENABLED,
+    BLOOM_MAX_BYTES,
+    ROW_GROUP_LIMIT,
+    distinct_columns,
+    valueless_columns,
+)
 from warehouse.sql import local_path
 from warehouse.tables import TRAJECTORIES, ensure_table
 from warehouse.transactions import transaction
@@ -67,20 +73,49 @@ def test_bloom_filters_are_written_as_the_table_properties_ask(settings: Setting
     assert meta.row_group(0).column(session).bloom_filter_length < 8 << 10
 
 
-def test_columns_without_a_value_are_written_without_a_dictionary(settings: Settings) -> None:
-    table = ensure_table(open_catalog(settings), settings, TRAJECTORIES.name)
-    rows = _rows(3_000, "s")
-    table.append(rows)
-    (path,) = _files(table)
+def _dictionaries(path: str) -> dict[str, bool]:
     meta = pq.read_metadata(path)
-    dictionary = {
+    return {
         meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i).has_dictionary_page
         for i in range(meta.num_columns)
     }
+
+
+def test_columns_without_a_value_are_written_without_a_dictionary(settings: Settings) -> None:
+    table = ensure_table(open_catalog(settings), settings, TRAJECTORIES.name)
+    rows = _rows(3_000, "s")
+    # Repeated ids: a column of distinct values has no dictionary either (distinct_columns).
+    rows = rows.set_column(0, "session_id", pa.array([f"s-{i % 10}" for i in range(3_000)], rows.schema[0].type))
+    table.append(rows)
+    (path,) = _files(table)
+    dictionary = _dictionaries(path)
     assert dictionary.pop("session_id")
     assert dictionary and not any(dictionary.values())  # every other column is null in every row
     assert valueless_columns(rows) == set(dictionary)
     assert pq.read_table(path).column("session_id").to_pylist() == rows.column("session_id").to_pylist()
+
+
+def test_columns_of_mostly_distinct_values_are_written_without_a_dictionary(settings: Settings) -> None:
+    # Judged on the file's first rows: more than half distinct → plain; repeated values keep their dictionary.
+    table = ensure_table(open_catalog(settings), settings, TRAJECTORIES.name)
+    n = 3_000
+    rows = _rows(n, "s")  # every session id distinct
+    for name, values in {
+        "status": pa.array(["ok", "failed", None][i % 3] for i in range(n)),
+        "reward": pa.array([i / 7 for i in range(n)]),  # distinct
+        "n_events": pa.array([i % 5 for i in range(n)]),  # repeated
+    }.items():
+        rows = rows.set_column(rows.schema.get_field_index(name), name, values.cast(rows.schema.field(name).type))
+    assert {"session_id", "reward"} <= distinct_columns(rows)
+    assert not {"status", "n_events"} & distinct_columns(rows)
+    table.append(rows)
+    (path,) = _files(table)
+    dictionary = _dictionaries(path)
+    assert not dictionary["session_id"] and not dictionary["reward"]
+    assert dictionary["status"] and dictionary["n_events"]
+    written = pq.read_table(path)
+    for name in ("session_id", "status", "reward", "n_events"):
+        assert written.column(name).to_pylist() == rows.column(name).to_pylist(), name
 
 
 def test_bloom_filter_size_is_capped_and_absent_without_the_property(settings: Settings) -> None:
