@@ -60,12 +60,16 @@ def _local_warehouses(settings: Settings) -> list[Path]:
     return [place.resolve() for place in places]
 
 
+#: The lakehouse's own output directories: the scheduled exports (``exports/``) and their reports (``reports/``).
+OUTPUT_DIRS = ("exports", "reports")
+
+
 def _refused_directory(path: Path, settings: Settings) -> str | None:
     """Why ``path`` (resolved) must not receive an export, or None.
 
     Refused: system directories and trees; the home directory itself; a new directory directly under
     ``/`` (what a path through a symlink to ``/`` would create); anything inside the lakehouse's own
-    directories except ``TRAJLAKE_HOME/exports`` (where the scheduled exports go).
+    directories except under ``OUTPUT_DIRS`` of ``TRAJLAKE_HOME`` (where the scheduled exports and reports go).
     """
     text = str(path)
     if text in _SYSTEM_DIRS or any(text == tree or text.startswith(tree + "/") for tree in _SYSTEM_TREES):
@@ -74,11 +78,13 @@ def _refused_directory(path: Path, settings: Settings) -> str | None:
         return "your home directory itself; choose a directory inside it"
     if path.parent == Path("/") and not path.exists():
         return "it would create a new top-level directory"
-    exports = settings.home_dir.resolve() / "exports"
-    inside_exports = path.is_relative_to(exports) and path != exports
+    outputs = [settings.home_dir.resolve() / name for name in OUTPUT_DIRS]
+    if any(path.is_relative_to(out) and path != out for out in outputs):
+        return None
     for place in _local_warehouses(settings):
-        if path.is_relative_to(place) and not inside_exports:
-            return f"inside the lakehouse's own directory {place}; choose a directory outside it (or under {exports})"
+        if path.is_relative_to(place):
+            where = outputs[0]
+            return f"inside the lakehouse's own directory {place}; choose a directory outside it (or under {where})"
     return None
 
 

@@ -48,6 +48,16 @@ def test_a_report_is_refused_where_an_export_is(
         write_report(lake, target)
 
 
+def test_the_scheduled_places_inside_the_lakehouse_are_allowed(lake: Settings) -> None:
+    """The nightly training set writes its report under TRAJLAKE_HOME/reports/<format>/<day> (Dagster)."""
+    out = lake.home_dir / "reports" / "hf" / "2026-01-01"
+    write_report(lake, out)
+    assert (out / "index.html").is_file()
+    write_report(lake, out)  # the next run replaces its own report
+    with pytest.raises(ReportError, match="refusing to write the report"):
+        write_report(lake, lake.home_dir / "reports")  # the directory itself is not a report's place
+
+
 def test_links_planted_in_a_report_directory_are_never_written_through(lake: Settings, tmp_path: Path) -> None:
     report = tmp_path / "report"
     stats = write_report(lake, report)
