@@ -83,6 +83,7 @@ BROKER_REFUSALS = {
 }
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_any_record_bytes_are_ingested_or_dead_lettered_once(kafka_settings: Settings, data: st.DataObject) -> None:

@@ -32,6 +32,7 @@ EXTREME_TS = {"year_0": YEAR_0, "year_10000": YEAR_10000, "long_max": 2**63 - 1,
 CLAMPED = {"year_0": TS_MIN_US, "year_10000": TS_MAX_US, "long_max": TS_MAX_US, "long_min": TS_MIN_US}
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.parametrize("neighbour", ["none", "truncated"])
 def test_out_of_range_timestamps_land_clamped_with_the_value_as_sent(kafka_settings: Settings, neighbour: str) -> None:

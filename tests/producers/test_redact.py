@@ -296,6 +296,7 @@ def test_submitted_patches_survive_byte_identical(real):
     assert all(redact_json_text(p) == p for p in patches)
 
 
+@pytest.mark.slow
 def test_import_redacts_a_recorded_run_holding_secrets(tmp_path: Path, injected):
     source = REAL_RUNS_DIR / "mini-swe-agent" / "django__django-11099.traj.json"
     if not source.is_file():

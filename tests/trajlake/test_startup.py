@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 HEAVY = ("pydantic", "pydantic_settings", "pyiceberg", "pyarrow", "duckdb", "polars", "sqlalchemy", "dagster")
 
 
@@ -45,6 +47,7 @@ def test_a_local_query_does_not_import_the_object_store_filesystem() -> None:
 CATALOG_STACK = ("pyiceberg", "sqlalchemy", "pandas")
 
 
+@pytest.mark.slow
 def test_a_query_from_the_view_plan_imports_no_catalog_stack(tmp_path: Path) -> None:
     home = str(tmp_path / "home")
     setup = (

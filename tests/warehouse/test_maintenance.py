@@ -119,6 +119,7 @@ def test_maintain_bounds_cold_files_after_repeated_tiering(settings: Settings) -
     assert lake_state(settings) == before
 
 
+@pytest.mark.slow
 def test_lifecycle_assets_materialize(settings: Settings) -> None:
     from dagster import materialize
 

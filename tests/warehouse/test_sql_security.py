@@ -159,6 +159,7 @@ def test_explain_analyze_copy_cannot_overwrite_the_catalog(lake: Settings) -> No
     assert run_query(lake, "SELECT count(*) > 0 FROM events")[1] == [(True,)]
 
 
+@pytest.mark.slow
 def test_plain_explain_of_a_select_runs_without_running_it(lake: Settings) -> None:
     columns, rows = run_query(lake, "EXPLAIN SELECT count(*) FROM events")
     assert columns and rows and "explain" in columns[0]
@@ -310,6 +311,7 @@ def test_a_long_query_is_interrupted(lake: Settings, monkeypatch: pytest.MonkeyP
         assert time.monotonic() - started < 20
 
 
+@pytest.mark.slow
 def test_memory_is_limited(lake: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAJLAKE_SQL_MEMORY_LIMIT", "64MB")
     settings = load_settings()

@@ -58,6 +58,7 @@ def lake(settings: Settings) -> Settings:
     return settings
 
 
+@pytest.mark.slow
 def test_every_view_answers_from_the_plan_as_through_the_catalog(lake: Settings) -> None:
     assert not plan_path(lake).exists()
     full = open_views(lake, locked=True, save_plan=True)
@@ -152,6 +153,7 @@ def test_a_plan_holding_other_statements_runs_nothing(settings: Settings, tmp_pa
     assert _count(settings) > 0
 
 
+@pytest.mark.slow
 def test_the_planned_connection_is_locked(lake: Settings) -> None:
     open_views(lake, locked=True, save_plan=True).close()
     con = open_planned_views(lake)
