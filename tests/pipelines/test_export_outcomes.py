@@ -155,6 +155,7 @@ def test_default_sft_export_holds_only_verified_successes_and_rl_every_evaluated
     assert {r["outcome"] for r in _records(tmp_path / "fail" / "hf.jsonl")} == {"failure"}
 
 
+@pytest.mark.slow
 def test_reasoning_session_exports_segments_equal_to_what_the_server_returned(
     lake: tuple[Settings, dict[str, set[str]], list[bytes]], tmp_path: Path
 ) -> None:

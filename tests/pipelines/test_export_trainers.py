@@ -115,6 +115,7 @@ def test_verl_records_are_agent_loop_outputs(lake, tmp_path):
         assert set(record["response_mask"]) == {1}
 
 
+@pytest.mark.slow
 def test_skyrl_records_are_trajectory_outputs_with_the_engines_stop_reason(lake, tmp_path):
     settings, answers = lake
     by_session = _by_session(_export(settings, "skyrl", tmp_path / "skyrl"), "env_metrics")

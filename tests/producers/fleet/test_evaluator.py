@@ -322,6 +322,7 @@ def test_scripted_cheaters_are_labelled_and_judged(cheat_run):
     assert seen == {*NEW_CHEATS.values(), None}
 
 
+@pytest.mark.slow
 def test_events_carry_what_the_judges_need(cheat_run):
     from producers.fleet.tasks import make_task
 

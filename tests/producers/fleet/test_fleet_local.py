@@ -196,6 +196,7 @@ def test_mixed_run_outcomes_match_ground_truth(mixed_run):
                 assert event["parent_event_id"] and event["payload"]["exit_code"] is not None
 
 
+@pytest.mark.slow
 def test_cheats_leave_signatures_and_never_reach_the_evaluator(mixed_run):
     _, sessions, labels = mixed_run
     seen = set()
