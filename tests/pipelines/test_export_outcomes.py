@@ -27,7 +27,11 @@ from producers.importers import import_trajectory
 from tests.helpers import write_raw
 from warehouse.query import run_query
 
-pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable")
+# slow as a whole: the module's fixtures run real sandbox sessions once, and whichever test comes first pays for them
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable"),
+]
 
 REAL = Path("/work/shared/data/real-trajectories")
 DJANGO = REAL / "mini-swe-agent/django__django-11099.traj.json"

@@ -25,7 +25,11 @@ from producers.fleet.tasks import task_for
 from tests.helpers import write_raw
 from warehouse.query import run_query
 
-pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable")
+# slow as a whole: the module's fixtures run real sandbox sessions once, and whichever test comes first pays for them
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable"),
+]
 
 #: verl 0.9.1 ``AgentLoopOutput`` (required: prompt_ids, response_ids, response_mask, metrics) and SkyRL 0.3.1
 #: ``TrajectoryOutput`` (a dataclass: every field required, no other accepted), as published.

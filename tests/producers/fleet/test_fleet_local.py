@@ -13,7 +13,11 @@ from producers.fleet.sandbox import ImageStore, Limits, Reaper, Sandbox, Sandbox
 from producers.fleet.tasks import make_task
 from schemas.registry import encode_event
 
-pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable")
+# slow as a whole: the module's fixtures run real sandbox sessions once, and whichever test comes first pays for them
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable"),
+]
 
 
 @pytest.fixture
