@@ -62,8 +62,11 @@ def _most_values(max_bytes: int, fpp: float) -> int:
     return max(1, int(max_bytes * 8 / bits_per_value))
 
 
-def _leaves(path: str, array: pa.Array, empty: bool = False) -> Iterator[tuple[str, bool]]:
-    """(Parquet column path, holds a value) of every leaf column of ``array`` (a column named ``path``)."""
+def _leaves(path: str, array: pa.Array, empty: bool = False) -> Iterator[tuple[str, pa.Array, bool]]:
+    """(Parquet column path, values, holds a value) of every leaf column of ``array`` (a column named ``path``).
+
+    A leaf holds no value when it, or a level above it, is null in every row.
+    """
     empty = empty or array.null_count == len(array)
     kind = array.type
     if pa.types.is_struct(kind):
@@ -75,28 +78,13 @@ def _leaves(path: str, array: pa.Array, empty: bool = False) -> Iterator[tuple[s
     elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
         yield from _leaves(f"{path}.list.element", array.values, empty)
     else:
-        yield path, not empty
+        yield path, array, not empty
 
 
 #: Rows of a file's first chunk whose values decide which leaf columns get a dictionary (see ``distinct_columns``).
 DICTIONARY_SAMPLE_ROWS = 4096
 #: Values a sample must hold to decide; a sparser column keeps the dictionary (pyarrow's default).
 _DICTIONARY_SAMPLE_VALUES = 64
-
-
-def _leaf_arrays(path: str, array: pa.Array) -> Iterator[tuple[str, pa.Array]]:
-    """(Parquet column path, values) of every leaf column of ``array`` (a column named ``path``)."""
-    kind = array.type
-    if pa.types.is_struct(kind):
-        for index in range(kind.num_fields):
-            yield from _leaf_arrays(f"{path}.{kind.field(index).name}", array.field(index))
-    elif pa.types.is_map(kind):
-        yield from _leaf_arrays(f"{path}.key_value.key", array.keys)
-        yield from _leaf_arrays(f"{path}.key_value.value", array.items)
-    elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        yield from _leaf_arrays(f"{path}.list.element", array.values)
-    else:
-        yield path, array
 
 
 def distinct_columns(table: pa.Table) -> set[str]:
@@ -114,7 +102,7 @@ def distinct_columns(table: pa.Table) -> set[str]:
         if not column.num_chunks:
             continue
         head = column.chunk(0).slice(0, DICTIONARY_SAMPLE_ROWS)
-        for path, leaf in _leaf_arrays(name, head):
+        for path, leaf, _ in _leaves(name, head):
             values = leaf.slice(0, DICTIONARY_SAMPLE_ROWS)
             present = len(values) - values.null_count
             if present < _DICTIONARY_SAMPLE_VALUES or pa.types.is_boolean(values.type):
@@ -129,14 +117,14 @@ def valueless_columns(table: pa.Table) -> set[str]:
     holding: dict[str, bool] = {}
     for name in table.column_names:
         for chunk in table.column(name).chunks:
-            for path, has_value in _leaves(name, chunk):
+            for path, _, has_value in _leaves(name, chunk):
                 holding[path] = holding.get(path, False) or has_value
     return {path for path, has_value in holding.items() if not has_value}
 
 
 def _all_leaves(table: pa.Table) -> list[str]:
     """Parquet paths of every leaf column of ``table``, in order."""
-    return [path for field in table.schema for path, _ in _leaves(field.name, pa.nulls(0, field.type))]
+    return [path for field in table.schema for path, _, _ in _leaves(field.name, pa.nulls(0, field.type))]
 
 
 def _distinct_per_group(column: pa.ChunkedArray, group_rows: int) -> int:
