@@ -119,6 +119,18 @@ def _send(box: Sandbox, payloads: list[tuple[bytes, bool]]) -> None:
     assert "sent" in result.output, result.output
 
 
+def _allowed_request(path: Path) -> bytes:
+    """The whole reply of the in-process gateway at ``path`` to a request for its allowlisted service."""
+    with socket.socket(socket.AF_UNIX) as client:
+        client.settimeout(5)
+        client.connect(str(path))
+        client.sendall(b'{"host": "allowed.test", "port": 80}\nGET / HTTP/1.0\r\n\r\n')
+        reply = b""
+        while chunk := client.recv(4096):
+            reply += chunk
+    return reply
+
+
 @local
 def test_malformed_messages_and_held_connections_do_not_blind_the_gateway(box):
     box.gateway.drain()
@@ -158,13 +170,7 @@ def test_held_connections_past_the_limit_evict_the_oldest_and_are_counted(tmp_pa
         while gateway.evicted < 10 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert gateway.evicted >= 10
-        with socket.socket(socket.AF_UNIX) as client:  # a real request is still answered
-            client.settimeout(5)
-            client.connect(str(tmp_path / "egress.sock"))
-            client.sendall(b'{"host": "allowed.test", "port": 80}\nGET / HTTP/1.0\r\n\r\n')
-            reply = b""
-            while chunk := client.recv(4096):
-                reply += chunk
+        reply = _allowed_request(tmp_path / "egress.sock")  # a real request is still answered
         assert reply.startswith(b"ALLOW\n") and gateway.alive
     finally:
         for client in held:
@@ -241,13 +247,7 @@ def test_fuzz_the_host_side_gateway_in_process(tmp_path_factory, payloads):
                     client.recv(64)
                 except OSError:
                     pass
-        with socket.socket(socket.AF_UNIX) as client:
-            client.settimeout(5)
-            client.connect(str(run / "egress.sock"))
-            client.sendall(b'{"host": "allowed.test", "port": 80}\nGET / HTTP/1.0\r\n\r\n')
-            reply = b""
-            while chunk := client.recv(4096):
-                reply += chunk
+        reply = _allowed_request(run / "egress.sock")
         assert reply.startswith(b"ALLOW\nHTTP/1.0 200 OK") and reply.endswith(b"ok")
         attempts = gateway.drain()
         assert attempts[-1].host == "allowed.test" and attempts[-1].allowed
