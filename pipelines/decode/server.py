@@ -17,7 +17,7 @@ import pyarrow as pa
 from pipelines.decode.batch import LocalDecoder
 from pipelines.decode.files import write_files_isolating
 from pipelines.decode.framing import LazyValues, ipc_bytes, read_container_safely
-from pipelines.memory import release_free_memory, reusing_allocator
+from pipelines.memory import release_free_memory, reusing_allocator, steady_gc
 
 # The decoder keeps freed pages for the next batch (its working set is one batch), and gives
 # them back once it holds more than this, so a heap fragmented by odd batches cannot grow on.
@@ -88,16 +88,17 @@ def serve(conn: Connection) -> None:
     _warm_up()
     conn.send({"ready": True})
     decoders: dict[Any, LocalDecoder] = {}
-    while True:
-        try:
-            header = conn.recv()
-            parts = [conn.recv_bytes() for _ in range(header.pop("parts"))]
-        except (EOFError, OSError):
-            return  # the parent closed its end
-        reply, count, out = handle(header, parts, decoders)
-        del parts
-        conn.send({**reply, "parts": count})
-        for part in out:
-            conn.send_bytes(part)
-        del reply, out  # the decoded batch is not kept while waiting for the next one
-        release_free_memory(above=DECODER_RETAINED_BYTES)
+    with steady_gc():  # the modules and the warm-up stay out of every collection from here on
+        while True:
+            try:
+                header = conn.recv()
+                parts = [conn.recv_bytes() for _ in range(header.pop("parts"))]
+            except (EOFError, OSError):
+                return  # the parent closed its end
+            reply, count, out = handle(header, parts, decoders)
+            del parts
+            conn.send({**reply, "parts": count})
+            for part in out:
+                conn.send_bytes(part)
+            del reply, out  # the decoded batch is not kept while waiting for the next one
+            release_free_memory(above=DECODER_RETAINED_BYTES)

@@ -51,7 +51,7 @@ from pipelines.ingest.offsets import (
 from pipelines.ingest.recent_ids import RecentIds
 from pipelines.ingest.rows import dead_letter_row
 from pipelines.ingest.stats import IngestStats
-from pipelines.memory import bound_allocator, release_free_memory
+from pipelines.memory import bound_allocator, release_free_memory, steady_gc
 from warehouse.catalog import open_catalog
 from warehouse.tables import DEAD_LETTERS, RAW_EVENTS, ensure_table
 
@@ -409,6 +409,10 @@ class IngestWorker:
         Raises:
             KafkaUnavailable: no partition was assigned within ``join_timeout`` seconds.
         """
+        with steady_gc():  # what the worker set up stays out of the collections the loop makes
+            return self._run(until_idle, join_timeout, progress)
+
+    def _run(self, until_idle: float | None, join_timeout: float, progress: Progress | None) -> IngestStats:
         started = time.monotonic()
         self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
         last_message = time.monotonic()

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -58,3 +59,65 @@ def test_reusing_allocator_keeps_pages_until_over_its_bound() -> None:
     assert mib["kept_under_bound"] - mib["base"] > 150
     # ... until the process holds more than the bound: then they go back to the OS.
     assert mib["trimmed"] - mib["base"] < 40
+
+
+# -- steady_gc: the collector during a long batch loop ------------------------------------
+
+_GC_PROBE = textwrap.dedent(
+    """
+    import gc, json, sys, threading, weakref
+    from pipelines.memory import steady_gc
+
+    class Node:
+        pass
+
+    def cycle():
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        return weakref.ref(a)
+
+    if sys.argv[1] == "prefrozen":
+        gc.freeze()  # as a forked child that must not collect its parent's objects
+    out = {"before": gc.get_threshold(), "frozen_before": gc.get_freeze_count()}
+    with steady_gc(gen0=5_000):
+        out["inside"] = gc.get_threshold()
+        out["frozen_inside"] = gc.get_freeze_count()
+        with steady_gc(gen0=9_000):
+            out["nested"] = gc.get_threshold()
+        out["after_nested"] = gc.get_threshold()
+        # a cycle made inside the block is still collected once enough containers were allocated
+        dead = cycle()
+        keep = [[i] for i in range(20_000)]
+        out["cycle_collected"] = dead() is None
+        del keep
+    out["after"] = gc.get_threshold()
+    out["frozen_after"] = gc.get_freeze_count()
+    print(json.dumps(out))
+    """
+)
+
+
+def _gc_probe(mode: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-c", _GC_PROBE, mode], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_steady_gc_freezes_what_was_alive_and_restores_the_collector_on_exit() -> None:
+    out = _gc_probe("plain")
+    assert out["frozen_before"] == 0
+    assert out["frozen_inside"] > 1_000  # the interpreter's and pipelines.memory's objects
+    assert out["inside"] == [5_000, *out["before"][1:]]
+    assert out["nested"] == out["inside"]  # only the outermost block sets and restores
+    assert out["after_nested"] == out["inside"]
+    assert out["cycle_collected"]  # reference cycles still die inside the block
+    assert out["after"] == out["before"]
+    assert out["frozen_after"] == 0
+
+
+def test_steady_gc_leaves_a_process_s_own_freeze_alone() -> None:
+    out = _gc_probe("prefrozen")
+    assert out["frozen_before"] > 0
+    assert out["inside"][0] == 5_000
+    assert out["frozen_after"] == out["frozen_before"]  # not thawed: that freeze was not ours
+    assert out["after"] == out["before"]

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
 
 import pytest
+from confluent_kafka import Message
 
 from common.settings import Settings
 from pipelines.ingest import IngestWorker, recorded_offsets
+from pipelines.memory import STEADY_GC_GEN0
 from schemas.registry import encode_event
 from tests.helpers import produce, sample_events
 from warehouse.catalog import open_catalog
@@ -29,11 +32,24 @@ def counts(settings: Settings) -> tuple[int, int, int]:
 
 
 @pytest.mark.slow
-def test_ingest_lands_every_event_once_and_rerun_adds_nothing(kafka_settings: Settings) -> None:
+def test_ingest_lands_every_event_once_and_rerun_adds_nothing(
+    kafka_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     events = sample_events(30)
     produce(kafka_settings, events)
-    stats = IngestWorker(kafka_settings).run(until_idle=2)
+    worker, collector = IngestWorker(kafka_settings), gc.get_threshold()
+    during: list[tuple[int, int]] = []  # the collector as the loop sees it (see pipelines.memory.steady_gc)
+    add = worker._add_many
+
+    def spy(messages: list[Message]) -> None:
+        during.append((gc.get_threshold()[0], gc.get_freeze_count()))
+        add(messages)
+
+    monkeypatch.setattr(worker, "_add_many", spy)
+    stats = worker.run(until_idle=2)
     assert stats.events == len(events)
+    assert during and all(gen0 >= STEADY_GC_GEN0 and frozen > 0 for gen0, frozen in during)
+    assert (gc.get_threshold(), gc.get_freeze_count()) == (collector, 0)
     assert counts(kafka_settings) == (len(events), len(events), 0)
     timings = stats.timings  # the worker's own phase times (what `trajlake bench ingest` reads)
     assert 0 < timings.first_record_to_last_commit_s <= stats.seconds
