@@ -109,7 +109,11 @@ def run_child(
         total_cpu_s=usage.ru_utime + usage.ru_stime,
         wall_s=float(result["last_at"]) - float(result["first_at"]),
         extra={
-            **{k: v for k, v in result.items() if k in ("batches", "phases", "worker_cpu_s", "decoder_cpu_s")},
+            **{
+                k: v
+                for k, v in result.items()
+                if k in ("batches", "phases", "worker_cpu_s", "decoder_cpu_s", "worker_gc_s", "worker_gc_collections")
+            },
             "notes": notes[-5:],
         },
     )
@@ -126,7 +130,11 @@ def _line(run: Run) -> str:
     )
     if "worker_cpu_s" in run.extra:
         per_event = {k: run.extra[f"{k}_cpu_s"] / run.events * 1e6 for k in ("worker", "decoder")}
-        line += f"  (worker {per_event['worker']:.2f} + decoder {per_event['decoder']:.2f} µs)"
+        line += f"  (worker {per_event['worker']:.2f} + decoder {per_event['decoder']:.2f} µs"
+        if "worker_gc_s" in run.extra:
+            gc_us = run.extra["worker_gc_s"] / run.events * 1e6
+            line += f"; worker's garbage collector {gc_us:.2f} µs in {run.extra['worker_gc_collections']} collections"
+        line += ")"
     for note in run.extra.get("notes", []):
         line += f"\n      {run.label} logged: {note[:200]}"
     return line
@@ -141,6 +149,10 @@ def _summary(label: str, runs: list[Run]) -> dict[str, Any]:
         "cpu_us_per_event_range": [min(cpu), max(cpu)],
         "events_per_s": _median(runs, "events_per_s"),
         "events_per_cpu_s": 1e6 / statistics.median(cpu),
+        # the worker process's garbage collector over run(), per event (ingest runs only)
+        "worker_gc_us_per_event": statistics.median(gc)
+        if (gc := [r.extra["worker_gc_s"] / r.events * 1e6 for r in runs if "worker_gc_s" in r.extra])
+        else None,
     }
 
 

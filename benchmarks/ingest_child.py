@@ -14,7 +14,9 @@ environment the driver sets. It prints one JSON line:
   end of the work (ingest: the last ``raw_events`` snapshot; consume: the last record);
 * ``events``: records ingested (or consumed);
 * ingest only: ``worker_cpu_s`` and ``decoder_cpu_s``, the CPU of each of the two processes after
-  set-up, and the worker's phase timings where the checkout records them.
+  set-up, the worker's phase timings where the checkout records them, and ``worker_gc_s`` /
+  ``worker_gc_collections``: the CPU the worker process's cyclic garbage collector took over
+  ``run()`` (thread CPU of the collecting thread, from ``gc.callbacks``), and how many collections.
 
 Modes: ``ingest`` (one worker, ``--until-idle``) and ``consume`` (a plain consumer with the
 worker's own consumer settings that reads every record's value and drops it: the floor any
@@ -23,6 +25,7 @@ ingest on this client pays).
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -84,6 +87,23 @@ def _decoder_started(worker: Any) -> float:
     return _process_cpu(child.pid)
 
 
+class _CollectorTimer:
+    """Thread CPU taken by the cyclic garbage collector's collections in this process, while installed."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = 0
+        self._started: float | None = None
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+        elif self._started is not None:  # a collection runs to its end in the thread that started it
+            self.seconds += time.thread_time() - self._started
+            self.collections += 1
+            self._started = None
+
+
 def run_ingest(until_idle: float) -> dict[str, Any]:
     """Drain the topic with one ingest worker into a fresh lakehouse."""
     settings = _settings()
@@ -91,8 +111,11 @@ def run_ingest(until_idle: float) -> dict[str, Any]:
     probe = _FirstRecord(worker.consumer)
     worker.consumer = probe
     decoder_before = _decoder_started(worker)
+    collector = _CollectorTimer()
+    gc.callbacks.append(collector)
     cpu_before = _cpu_self()
     stats = worker.run(until_idle=until_idle)  # returns once the decoder process has exited (and is reaped)
+    gc.callbacks.remove(collector)
     worker_cpu, decoder = _cpu_self() - cpu_before, resource.getrusage(resource.RUSAGE_CHILDREN)
     decoder_cpu = decoder.ru_utime + decoder.ru_stime - decoder_before
     catalog = importlib.import_module("warehouse.catalog").open_catalog(settings)
@@ -108,6 +131,8 @@ def run_ingest(until_idle: float) -> dict[str, Any]:
         # the split: this process after set-up, and its decoder process after its start-up
         "worker_cpu_s": worker_cpu,
         "decoder_cpu_s": decoder_cpu,
+        "worker_gc_s": collector.seconds,
+        "worker_gc_collections": collector.collections,
         "first_at": probe.first_at,
         "last_at": last_ms / 1000,
         "phases": None

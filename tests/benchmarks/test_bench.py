@@ -63,6 +63,23 @@ def test_bench_ingest_ab_measures_each_checkout_and_the_consume_loop() -> None:
     assert set(summaries) == {"A", "B", "consume-only"}
     assert all(s["runs"] == 1 and s["cpu_us_per_event"] > 0 for s in summaries.values())
     assert result["b_over_a_cpu_us_per_event"] > 0
+    assert summaries["A"]["worker_gc_us_per_event"] >= 0 and summaries["consume-only"]["worker_gc_us_per_event"] is None
+
+
+def test_the_ingest_child_times_the_collector() -> None:
+    import gc
+
+    from benchmarks.ingest_child import _CollectorTimer
+
+    timer = _CollectorTimer()
+    gc.callbacks.append(timer)
+    try:
+        held = [[i] for i in range(300_000)]  # enough tracked objects for a full collection to take CPU
+        gc.collect()
+        del held
+    finally:
+        gc.callbacks.remove(timer)
+    assert timer.collections >= 1 and timer.seconds > 0
 
 
 @pytest.mark.integration
