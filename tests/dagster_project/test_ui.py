@@ -10,6 +10,7 @@ must end every Dagster process it started. Set ``TRAJLAKE_UI_SCREENSHOTS=DIR`` t
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -20,6 +21,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,6 +100,20 @@ def running_ui(tmp_path: Path, stop_grace_s: float = 20.0) -> Iterator[tuple[str
     assert (home / "dagster").is_dir()  # DAGSTER_HOME under TRAJLAKE_HOME
 
 
+def _runs_launched(ui: str) -> int:
+    """How many runs the Dagster instance behind ``ui`` has (its GraphQL API, as the UI's own pages ask it)."""
+    query = b'{"query": "{ runsOrError { ... on Runs { results { runId } } } }"}'
+    request = urllib.request.Request(f"{ui}/graphql", data=query, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return len(json.load(response)["data"]["runsOrError"]["results"])
+
+
+def _dialog_text(page: Any) -> str:
+    """The text of whatever dialog is open (for the failure message), or ``""``."""
+    dialogs = page.get_by_role("dialog")
+    return " | ".join(dialogs.nth(i).inner_text()[:300] for i in range(dialogs.count()))
+
+
 @pytest.fixture
 def ui(tmp_path: Path) -> Iterator[str]:
     """The base URL of a running ``trajlake ui`` (see :func:`running_ui`)."""
@@ -149,11 +165,20 @@ def test_a_person_materializes_an_asset_and_reads_its_check(ui: str, tmp_path: P
         page.goto(f"{ui}/assets/trajectories", wait_until="networkidle")
         page.wait_for_timeout(1_000)
         page.locator("button:has-text('Materialize')").first.click()
-        for attempt in range(3):  # "also materializes steps", "raw_events never materialized"
-            try:
-                page.get_by_role("button", name="Confirm").click(timeout=30_000 if attempt == 0 else 10_000)
-            except playwright.TimeoutError:
+        # The UI asks zero or more questions ("also materializes steps", "raw_events never materialized"), each
+        # after a server round trip that a loaded machine slows down: confirm each one as it comes, until the run
+        # exists and no dialog is left covering the page.
+        confirm = page.get_by_role("button", name="Confirm")
+        deadline = time.monotonic() + 120
+        while True:
+            if confirm.count() and confirm.first.is_visible():
+                confirm.first.click()
+            elif _runs_launched(ui) and not page.locator(".bp5-overlay-backdrop").count():
                 break
+            if time.monotonic() > deadline:
+                page.screenshot(path=str(shots / "timeout.png"))
+                raise AssertionError(f"no run launched within 120 s of clicking Materialize ({_dialog_text(page)!r})")
+            page.wait_for_timeout(500)
         page.screenshot(path=str(shots / "launched.png"))
 
         # Wait for it: the materialization's metadata appears on the Events tab.
