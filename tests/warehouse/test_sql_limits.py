@@ -174,18 +174,18 @@ def _lakehouse(home: Path) -> Path:
 def _cli_peak(home: Path, query: str, env: dict[str, str]) -> tuple[int, int]:
     """(bytes printed, peak RSS of the command's own process) of ``trajlake sql QUERY --format csv``."""
     _lakehouse(home)
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", _PEAK, query],
         env={**env, "TRAJLAKE_HOME": str(home)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    printed = 0
-    while chunk := proc.stdout.read(1 << 20):
-        printed += len(chunk)
-    errors = proc.stderr.read().decode()
-    assert proc.wait(timeout=600) == 0, errors
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        printed = 0
+        while chunk := proc.stdout.read(1 << 20):
+            printed += len(chunk)
+        errors = proc.stderr.read().decode()
+        assert proc.wait(timeout=600) == 0, errors
     return printed, int(errors.split("PEAK")[-1].split()[0])
 
 
