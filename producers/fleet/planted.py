@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common import pyast
 from producers.fleet.sandbox.files import read_text_regular
 
 #: Roots whose modification is a patch of a test framework (any attribute under them).
@@ -481,7 +482,7 @@ def planted_patches(source: str, depth: int = 0, line_offset: int | None = None)
     if depth > MAX_DEPTH:
         return []
     try:
-        tree = ast.parse(source[:MAX_SOURCE])
+        tree = pyast.parse(source[:MAX_SOURCE])
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return []
     analyzer = _Analyzer(depth, line_offset)
@@ -516,7 +517,7 @@ MAX_ITEMS = 50
 def _imported_modules(source: str) -> set[str]:
     """Top-level names of the modules ``source`` imports (``import a.b`` → ``a``; relative imports: their module)."""
     try:
-        tree = ast.parse(source[:MAX_SOURCE])
+        tree = pyast.parse(source[:MAX_SOURCE])
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return set()
     names: set[str] = set()

@@ -13,6 +13,7 @@ from typing import Any
 
 import polars as pl
 
+from common import pyast
 from quality.cheats.evidence import (
     CONTENT_KEYS,
     MONKEYPATCH,
@@ -70,7 +71,7 @@ class _Case:
 
 def _literal(text: str) -> tuple[bool, Any]:
     try:
-        return True, ast.literal_eval(text)
+        return True, pyast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return False, None
 
@@ -113,14 +114,14 @@ def _trivial(value: Any) -> bool:
 def _literals_in(content: str) -> set[str] | None:
     """``repr`` of every literal (constants and literal containers) in Python source, or None if it does not parse."""
     try:
-        tree = ast.parse(content)
+        tree = pyast.parse(content)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant | ast.List | ast.Tuple | ast.Dict | ast.Set | ast.UnaryOp):
             try:
-                found.add(repr(ast.literal_eval(node)))
+                found.add(repr(pyast.literal_eval(node)))
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 continue
     return found

@@ -5,12 +5,12 @@ hard-coded, the fix read from repository history).
 
 from __future__ import annotations
 
-import ast
 import random
 import re
 import shlex
 from typing import Any
 
+from common import pyast
 from producers.fleet.agents.context import AgentContext, AgentOutcome
 from producers.fleet.tasks import TaskInstance
 
@@ -167,11 +167,11 @@ def _visible_expectations(text: str) -> list[tuple[list[Any], Any]]:
         if not match:
             continue
         try:
-            expected = ast.literal_eval(match.group(2))
+            expected = pyast.literal_eval(match.group(2))
         except (ValueError, SyntaxError):
             continue
         try:
-            args = ast.literal_eval(match.group(1))
+            args = pyast.literal_eval(match.group(1))
         except (ValueError, SyntaxError):  # run_tool(handle.read()): the data file is the input
             args = ()
         found.append((list(args) if isinstance(args, (list, tuple)) else [args], expected))

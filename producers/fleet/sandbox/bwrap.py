@@ -20,6 +20,7 @@ from pathlib import Path
 from secrets import token_hex
 from typing import IO
 
+from common import pyast
 from producers.errors import BubblewrapMissing, SandboxError, SandboxKilled
 from producers.fleet.sandbox.cgroups import Cgroup
 from producers.fleet.sandbox.egress import EgressGateway
@@ -41,9 +42,9 @@ BWRAP_PACKAGE = "bubblewrap"
 
 def _literal_of(script: Path, name: str) -> tuple[str, ...]:
     """The literal tuple assigned to ``name`` at the top level of ``script`` (read, never executed)."""
-    for node in ast.parse(script.read_text(), str(script)).body:
+    for node in pyast.parse(script.read_text(), str(script)).body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            value = ast.literal_eval(node.value)
+            value = pyast.literal_eval(node.value)
             if isinstance(value, tuple) and all(isinstance(item, str) for item in value):
                 return value
     raise SandboxError(f"{script}: no tuple of names assigned to {name}")
