@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from common import pyast
 
@@ -120,3 +122,20 @@ def test_product_code_parses_only_through_pyast():
                 direct.append(f"{path.relative_to(root)}:{node.lineno}: ast.{node.func.attr}")
     assert len(packages) >= 8
     assert direct == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=200), st.text(alphabet="()[]{}'\",:.+-*=0123456789 \t\nabcjx", max_size=80)))
+def test_any_text_parses_or_fails_exactly_as_the_standard_library_does(text: str):
+    """Generated text, mostly not Python: same tree or the same exception type as ``ast``."""
+    for ours, theirs in ((pyast.parse, ast.parse), (pyast.literal_eval, ast.literal_eval)):
+        try:
+            expected: object = theirs(text)
+        except Exception as error:
+            with pytest.raises(type(error)):
+                ours(text)
+            continue
+        got = ours(text)
+        assert (ast.dump(got) if isinstance(got, ast.AST) else repr(got)) == (
+            ast.dump(expected) if isinstance(expected, ast.AST) else repr(expected)
+        )
