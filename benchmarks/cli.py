@@ -194,13 +194,24 @@ def bench_incremental_cmd(
 def bench_judgement_cmd(
     per_kind: Annotated[int, typer.Option(help="Local sessions of each cheating policy.")] = 3,
     honest: Annotated[int, typer.Option(help="Scripted honest sessions (plus one hang).")] = 12,
+    own_agent: Annotated[int, typer.Option(help="Sessions of docs/fleet.md's my_agent.py.")] = 4,
+    llm_agent: Annotated[int, typer.Option(help="Sessions of the LLM agent against the scripted test model.")] = 4,
+    synthetic: Annotated[int, typer.Option(help="Synthetic-load sessions (5 % cheaters).")] = 300,
     seed: Annotated[int, typer.Option(help="Fleet seed (default: one never used in development).")] = 5_550_123,
     real: Annotated[Path | None, typer.Option(help="Directory of real agent runs to import and judge.")] = None,
 ) -> None:
-    """Cheat recall per kind at an unseen seed, false positives on honest sessions, flags on real runs."""
+    """Recall per cheat kind beside the honest-flag rate per origin (sandbox, synthetic, imports)."""
     from benchmarks.judgement import DEFAULT_REAL, run_judgement
 
-    report = run_judgement(per_kind=per_kind, honest=honest, seed=seed, real_dir=real or DEFAULT_REAL)
+    report = run_judgement(
+        per_kind=per_kind,
+        honest=honest,
+        seed=seed,
+        real_dir=real or DEFAULT_REAL,
+        own_agent=own_agent,
+        llm_agent=llm_agent,
+        synthetic=synthetic,
+    )
     out.print(report.summary(), markup=False)
 
 

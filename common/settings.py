@@ -296,6 +296,11 @@ class Settings(BaseSettings):
         0.5, ge=0, le=1, description="TRAJLAKE_QUALITY_BEHAVIOURAL_WEIGHT: quality factor for behavioural flags."
     )
     quality_outlier_z: float = Field(3.5, gt=0, description="TRAJLAKE_QUALITY_OUTLIER_Z: robust z of anomalies.")
+    quality_min_profile_sessions: int = Field(
+        50,
+        ge=2,
+        description="TRAJLAKE_QUALITY_MIN_PROFILE_SESSIONS: sessions a behaviour profile needs before it flags.",
+    )
     quality_governance: Annotated[dict[str, dict[str, Any]], NoDecode] = Field(
         default_factory=dict,
         description="TRAJLAKE_QUALITY_GOVERNANCE: JSON per-flag overrides of the governance table "

@@ -5,4 +5,4 @@ Pure functions over polars frames; Dagster and the CLI only wire them
 """
 
 #: Bumped whenever a rule, weight default or feature changes, so stored rows can be recomputed.
-SCORER_VERSION = "quality-3.3.0"
+SCORER_VERSION = "quality-3.4.0"

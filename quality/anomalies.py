@@ -1,11 +1,17 @@
 """Behaviour features per session and the anomaly flags of their robust outlier scores.
 
-Features are compared on a ``log1p`` scale against the median of the session's baseline (its
-task type on the previous or its own day: :mod:`quality.combine`), scaled by the median absolute
-deviation (MAD × 1.4826, a robust σ). A session whose largest |z| passes the configured threshold
-gets an ``anomaly`` flag with that score — e.g. a one-step success where the task type's median
-is twenty steps. Baselines smaller than ``MIN_GROUP`` do not score: a median of three sessions
-says little.
+An agent is compared with the other agents on the same kind of task: a session's **profile** is its
+origin and task family (:func:`profile_key`, e.g. ``sandbox/bugfix.clamp``), so synthetic load is
+never a baseline of real runs, nor an import of a sandbox session. Features are compared on a
+``log1p`` scale against the median of the session's baseline (its profile on the previous or its
+own day: :mod:`quality.combine`), scaled by the median absolute deviation (MAD × 1.4826, a robust
+σ). A session whose largest |z| passes the configured threshold gets an ``anomaly`` flag with that
+score — e.g. a one-step success where the profile's median is twenty steps.
+
+A profile flags nothing until it has :data:`MIN_GROUP` sessions (docs/quality.md, "Behaviour
+anomalies", has the measurement): with fewer, the median and MAD of the baseline are too unstable
+for a 3.5 σ threshold over eleven features — an honest session drawn from the baseline's own
+distribution would be flagged more than 5 % of the time.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import json
 import polars as pl
 
 from quality.cheats import FLAGS_SCHEMA
+from quality.config import MIN_GROUP
 
 #: Features per session from the trajectories table (runtime, CPU, peak memory, processes started,
 #: bytes written, outbound attempts: what a session did, compared within its task type).
@@ -31,7 +38,19 @@ TRAJECTORY_FEATURES = [
 ]
 #: Features per session (log1p scale for scoring); the last two come from the steps.
 FEATURES = [*TRAJECTORY_FEATURES, "error_rate", "run_tests_share"]
-MIN_GROUP = 20
+__all__ = ["FEATURES", "MIN_GROUP", "TRAJECTORY_FEATURES", "anomaly_flags", "profile_key", "session_features"]
+
+
+def profile_key() -> pl.Expr:
+    """A session's behaviour profile: ``origin/task family`` (task type, else ``unknown``, without a family).
+
+    Reads the frame's ``origin`` (null: ``unknown``), ``task_family`` and ``task_type`` columns.
+    """
+    return pl.concat_str(
+        pl.col("origin").fill_null("unknown"),
+        pl.lit("/"),
+        pl.coalesce(pl.col("task_family"), pl.col("task_type"), pl.lit("unknown")),
+    )
 
 
 def session_features(trajectories: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:

@@ -54,7 +54,7 @@ _COMBINED_SCHEMA_TYPES: dict[str, pl.DataType | type[pl.DataType]] = {
     "started_at": pl.Datetime("us", "UTC"),
 }
 COMBINED_SCHEMA = pl.Schema(_COMBINED_SCHEMA_TYPES)
-PROFILE_GROUP = ["task_type", "day"]
+PROFILE_GROUP = ["profile", "day"]
 # Floor of the robust σ on the log scale: integer-valued features (often all equal) would
 # otherwise have MAD = 0 and make any difference infinitely anomalous.
 MIN_SCALE = 0.25
@@ -95,22 +95,22 @@ def novelty(targets: pl.DataFrame, context: pl.DataFrame, config: QualityConfig)
     return targets.select("session_id").join(out, on="session_id", how="left")
 
 
-GROUP = ["task_type", "day"]
+GROUP = ["profile", "day"]
 
 
-def baseline_days(counts: pl.DataFrame) -> pl.DataFrame:
-    """``task_type``, ``day``, ``baseline_day`` for each group of ``counts`` (task_type, day, n).
+def baseline_days(counts: pl.DataFrame, min_group: int = MIN_GROUP) -> pl.DataFrame:
+    """``profile``, ``day``, ``baseline_day`` for each group of ``counts`` (profile, day, n).
 
     The baseline is the previous calendar day when it holds at least ``MIN_GROUP`` sessions of the
     task type, else the day itself.
     """
-    counts = counts.with_columns(pl.col("task_type").fill_null("unknown"))
-    previous = counts.select("task_type", (pl.col("day") + timedelta(days=1)).alias("day"), pl.col("n").alias("prev"))
+    counts = counts.with_columns(pl.col("profile").fill_null("unknown"))
+    previous = counts.select("profile", (pl.col("day") + timedelta(days=1)).alias("day"), pl.col("n").alias("prev"))
     return (
         counts.join(previous, on=GROUP, how="left", nulls_equal=True)
         .select(
             *GROUP,
-            pl.when(pl.col("prev").fill_null(0) >= MIN_GROUP)
+            pl.when(pl.col("prev").fill_null(0) >= min_group)
             .then(pl.col("day") - timedelta(days=1))
             .otherwise(pl.col("day"))
             .alias("baseline_day"),
@@ -130,9 +130,9 @@ def _log_scale_aggs() -> list[pl.Expr]:
 
 
 def baseline_of(profiles: pl.DataFrame) -> pl.DataFrame:
-    """The baseline stats (task_type, baseline_day, n, m_*, s_*: median and robust σ) of :func:`profiles` rows."""
+    """The baseline stats (profile, baseline_day, n, m_*, s_*: median and robust σ) of :func:`profiles` rows."""
     return profiles.select(
-        "task_type",
+        "profile",
         pl.col("day").alias("baseline_day"),
         pl.col("sessions").alias("n"),
         *[
@@ -143,25 +143,27 @@ def baseline_of(profiles: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def z_scores(facts: pl.DataFrame, baselines: pl.DataFrame, stats: pl.DataFrame) -> pl.DataFrame:
+def z_scores(
+    facts: pl.DataFrame, baselines: pl.DataFrame, stats: pl.DataFrame, min_group: int = MIN_GROUP
+) -> pl.DataFrame:
     """``facts``' features with ``z_<feature>`` columns against their baseline (0 when it is smaller than MIN_GROUP)."""
     frame = (
-        facts.select("session_id", pl.col("task_type").fill_null("unknown"), "day", *FEATURES)
+        facts.select("session_id", pl.col("profile").fill_null("unknown"), "day", *FEATURES)
         .join(baselines, on=GROUP, how="left", nulls_equal=True)
-        .join(stats, on=["task_type", "baseline_day"], how="left", nulls_equal=True)
+        .join(stats, on=["profile", "baseline_day"], how="left", nulls_equal=True)
     )
     exprs = []
     for name in FEATURES:
         scale = pl.max_horizontal(pl.col(f"s_{name}"), pl.lit(MIN_SCALE))
         exprs.append(
-            pl.when(pl.col("n").fill_null(0) >= MIN_GROUP)
+            pl.when(pl.col("n").fill_null(0) >= min_group)
             # rounded: vectorized log1p can differ in the last bit with an element's place in its
             # array, and an incremental run holds other rows than a full one (z to 1e-9 is plenty)
             .then(((pl.col(name).log1p() - pl.col(f"m_{name}")) / scale).round(9))
             .otherwise(0.0)
             .alias(f"z_{name}")
         )
-    return frame.with_columns(exprs).select("session_id", "task_type", "day", *FEATURES, *[f"z_{n}" for n in FEATURES])
+    return frame.with_columns(exprs).select("session_id", "profile", "day", *FEATURES, *[f"z_{n}" for n in FEATURES])
 
 
 def combine(
@@ -180,7 +182,7 @@ def combine(
         baselines: :func:`baseline_days` of (at least) the groups of ``facts``.
         stats: :func:`baseline_of` the profiles of (at least) those baseline days.
     """
-    features = z_scores(facts, baselines, stats)
+    features = z_scores(facts, baselines, stats, config.min_profile_sessions)
     anomalies = anomaly_flags(features, config.outlier_z)
     anomaly_weight = config.policies().get("behaviour_anomaly")
     weight_of_anomaly = anomaly_weight.weight if anomaly_weight and anomaly_weight.weight is not None else 1.0
@@ -243,10 +245,10 @@ def combine(
 
 
 def profiles(members: pl.DataFrame) -> pl.DataFrame:
-    """Per (task_type, day) of ``members`` (complete groups of facts): sessions, p50 and p90 of each feature,
+    """Per (profile, day) of ``members`` (complete groups of facts): sessions, p50 and p90 of each feature,
     the baseline's median and robust σ of each on the log1p scale (the z-scores of the next day's
     sessions are against them: :func:`baseline_of`), tool mix and step exit codes (JSON shares)."""
-    members = members.with_columns(pl.col("task_type").fill_null("unknown"))
+    members = members.with_columns(pl.col("profile").fill_null("unknown"))
     stats = members.group_by(PROFILE_GROUP).agg(
         pl.len().cast(pl.Int64).alias("sessions"),
         *[pl.col(c).median().alias(f"{c}_p50") for c in FEATURES],
@@ -266,16 +268,16 @@ def _shares(members: pl.DataFrame, column: str, name: str) -> pl.DataFrame:
     # sessions repeat the same few count objects: parse each distinct one once
     distinct = members.group_by(*PROFILE_GROUP, column).len("sessions")
     totals: dict[tuple[object, object], dict[str, int]] = {}
-    for task_type, day, raw, sessions in distinct.iter_rows():
-        group = totals.setdefault((task_type, day), {})
+    for profile, day, raw, sessions in distinct.iter_rows():
+        group = totals.setdefault((profile, day), {})
         for key, n in json.loads(raw or "{}").items():
             group[key] = group.get(key, 0) + n * sessions
     rows = []
-    for (task_type, day), counts in totals.items():
+    for (profile, day), counts in totals.items():
         total = sum(counts.values())
         text = json.dumps({k: round(v / total, 4) for k, v in sorted(counts.items())}) if total else None
-        rows.append({"task_type": task_type, "day": day, name: text})
-    return pl.DataFrame(rows, schema={"task_type": pl.Utf8, "day": pl.Date, name: pl.Utf8})
+        rows.append({"profile": profile, "day": day, name: text})
+    return pl.DataFrame(rows, schema={"profile": pl.Utf8, "day": pl.Date, name: pl.Utf8})
 
 
 def clusters(members: pl.DataFrame, ranking: pl.DataFrame, config: QualityConfig) -> pl.DataFrame:

@@ -26,7 +26,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from quality.anomalies import FEATURES, session_features
+from quality.anomalies import FEATURES, profile_key, session_features
 from quality.cheats import FLAGS_SCHEMA, detect_cheats
 from quality.config import QualityConfig
 from quality.dedup import action_tokens, band_keys, build_documents, task_keys, whole_action_tokens
@@ -39,6 +39,8 @@ _FACTS_SCHEMA_TYPES: dict[str, pl.DataType | type[pl.DataType]] = {
     "task_type": pl.Utf8,
     "task_family": pl.Utf8,
     "family": pl.Utf8,  # what novelty compares within: the task family, else the task id
+    "origin": pl.Utf8,  # where the session came from (sandbox, synthetic, sdk, import:<format>, otlp)
+    "profile": pl.Utf8,  # the behaviour profile it is compared within: origin/task family (quality.anomalies)
     "started_at": pl.Datetime("us", "UTC"),
     "day": pl.Date,  # the started_at day (UTC): the z-score group with task_type
     "status": pl.Utf8,
@@ -72,7 +74,7 @@ class SessionFacts:
 
 
 #: Configuration that only level 2 reads: changing it recombines stored facts without recomputing them.
-LEVEL2_THRESHOLDS = ("min_quality", "outlier_z", "dedup_threshold", "novelty_max_history")
+LEVEL2_THRESHOLDS = ("min_quality", "outlier_z", "min_profile_sessions", "dedup_threshold", "novelty_max_history")
 
 
 def facts_digest(config: QualityConfig) -> str:
@@ -117,8 +119,9 @@ def session_facts(
     # Integer session keys (sorted like the ids): string joins and group-bys over millions of step
     # rows dominate the run time otherwise. Outputs are decoded at the end.
     keys = trajectories.select("session_id").unique().sort("session_id").with_row_index("key")
-    if "task_family" not in trajectories.columns:
-        trajectories = trajectories.with_columns(pl.lit(None, pl.Utf8).alias("task_family"))
+    for column in ("task_family", "origin"):  # origin: a frame from before the column (tests): unknown
+        if column not in trajectories.columns:
+            trajectories = trajectories.with_columns(pl.lit(None, pl.Utf8).alias(column))
     trajectories, steps, file_ops, network = (encode(f, keys) for f in (trajectories, steps, file_ops, network))
     statement = pl.col("instruction").cast(pl.Utf8) if "instruction" in trajectories.columns else pl.lit(None, pl.Utf8)
     ended = pl.col("exit_reason").cast(pl.Utf8) if "exit_reason" in trajectories.columns else pl.lit(None, pl.Utf8)
@@ -178,6 +181,8 @@ def session_facts(
             "task_type",
             "task_family",
             family.alias("family"),
+            pl.col("origin").fill_null("unknown"),
+            profile_key().alias("profile"),
             started.alias("started_at"),
             started.dt.date().alias("day"),
             "status",

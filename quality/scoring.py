@@ -93,13 +93,13 @@ def score_sessions(
         sessions: per-session context for the detectors (:data:`quality.cheats.SESSION_COLUMNS`).
 
     Returns:
-        :class:`QualityResult`; ``scores`` has one row per session, ``profiles`` one per (task type, day).
+        :class:`QualityResult`; ``scores`` has one row per session, ``profiles`` one per (profile, day).
     """
     config = config or QualityConfig()
     level1 = session_facts(trajectories, steps, file_ops, network, config, sessions)
     facts = level1.facts
-    counts = facts.group_by(pl.col("task_type").fill_null("unknown"), "day").agg(pl.len().alias("n"))
-    baselines = baseline_days(counts)
+    counts = facts.group_by(pl.col("profile").fill_null("unknown"), "day").agg(pl.len().alias("n"))
+    baselines = baseline_days(counts, config.min_profile_sessions)
     day_profiles = profiles(facts)
     level2 = combine(
         facts,

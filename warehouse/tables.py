@@ -307,7 +307,8 @@ _FEATURES = (  # quality.anomalies.FEATURES (the warehouse layer does not import
     "error_rate",
     "run_tests_share",
 )
-# Behaviour profiles per task type and day (quality/combine.py): medians and p90 of the session
+# Behaviour profiles per profile (origin/task family: quality.anomalies.profile_key) and day
+# (quality/combine.py): medians and p90 of the session
 # features, the z-score baseline, tool mix and step exit codes as JSON; a scoring run rewrites the
 # days whose index files changed.
 PROFILES = register(
@@ -315,7 +316,7 @@ PROFILES = register(
         name="profiles",
         view="profiles",
         schema=pa.schema(
-            [("task_type", pa.string()), ("sessions", pa.int64())]
+            [("profile", pa.string()), ("sessions", pa.int64())]
             + [(f"{feature}_{stat}", pa.float64()) for feature in _FEATURES for stat in ("p50", "p90")]
             + [
                 ("tool_mix", pa.string()),
@@ -330,7 +331,7 @@ PROFILES = register(
             # files, the row holds; a run recomputes a day's rows only when they are not)
             + [("index_files", pa.string())]
         ),
-        sort_by=["day", "task_type"],
+        sort_by=["day", "profile"],
         properties=_PARQUET,
     )
 )
@@ -398,6 +399,8 @@ SESSION_INDEX = register(
                 ("assembled_at", _TS),  # of the trajectory these facts were computed from
                 ("config_digest", pa.string()),
                 ("scored_at", _TS),
+                ("origin", pa.string()),  # where the session came from (sandbox, synthetic, sdk, import:…)
+                ("profile", pa.string()),  # origin/task family: the behaviour profile it is compared within
             ]
         ),
         partition_by=[("started_at", DayTransform())],

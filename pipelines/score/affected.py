@@ -1,7 +1,7 @@
 """Level 2's targets: every session whose z-scores, novelty or quality a run's changed sessions move.
 
 Read from the index alone: the changed sessions where they stand now and where they stood before the
-run mark the families (novelty windows) and the (task type, day) groups (z-score baselines) they
+run mark the families (novelty windows) and the (profile, day) groups (z-score baselines) they
 touch.
 """
 
@@ -14,7 +14,6 @@ import polars as pl
 
 from pipelines.score.predicates import instant, moment, on_days
 from pipelines.score.store import index_positions
-from quality.anomalies import MIN_GROUP
 from quality.config import QualityConfig
 
 
@@ -29,7 +28,7 @@ def affected_sessions(
     """``session_id``, ``day``, ``started_at`` of every session whose level-2 answer a changed session moves.
 
     The changed sessions; those whose novelty window one of them entered or left; the whole
-    (task type, day) group of a changed session when that group is its own baseline; and the whole
+    (profile, day) group of a changed session when that group is its own baseline; and the whole
     next day's group of its task type when this group is (or was) that day's baseline. Only the
     days and families these can be on are read.
 
@@ -40,7 +39,7 @@ def affected_sessions(
         config: ``novelty_max_history`` is the window.
     """
     now = index_positions(con, changed, anywhere=False)
-    columns = ["session_id", "family", "started_at", "day", "task_type"]
+    columns = ["session_id", "family", "started_at", "day", "profile"]
     markers = pl.concat([now.select(columns), old.select(columns)]).with_columns(
         pl.col("family").fill_null(chr(0)).alias("f"), pl.col("started_at").cast(pl.Datetime("us", "UTC"))
     )
@@ -55,27 +54,27 @@ def affected_sessions(
     con.register("__firsts", firsts.to_arrow())
     try:
         counts = con.sql(
-            "SELECT coalesce(task_type, 'unknown') AS task_type, day, count(*) AS n FROM session_index "
+            "SELECT coalesce(profile, 'unknown') AS profile, day, count(*) AS n FROM session_index "
             f"WHERE {on_days(near)} GROUP BY ALL"
         ).pl()
         con.register("__counts", counts.to_arrow())
         groups = con.sql(
             f"""
-            WITH now_in AS (SELECT task_type, day, count(*) AS n_new FROM __now GROUP BY ALL),
-            was_in AS (SELECT task_type, day, count(*) AS n_old FROM __old GROUP BY ALL),
+            WITH now_in AS (SELECT profile, day, count(*) AS n_new FROM __now GROUP BY ALL),
+            was_in AS (SELECT profile, day, count(*) AS n_old FROM __old GROUP BY ALL),
             touched AS (
-                SELECT task_type, day, coalesce(n_new, 0) AS n_new, coalesce(n_old, 0) AS n_old
-                FROM now_in FULL JOIN was_in USING (task_type, day)
+                SELECT profile, day, coalesce(n_new, 0) AS n_new, coalesce(n_old, 0) AS n_old
+                FROM now_in FULL JOIN was_in USING (profile, day)
             )
-            -- its own baseline: the previous day has fewer than MIN_GROUP sessions of the task type
-            SELECT t.task_type, t.day FROM touched t
-            LEFT JOIN __counts p ON p.task_type = t.task_type AND p.day = t.day - 1
-            WHERE t.day IS NULL OR coalesce(p.n, 0) < {MIN_GROUP}
+            -- its own baseline: the previous day has fewer than min_profile_sessions sessions of the profile
+            SELECT t.profile, t.day FROM touched t
+            LEFT JOIN __counts p ON p.profile = t.profile AND p.day = t.day - 1
+            WHERE t.day IS NULL OR coalesce(p.n, 0) < {config.min_profile_sessions}
             UNION
             -- the next day's baseline, before or after this run
-            SELECT t.task_type, t.day + 1 FROM touched t
-            LEFT JOIN __counts c ON c.task_type = t.task_type AND c.day = t.day
-            WHERE greatest(coalesce(c.n, 0), coalesce(c.n, 0) - t.n_new + t.n_old) >= {MIN_GROUP}
+            SELECT t.profile, t.day + 1 FROM touched t
+            LEFT JOIN __counts c ON c.profile = t.profile AND c.day = t.day
+            WHERE greatest(coalesce(c.n, 0), coalesce(c.n, 0) - t.n_new + t.n_old) >= {config.min_profile_sessions}
             """
         ).pl()
         con.register("__groups", groups.to_arrow())
@@ -108,7 +107,7 @@ def affected_sessions(
             ),
             grouped AS (
                 SELECT i.session_id, i.day, i.started_at FROM session_index i JOIN __groups g
-                  ON coalesce(i.task_type, 'unknown') = g.task_type AND i.day IS NOT DISTINCT FROM g.day
+                  ON coalesce(i.profile, 'unknown') = g.profile AND i.day IS NOT DISTINCT FROM g.day
                 WHERE {on_days(groups["day"].to_list())}
             )
             SELECT DISTINCT session_id, day, started_at FROM (

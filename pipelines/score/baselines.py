@@ -1,6 +1,6 @@
-"""Baselines and profiles: the per (task type, day) feature statistics z-scores are measured against.
+"""Baselines and profiles: the per (profile, day) feature statistics z-scores are measured against.
 
-A group's baseline is the previous day's group of its task type when that one is large enough
+A group's baseline is the previous day's group of its profile (origin/task family) when that one is large enough
 (:func:`quality.combine.baseline_days`). Its statistics are the day's ``profiles`` rows, each of which
 records the ``session_index`` files it was computed from: while those are still the day's files the
 row holds, so a new day's sessions read their complete baseline day's statistics, not every session
@@ -38,11 +38,12 @@ def baselines(
     days = [d for d in facts["day"].unique().to_list()]
     near = days + [d - timedelta(days=1) for d in days if d is not None and d > date.min]
     counts = con.sql(
-        f"SELECT coalesce(task_type, 'unknown') AS task_type, day, count(*) AS n FROM session_index "
+        f"SELECT coalesce(profile, 'unknown') AS profile, day, count(*) AS n FROM session_index "
         f"WHERE {on_days(near)} GROUP BY ALL"
     ).pl()
-    wanted = facts.select(pl.col("task_type").fill_null("unknown"), "day").unique()
-    chosen = baseline_days(counts).join(wanted, on=["task_type", "day"], how="inner", nulls_equal=True)
+    wanted = facts.select(pl.col("profile").fill_null("unknown"), "day").unique()
+    chosen = baseline_days(counts, config.min_profile_sessions)
+    chosen = chosen.join(wanted, on=["profile", "day"], how="inner", nulls_equal=True)
     chosen_days = chosen["baseline_day"].unique().to_list()
     write_profiles(settings, catalog, con, chosen_days, config)
     rows = con.sql(f"SELECT * FROM profiles WHERE {on_dates(chosen_days)}").pl()
@@ -52,7 +53,7 @@ def baselines(
 def write_profiles(
     settings: Settings, catalog: Catalog, con: duckdb.DuckDBPyConnection, days: list[date | None], config: QualityConfig
 ) -> None:
-    """Recompute the profiles of those of ``days`` (every task type of each) whose index files changed.
+    """Recompute the profiles of those of ``days`` (every profile of each) whose index files changed.
 
     A row records the ``session_index`` files of its day it was computed from (``index_files``): while
     they are still the day's files — no session of the day was indexed, re-indexed or moved since, and
@@ -75,7 +76,7 @@ def write_profiles(
     for day in stale:  # a day at a time (3M sessions at the design scale: a week would not fit)
         chunk = [day]
         members = con.sql(
-            f"SELECT task_type, day, {', '.join(FEATURES)}, tool_counts, exit_code_counts "
+            f"SELECT profile, day, {', '.join(FEATURES)}, tool_counts, exit_code_counts "
             f"FROM session_index WHERE {on_days(chunk)}"
         ).pl()
         rows = profiles(members).with_columns(

@@ -22,7 +22,7 @@ from warehouse.tables import RAW_EVENTS, STEPS, TRAJECTORIES
 TRAJECTORY_QUERY = """
 SELECT session_id, task_id, task_type, task_family, status, exit_reason, started_at, duration_s, n_steps,
        n_file_writes, disk_write_bytes, cpu_seconds, peak_memory_bytes, peak_processes, processes_started,
-       n_network_requests, instruction, eval_passed, reward
+       n_network_requests, instruction, eval_passed, reward, {origin} AS origin
 FROM scoped_trajectories
 """
 # Outputs only where a detector reads them (a test file's assertions), and only their head.
@@ -99,12 +99,36 @@ def load_inputs(
         con.close()
 
 
+#: Where a session came from, derived from its envelope while ``trajectories`` has no ``origin``
+#: column of its own (:func:`origin_expression`): an importer's host and image name its format; the
+#: synthetic fleet's hosts are ``synthetic-host-NN``; a fleet sandbox's id is ``sb-`` and the first
+#: 16 characters of its session id; anything else came through the producer SDK. OTLP sessions are
+#: imports of the ``otel`` format here.
+DERIVED_ORIGIN = """CASE
+    WHEN host_id = 'importer' THEN 'import:' || coalesce(nullif(regexp_extract(image_name, '^imported/(.+)$', 1), ''),
+                                                        'unknown')
+    WHEN host_id LIKE 'synthetic-host-%' THEN 'synthetic'
+    WHEN sandbox_id = 'sb-' || left(session_id, 16) THEN 'sandbox'
+    ELSE 'sdk'
+END"""
+
+
+def origin_expression(con: duckdb.DuckDBPyConnection) -> str:
+    """SQL for a session's origin in ``trajectories``: its ``origin`` column, or :data:`DERIVED_ORIGIN`.
+
+    The one place scoring learns where a session came from (``sandbox``, ``synthetic``, ``sdk``,
+    ``import:<format>``, ``otlp``); behaviour profiles never mix origins.
+    """
+    columns = {row[0] for row in con.sql("DESCRIBE scoped_trajectories").fetchall()}
+    return f"coalesce(origin, {DERIVED_ORIGIN})" if "origin" in columns else DERIVED_ORIGIN
+
+
 def read_inputs(con: duckdb.DuckDBPyConnection) -> dict[str, pl.DataFrame]:
     """The detectors' input frames from the ``scoped_*`` views (:func:`scope_views`)."""
     return {
         name: pl.DataFrame(con.sql(query).to_arrow_table())
         for name, query in (
-            ("trajectories", TRAJECTORY_QUERY),
+            ("trajectories", TRAJECTORY_QUERY.format(origin=origin_expression(con))),
             ("steps", STEP_QUERY),
             ("file_ops", FILE_OP_QUERY),
             ("network", NETWORK_QUERY),

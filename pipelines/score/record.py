@@ -45,6 +45,7 @@ def quality_config(settings: Settings) -> QualityConfig:
             behavioural_weight=settings.quality_behavioural_weight,
             governance_overrides=dict(settings.quality_governance),
             outlier_z=settings.quality_outlier_z,
+            min_profile_sessions=settings.quality_min_profile_sessions,
             dedup_threshold=settings.dedup_threshold,
             dedup_bands=settings.dedup_bands,
             dedup_rows=settings.dedup_rows,

@@ -32,7 +32,7 @@ NO_POSITIONS = pl.DataFrame(
         "family": pl.Utf8,
         "started_at": pl.Datetime("us", "UTC"),
         "day": pl.Date,
-        "task_type": pl.Utf8,
+        "profile": pl.Utf8,
     }
 )
 
@@ -79,7 +79,7 @@ def index_positions(con: duckdb.DuckDBPyConnection, sessions: pl.DataFrame, anyw
     every day's session ids); else only ``sessions``' own days are read.
     """
     days = None if anywhere else sessions["day"].unique().to_list()
-    columns = "session_id, family, started_at, day, coalesce(task_type, 'unknown') AS task_type"
+    columns = "session_id, family, started_at, day, coalesce(profile, 'unknown') AS profile"
     return lookup(con, columns, "session_index", sessions["session_id"], days)
 
 

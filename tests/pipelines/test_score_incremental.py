@@ -27,12 +27,15 @@ from tests.helpers import BASE_US, DAY_US, write_raw
 from warehouse.sql import open_views
 
 DAYS = 3
-PER_DAY = 64  # > 3 task types × MIN_GROUP: z-scores are live in every (task type, day) group
+PER_DAY = 64
+MIN_PROFILE = (
+    20  # each (origin/task type, day) profile holds about 21: z-scores are live, and held-back sessions cross it
+)
 TABLE_QUERIES = {
     "scores": "SELECT * EXCLUDE (scored_at) FROM scores ORDER BY session_id",
     "flags": "SELECT * EXCLUDE (scored_at) FROM flags ORDER BY session_id, flag, evidence",
     "duplicates": "SELECT * EXCLUDE (scored_at) FROM duplicates ORDER BY session_id",
-    "profiles": "SELECT * EXCLUDE (scored_at, index_files) FROM profiles ORDER BY day, task_type",
+    "profiles": "SELECT * EXCLUDE (scored_at, index_files) FROM profiles ORDER BY day, profile",
 }
 
 
@@ -128,7 +131,13 @@ def _assert_matches_pure(settings: Settings, stored: dict[str, pl.DataFrame], wh
 @pytest.mark.parametrize("chunk", [100_000, 40], ids=["one-chunk", "many-chunks"])
 def test_incremental_runs_equal_a_full_recomputation_on_a_shuffled_history(settings: Settings, chunk: int) -> None:
     # one machine: the watermark is exact; ``many-chunks``: every run's sessions span several chunks
-    settings = settings.model_copy(update={"score_watermark_lag_s": 0.0, "score_chunk_sessions": chunk})
+    settings = settings.model_copy(
+        update={
+            "score_watermark_lag_s": 0.0,
+            "score_chunk_sessions": chunk,
+            "quality_min_profile_sessions": MIN_PROFILE,
+        }
+    )
     runs = []
     for i, batch in enumerate(_history()):
         write_raw(settings, batch)

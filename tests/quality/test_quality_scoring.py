@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 from datasketch import MinHash
 
+from quality.anomalies import MIN_GROUP
 from quality.config import QualityConfig
 from quality.dedup import build_documents, find_duplicates, minhash_signatures
 from quality.detector_metrics import evaluate_dedup
@@ -211,16 +212,60 @@ def test_graded_governance_suspicion_confirmed_cheat_and_security() -> None:
 
 def test_one_step_success_is_an_anomaly_and_a_typical_run_is_not() -> None:
     rng = np.random.default_rng(0)
-    sessions = [_session(f"n{i}", [f"cmd {j}" for j in range(int(rng.integers(18, 23)))]) for i in range(40)]
+    sessions = [
+        _session(f"n{i}", [f"cmd {j}" for j in range(int(rng.integers(18, 23)))]) for i in range(MIN_GROUP + 10)
+    ]
     sessions.append(_session("oneshot", ["cat > a.py"]))
     sessions.append(_session("typical", [f"cmd {j}" for j in range(20)]))
     result = _score(sessions)
     anomalous = set(result.flags.filter(pl.col("flag") == "behaviour_anomaly")["session_id"])
     assert "oneshot" in anomalous and "typical" not in anomalous
-    score = result.flags.filter(pl.col("session_id") == "oneshot")["score"][0]
-    assert score > 3.5
-    profile = result.profiles.row(0, named=True)
-    assert profile["task_type"] == "bugfix" and profile["sessions"] == 42 and 18 <= profile["n_steps_p50"] <= 22
+
+
+def _in_profile(session: tuple[dict, list[dict]], origin: str, family: str) -> tuple[dict, list[dict]]:
+    traj, steps = session
+    return {**traj, "origin": origin, "task_family": family}, steps
+
+
+def test_a_profile_flags_nothing_until_it_has_enough_sessions() -> None:
+    """The same one-step outlier: unflagged in a profile of MIN_GROUP − 1 others, flagged at MIN_GROUP."""
+    for n, flagged in ((MIN_GROUP - 2, False), (MIN_GROUP, True)):
+        sessions = [_session(f"n{i}", [f"cmd {j}" for j in range(20)]) for i in range(n)]
+        sessions.append(_session("oneshot", ["cat > a.py"]))
+        anomalous = set(_score(sessions).flags.filter(pl.col("flag") == "behaviour_anomaly")["session_id"])
+        assert ("oneshot" in anomalous) is flagged, (n, anomalous)
+    # the minimum is configuration: a profile of 12 flags when 12 is enough
+    sessions = [_session(f"n{i}", [f"cmd {j}" for j in range(20)]) for i in range(11)]
+    sessions.append(_session("oneshot", ["cat > a.py"]))
+    assert "oneshot" in set(_score(sessions, min_profile_sessions=12).flags["session_id"])
+
+
+def test_profiles_never_mix_origins_and_compare_within_a_task_family() -> None:
+    """Real sandbox runs that differ from a large synthetic load of their family are not anomalies of it."""
+    load = [
+        _in_profile(_session(f"s{i}", [f"cmd {j}" for j in range(20)]), "synthetic", "bugfix.clamp")
+        for i in range(MIN_GROUP + 10)
+    ]
+    oneshot = _in_profile(_session("s-oneshot", ["cat > a.py"]), "synthetic", "bugfix.clamp")
+    real = [_in_profile(_session(f"r{i}", ["cat a.py", "cat > a.py"]), "sandbox", "bugfix.clamp") for i in range(5)]
+    # another family of the same task type, with its own (two-step) norm and enough sessions
+    other = [
+        _in_profile(_session(f"o{i}", ["cat b.py", "cat > b.py"]), "synthetic", "bugfix.median")
+        for i in range(MIN_GROUP + 5)
+    ]
+    result = _score([*load, oneshot, *real, *other])
+    anomalous = set(result.flags.filter(pl.col("flag") == "behaviour_anomaly")["session_id"])
+    assert anomalous == {"s-oneshot"}, anomalous
+    profiles = dict(result.profiles.select("profile", "sessions").iter_rows())
+    assert profiles == {
+        "synthetic/bugfix.clamp": MIN_GROUP + 11,
+        "sandbox/bugfix.clamp": 5,
+        "synthetic/bugfix.median": MIN_GROUP + 5,
+    }
+    # mixed into one profile (what a per-task-type baseline did), the real runs would all be flagged
+    mixed = [_in_profile(s, "synthetic", "bugfix.clamp") for s in real]
+    remixed = _score([*load, *mixed]).flags.filter(pl.col("flag") == "behaviour_anomaly")["session_id"]
+    assert set(remixed) == {f"r{i}" for i in range(5)}
 
 
 def test_signatures_match_datasketch() -> None:

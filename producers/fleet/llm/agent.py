@@ -184,6 +184,10 @@ class LLMConfig:
         return value
 
 
+#: ``failure_reason`` of the step of a tool call the agent refused (malformed arguments, an unknown tool).
+REFUSED_CALL = "invalid_tool_call"
+
+
 def cost_of(model: str, usage: Mapping[str, int | None], prices: PriceTable) -> float:
     """USD of one call from its usage at ``model``'s price (0 without one), for the cost cap."""
     return float(
@@ -359,9 +363,11 @@ class LLMAgent:
             if not isinstance(arguments, dict):
                 raise ValueError("arguments are not an object")
         except ValueError as exc:
-            return LLMAgent._refused(session, f"error: the arguments of {name} are not a JSON object ({exc})")
+            answer = f"error: the arguments of {name} are not a JSON object ({exc})"
+            return LLMAgent._refused(session, call, turn, answer)
         if name not in known:
-            return LLMAgent._refused(session, f"error: unknown tool {name!r}; tools: {canonical(sorted(known))}")
+            answer = f"error: unknown tool {name!r}; tools: {canonical(sorted(known))}"
+            return LLMAgent._refused(session, call, turn, answer)
         try:
             if name == "bash":
                 timeout = arguments.get("timeout")
@@ -384,8 +390,11 @@ class LLMAgent:
         return f"error: unknown tool {name!r}"  # unreachable: every known tool is handled above
 
     @staticmethod
-    def _refused(session: AgentSession, answer: str) -> str:
-        """A tool call that runs nothing still is a step: it counts against ``max_steps``.
+    def _refused(session: AgentSession, call: Mapping[str, Any], turn: dict[str, Any], answer: str) -> str:
+        """A tool call that runs nothing still is a step: an action as the model wrote it, its error as feedback.
+
+        It counts against ``max_steps``; the feedback has no exit code (nothing ran) and
+        ``failure_reason`` :data:`REFUSED_CALL`.
 
         Raises:
             CapReached: the step cap (or another) is reached.
@@ -393,4 +402,18 @@ class LLMAgent:
         ctx = session.context
         ctx.check_caps()
         ctx.steps += 1
+        function = call.get("function") or {}
+        raw = function.get("arguments")
+        action_id = ctx.session.action(
+            str(function.get("name") or "") or "(none)",
+            arguments=raw if isinstance(raw, str) else canonical(raw if raw is not None else {}),
+            **turn,
+        )
+        ctx.session.feedback(
+            action_id,
+            output=answer,
+            exit_code=None,
+            failure_reason=REFUSED_CALL,
+            tool_call_id=str(call.get("id") or turn.get("tool_call_id") or ""),
+        )
         return answer

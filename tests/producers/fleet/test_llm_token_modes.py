@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from producers.fleet import ListSink, run_fleet
 from producers.fleet.agent_caps import Caps
 from producers.fleet.llm import LLMConfig, reconstruct
+from producers.fleet.llm.agent import REFUSED_CALL
 from producers.fleet.llm.testing import IM_END, FakeOpenAIServer, Turn, emission, malformed_script, solver_script
 from producers.fleet.llm.tito import parse_hermes
 from producers.fleet.sandbox import bwrap_available
@@ -147,17 +148,28 @@ def test_chat_mode_reads_llamacpp_ids_and_says_when_a_server_gives_none(settings
 
 @bwrap
 @pytest.mark.parametrize(
-    ("caps", "reason", "calls"),
-    [(Caps(max_steps=5), "max_steps", 5), (Caps(max_model_calls=3), "max_model_calls", 3)],
+    ("caps", "reason", "calls", "steps"),
+    # at the model-call cap the last call's action is past the cap, as a valid one's would be
+    [(Caps(max_steps=5), "max_steps", 5, 5), (Caps(max_model_calls=3), "max_model_calls", 3, 2)],
 )
-def test_malformed_and_unknown_tool_calls_count_against_the_caps(settings, caps, reason, calls):
+def test_malformed_and_unknown_tool_calls_count_against_the_caps(settings, caps, reason, calls, steps):
     with FakeOpenAIServer(malformed_script()) as server:
         events = _run(settings, server, caps=caps)
         made = len(server.responses)
     end = _end(events)
     assert (end["status"], end["exit_reason"]) == ("capped", reason)
     assert made == calls  # nothing ran, yet every refused call was a step and every call a model call
-    assert not any(e["event_type"] == "agent_action" for e in events)
+    # each refused call is a step: the action as the model wrote it, its error as the feedback
+    actions = [e for e in events if e["event_type"] == "agent_action"]
+    answers = {e["parent_event_id"]: e["payload"] for e in events if e["event_type"] == "env_feedback"}
+    assert len(actions) == steps
+    for action in actions:
+        feedback = answers[action["event_id"]]
+        assert feedback["failure_reason"] == REFUSED_CALL and feedback["exit_code"] is None
+        assert (
+            feedback["output"].startswith("error: ") and feedback["tool_call_id"] == action["payload"]["tool_call_id"]
+        )
+    assert {a["payload"]["tool_name"] for a in actions} <= {"bash", "frobnicate", "read_file", "(none)"}
 
 
 @bwrap
