@@ -166,10 +166,12 @@ def _records(
 
     Raises:
         RecordError: the record is too deep, a model call cannot be rebuilt, a value JSON cannot hold, or an
-            RL format meets a session whose model calls all failed (``no_model_call``: nothing was sampled).
+            session's model calls all failed (``no_model_call``: nothing was sampled; any format).
     """
-    if calls and fmt in EPISODE_FORMATS and not any(c.get("status") == "ok" for c in calls):
-        raise RecordError("no_model_call", "every model call of the session failed: it is no RL episode")
+    if calls and not any(c.get("status") == "ok" for c in calls):
+        # in every format and token mode: nothing was sampled, so there is no agent turn to learn from
+        # (an SFT record rebuilt from the steps would be the task statement and nothing of the model)
+        raise RecordError("no_model_call", "every model call of the session failed: nothing was sampled")
     try:
         try:
             conversation = from_calls(calls, lookup, steps, session.get("agent_model")) if calls else None

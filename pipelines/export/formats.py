@@ -17,10 +17,12 @@ from typing import Any
 
 from common.prices import PriceTable, exact_cost
 from pipelines.export.conversation import Call, Conversation
+from producers.fleet.agent_caps import CAP_REASONS
 
 FORMATS = ("hf", "openai", "sharegpt", "rl", "atif")
-#: exit reasons that truncate an episode (a cap hit), as ``stop_reason = "truncated:<cap>"``
-TRUNCATING = frozenset({"max_steps", "max_model_tokens", "max_cost_usd", "deadline", "timeout", "max_turns"})
+#: exit reasons that truncate an episode (a cap hit), as ``stop_reason = "truncated:<cap>"``: every cap
+#: of the fleet's agents (a new cap truncates too), an imported run's limits
+TRUNCATING = frozenset({*CAP_REASONS, "timeout", "max_turns"})
 
 
 def call_cost(call: Call, prices: PriceTable) -> Decimal:
@@ -81,7 +83,7 @@ def strip_nulls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def stop_reason(session: dict[str, Any], conversation: Conversation) -> str:
     """``terminal`` or ``truncated:<cap>`` (a cap of the fleet, or the model's ``length`` finish)."""
     reason = str(session.get("exit_reason") or "")
-    if reason in TRUNCATING or session.get("status") == "timeout":
+    if reason in TRUNCATING or session.get("status") in ("timeout", "capped"):
         return f"truncated:{reason or 'timeout'}"
     if conversation.calls and conversation.calls[-1].finish_reason == "length":
         return "truncated:length"

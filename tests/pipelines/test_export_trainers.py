@@ -49,12 +49,12 @@ TRAINERS = Path(os.environ.get("TRAJLAKE_TRAINERS_VENV", Path.home() / ".cache" 
 
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, dict[str, list[dict]]]:
-    """Three tasks (distinct: not duplicates of each other): token in/token out, chat against a drifting
-    template, every call failing."""
+    """Four tasks (distinct: not duplicates of each other): token in/token out, chat against a drifting
+    template, every call failing, and token in/token out whose tokenize call fails."""
     settings = load_settings(
         home=tmp_path_factory.mktemp("trainers") / "home", topic="unused", kafka_bootstrap=None, catalog_uri=None
     )
-    seeds = {"tito": 3, "chat": 4, "failed": 5}
+    seeds = {"tito": 3, "chat": 4, "failed": 5, "failed_tito": 6, "capped": 7}
     tasks = [task_for(seed, 0) for seed in seeds.values()]
     events: list[dict] = []
     answers: dict[str, list[dict]] = {}
@@ -62,13 +62,17 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, dict[str, 
         ("tito", {"token_mode": "tito", "engine": "vllm"}),
         ("chat", {}),
         ("failed", {"max_retries": 1}),
+        # token in/token out whose first tokenize call fails: no model call is ever made
+        ("failed_tito", {"max_retries": 1, "token_mode": "tito", "engine": "vllm"}),
+        ("capped", {}),  # stopped by max_model_calls before it could submit
     ):
         with FakeOpenAIServer(solver_script(tasks), drift=True) as server:
-            if name == "failed":
+            if name.startswith("failed"):
                 server.fail_next = [500] * 2
             sink = ListSink(decode=False)
             llm = LLMConfig(server.url, "policy-7b", backoff_s=0.01, **config)
-            run_fleet(settings, "local", sessions=1, seed=seeds[name], sink=sink, agent="llm", llm=llm, caps=Caps())
+            caps = Caps(max_model_calls=2) if name == "capped" else Caps()
+            run_fleet(settings, "local", sessions=1, seed=seeds[name], sink=sink, agent="llm", llm=llm, caps=caps)
             answers[name] = [json.loads(body) for body in server.responses]
         answers[f"{name}_session"] = [{"session_id": sink.events[0]["session_id"]}]
         events += sink.events
@@ -133,19 +137,55 @@ def test_skyrl_records_are_trajectory_outputs_with_the_engines_stop_reason(lake,
 
 def test_a_session_whose_calls_all_failed_is_never_an_rl_episode(lake, tmp_path):
     settings, answers = lake
-    failed = _session(answers, "failed")
+    failed = {_session(answers, "failed"), _session(answers, "failed_tito")}
     records = _export(settings, "rl", tmp_path / "rl")
     sessions = {r["session_id"] for r in records}  # rl: one record per segment, here one per chat-mode call
-    assert failed not in sessions and len(sessions) == 2 and len(records) == 1 + len(answers["chat"])
+    capped = _session(answers, "capped")
+    assert not failed & sessions and {_session(answers, "tito"), _session(answers, "chat")} <= sessions
+    assert len([r for r in records if r["session_id"] != capped]) == 1 + len(answers["chat"])
     # by default it is left out as an infrastructure failure (the model API failed); asked for every
     # session, it is still no episode: nothing was sampled
     outcomes = json.loads((tmp_path / "rl" / "manifest.json").read_text())["counts"]["left_out"]["outcome"]
-    assert outcomes == {"infrastructure": 1}
+    assert outcomes == {"infrastructure": 2}
     export_training_set(settings, "rl", tmp_path / "all", filters=ExportFilters(min_quality=0.0, outcome="all"))
-    _, rows = run_query(settings, f"SELECT reason FROM quarantine WHERE session_id = '{failed}' AND stage = 'export'")
-    assert {row[0] for row in rows} == {"no_model_call"}
-    # the SFT formats are not RL episodes: what they keep is their own rule
-    assert _export(settings, "openai", tmp_path / "openai")
+    _, rows = run_query(settings, "SELECT session_id, reason FROM quarantine WHERE stage = 'export'")
+    assert {(sid, reason) for sid, reason in rows if sid in failed} == {(sid, "no_model_call") for sid in failed}
+    # the SFT formats are not RL episodes, but nothing sampled is no SFT record either, in either token mode
+    for fmt in ("openai", "sharegpt"):
+        out = tmp_path / f"{fmt}-all"
+        export_training_set(settings, fmt, out, filters=ExportFilters(min_quality=0.0, outcome="all"))
+        text = (out / f"{fmt}.jsonl").read_text()
+        assert text.strip() and not any(sid in text for sid in failed), fmt
+
+
+def test_a_session_stopped_by_max_model_calls_is_a_truncated_episode(lake, tmp_path):
+    settings, answers = lake
+    capped = _session(answers, "capped")
+    _, rows = run_query(settings, f"SELECT status, exit_reason FROM trajectories WHERE session_id = '{capped}'")
+    assert rows == [("capped", "max_model_calls")]
+    filters = ExportFilters(min_quality=0.0, outcome="all")
+    export_training_set(settings, "rl", tmp_path / "rl", filters=filters)
+    rl = [json.loads(line) for line in (tmp_path / "rl" / "rl.jsonl").read_text().splitlines()]
+    ends = [r["stop_reason"] for r in rl if r["session_id"] == capped and r["is_last_segment"]]
+    assert ends == ["truncated:max_model_calls"]
+    export_training_set(settings, "skyrl", tmp_path / "skyrl", filters=filters)
+    skyrl = [json.loads(line) for line in (tmp_path / "skyrl" / "skyrl.jsonl").read_text().splitlines()]
+    mine = [r for r in skyrl if r["env_metrics"]["session_id"] == capped]
+    assert mine and mine[-1]["stop_reason"] == "length"  # SkyRL's truncated, never "stop"
+    assert mine[-1]["env_metrics"]["trajlake_stop_reason"] == "truncated:max_model_calls"
+
+
+def test_a_failed_tokenize_call_leaves_a_failed_model_call_event(lake):
+    settings, answers = lake
+    sid = _session(answers, "failed_tito")
+    _, rows = run_query(
+        settings,
+        "SELECT agent_input.model_call.status, agent_input.model_call.error, "
+        "agent_input.model_call.token_mode, agent_input.model_call.try_index "
+        f"FROM events WHERE session_id = '{sid}' AND event_type = 'agent_input' ORDER BY seq",
+    )
+    assert [(r[0], r[2], r[3]) for r in rows] == [("error", "tito", 0), ("error", "tito", 1)]
+    assert all(r[1].startswith("tokenize: ") and "500" in r[1] for r in rows)
 
 
 def test_the_trainers_own_classes_load_the_exported_records(lake, tmp_path):

@@ -28,9 +28,9 @@ from warehouse.sql import open_views
 
 DAYS = 3
 PER_DAY = 64
-MIN_PROFILE = (
-    20  # each (origin/task type, day) profile holds about 21: z-scores are live, and held-back sessions cross it
-)
+#: profiles (origin/task family, day) hold 1 to 5 sessions here: at 3 z-scores are live in some, and
+#: sessions arriving late move groups across it
+MIN_PROFILE = 3
 TABLE_QUERIES = {
     "scores": "SELECT * EXCLUDE (scored_at) FROM scores ORDER BY session_id",
     "flags": "SELECT * EXCLUDE (scored_at) FROM flags ORDER BY session_id, flag, evidence",

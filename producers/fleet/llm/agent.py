@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from common.prices import PriceTable
-from producers.errors import AgentToolError, ModelAPIError
+from producers.errors import AgentToolError, ModelAPIError, TokenModeError
 from producers.fleet.agent_api import AgentSession
 from producers.fleet.agent_caps import CapReached
 from producers.fleet.llm.client import ChatClient, Try
@@ -184,6 +185,25 @@ class LLMConfig:
         return value
 
 
+def _rendering(render: Callable[[], object], failed: Callable[[str, str], None]) -> None:
+    """Run a tito rendering step; a failure leaves an event before it ends the session.
+
+    A failed HTTP try of the server's template or tokenize endpoint was recorded as it happened
+    (:class:`ServerRenderer`'s ``on_failure``); a template that cannot be used (:class:`TokenModeError`)
+    or a local tokenizer's error is recorded here.
+    """
+    try:
+        render()
+    except TokenModeError as exc:
+        failed("chat template", str(exc))
+        raise
+    except ModelAPIError:
+        raise
+    except Exception as exc:
+        failed("tokenizer", f"{type(exc).__name__}: {exc}")
+        raise
+
+
 #: ``failure_reason`` of the step of a tool call the agent refused (malformed arguments, an unknown tool).
 REFUSED_CALL = "invalid_tool_call"
 
@@ -244,14 +264,38 @@ class LLMAgent:
             {"role": "user", "content": session.instruction},
         ]
         tokens: TokenConversation | None = None
+
+        def render_failed(what: str, error: str, attempt: Try | None = None, index: int = 0) -> None:
+            """Record a failed tokenize or chat-template call (tito) as a failed try of the next model call."""
+            record = recorder.record(
+                messages=messages,
+                tools=TOOLS,
+                model=config.model,
+                sampling=sampling,
+                response=None,
+                latency_ms=attempt.latency_ms if attempt is not None else 0.0,
+                try_index=index,
+                http_status=attempt.status if attempt is not None else None,
+                error=f"{what}: {error}",
+                token_mode=config.token_mode,
+                engine=engine,
+            )
+            self._emit(ctx, record, f"mc_{ctx.session.session_id[:12]}_{recorder.calls}")
+
         if config.token_mode == "tito":
             renderer = config.renderer or (
                 LocalRenderer(config.tokenizer)
                 if config.tokenizer
-                else ServerRenderer(client, config.engine, config.model, ctx.caps.remaining_s)
+                else ServerRenderer(
+                    client,
+                    config.engine,
+                    config.model,
+                    ctx.caps.remaining_s,
+                    lambda path, attempt, index: render_failed(path, attempt.error or "failed", attempt, index),
+                )
             )
             tokens = TokenConversation(renderer, list(messages), TOOLS)
-            tokens.start()
+            _rendering(tokens.start, render_failed)
         while not session.submitted:
             ctx.check_caps()
             ctx.model_calls += 1  # counted before it is made: a call that fails counts too
@@ -336,7 +380,8 @@ class LLMAgent:
                     break
             messages.extend(results)
             if tokens is not None and not session.submitted:
-                tokens.add_environment(results, completion_ids, parsed.finish_reason)
+                step = partial(tokens.add_environment, results, completion_ids, parsed.finish_reason)
+                _rendering(step, render_failed)
 
     @staticmethod
     def _emit(ctx: Any, record: dict[str, Any], message_id: str, served: dict[str, str] | None = None) -> str:

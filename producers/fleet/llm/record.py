@@ -282,6 +282,13 @@ def parse_response(response: Mapping[str, Any]) -> ParsedResponse:
         if all(i is not None for i in entry_ids):
             completion_ids = entry_ids
             engine = "llama.cpp" if all("id" in entry for entry in content) else "vllm"
+            counted = usage.get("completion_tokens")
+            if isinstance(counted, int) and len(entry_ids) < counted:
+                # llama.cpp's chat logprobs have no entry for a token that ends inside a multi-byte
+                # character (its bytes go out with the next entry): the ids are incomplete and the
+                # logprobs misaligned, so the call is recorded at message level, never as a partial
+                # sequence (exact ids from llama.cpp: --token-mode tito, whose /completion returns all)
+                completion_ids, logprobs, tokens = [], [], []
     prompt_ids = response.get("prompt_token_ids", choice.get("prompt_token_ids"))
     if prompt_ids is not None:
         engine = "vllm"

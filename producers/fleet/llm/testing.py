@@ -77,32 +77,53 @@ Script = Callable[[list[dict[str, Any]]], Turn]
 
 
 class ToyTokenizer:
-    """Special tokens, whitespace runs and words; ids from a vocabulary grown as pieces are seen (thread-safe)."""
+    """Special tokens, whitespace runs and words; ids from a vocabulary grown as pieces are seen (thread-safe).
 
-    def __init__(self) -> None:
+    Args:
+        byte_fallback: a piece with a non-ASCII character is one token per UTF-8 byte (as byte-level
+            BPE vocabularies spell rare characters), so tokens end inside multi-byte characters.
+    """
+
+    def __init__(self, byte_fallback: bool = False) -> None:
+        self.byte_fallback = byte_fallback
         self._ids: dict[str, int] = {s: i + 1 for i, s in enumerate(SPECIALS)}
         self._pieces: dict[int, str] = {i: s for s, i in self._ids.items()}
+        self._byte_ids: dict[int, int] = {}  # byte value -> id
+        self._bytes: dict[int, bytes] = {}  # id -> its one byte
         self._lock = threading.Lock()
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (every character belongs to exactly one piece)."""
+        """Token ids of ``text`` (every character belongs to exactly one piece, or its bytes to byte tokens)."""
         out = []
         with self._lock:
             for piece in _PIECES.findall(text):
+                if self.byte_fallback and not piece.isascii():
+                    for value in piece.encode():
+                        token = self._byte_ids.get(value)
+                        if token is None:
+                            token = self._byte_ids[value] = 100 + len(self._ids) + len(self._byte_ids)
+                            self._bytes[token] = bytes([value])
+                        out.append(token)
+                    continue
                 token = self._ids.get(piece)
                 if token is None:
-                    token = self._ids[piece] = 100 + len(self._ids)
+                    token = self._ids[piece] = 100 + len(self._ids) + len(self._byte_ids)
                     self._pieces[token] = piece
                 out.append(token)
         return out
 
+    def piece_bytes(self, token: int) -> bytes:
+        """The bytes of one id (unknown: none)."""
+        one = self._bytes.get(token)
+        return one if one is not None else self._pieces.get(token, "").encode()
+
     def decode(self, ids: Iterable[int]) -> str:
         """The text of ``ids`` (unknown ids decode to nothing)."""
-        return "".join(self._pieces.get(int(i), "") for i in ids)
+        return b"".join(self.piece_bytes(int(i)) for i in ids).decode("utf-8", errors="replace")
 
     def piece(self, token: int) -> str:
-        """The text of one id."""
-        return self._pieces.get(token, "")
+        """The text of one id (a byte token inside a character: U+FFFD)."""
+        return self.piece_bytes(token).decode("utf-8", errors="replace")
 
 
 def _tool_call_text(name: str, arguments: str, drift: bool) -> str:
@@ -271,6 +292,9 @@ class FakeOpenAIServer:
         strip_reasoning: the template leaves earlier turns' reasoning out of the next prompt.
         models: model names served; another name is a 404 (``None``: any name).
         port: the loopback port to listen on (0: a free one).
+        byte_fallback: the tokenizer spells non-ASCII pieces byte by byte; llama.cpp's chat
+            ``logprobs`` then has one entry per completed character, as llama.cpp's server sends it
+            (the tokens ending inside a character get none: their ids are not in the reply).
 
     Raises:
         OSError: the port is taken.
@@ -289,6 +313,7 @@ class FakeOpenAIServer:
         strip_reasoning: bool = False,
         models: Iterable[str] | None = None,
         port: int = 0,
+        byte_fallback: bool = False,
     ) -> None:
         self.script = script
         self.delay_s = delay_s
@@ -298,7 +323,7 @@ class FakeOpenAIServer:
         self.reasoning = reasoning
         self.strip_reasoning = strip_reasoning
         self.models = set(models) if models is not None else None
-        self.tokenizer = ToyTokenizer()
+        self.tokenizer = ToyTokenizer(byte_fallback)
         self.requests: list[dict[str, Any]] = []
         self.paths: list[str] = []
         self.responses: list[bytes] = []
@@ -443,10 +468,20 @@ class FakeOpenAIServer:
 
     def _entries(self, ids: list[int], logprobs: list[float], as_ids: bool) -> list[dict[str, Any]]:
         entries = []
+        pending = b""  # llama.cpp: the bytes of tokens that ended inside a character, sent with the next
         for token, lp in zip(ids, logprobs, strict=True):
-            piece = self.tokenizer.piece(token)
+            data = self.tokenizer.piece_bytes(token)
+            if self.engine == "llama.cpp":
+                pending += data
+                try:
+                    piece = pending.decode("utf-8")
+                except UnicodeDecodeError:
+                    continue  # an incomplete character: llama.cpp sends no entry for this token
+                data, pending = pending, b""
+            else:
+                piece = data.decode("utf-8", errors="replace")
             entry: dict[str, Any] = {"token": f"token_id:{token}" if as_ids else piece, "logprob": lp}
-            entry.update(bytes=list(piece.encode()), top_logprobs=[])
+            entry.update(bytes=list(data), top_logprobs=[])
             if self.engine == "llama.cpp":
                 entry = {"id": token, **entry}
             entries.append(entry)

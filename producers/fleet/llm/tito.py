@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from producers.errors import ModelConfigError, TokenModeError
-from producers.fleet.llm.client import ChatClient
+from producers.fleet.llm.client import ChatClient, Try
 
 #: Server kinds with a token-in/token-out path (``llama.cpp`` also answers to ``llamacpp``).
 ENGINES = ("vllm", "sglang", "llama.cpp")
@@ -225,16 +225,20 @@ class ServerRenderer:
         engine: ``vllm`` or ``llama.cpp``.
         model: sent with vLLM's request.
         deadline_s: seconds left in the session.
+        on_failure: called with the endpoint, each failed try and its index (the session records it).
     """
 
     client: ChatClient
     engine: str
     model: str
     deadline_s: Callable[[], float | None] | None = None
+    on_failure: Callable[[str, Try, int], None] | None = None
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        hook = self.on_failure
+        failed = None if hook is None else (lambda attempt, index: hook(path.lstrip("/"), attempt, index))
         try:
-            attempt, _ = self.client.post(path, body, deadline_s=self.deadline_s)
+            attempt, _ = self.client.post(path, body, failed, deadline_s=self.deadline_s)
         except ModelConfigError as exc:
             needs = f"token-in/token-out needs the server's {path.lstrip('/')} endpoint"
             raise ModelConfigError(f"{exc} ({needs})") from exc

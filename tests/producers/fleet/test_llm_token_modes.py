@@ -223,3 +223,50 @@ def test_hermes_completions_parse_back_to_their_calls_and_any_text_parses(conten
     assert message["content"] == ((content or "").strip() or None)
     odd = parse_hermes(noise, "call_1")  # whatever a model writes, the parser answers with a message
     assert odd["role"] == "assistant" and all(c["id"].startswith("call_1_") for c in odd.get("tool_calls", []))
+
+
+def _chat_once(server, content):
+    import urllib.request
+
+    body = {
+        "model": "m",
+        "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": content}],
+        "logprobs": True,
+    }
+    request = urllib.request.Request(
+        f"{server.url}/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+@pytest.mark.parametrize("text", ["Vérifié ✓ — déjà fait, 完成了", "all ascii here"])
+def test_llamacpp_chat_ids_lost_inside_a_character_are_never_recorded_as_a_partial_sequence(text):
+    """llama.cpp's chat logprobs skip tokens that end inside a multi-byte character: no partial id list."""
+    from producers.fleet.llm.record import CallRecorder, ContentStore, parse_response
+
+    script = lambda messages: Turn(text)  # noqa: E731
+    with FakeOpenAIServer(script, engine="llama.cpp", byte_fallback=True) as server:
+        response = _chat_once(server, "go")
+        sampled = json.loads(server.responses[-1])
+    entries = response["choices"][0]["logprobs"]["content"]
+    counted = response["usage"]["completion_tokens"]
+    parsed = parse_response(response)
+    record = CallRecorder(ContentStore()).record(
+        messages=[{"role": "user", "content": "go"}],
+        tools=None,
+        model="m",
+        sampling={},
+        response=response,
+        latency_ms=1.0,
+        engine="llama.cpp",
+    )
+    assert "".join(e["token"] for e in entries) == emission(Turn(text)) + "<|im_end|>"  # no text lost
+    if text.isascii():  # every token has its entry: the ids are the server's, one per token
+        assert len(entries) == counted and parsed.completion_token_ids == [e["id"] for e in entries]
+        assert record["record_level"] == "token" and len(record["completion_logprobs"]) == counted
+    else:  # the reproduction: fewer entries than tokens, so the ids are recorded as unavailable
+        assert 0 < len(entries) < counted == sampled["usage"]["completion_tokens"]
+        assert parsed.completion_token_ids == [] and parsed.logprobs == []
+        assert record["record_level"] == "message" and record["completion_token_ids"] == []
+        assert record["completion_logprobs"] == [] and record["completion_tokens"] == counted

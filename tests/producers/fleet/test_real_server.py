@@ -203,3 +203,49 @@ def test_chat_mode_against_vllm_keeps_per_call_records_where_the_template_rewrit
     assert {(r["token_mode"], r["engine"], r["record_level"]) for r in records} == {("chat", "vllm", "token")}
     # the template re-renders <tool_call>{…}</tool_call> with newlines: no next prompt extends the last
     assert sum(_extends(a, b) for a, b in zip(calls, calls[1:], strict=False)) == 0
+
+
+def test_a_model_call_cap_truncates_and_a_failed_tokenize_call_is_an_event_against_vllm(settings, vllm_server):
+    """Issue 47: the cap is a truncated episode (never ``terminal``); a failed ``/tokenize`` leaves its event."""
+    from pipelines.export.formats import stop_reason
+
+    sink = ListSink()
+    regex = {"structured_outputs": {"regex": TOOL_CALL}}
+    llm = LLMConfig(
+        vllm_server, "tiny", max_tokens=64, timeout_s=600, extra_body=regex, token_mode="tito", engine="vllm"
+    )
+    run_fleet(
+        settings, "local", sessions=1, sink=sink, agent="llm", llm=llm, caps=Caps(max_model_calls=2), timeout_s=1200
+    )
+    end = next(e["payload"] for e in sink.events if e["event_type"] == "session_end")
+    records = [e["payload"]["model_call"] for e in sink.events if e["event_type"] == "agent_input"]
+    assert end["exit_reason"] == "max_model_calls" and len(records) == 2
+    blobs = {b["sha256"]: b["text"] for r in records for b in r["blobs"]}
+    conversation = from_calls([{**r, "_ts": None} for r in records], lambda refs: {r: blobs[r] for r in refs})
+    assert conversation is not None
+    assert stop_reason(end, conversation) == "truncated:max_model_calls"
+    # a model name the server does not serve: its /tokenize answers 404 before any generation
+    sink = ListSink()
+    llm = LLMConfig(vllm_server, "not-served", timeout_s=600, token_mode="tito", engine="vllm", max_retries=0)
+    run_fleet(settings, "local", sessions=1, sink=sink, agent="llm", llm=llm, timeout_s=1200)
+    failed = [e["payload"]["model_call"] for e in sink.events if e["event_type"] == "agent_input"]
+    assert [(c["status"], c["http_status"]) for c in failed] == [("error", 404)]
+    assert failed[0]["error"].startswith("tokenize: ")
+
+
+@pytest.mark.skipif(
+    not os.environ.get("TRAJLAKE_LLAMACPP_URL"), reason="no llama.cpp server (TRAJLAKE_LLAMACPP_URL=http://host:port)"
+)
+def test_llamacpp_chat_ids_are_whole_or_absent():
+    """Against a real llama.cpp server: a reply's ids are every sampled token's, or none (message level) when its
+    chat logprobs skipped tokens ending inside a multi-byte character, never a partial sequence."""
+    from producers.fleet.llm.record import parse_response
+
+    base = os.environ["TRAJLAKE_LLAMACPP_URL"].rstrip("/")
+    for prompt in ("Write five words in Chinese and three emoji.", "Say: déjà vu, naïve, ✓ ✗ → ←"):
+        body = {"messages": [{"role": "user", "content": prompt}], "logprobs": True, "max_tokens": 96}
+        response = _post(base, "/v1/chat/completions", body)
+        parsed = parse_response(response)
+        counted = response["usage"]["completion_tokens"]
+        assert parsed.completion_token_ids == [] or len(parsed.completion_token_ids) == counted
+        assert len(parsed.logprobs) == len(parsed.completion_token_ids)
