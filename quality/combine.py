@@ -56,8 +56,12 @@ _COMBINED_SCHEMA_TYPES: dict[str, pl.DataType | type[pl.DataType]] = {
 COMBINED_SCHEMA = pl.Schema(_COMBINED_SCHEMA_TYPES)
 PROFILE_GROUP = ["profile", "day"]
 # Floor of the robust σ on the log scale: integer-valued features (often all equal) would
-# otherwise have MAD = 0 and make any difference infinitely anomalous.
-MIN_SCALE = 0.25
+# otherwise have MAD = 0 and make any difference infinitely anomalous. At 0.5 a session must differ
+# from its profile's median by a factor of e^1.75 ≈ 5.8 (log1p scale) to pass 3.5 σ: one step where
+# the others need twenty does, four file writes where the others make one do not (0.25 flagged 25 %
+# of the honest synthetic sessions of 50-session profiles, 0.5 flags 2 % besides the hang policy's:
+# docs/quality.md).
+MIN_SCALE = 0.5
 
 
 @dataclass

@@ -24,7 +24,7 @@ QUERIES = {
     "scores": "SELECT * EXCLUDE (scored_at) FROM scores ORDER BY session_id",
     "flags": "SELECT * EXCLUDE (scored_at) FROM flags ORDER BY session_id, flag, evidence",
     "duplicates": "SELECT * EXCLUDE (scored_at) FROM duplicates ORDER BY session_id",
-    "profiles": "SELECT * EXCLUDE (scored_at, index_files) FROM profiles ORDER BY day, task_type",
+    "profiles": "SELECT * EXCLUDE (scored_at, index_files) FROM profiles ORDER BY day, profile",
     "session_index": "SELECT * EXCLUDE (scored_at) FROM session_index ORDER BY session_id",
     "band_keys": "SELECT * FROM band_keys ORDER BY session_key, band_key",
 }

@@ -80,11 +80,14 @@ def test_weight_change_rescores_and_is_in_the_manifest(tmp_path: Path) -> None:
     assemble(settings, as_of=AS_OF)
     first = score_all(settings)
     assert not first.skipped and score_all(settings).skipped  # nothing changed: nothing to redo
-    # the host's process and exit-code counts are columns, and the profile of the task type has them
+    # the host's process and exit-code counts are columns, and the profile of each task family has them
     _, rows = run_query(settings, "SELECT DISTINCT processes_started, exit_codes, task_family FROM trajectories")
     assert sorted(rows) == [(7, '{"0": 3}', "bugfix.clamp.honest"), (7, '{"0": 3}', "bugfix.clamp.suspect")]
-    _, rows = run_query(settings, "SELECT sessions, processes_started_p50, exit_codes FROM profiles")
-    assert rows == [(2, 7.0, '{"0": 1.0}')]
+    _, rows = run_query(settings, "SELECT profile, sessions, processes_started_p50, exit_codes FROM profiles")
+    assert sorted(rows) == [
+        ("sdk/bugfix.clamp.honest", 1, 7.0, '{"0": 1.0}'),
+        ("sdk/bugfix.clamp.suspect", 1, 7.0, '{"0": 1.0}'),
+    ]
     _, rows = run_query(settings, "SELECT session_id, quality, flags, exportable FROM scores ORDER BY 1")
     assert rows == [("honest", 1.0, "", True), ("suspect", 0.5, "edited_tests", True)]
     export_training_set(settings, "hf", tmp_path / "out1")
