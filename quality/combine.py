@@ -1,8 +1,9 @@
 """Level 2 of scoring: a session compared with others, from stored facts only (see :mod:`quality.facts`).
 
-- z-scores and ``behaviour_anomaly`` flags against a **baseline**: the session's task type on the
-  previous day (its ``started_at`` date, UTC) when that day has at least ``MIN_GROUP`` sessions of
-  it, else the task type on the session's own day (a young or sparse lakehouse). At scale a new
+- z-scores and ``behaviour_anomaly`` flags against a **baseline**: the session's profile (origin and
+  task family: :func:`quality.anomalies.profile_key`) on the previous day (its ``started_at`` date,
+  UTC) when that day has at least ``min_profile_sessions`` sessions of it, else the profile on the
+  session's own day (a young or sparse lakehouse); a smaller baseline scores nothing. At scale a new
   session is compared with a completed day, so scoring it changes no other session's z-score;
 - novelty against the ``novelty_max_history`` most recent earlier trajectories of its family;
 - completion, validity, quality (see :mod:`quality.scoring`);
@@ -105,8 +106,8 @@ GROUP = ["profile", "day"]
 def baseline_days(counts: pl.DataFrame, min_group: int = MIN_GROUP) -> pl.DataFrame:
     """``profile``, ``day``, ``baseline_day`` for each group of ``counts`` (profile, day, n).
 
-    The baseline is the previous calendar day when it holds at least ``MIN_GROUP`` sessions of the
-    task type, else the day itself.
+    The baseline is the previous calendar day when it holds at least ``min_group`` sessions of the
+    profile, else the day itself.
     """
     counts = counts.with_columns(pl.col("profile").fill_null("unknown"))
     previous = counts.select("profile", (pl.col("day") + timedelta(days=1)).alias("day"), pl.col("n").alias("prev"))

@@ -8,7 +8,7 @@ Scoring has two levels so that it can run incrementally (``pipelines/score/``):
    itself (and the configuration), so a run computes them only for sessions new or changed since
    the last run; they are stored in the ``session_index`` table (the MinHash index).
 2. **Combination** (:mod:`quality.combine`): everything that compares a session with others —
-   robust z-scores within its task type and day, novelty against the earlier trajectories of its
+   robust z-scores within its profile (origin, task family) and day, novelty against the earlier trajectories of its
    family, quality, duplicate clusters and their representatives, exportability — computed from
    stored facts only, for the sessions whose comparison set changed.
 
@@ -42,7 +42,7 @@ _FACTS_SCHEMA_TYPES: dict[str, pl.DataType | type[pl.DataType]] = {
     "origin": pl.Utf8,  # where the session came from (sandbox, synthetic, sdk, import:<format>, otlp)
     "profile": pl.Utf8,  # the behaviour profile it is compared within: origin/task family (quality.anomalies)
     "started_at": pl.Datetime("us", "UTC"),
-    "day": pl.Date,  # the started_at day (UTC): the z-score group with task_type
+    "day": pl.Date,  # the started_at day (UTC): the z-score group with profile
     "status": pl.Utf8,
     "exit_reason": pl.Utf8,
     "eval_passed": pl.Boolean,

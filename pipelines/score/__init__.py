@@ -11,7 +11,7 @@ work, not the history.
 2. **Affected days**: the days of the changed sessions, and of the sessions whose novelty window
    (the ``novelty_max_history`` earlier trajectories of the family) a changed session entered or
    left. Level 2 (:mod:`quality.combine`) is recomputed for every session of those days from the
-   index alone: z-scores within task type and day, novelty, quality.
+   index alone: z-scores within profile (origin, task family) and day, novelty, quality.
 3. **Clusters**: the changed sessions' band keys are joined against the ``band_keys`` table (one
    integer row per session and band) in DuckDB. Where new sessions only add links, the clusters
    grow from those links alone; otherwise the candidates, the affected days' sessions and every old

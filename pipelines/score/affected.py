@@ -29,7 +29,7 @@ def affected_sessions(
 
     The changed sessions; those whose novelty window one of them entered or left; the whole
     (profile, day) group of a changed session when that group is its own baseline; and the whole
-    next day's group of its task type when this group is (or was) that day's baseline. Only the
+    next day's group of its profile when this group is (or was) that day's baseline. Only the
     days and families these can be on are read.
 
     Args:
