@@ -66,6 +66,21 @@ def trajectories(trial: Path) -> list[Path]:
     return found
 
 
+def trial_of(path: Path) -> Path | None:
+    """The trial directory whose trajectory ``path`` is (``agent/trajectory.json`` or a step's), if it is one.
+
+    A trajectory imported by itself still gets its trial's task, agent and verdict (``../result.json``).
+    """
+    parents = path.parents
+    for depth in (2, 4):  # <trial>/agent/trajectory.json, <trial>/steps/<step>/agent/trajectory.json
+        if len(parents) < depth:
+            continue
+        trial = parents[depth - 1]
+        if path.resolve() in {p.resolve() for p in trajectories(trial)} and _result(trial) is not None:
+            return trial
+    return None
+
+
 def _trial_context(trial: Path, result: dict[str, Any] | None) -> atif.Trial:
     if result is None:
         return atif.Trial()
@@ -89,8 +104,12 @@ def _trial_context(trial: Path, result: dict[str, Any] | None) -> atif.Trial:
     )
 
 
-def convert_trial(trial: Path) -> list[ImportedSession]:
+def convert_trial(trial: Path, only: Path | None = None) -> list[ImportedSession]:
     """The sessions of one Harbor trial (one per ATIF trajectory; the verdict joins the last).
+
+    Args:
+        trial: the trial directory.
+        only: one of its trajectories, imported by itself (with the trial's result when it is the last).
 
     Raises:
         ImportFormatError: no ATIF trajectory in the trial, or one that is not valid ATIF.
@@ -101,6 +120,8 @@ def convert_trial(trial: Path) -> list[ImportedSession]:
     context = _trial_context(trial, _result(trial))
     sessions: list[ImportedSession] = []
     for position, path in enumerate(found):
+        if only is not None and path.resolve() != only.resolve():
+            continue
         raw = read_bytes(path)
         data, repaired = parse_record(path, raw)
         if not atif.looks_like(data):
