@@ -81,6 +81,11 @@ def _alias(instance_id: str) -> str | None:
     return None
 
 
+def instance_alias(instance_id: str) -> str | None:
+    """The other spelling of a Multi-SWE-bench instance (``org/repo:pr-12`` → ``org__repo-12``), if it has one."""
+    return _alias(instance_id)
+
+
 def _tests(entry: dict[str, Any]) -> tuple[int, int]:
     passed = total = 0
     for buckets in (entry.get("tests_status") or {}).values():
@@ -395,6 +400,7 @@ __all__ = [
     "VerdictFile",
     "LATE_HOST",
     "attach_verdict_beside",
+    "instance_alias",
     "verdict_event",
     "with_verdicts",
     "is_harbor_result",
