@@ -157,3 +157,15 @@ def test_a_job_is_sent_a_trial_at_a_time(monkeypatch: pytest.MonkeyPatch) -> Non
     assert isinstance(first, ImportedSession) and len(converted) == 1  # the second trial is not read yet
     rest = list(items)
     assert len(converted) == 2 and len(rest) == 1
+
+
+@pytest.mark.slow  # loads the pipelines layer (the warehouse), seconds on a busy machine
+def test_verdicts_given_with_runs_count_the_instances_no_session_is(tmp_path: Path) -> None:
+    from pipelines.importing import _match
+
+    report = {"resolved_ids": ["a__b-1", "org/repo:pr-2"], "unresolved_ids": ["a__b", "a__b-"]}
+    found = parse_verdicts(tmp_path / "report.json", report)
+    assert found is not None
+    judged, unmatched = _match([found], {"a__b-1", "org__repo-2"})
+    assert judged == ["a__b", "a__b-", "a__b-1", "org/repo:pr-2"]
+    assert unmatched == ["a__b", "a__b-"]  # a family name and a prefix match nothing
