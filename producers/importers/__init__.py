@@ -384,8 +384,6 @@ def iter_import(path: Path | str, format: str = "auto") -> Iterator[Item]:
         raise ImportFormatError(path, f"unknown format {format!r}; expected one of {list(FORMAT_NAMES)}")
     if path.is_dir():
         yield from _iter_directory(path, format)
-    elif not path.exists():
-        raise ImportFormatError(path, "no such file or directory")
     else:
         yield from _iter_file(path, format)
 
