@@ -42,7 +42,7 @@ from producers.importers._source import (
     read_json_file,
     read_source,
 )
-from producers.importers.verdicts import parse_verdicts
+from producers.importers.verdicts import VerdictFile, parse_verdicts, read_verdicts, with_verdicts
 from producers.sdk import Event
 
 # Detection order matters only for ambiguous input; the shapes are disjoint.
@@ -478,6 +478,7 @@ def import_paths(
         sessions = 0
         quarantined: list[Quarantined] = []
         skipped: list[Skipped] = []
+        reports = _reports_in(path)
         try:
             for item in iter_import(path, format):
                 if isinstance(item, Quarantined):
@@ -487,6 +488,8 @@ def import_paths(
                     skipped.append(item)
                     continue
                 sessions += 1
+                if reports:
+                    with_verdicts(item, reports)
                 _deliver(item, path, report, sink, send)
         except ImportFormatError as exc:
             quarantined.append(Quarantined(exc.path, exc.position, exc.reason))
@@ -497,6 +500,19 @@ def import_paths(
     if progress is not None and todo:
         progress(len(todo), len(todo), "files")
     return report
+
+
+def _reports_in(path: Path) -> list[VerdictFile]:
+    """The harness reports anywhere in a directory given to import (a harness log tree beside the runs).
+
+    They judge the sessions of the directory that brought no verdict of their own, by exact instance id.
+    """
+    if not path.is_dir():
+        return []
+    try:
+        return read_verdicts(path)[0]
+    except ImportFormatError:
+        return []
 
 
 def _deliver(

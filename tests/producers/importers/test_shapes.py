@@ -169,3 +169,19 @@ def test_verdicts_given_with_runs_count_the_instances_no_session_is(tmp_path: Pa
     judged, unmatched = _match([found], {"a__b-1", "org__repo-2"})
     assert judged == ["a__b", "a__b-", "a__b-1", "org/repo:pr-2"]
     assert unmatched == ["a__b", "a__b-"]  # a family name and a prefix match nothing
+
+
+@needs_real
+def test_a_harness_log_tree_beside_the_runs_judges_them(tmp_path: Path) -> None:
+    runs = tmp_path / "trajs" / "django__django-11099"
+    runs.mkdir(parents=True)
+    shutil.copy(REAL / "mini-swe-agent" / "django__django-11099.traj.json", runs)
+    logs = tmp_path / "logs" / "run_evaluation" / "run-1" / "model" / "django__django-11099"
+    logs.mkdir(parents=True)
+    shutil.copy(REAL / "mini-swe-agent" / "django__django-11099.report.json", logs / "report.json")
+    expected = json.loads((logs / "report.json").read_text())["django__django-11099"]["resolved"]
+    sent: list[ImportedSession] = []
+    report = import_paths([tmp_path], send=sent.append)
+    assert not report.empty and len(sent) == 1
+    (verdict,) = [e["payload"] for e in sent[0].events if e["event_type"] == "evaluation"]
+    assert verdict["passed"] is expected and verdict["provenance"] == "harness_report"
