@@ -157,9 +157,42 @@ def _on_message(run: _Run, index: int, event: dict[str, Any]) -> None:
     message = object_of(event.get("llm_message"))
     text = _text(message.get("content"))
     role = str(message.get("role") or ("user" if event.get("source") == "user" else "assistant"))
+    if role == "assistant" and event.get("source") == "agent":
+        _on_reply(run, index, event, text)
+        return
     run.builder.calls.append({"role": role, "content": text})
     if role == "user" and index != run.first_user:
         run.context.append(text)
+
+
+def _on_reply(run: _Run, index: int, event: dict[str, Any], text: str) -> None:
+    """A model response without tool calls (the agent answering, or its last word): a model call of its own."""
+    builder, issues = run.builder, run.builder.issues
+    response_id = str(event.get("llm_response_id") or f"response-{run.calls}")
+    usage = run.usage.get(response_id, {})
+    reply: dict[str, Any] = {"role": "assistant", "content": text}
+    reasoning = object_of(event.get("llm_message")).get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning:
+        reply["reasoning_content"] = reasoning
+    builder.advance(run.stamps[index])
+    record = builder.model_call(
+        reply,
+        tools=run.tools,
+        model=run.model,
+        usage={"prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens")},
+        response_id=response_id,
+    )
+    builder.agent_input(
+        prompt_digest=record["request_sha256"],
+        input_tokens=count(usage.get("prompt_tokens"), f"usage[{response_id}]", issues),
+        cached_tokens=count(usage.get("cache_read_tokens"), f"usage[{response_id}]", issues),
+        n_messages=record["n_messages"],
+        content="\n\n".join(run.context) or None,
+        message_id=response_id,
+        model_call=record,
+    )
+    run.context = []
+    run.calls += 1
 
 
 def _on_actions(run: _Run, group: list[tuple[int, dict[str, Any]]]) -> None:

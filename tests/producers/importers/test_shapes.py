@@ -69,13 +69,21 @@ def test_condensation_pause_and_rejection_are_read(tmp_path: Path) -> None:
     extra = [
         {"id": "c1", "kind": "Condensation", "source": "environment", "timestamp": events[-1]["timestamp"],
          "forgotten_event_ids": [events[1]["id"], events[2]["id"]], "summary": summary, "llm_response_id": "r9"},
+        {"id": "m1", "kind": "MessageEvent", "source": "agent", "timestamp": events[-1]["timestamp"],
+         "llm_message": {"role": "assistant", "content": [{"type": "text", "text": "Done: sizes parse."}]},
+         "llm_response_id": "r10"},
         {"id": "p1", "kind": "PauseEvent", "source": "user", "timestamp": events[-1]["timestamp"]},
     ]  # fmt: skip
     directory = tmp_path / "conv"
     _split([*events, *extra], directory, "event-{index:05d}-z.json")
     (session,) = import_file(directory).sessions
+    (plain,) = import_file(FIXTURES / "openhands_v1" / "acme__widgets-106.events.json").sessions
     (end,) = [e for e in session.events if e["event_type"] == "session_end"]
     assert "paused" in end["payload"]["exit_reason"]
+    inputs = [e["payload"] for e in session.events if e["event_type"] == "agent_input"]
+    assert len(inputs) == _kinds(plain).count("agent_input") + 1  # the agent's reply is a model call of its own
+    assert "history condensed: 2 events summarised" in (inputs[-1]["content"] or "")
+    assert session.steps == plain.steps
 
 
 @needs_real
