@@ -123,6 +123,13 @@ def _detect(source: SourceFile) -> str:
         if module.looks_like(source.data):
             return name
     data = source.data.first if isinstance(source.data, JsonLines) else source.data
+    single = _is_single_event(data)
+    if single is not None and not isinstance(source.data, JsonLines):
+        raise ImportFormatError(
+            source.path,
+            f"unknown trajectory format: one {single} event of a conversation saved one event per file; "
+            f"import its directory ({source.path.parent})",
+        )
     reasons = "; ".join(f"{name}: {module.why_not(data)}" for name, module in FORMATS.items())
     raise ImportFormatError(source.path, f"unknown trajectory format: detected {_shape(source.data)}; {reasons}")
 
@@ -131,6 +138,9 @@ def _looks(source: SourceFile) -> str:
     """What a file is, for a forced ``--format`` that does not fit: the format detected, else its shape."""
     if parse_verdicts(source.path, source.data) is not None:
         return "a verdict report (give it to --verdicts)"
+    single = _is_single_event(source.data)
+    if single is not None:
+        return f"one {single} event of a conversation saved one event per file (import its directory)"
     try:
         return f"{_detect(source)} (import it with --format auto)"
     except ImportFormatError:
@@ -433,7 +443,10 @@ def _nothing_from(path: Path, quarantined: list[Quarantined], skipped: list[Skip
     """Why a path gave no session, in one line."""
     if quarantined:
         more = f" (and {len(quarantined) - 1} more)" if len(quarantined) > 1 else ""
-        return f"{quarantined[0]}{more}"
+        first = quarantined[0]
+        if first.path == str(path):  # the path itself: its reason, without naming it again
+            return (f"{first.position}: " if first.position else "") + first.reason + more
+        return f"{first}{more}"
     if skipped:
         more = f"; {len(skipped) - 1} more files skipped" if len(skipped) > 1 else ""
         return f"no recorded run in it: {skipped[0].path}: {skipped[0].reason}{more}"

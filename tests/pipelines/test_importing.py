@@ -41,6 +41,12 @@ def test_runs_then_their_verdicts_later_through_the_cli(kafka_settings: Settings
     result = runner.invoke(app, ["import", str(runs)])
     assert result.exit_code == 0, result.output
     assert "imported 3 sessions" in result.output and "quarantined" in result.output
+    nothing = tmp_path / "nothing"
+    nothing.mkdir()
+    (nothing / "notes.json").write_text('{"hello": "world"}')
+    result = runner.invoke(app, ["import", str(runs), str(nothing)])  # no silent zero: the empty path fails it
+    assert result.exit_code == 1 and "imported 3 sessions" in result.output
+    assert f"1 of 2 paths gave no session ({nothing}: no recorded run in it" in str(result.exception)
     _land(kafka_settings)
     _, rows = run_query(kafka_settings, "SELECT task_id, eval_passed FROM trajectories ORDER BY task_id")
     assert rows == [("acme__widgets-101", None), ("acme__widgets-104", True), ("acme__widgets-105", False)]

@@ -58,6 +58,8 @@ def test_openhands_cli_bare_event_files_and_sdk_directory_import_like_the_event_
         assert session.steps == array.steps > 0
         assert _steps(session) == _steps(array)
         assert _kinds(session).count("env_feedback") == _kinds(array).count("env_feedback")
+    with pytest.raises(ImportFormatError, match="one openhands-v1 event of a conversation.*import its directory"):
+        import_file(next(cli.iterdir()))
     # the tree that holds them: each conversation once, nothing skipped
     result = import_file(tmp_path)
     assert len(result.sessions) == 3 and not result.quarantined and not result.skipped
