@@ -359,11 +359,16 @@ def verdict_event(envelope: dict[str, Any], verdict: Verdict, *, seq: int, ts: i
 
 
 def with_verdicts(session: ImportedSession, files: Iterable[VerdictFile]) -> Verdict | None:
-    """Append the verdict the given files hold on ``session``'s task, unless it already has one; the verdict or None.
+    """Append the verdict the files hold on ``session``'s task unless a harness already judged it; the verdict or None.
 
-    The event joins the import (the session's own identity), after its last event.
+    The event joins the import (the session's own identity), after its last event. A session whose
+    only verdict is its own file's claim (``self_reported``) still gets the report's: which one
+    counts is assembly's verdict precedence, not decided here.
     """
-    if any(e["event_type"] == "evaluation" for e in session.events) or not session.events:
+    judged = (HARNESS, HARBOR, FLEET)
+    if not session.events or any(
+        e["event_type"] == "evaluation" and (e["payload"].get("provenance") or FLEET) in judged for e in session.events
+    ):
         return None
     verdict = next((v for f in files if (v := f.get(session.task_id)) is not None), None)
     if verdict is None:

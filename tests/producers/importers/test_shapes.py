@@ -195,3 +195,19 @@ def test_a_harness_log_tree_beside_the_runs_judges_them(tmp_path: Path) -> None:
     assert not report.empty and len(sent) == 1
     (verdict,) = [e["payload"] for e in sent[0].events if e["event_type"] == "evaluation"]
     assert verdict["passed"] is expected and verdict["provenance"] == "harness_report"
+
+
+def test_a_report_joins_a_session_whose_only_verdict_is_its_own_claim(tmp_path: Path) -> None:
+    from producers.importers.verdicts import with_verdicts
+
+    run = json.loads((FIXTURES / "atif" / "run.atif.json").read_text())
+    run["extra"] = {**run["extra"], "eval_passed": True}  # the agent's file claims it passed
+    path = tmp_path / "run.atif.json"
+    path.write_text(json.dumps(run))
+    (session,) = import_file(path).sessions
+    report = parse_verdicts(tmp_path / "r.json", {"resolved_ids": [], "unresolved_ids": [session.task_id]})
+    assert report is not None
+    assert with_verdicts(session, [report]) is not None
+    provenances = [e["payload"]["provenance"] for e in session.events if e["event_type"] == "evaluation"]
+    assert provenances == ["self_reported", "harness_report"]  # precedence at assembly decides which counts
+    assert with_verdicts(session, [report]) is None  # a harness verdict is there: not twice
