@@ -504,6 +504,9 @@ def convert(source: SourceFile) -> list[ImportedSession]:
         return [_convert(source, data, {"task_id": source.path.name.split(".")[0]})]
     if _is_v1_output(data):
         return [_convert(source, list_of(data.get("history")), _output_run(data))]
+    if isinstance(data, dict) and data.get("history") == []:
+        instance = data.get("instance_id") or object_of(data.get("instance")).get("instance_id")
+        raise ImportFormatError(source.path, f"instance {instance!r}: empty history (the run recorded no event)")
     raise ImportFormatError(source.path, "not OpenHands V1 events (objects with 'kind', 'source' and 'id')")
 
 
