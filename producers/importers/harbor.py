@@ -16,13 +16,15 @@ is 1). A trial without an ATIF trajectory is reported, never imported as an empt
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
 from producers.importers import atif
+from producers.importers._builder import Verdict
 from producers.importers._common import ImportedSession, ImportFormatError, SourceFile, object_of, text_of
 from producers.importers._source import parse_record, read_bytes, read_json_file
-from producers.importers.verdicts import is_harbor_result, parse_verdicts
+from producers.importers.verdicts import HARBOR, is_harbor_result, parse_verdicts
 
 FRAMEWORK = "harbor"
 #: Where an ATIF-writing agent leaves its trajectory in a trial directory.
@@ -81,6 +83,33 @@ def trial_of(path: Path) -> Path | None:
     return None
 
 
+#: What Harbor's verifier writes in ``<trial>/verifier/`` (a reward as text, or rewards as JSON).
+_REWARD_FILES = ("reward.txt", "reward.json")
+
+
+def verifier_output(trial: Path, task: str) -> Verdict | None:
+    """The verdict the verifier wrote in ``verifier/`` when the trial's result carries none (it stopped before)."""
+    for name in _REWARD_FILES:
+        path = trial / "verifier" / name
+        if not path.is_file():
+            continue
+        try:
+            text = read_bytes(path).decode("utf-8", "replace").strip()
+            rewards: Any = read_json_file(path) if name.endswith(".json") else {"reward": text}
+        except ImportFormatError:
+            continue
+        values = rewards if isinstance(rewards, dict) else {"reward": rewards}
+        try:
+            reward = float(values["reward"]) if "reward" in values else min(float(v) for v in values.values())
+        except (TypeError, ValueError, KeyError):
+            continue
+        if reward != reward:  # NaN: no verdict
+            continue
+        details = json.dumps({"verifier_output": str(path.name), "rewards": values}, sort_keys=True, default=str)
+        return Verdict(task, reward >= 1.0, reward, HARBOR, "harbor", details=details, source=str(path))
+    return None
+
+
 def _trial_context(trial: Path, result: dict[str, Any] | None) -> atif.Trial:
     if result is None:
         return atif.Trial()
@@ -90,6 +119,8 @@ def _trial_context(trial: Path, result: dict[str, Any] | None) -> atif.Trial:
     verdicts = parse_verdicts(trial / "result.json", result)
     task = str(result.get("task_name") or "") or None
     verdict = verdicts.get(task) if verdicts is not None and task else None
+    if verdict is None and task and not object_of(result.get("verifier_result")).get("rewards"):
+        verdict = verifier_output(trial, task)
     text = None
     if exception:
         text = f"{text_of(exception.get('exception_type'))}: {text_of(exception.get('exception_message'))}"

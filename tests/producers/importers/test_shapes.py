@@ -211,3 +211,18 @@ def test_a_report_joins_a_session_whose_only_verdict_is_its_own_claim(tmp_path: 
     provenances = [e["payload"]["provenance"] for e in session.events if e["event_type"] == "evaluation"]
     assert provenances == ["self_reported", "harness_report"]  # precedence at assembly decides which counts
     assert with_verdicts(session, [report]) is None  # a harness verdict is there: not twice
+
+
+def test_a_harbor_trial_whose_result_has_no_rewards_takes_the_verifiers_output(tmp_path: Path) -> None:
+    trial = tmp_path / "hello-world__Xy7aQ"
+    shutil.copytree(FIXTURES / "harbor_job" / "hello-world__Xy7aQ", trial)
+    result = json.loads((trial / "result.json").read_text())
+    (trial / "result.json").write_text(json.dumps({**result, "verifier_result": None}))
+    (trial / "verifier" / "reward.txt").write_text("0\n")
+    (session,) = import_file(trial).sessions
+    (verdict,) = [e["payload"] for e in session.events if e["event_type"] == "evaluation"]
+    assert verdict["passed"] is False and verdict["reward"] == 0.0 and verdict["provenance"] == "harbor_verifier"
+    (trial / "verifier" / "reward.txt").write_text("1")
+    (session,) = import_file(trial / "agent" / "trajectory.json").sessions  # alone, too
+    (verdict,) = [e["payload"] for e in session.events if e["event_type"] == "evaluation"]
+    assert verdict["passed"] is True
