@@ -185,9 +185,11 @@ def bench_streaming(trials: tuple[int, ...] = JOB_TRIALS, line_mb: float = LINE_
         path = Path(directory) / "large-line.traj.json"
         path.write_text(json.dumps(large_line_run(line_mb)))
         line_seconds, line_rss, _, _ = _measure_stream(path)
+    print(f"streamed import; importer peak RSS with nothing imported: {base_rss / 1e6:.0f} MB")
     print(f"{'trials':>7} {'sessions':>8} {'seconds':>8} {'peak RSS MB':>11} {'(RSS-base) KiB/trial':>21}")
     for count, sessions, seconds, rss in jobs:
-        print(f"{count:7d} {sessions:8d} {seconds:8.2f} {rss / 1e6:11.0f} {(rss - base_rss) / 1024 / count:21.1f}")
+        per_trial = max(rss - base_rss, 0) / 1024 / count
+        print(f"{count:7d} {sessions:8d} {seconds:8.2f} {rss / 1e6:11.0f} {per_trial:21.1f}")
     ratio = jobs[-1][3] / jobs[0][3]
     print(
         f"peak RSS, {jobs[-1][0]} trials vs {jobs[0][0]}: {ratio:.2f}x "
