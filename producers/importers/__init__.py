@@ -523,9 +523,16 @@ def _reports_in(path: Path) -> list[VerdictFile]:
     if not path.is_dir():
         return []
     try:
-        return read_verdicts(path)[0]
+        found = read_verdicts(path)[0]
     except ImportFormatError:
         return []
+    if len(found) <= 1:
+        return found
+    merged = VerdictFile(str(path))  # one index, so each session is one lookup whatever the number of reports
+    for report in found:
+        for instance, verdict in report.verdicts.items():
+            merged.verdicts.setdefault(instance, verdict)
+    return [merged]
 
 
 def _deliver(
