@@ -235,7 +235,8 @@ def import_runs(
         list[Path] | None,
         typer.Argument(
             help="Recorded runs: files (.traj, .traj.json, .json, .jsonl, OTLP JSON) or directories "
-            "(Harbor trials and jobs, OpenHands V1 conversations, folders of runs)."
+            "(Harbor trials and jobs, OpenHands conversations saved one event per file, trees of runs); a path that "
+            "gives no session fails the command."
         ),
     ] = None,
     format: Annotated[ImportFormat, typer.Option("--format", "-f")] = ImportFormat.auto,
@@ -245,7 +246,7 @@ def import_runs(
             "--verdicts",
             help="Harness reports (SWE-bench keyed or flat, summaries, Multi-SWE-bench, Harbor result.json): "
             "a file or a directory. With PATHS they join those runs; alone, the assembled sessions of their "
-            "instances.",
+            "instances. Matched by exact instance id; verdicts that match no session fail the command.",
         ),
     ] = None,
     listen: Annotated[
