@@ -124,4 +124,6 @@ def test_a_verdict_judges_only_its_exact_instance(instance: str, cut: int, extra
     assert report is not None
     assert report.get(instance) is None
     report = parse_verdicts(Path("report.json"), {"resolved_ids": [instance], "unresolved_ids": sorted(keys)})
-    assert report is not None and report.get(instance) is not None and report.get(instance).passed
+    assert report is not None
+    verdict = report.get(instance)
+    assert verdict is not None and verdict.passed
