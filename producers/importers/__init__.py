@@ -42,7 +42,7 @@ from producers.importers._source import (
     read_json_file,
     read_source,
 )
-from producers.importers.verdicts import VerdictFile, parse_verdicts, read_verdicts, with_verdicts
+from producers.importers.verdicts import HARBOR, VerdictFile, parse_verdicts, read_verdicts, with_verdicts
 from producers.sdk import Event
 
 # Detection order matters only for ambiguous input; the shapes are disjoint.
@@ -526,13 +526,12 @@ def _reports_in(path: Path) -> list[VerdictFile]:
         found = read_verdicts(path)[0]
     except ImportFormatError:
         return []
-    if len(found) <= 1:
-        return found
     merged = VerdictFile(str(path))  # one index, so each session is one lookup whatever the number of reports
     for report in found:
         for instance, verdict in report.verdicts.items():
-            merged.verdicts.setdefault(instance, verdict)
-    return [merged]
+            if verdict.provenance != HARBOR:  # a Harbor trial's result judges its own trial, read with it
+                merged.verdicts.setdefault(instance, verdict)
+    return [merged] if merged.verdicts else []
 
 
 def _deliver(
