@@ -68,10 +68,14 @@ def bench_import_cmd(
         "1.6,3.2,6.4,12.8"
     ),
 ) -> None:
-    """Importing a recorded run: seconds and peak RSS per MB at growing sizes, and their ratio (1.0 is linear)."""
-    from benchmarks.importing import bench_import
+    """Importing a recorded run: seconds and peak RSS per MB at growing sizes, and their ratio (1.0 is linear).
+
+    Then streamed import: peak RSS per trial of two Harbor jobs, and per MB of a run's largest line.
+    """
+    from benchmarks.importing import bench_import, bench_streaming
 
     bench_import(tuple(float(s) for s in sizes.split(",") if s.strip()))
+    bench_streaming()
 
 
 @bench_app.command("decode")

@@ -5,6 +5,12 @@ ids and texts, so every turn is new content) are imported one at a time, each in
 its peak RSS is its own. The table gives seconds and peak RSS per MB; the ratio of the largest run's
 time per MB to the smallest's is the figure (1.0 is linear; a quadratic import doubles it at each
 doubling of the size, 8.0 across the range).
+
+Then two bounds of streamed import: a Harbor job of ``JOB_TRIALS`` trials (each trial a real-shaped
+ATIF run with its verifier's result) imported as ``trajlake import`` does — each session encoded and
+let go before the next trial is read — gives its peak RSS above the baseline per trial at two job
+sizes (bounded memory: the larger job's peak is about the smaller's); and a run whose one tool
+output is a single line of ``LINE_MB`` MB gives its peak RSS above the baseline per MB of that line.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import copy
 import json
 import multiprocessing
 import resource
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +27,12 @@ from typing import Any
 
 #: Run sizes, in MB (each twice the last).
 SIZES_MB = (1.6, 3.2, 6.4, 12.8)
+#: Trials of the two Harbor jobs (the second four times the first).
+JOB_TRIALS = (150, 600)
+#: Size of the one-line tool output of the large-line run, in MB.
+LINE_MB = 24.0
+#: The Harbor trial every job trial is a copy of (with its own task name, so each is new content).
+_TRIAL = Path(__file__).resolve().parents[1] / "tests" / "producers" / "importers" / "fixtures" / "harbor_job"
 
 
 def recorded_run(target_bytes: int) -> dict[str, Any]:
@@ -101,6 +114,94 @@ def _baseline_rss() -> int:
     rss = int(queue.get(timeout=600))
     child.join()
     return rss
+
+
+def _stream_in_child(path: str, queue: Any) -> None:
+    from producers.importers import import_paths
+    from schemas.registry import encode_event
+
+    sessions = 0
+
+    def send(session: Any) -> None:  # as the CLI's sender: every event encoded, then the session let go
+        nonlocal sessions
+        encoded = [encode_event(event) for event in session.events]
+        sessions += 1
+        del encoded
+
+    started = time.perf_counter()
+    report = import_paths([path], send=send)
+    seconds = time.perf_counter() - started
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    queue.put((seconds, rss, sessions, len(report.quarantined)))
+
+
+def _measure_stream(path: Path) -> tuple[float, int, int, int]:
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=_stream_in_child, args=(str(path), queue))
+    child.start()
+    result = queue.get(timeout=3600)
+    child.join()
+    return result
+
+
+def harbor_job(directory: Path, trials: int) -> Path:
+    """A Harbor job of ``trials`` trials, each a copy of the fixture trial under its own task name."""
+    job = directory / f"job-{trials}"
+    job.mkdir()
+    template = _TRIAL / "hello-world__Xy7aQ"
+    result = json.loads((template / "result.json").read_text())
+    trajectory = json.loads((template / "agent" / "trajectory.json").read_text())
+    for n in range(trials):
+        trial = job / f"task-{n}__t{n}"
+        (trial / "agent").mkdir(parents=True)
+        (trial / "result.json").write_text(json.dumps({**result, "task_name": f"task-{n}", "trial_name": trial.name}))
+        (trial / "agent" / "trajectory.json").write_text(json.dumps({**trajectory, "session_id": f"s-{n}"}))
+    return job
+
+
+def large_line_run(megabytes: float) -> dict[str, Any]:
+    """A mini-swe-agent 2.x run of one turn whose tool output is a single line of ``megabytes`` MB."""
+    run = recorded_run(4000)
+    for message in run["messages"]:
+        if message["role"] == "tool":
+            line = "x" * int(megabytes * 1e6)
+            message["content"] = f"<returncode>0</returncode>\n<output>\n{line}</output>"
+            message["extra"]["raw_output"] = line
+            break
+    return run
+
+
+def bench_streaming(trials: tuple[int, ...] = JOB_TRIALS, line_mb: float = LINE_MB) -> dict[str, Any]:
+    """Peak RSS of importing Harbor jobs of ``trials`` trials, and of a run with one ``line_mb`` MB line."""
+    base_rss = _baseline_rss()
+    jobs = []
+    with tempfile.TemporaryDirectory() as directory:
+        for count in trials:
+            job = harbor_job(Path(directory), count)
+            seconds, rss, sessions, quarantined = _measure_stream(job)
+            jobs.append((count, sessions, seconds, rss))
+            shutil.rmtree(job)
+        path = Path(directory) / "large-line.traj.json"
+        path.write_text(json.dumps(large_line_run(line_mb)))
+        line_seconds, line_rss, _, _ = _measure_stream(path)
+    print(f"streamed import; importer peak RSS with nothing imported: {base_rss / 1e6:.0f} MB")
+    print(f"{'trials':>7} {'sessions':>8} {'seconds':>8} {'peak RSS MB':>11} {'(RSS-base) KiB/trial':>21}")
+    for count, sessions, seconds, rss in jobs:
+        per_trial = max(rss - base_rss, 0) / 1024 / count
+        print(f"{count:7d} {sessions:8d} {seconds:8.2f} {rss / 1e6:11.0f} {per_trial:21.1f}")
+    ratio = jobs[-1][3] / jobs[0][3]
+    print(
+        f"peak RSS, {jobs[-1][0]} trials vs {jobs[0][0]}: {ratio:.2f}x "
+        f"(bounded by the largest trial: about 1; a job held whole grows {jobs[-1][0] / jobs[0][0]:.0f}x above the "
+        "baseline)"
+    )
+    per_mb = (line_rss - base_rss) / 1e6 / line_mb
+    print(
+        f"one {line_mb:.0f} MB line: {line_seconds:.2f} s, peak RSS {line_rss / 1e6:.0f} MB, "
+        f"{per_mb:.1f} MB above the baseline per MB of the line"
+    )
+    return {"jobs": jobs, "job_ratio": ratio, "line_rss_per_mb": per_mb, "base_rss": base_rss}
 
 
 def _load_only(queue: Any) -> None:

@@ -20,7 +20,7 @@ from common.settings import Settings
 from pipelines.quarantine import Quarantined, record_quarantine
 from pipelines.verdicts import Attached, attach_verdicts, run_id
 from producers.importers import ImportedSession, ImportReport, import_paths
-from producers.importers.verdicts import read_verdicts, with_verdicts
+from producers.importers.verdicts import VerdictFile, instance_alias, read_verdicts, with_verdicts
 from producers.sdk import EventProducer
 from warehouse.catalog import open_catalog
 
@@ -55,6 +55,9 @@ class ImportRun:
     report: ImportReport = field(default_factory=ImportReport)
     attached: Attached | None = None
     failed: list[tuple[str, str]] = field(default_factory=list)  # (session id, why it could not be sent)
+    #: With runs and ``--verdicts``: every instance the verdict files judge, and those no imported session has.
+    verdict_instances: list[str] = field(default_factory=list)
+    unmatched_verdicts: list[str] = field(default_factory=list)
 
     def quarantine_records(self) -> list[Quarantined]:
         """Everything set aside, as quarantine rows (``stage = 'import'``)."""
@@ -98,13 +101,17 @@ def import_runs(
     sender = SessionSender(producer)
     if paths:
         files = read_verdicts(verdicts)[0] if verdicts is not None else []
+        tasks: set[str] = set()
 
         def send(session: ImportedSession) -> None:
+            tasks.add(session.task_id)
             if files:
                 with_verdicts(session, files)
             sender(session)
 
         run.report = import_paths(paths, format=format, send=send, progress=progress)
+        if verdicts is not None:
+            run.verdict_instances, run.unmatched_verdicts = _match(files, tasks)
     elif verdicts is not None:
         run.attached = attach_verdicts(settings, verdicts, producer.emit)
     run.failed = [(session.session_id, why) for session, why in sender.failed]
@@ -115,6 +122,18 @@ def import_runs(
     if records:
         record_quarantine(open_catalog(settings), settings, records, run_id())
     return run
+
+
+def _match(files: list[VerdictFile], tasks: set[str]) -> tuple[list[str], list[str]]:
+    """The instances the verdict files judge, and those no imported session is (exact instance ids)."""
+    judged = {
+        instance
+        for found in files
+        for instance, verdict in found.verdicts.items()
+        if verdict.instance_id == instance  # an alias spelling is the same instance, counted once
+    }
+    unmatched = [i for i in judged if i not in tasks and instance_alias(i) not in tasks]
+    return sorted(judged), sorted(unmatched)
 
 
 def listen(address: str, producer: EventProducer, on_session: Callable[[ImportedSession], Any] | None = None) -> Any:

@@ -1,7 +1,8 @@
 """Verdicts attached after the runs were imported (``trajlake import --verdicts PATH``).
 
 A harness report often arrives after the runs: this finds the sessions each verdict is about
-(the assembled sessions whose ``task_id`` or ``task_family`` is the verdict's instance) and sends
+(the assembled sessions whose ``task_id`` is exactly the verdict's instance: a task family's name
+or a prefix of an id matches nothing) and sends
 one ``evaluation`` per session (``producers.importers.verdicts.verdict_event``): provenance from the
 report (``harness_report``, ``harbor_verifier``), host ``verdicts``, an id derived from the session
 and the verdict, so attaching the same report twice changes nothing. Assembly counts it when its
@@ -32,7 +33,7 @@ _SESSIONS_SQL = """
 SELECT session_id, task_id, task_family, task_type, sandbox_id, image_name, image_version, agent_name,
        agent_version, agent_model, policy_version, max_seq, last_event_at
 FROM trajectories
-WHERE task_id IN (SELECT unnest($ids::VARCHAR[])) OR task_family IN (SELECT unnest($ids::VARCHAR[]))
+WHERE task_id IN (SELECT unnest($ids::VARCHAR[]))
 ORDER BY session_id
 """
 
@@ -47,6 +48,11 @@ class Attached:
     unevaluated: list[str] = field(default_factory=list)  # instances the harness could not evaluate
     shared: dict[str, int] = field(default_factory=dict)  # instance -> sessions it went to, when more than one
     errors: list[str] = field(default_factory=list)
+
+    @property
+    def instances(self) -> int:
+        """How many instances the files give a verdict on (each spelling of an instance once)."""
+        return len({instance for instance, _, _ in self.attached}) + len(self.unknown)
 
     def quarantine_records(self) -> list[Quarantined]:
         """The quarantine rows of the verdicts no session took (``stage = 'import'``)."""
@@ -99,8 +105,7 @@ def attach_verdicts(settings: Settings, path: Path | str, sink: Callable[[Event]
     sessions: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         record = dict(zip(columns, row, strict=True))
-        for key in {record["task_id"], record["task_family"]} - {None}:
-            sessions.setdefault(str(key), []).append(record)
+        sessions.setdefault(str(record["task_id"]), []).append(record)
     sent: set[tuple[str, str]] = set()
     for instance, verdict in sorted(verdicts.items()):
         targets = sessions.get(instance, [])

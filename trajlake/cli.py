@@ -235,7 +235,8 @@ def import_runs(
         list[Path] | None,
         typer.Argument(
             help="Recorded runs: files (.traj, .traj.json, .json, .jsonl, OTLP JSON) or directories "
-            "(Harbor trials and jobs, OpenHands V1 conversations, folders of runs)."
+            "(Harbor trials and jobs, OpenHands conversations saved one event per file, trees of runs); a path that "
+            "gives no session fails the command."
         ),
     ] = None,
     format: Annotated[ImportFormat, typer.Option("--format", "-f")] = ImportFormat.auto,
@@ -245,7 +246,7 @@ def import_runs(
             "--verdicts",
             help="Harness reports (SWE-bench keyed or flat, summaries, Multi-SWE-bench, Harbor result.json): "
             "a file or a directory. With PATHS they join those runs; alone, the assembled sessions of their "
-            "instances.",
+            "instances. Matched by exact instance id; verdicts that match no session fail the command.",
         ),
     ] = None,
     listen: Annotated[
@@ -282,10 +283,6 @@ def import_runs(
             run = run_import(
                 settings, list(paths or []), producer, format=format.value, verdicts=verdicts, progress=progress
             )
-    problems = [str(item) for item in run.report.quarantined] + [f"session {sid}: {why}" for sid, why in run.failed]
-    if paths and not run.report.summaries and problems:  # nothing could be imported: one line says why
-        more = f" (and {len(problems) - 1} more records quarantined)" if len(problems) > 1 else ""
-        raise ImportFormatError("import", f"nothing imported: {problems[0]}{more}")
     for summary in run.report.summaries:
         where = f" ({summary.position})" if summary.position else ""
         out.print(
@@ -310,6 +307,7 @@ def import_runs(
                 else ""
             )
         )
+    failures = _import_failures(run, paths or [])
     if run.attached is not None:
         attached = run.attached
         for verdict in attached.unknown:
@@ -323,6 +321,36 @@ def import_runs(
             f"attached {len(attached.attached)} verdicts ({passed} passed) from {attached.files} files; "
             f"{len(attached.unknown)} for unknown instances, {len(attached.unevaluated)} not evaluated by the harness"
         )
+    if failures:
+        raise ImportFormatError("import", "; ".join(failures))
+
+
+def _import_failures(run: Any, paths: list[Path]) -> list[str]:
+    """What an import could not do, each a clause of the one-line error it exits with (empty when all went in)."""
+    failures = []
+    empty = run.report.empty
+    if empty:
+        named = "; ".join(f"{path}: {why}" for path, why in empty[:3]) + (
+            f"; and {len(empty) - 3} more" if len(empty) > 3 else ""
+        )
+        failures.append(f"{len(empty)} of {len(paths)} paths gave no session ({named})")
+    if run.verdict_instances and run.unmatched_verdicts:
+        unmatched, total = run.unmatched_verdicts, run.verdict_instances
+        failures.append(
+            f"{len(unmatched)} of {len(total)} verdicts match no imported session by instance id "
+            f"(first: {unmatched[0]})"
+        )
+    attached = run.attached
+    if attached is not None:
+        if not attached.instances and not attached.unevaluated:
+            why = f" ({attached.errors[0]})" if attached.errors else ""
+            failures.append(f"the verdict files hold no verdict{why}")
+        elif attached.unknown or not attached.attached:
+            failures.append(
+                f"{len(attached.unknown)} of {attached.instances} verdicts match no assembled session by instance id "
+                "(kept in quarantine)"
+            )
+    return failures
 
 
 quality_app = typer.Typer(no_args_is_help=True, help="Quality layer: evaluation against ground truth.")

@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -116,7 +117,7 @@ def read_bytes(path: Path) -> bytes:
             raw = handle.read()
     except OSError as exc:
         raise ImportFormatError(path, f"cannot read file ({exc.strerror or exc})") from exc
-    if not raw.strip():
+    if not raw or raw.isspace():  # (no stripped copy: a run can be hundreds of MB)
         raise ImportFormatError(path, "file is empty")
     return raw
 
@@ -127,11 +128,18 @@ def parse_json(path: Path, raw: bytes, where: str = "") -> Any:
     Raises:
         ImportFormatError: not UTF-8, not JSON, or nested deeper than :data:`MAX_JSON_DEPTH`.
     """
-    prefix = f"{where}: " if where else ""
+    return _loads(path, _decode(path, raw, where), where)
+
+
+def _decode(path: Path, raw: bytes, where: str) -> str:
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
+        prefix = f"{where}: " if where else ""
         raise ImportFormatError(path, f"{prefix}not UTF-8 text (byte {exc.start})") from exc
+
+
+def _loads(path: Path, text: str, where: str) -> Any:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -141,9 +149,14 @@ def parse_json(path: Path, raw: bytes, where: str = "") -> Any:
             path, f"not valid JSON (truncated or corrupt?): {exc.msg} at line {exc.lineno}"
         ) from exc
     except RecursionError:  # the C parser recurses per nesting level
+        prefix = f"{where}: " if where else ""
         raise ImportFormatError(path, f"{prefix}JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
     check_nesting(path, data, where)
     return data
+
+
+#: The escape a lone surrogate can only come from (searched in place: no lower-cased copy of the bytes).
+_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD]")
 
 
 def parse_record(path: Path, raw: bytes, where: str = "") -> tuple[Any, tuple[str, ...]]:
@@ -156,7 +169,7 @@ def parse_record(path: Path, raw: bytes, where: str = "") -> tuple[Any, tuple[st
         ImportFormatError: as :func:`parse_json`.
     """
     data = parse_json(path, raw, where)
-    if b"\\ud" not in raw.lower():  # a lone surrogate can only come from an escape
+    if _SURROGATE_ESCAPE.search(raw) is None:  # a lone surrogate can only come from an escape
         return data, ()
     repaired: list[str] = []
     return _repair(data, "", repaired), tuple(repaired)
@@ -227,15 +240,34 @@ def read_source(path: Path | str) -> SourceFile:
         return SourceFile(path, _file_sha256(path), JsonLines(path, first))
     raw = read_bytes(path)
     digest = hashlib.sha256(raw).hexdigest()
+    surrogates = _SURROGATE_ESCAPE.search(raw) is not None
+    lines_shaped = _lines_shaped(raw)
     try:
-        data, repaired = parse_record(path, raw)
-        return SourceFile(path, digest, data, repaired=repaired)
+        text = _decode(path, raw, "")
+        del raw  # one copy of a large run at a time: the bytes go before the text is parsed
+        data = _loads(path, text, "")
+        del text
+        repaired: list[str] = []
+        if surrogates:
+            data = _repair(data, "", repaired)
+        return SourceFile(path, digest, data, repaired=tuple(repaired))
     except ImportFormatError:
-        if raw.lstrip().startswith(b"{") and b"\n" in raw.strip():
+        if lines_shaped:
             record = next((r for r in iter_lines(path) if isinstance(r, SourceFile) and isinstance(r.data, dict)), None)
             if record is not None:
                 return SourceFile(path, digest, JsonLines(path, record.data))
         raise
+
+
+def _lines_shaped(raw: bytes) -> bool:
+    """Whether ``raw`` starts with an object and has a line break inside its content (JSON Lines, maybe)."""
+    first = re.search(rb"\S", raw)
+    if first is None or raw[first.start() : first.start() + 1] != b"{":
+        return False
+    end = len(raw)
+    while end and raw[end - 1 : end].isspace():
+        end -= 1
+    return raw.find(b"\n", first.start(), end) >= 0
 
 
 def _file_sha256(path: Path) -> str:

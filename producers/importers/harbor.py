@@ -16,13 +16,15 @@ is 1). A trial without an ATIF trajectory is reported, never imported as an empt
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
 from producers.importers import atif
+from producers.importers._builder import Verdict
 from producers.importers._common import ImportedSession, ImportFormatError, SourceFile, object_of, text_of
 from producers.importers._source import parse_record, read_bytes, read_json_file
-from producers.importers.verdicts import is_harbor_result, parse_verdicts
+from producers.importers.verdicts import HARBOR, is_harbor_result, parse_verdicts
 
 FRAMEWORK = "harbor"
 #: Where an ATIF-writing agent leaves its trajectory in a trial directory.
@@ -66,6 +68,48 @@ def trajectories(trial: Path) -> list[Path]:
     return found
 
 
+def trial_of(path: Path) -> Path | None:
+    """The trial directory whose trajectory ``path`` is (``agent/trajectory.json`` or a step's), if it is one.
+
+    A trajectory imported by itself still gets its trial's task, agent and verdict (``../result.json``).
+    """
+    parents = path.parents
+    for depth in (2, 4):  # <trial>/agent/trajectory.json, <trial>/steps/<step>/agent/trajectory.json
+        if len(parents) < depth:
+            continue
+        trial = parents[depth - 1]
+        if path.resolve() in {p.resolve() for p in trajectories(trial)} and _result(trial) is not None:
+            return trial
+    return None
+
+
+#: What Harbor's verifier writes in ``<trial>/verifier/`` (a reward as text, or rewards as JSON).
+_REWARD_FILES = ("reward.txt", "reward.json")
+
+
+def verifier_output(trial: Path, task: str) -> Verdict | None:
+    """The verdict the verifier wrote in ``verifier/`` when the trial's result carries none (it stopped before)."""
+    for name in _REWARD_FILES:
+        path = trial / "verifier" / name
+        if not path.is_file():
+            continue
+        try:
+            text = read_bytes(path).decode("utf-8", "replace").strip()
+            rewards: Any = read_json_file(path) if name.endswith(".json") else {"reward": text}
+        except ImportFormatError:
+            continue
+        values = rewards if isinstance(rewards, dict) else {"reward": rewards}
+        try:
+            reward = float(values["reward"]) if "reward" in values else min(float(v) for v in values.values())
+        except (TypeError, ValueError, KeyError):
+            continue
+        if reward != reward:  # NaN: no verdict
+            continue
+        details = json.dumps({"verifier_output": str(path.name), "rewards": values}, sort_keys=True, default=str)
+        return Verdict(task, reward >= 1.0, reward, HARBOR, "harbor", details=details, source=str(path))
+    return None
+
+
 def _trial_context(trial: Path, result: dict[str, Any] | None) -> atif.Trial:
     if result is None:
         return atif.Trial()
@@ -75,6 +119,8 @@ def _trial_context(trial: Path, result: dict[str, Any] | None) -> atif.Trial:
     verdicts = parse_verdicts(trial / "result.json", result)
     task = str(result.get("task_name") or "") or None
     verdict = verdicts.get(task) if verdicts is not None and task else None
+    if verdict is None and task and not object_of(result.get("verifier_result")).get("rewards"):
+        verdict = verifier_output(trial, task)
     text = None
     if exception:
         text = f"{text_of(exception.get('exception_type'))}: {text_of(exception.get('exception_message'))}"
@@ -89,8 +135,12 @@ def _trial_context(trial: Path, result: dict[str, Any] | None) -> atif.Trial:
     )
 
 
-def convert_trial(trial: Path) -> list[ImportedSession]:
+def convert_trial(trial: Path, only: Path | None = None) -> list[ImportedSession]:
     """The sessions of one Harbor trial (one per ATIF trajectory; the verdict joins the last).
+
+    Args:
+        trial: the trial directory.
+        only: one of its trajectories, imported by itself (with the trial's result when it is the last).
 
     Raises:
         ImportFormatError: no ATIF trajectory in the trial, or one that is not valid ATIF.
@@ -101,6 +151,8 @@ def convert_trial(trial: Path) -> list[ImportedSession]:
     context = _trial_context(trial, _result(trial))
     sessions: list[ImportedSession] = []
     for position, path in enumerate(found):
+        if only is not None and path.resolve() != only.resolve():
+            continue
         raw = read_bytes(path)
         data, repaired = parse_record(path, raw)
         if not atif.looks_like(data):

@@ -157,9 +157,42 @@ def _on_message(run: _Run, index: int, event: dict[str, Any]) -> None:
     message = object_of(event.get("llm_message"))
     text = _text(message.get("content"))
     role = str(message.get("role") or ("user" if event.get("source") == "user" else "assistant"))
+    if role == "assistant" and event.get("source") == "agent":
+        _on_reply(run, index, event, text)
+        return
     run.builder.calls.append({"role": role, "content": text})
     if role == "user" and index != run.first_user:
         run.context.append(text)
+
+
+def _on_reply(run: _Run, index: int, event: dict[str, Any], text: str) -> None:
+    """A model response without tool calls (the agent answering, or its last word): a model call of its own."""
+    builder, issues = run.builder, run.builder.issues
+    response_id = str(event.get("llm_response_id") or f"response-{run.calls}")
+    usage = run.usage.get(response_id, {})
+    reply: dict[str, Any] = {"role": "assistant", "content": text}
+    reasoning = object_of(event.get("llm_message")).get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning:
+        reply["reasoning_content"] = reasoning
+    builder.advance(run.stamps[index])
+    record = builder.model_call(
+        reply,
+        tools=run.tools,
+        model=run.model,
+        usage={"prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens")},
+        response_id=response_id,
+    )
+    builder.agent_input(
+        prompt_digest=record["request_sha256"],
+        input_tokens=count(usage.get("prompt_tokens"), f"usage[{response_id}]", issues),
+        cached_tokens=count(usage.get("cache_read_tokens"), f"usage[{response_id}]", issues),
+        n_messages=record["n_messages"],
+        content="\n\n".join(run.context) or None,
+        message_id=response_id,
+        model_call=record,
+    )
+    run.context = []
+    run.calls += 1
 
 
 def _on_actions(run: _Run, group: list[tuple[int, dict[str, Any]]]) -> None:
@@ -291,6 +324,38 @@ def _on_conversation_error(run: _Run, index: int, event: dict[str, Any]) -> None
     run.error = ": ".join(str(event[k]) for k in ("code", "detail") if event.get(k))
 
 
+def _on_system_update(run: _Run, index: int, event: dict[str, Any]) -> None:
+    """A new system prompt (and tool list) for the calls that follow."""
+    tools = list_of(event.get("tools"))
+    if tools:
+        run.tools = tools
+    if event.get("system_prompt"):
+        run.builder.calls.append({"role": "system", "content": _text(event.get("system_prompt"))})
+
+
+def _on_condensation(run: _Run, index: int, event: dict[str, Any]) -> None:
+    """The history was condensed: later calls see the summary in place of the forgotten events."""
+    summary = event.get("summary")
+    forgotten = len(list_of(event.get("forgotten_event_ids")))
+    if isinstance(summary, str) and summary:
+        run.builder.calls.append({"role": "user", "content": summary})
+        run.context.append(f"[history condensed: {forgotten} events summarised]\n{summary}")
+    elif forgotten:
+        run.context.append(f"[history condensed: {forgotten} events forgotten]")
+
+
+def _on_summary(run: _Run, index: int, event: dict[str, Any]) -> None:
+    summary = _text(event.get("summary"))
+    if summary:
+        run.builder.calls.append({"role": "user", "content": summary})
+        run.context.append(summary)
+
+
+def _on_user_action(run: _Run, index: int, event: dict[str, Any]) -> None:
+    """A pause or an interrupt from the user: the conversation stops there unless it goes on."""
+    run.status = "paused" if event.get("kind") == "PauseEvent" else "interrupted"
+
+
 _HANDLERS = {
     "SystemPromptEvent": _on_system,
     "MessageEvent": _on_message,
@@ -299,6 +364,11 @@ _HANDLERS = {
     "UserRejectObservation": _on_observation,
     "ConversationStateUpdateEvent": _on_state,
     "ConversationErrorEvent": _on_conversation_error,
+    "SystemPromptUpdateEvent": _on_system_update,
+    "Condensation": _on_condensation,
+    "CondensationSummaryEvent": _on_summary,
+    "PauseEvent": _on_user_action,
+    "InterruptEvent": _on_user_action,
 }
 
 
@@ -434,6 +504,9 @@ def convert(source: SourceFile) -> list[ImportedSession]:
         return [_convert(source, data, {"task_id": source.path.name.split(".")[0]})]
     if _is_v1_output(data):
         return [_convert(source, list_of(data.get("history")), _output_run(data))]
+    if isinstance(data, dict) and data.get("history") == []:
+        instance = data.get("instance_id") or object_of(data.get("instance")).get("instance_id")
+        raise ImportFormatError(source.path, f"instance {instance!r}: empty history (the run recorded no event)")
     raise ImportFormatError(source.path, "not OpenHands V1 events (objects with 'kind', 'source' and 'id')")
 
 
@@ -450,6 +523,18 @@ def convert_stream(source: SourceFile) -> list[ImportedSession]:
     return [_convert(source, events, {"task_id": source.path.name.split(".")[0]})]
 
 
+def convert_event_files(path: Path, files: list[Path], state: dict[str, Any], task_id: str) -> list[ImportedSession]:
+    """A persisted V1 conversation: one event per file (``files`` in order), with its saved state if any.
+
+    Raises:
+        ImportFormatError: an event file is not JSON, or no user message with the task.
+    """
+    events = [e for e in (read_json_file(f) for f in files) if isinstance(e, dict)]
+    digest = hashlib.sha256(b"".join(read_bytes(f) for f in files)).hexdigest()
+    run = {"task_id": task_id, "state": state}
+    return [_convert(SourceFile(path, digest, events), events, run)]
+
+
 def convert_directory(path: Path) -> list[ImportedSession]:
     """A persisted V1 conversation directory: ``events/event-*.json`` in order, ``base_state.json`` beside.
 
@@ -457,8 +542,5 @@ def convert_directory(path: Path) -> list[ImportedSession]:
         ImportFormatError: an event file is not JSON, or no user message with the task.
     """
     files = sorted((path / "events").glob("event-*.json"))
-    events = [e for e in (read_json_file(f) for f in files) if isinstance(e, dict)]
-    digest = hashlib.sha256(b"".join(read_bytes(f) for f in files)).hexdigest()
-    state = read_json_file(path / "base_state.json") or {}
-    run = {"task_id": path.name, "state": state}
-    return [_convert(SourceFile(path, digest, events), events, run)]
+    state = read_json_file(path / "base_state.json") if (path / "base_state.json").is_file() else {}
+    return convert_event_files(path, files, object_of(state), path.name)

@@ -9,13 +9,15 @@ Recognised shapes (by content, not by file name):
   directory it sits in, else the file name (``X.report.json``).
 - **Summaries**: ``resolved_ids`` with ``unresolved_ids`` / ``completed_ids`` / ``empty_patch_ids``
   (SWE-bench's run report, sb-cli, Multi-SWE-bench's ``final_report.json``, OpenHands'
-  ``report.json``), and the older ``results.json`` of lists (``resolved``, ``applied``, …).
+  ``report.json``, SWE-Gym's), SWE-smith's run report (``ids_resolved`` / ``ids_unresolved`` beside
+  the counts), and the older ``results.json`` of lists (``resolved``, ``applied``, …).
   Multi-SWE-bench names instances ``org/repo:pr-N``; ``org__repo-N`` finds them too.
 - **Harbor trial result** (``result.json``): ``verifier_result.rewards``; the task is
   ``task_name``.
 
-An instance the harness could not evaluate (``error_ids``, ``test_errored``, a Harbor trial
-without a verifier result) gets no verdict: it is listed in :attr:`VerdictFile.unevaluated`.
+An instance the harness could not evaluate (``error_ids``, ``test_errored``, SWE-smith's
+``{"timed_out": true}`` report, a Harbor trial without a verifier result) gets no verdict: it is
+listed in :attr:`VerdictFile.unevaluated`.
 """
 
 from __future__ import annotations
@@ -79,6 +81,11 @@ def _alias(instance_id: str) -> str | None:
     return None
 
 
+def instance_alias(instance_id: str) -> str | None:
+    """The other spelling of a Multi-SWE-bench instance (``org/repo:pr-12`` → ``org__repo-12``), if it has one."""
+    return _alias(instance_id)
+
+
 def _tests(entry: dict[str, Any]) -> tuple[int, int]:
     passed = total = 0
     for buckets in (entry.get("tests_status") or {}).values():
@@ -100,6 +107,11 @@ def _is_report_entry(value: Any) -> bool:
     return isinstance(value, dict) and isinstance(value.get("resolved"), bool)
 
 
+def _is_timeout_report(value: Any) -> bool:
+    """SWE-smith's per-instance report when the evaluation timed out: ``{"timed_out": true, "timeout": N}``."""
+    return isinstance(value, dict) and value.get("timed_out") is True and "resolved" not in value
+
+
 def _flat_instance(path: Path, data: dict[str, Any]) -> str:
     """The instance a flat report is about: its own field, else its directory, else its file name."""
     own = data.get("instance_id")
@@ -111,11 +123,17 @@ def _flat_instance(path: Path, data: dict[str, Any]) -> str:
     return path.parent.name
 
 
+def _id_list(data: dict[str, Any], *names: str) -> list[Any]:
+    """The first of ``names`` that holds a list in ``data`` (an id list), else an empty list."""
+    return next((data[name] for name in names if isinstance(data.get(name), list)), [])
+
+
 def _summary_verdicts(data: dict[str, Any], result: VerdictFile) -> None:
-    resolved = [str(i) for i in data.get("resolved_ids") or data.get("resolved") or [] if i is not None]
+    resolved = [str(i) for i in _id_list(data, "resolved_ids", "ids_resolved", "resolved") if i is not None]
     errors = {str(i) for name in _ERROR_LISTS for i in data.get(name) or [] if isinstance(data.get(name), list)}
     failed = {str(i) for name in _FAILED_LISTS for i in data.get(name) or [] if isinstance(data.get(name), list)}
-    failed |= {str(i) for i in data.get("completed_ids") or []}
+    failed |= {str(i) for i in _id_list(data, "completed_ids")}
+    failed |= {str(i) for i in _id_list(data, "ids_unresolved") if i is not None}
     evaluator = "multi-swe-bench" if any(":pr-" in i for i in [*resolved, *failed]) else "swe-bench"
     for instance in resolved:
         details = json.dumps({"listed_in": "resolved", "report": result.path}, sort_keys=True)
@@ -171,8 +189,10 @@ def parse_verdicts(path: Path, data: Any) -> VerdictFile | None:
         return None
     if is_harbor_result(data):
         _harbor_verdict(data, result)
-    elif isinstance(data.get("resolved_ids"), list) or isinstance(data.get("resolved"), list):
+    elif any(isinstance(data.get(name), list) for name in ("resolved_ids", "ids_resolved", "resolved")):
         _summary_verdicts(data, result)
+    elif _is_timeout_report(data):
+        result.unevaluated.append(_flat_instance(path, data))
     elif _is_report_entry(data) and (
         "tests_status" in data
         or "patch_successfully_applied" in data
@@ -245,9 +265,14 @@ def read_verdicts(path: Path | str) -> tuple[list[VerdictFile], list[str]]:
     return found, errors
 
 
+#: How many directories above a run its harness reports are looked for (a run report sits at the
+#: top of the run's tree: ``<run>/<instance>/<instance>.traj`` under ``<run>/report.json``).
+BESIDE_LEVELS = 3
+
+
 def _beside(run: Path, names: Iterable[str]) -> Iterator[Path]:
     stem = run.name.removesuffix(".json").removesuffix(".jsonl").removesuffix(".traj")
-    for directory in (run.parent, run.parent.parent):
+    for directory in [run.parent, *run.parent.parents][:BESIDE_LEVELS]:
         for name in (f"{stem}.report.json", *names):
             candidate = directory / name
             if candidate != run and candidate.is_file():
@@ -258,7 +283,8 @@ def verdict_beside(run: Path, instance_id: str) -> Verdict | None:
     """The verdict on ``instance_id`` in a report next to the run (or one directory up), if any.
 
     The most specific wins: ``<run>.report.json``, then ``report.json``, ``results.json``,
-    ``final_report.json`` in the run's directory, then in its parent.
+    ``final_report.json`` in the run's directory, then in each directory above it (up to
+    ``BESIDE_LEVELS``); only a verdict on exactly ``instance_id`` counts.
 
     Raises:
         ImportFormatError: a report is there but is not valid JSON.
@@ -333,11 +359,16 @@ def verdict_event(envelope: dict[str, Any], verdict: Verdict, *, seq: int, ts: i
 
 
 def with_verdicts(session: ImportedSession, files: Iterable[VerdictFile]) -> Verdict | None:
-    """Append the verdict the given files hold on ``session``'s task, unless it already has one; the verdict or None.
+    """Append the verdict the files hold on ``session``'s task unless a harness already judged it; the verdict or None.
 
-    The event joins the import (the session's own identity), after its last event.
+    The event joins the import (the session's own identity), after its last event. A session whose
+    only verdict is its own file's claim (``self_reported``) still gets the report's: which one
+    counts is assembly's verdict precedence, not decided here.
     """
-    if any(e["event_type"] == "evaluation" for e in session.events) or not session.events:
+    judged = (HARNESS, HARBOR, FLEET)
+    if not session.events or any(
+        e["event_type"] == "evaluation" and (e["payload"].get("provenance") or FLEET) in judged for e in session.events
+    ):
         return None
     verdict = next((v for f in files if (v := f.get(session.task_id)) is not None), None)
     if verdict is None:
@@ -374,6 +405,7 @@ __all__ = [
     "VerdictFile",
     "LATE_HOST",
     "attach_verdict_beside",
+    "instance_alias",
     "verdict_event",
     "with_verdicts",
     "is_harbor_result",

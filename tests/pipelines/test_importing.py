@@ -41,6 +41,12 @@ def test_runs_then_their_verdicts_later_through_the_cli(kafka_settings: Settings
     result = runner.invoke(app, ["import", str(runs)])
     assert result.exit_code == 0, result.output
     assert "imported 3 sessions" in result.output and "quarantined" in result.output
+    nothing = tmp_path / "nothing"
+    nothing.mkdir()
+    (nothing / "notes.json").write_text('{"hello": "world"}')
+    result = runner.invoke(app, ["import", str(runs), str(nothing)])  # no silent zero: the empty path fails it
+    assert result.exit_code == 1 and "imported 3 sessions" in result.output
+    assert f"1 of 2 paths gave no session ({nothing}: no recorded run in it" in str(result.exception)
     _land(kafka_settings)
     _, rows = run_query(kafka_settings, "SELECT task_id, eval_passed FROM trajectories ORDER BY task_id")
     assert rows == [("acme__widgets-101", None), ("acme__widgets-104", True), ("acme__widgets-105", False)]
@@ -49,11 +55,28 @@ def test_runs_then_their_verdicts_later_through_the_cli(kafka_settings: Settings
     verdicts.mkdir()
     shutil.copy(FIXTURES / "mini_swe_agent_v1" / "acme__widgets-101.report.json", verdicts)
     (verdicts / "final_report.json").write_text(json.dumps({"resolved_ids": ["acme/gadgets:pr-7"]}))
-    for _ in range(2):  # attached twice: kept once
+    for _ in range(2):  # attached twice: kept once; the verdict on an instance no session has fails the command
         result = runner.invoke(app, ["import", "--verdicts", str(verdicts)])
-        assert result.exit_code == 0, result.output
+        assert result.exit_code == 1, result.output
         assert "attached 1 verdicts (1 passed)" in result.output and "no session for acme/gadgets:pr-7" in result.output
+        assert "1 of 2 verdicts match no assembled session" in str(result.exception)
     _land(kafka_settings)
+    # a report keyed by a task family (or any prefix of an instance id) matches no session: nothing flips
+    _, families = run_query(
+        kafka_settings,
+        "SELECT DISTINCT task_family FROM trajectories WHERE task_family IS NOT NULL "
+        "AND task_family NOT IN (SELECT task_id FROM trajectories)",
+    )
+    by_family = tmp_path / "by_family.json"
+    keys = [f for (f,) in families] + ["acme", "acme__widgets", "acme__widgets-10"]
+    by_family.write_text(json.dumps({key: {"resolved": True, "tests_status": {}} for key in keys}))
+    result = runner.invoke(app, ["import", "--verdicts", str(by_family)])
+    assert result.exit_code == 1, result.output
+    assert f"{len(set(keys))} of {len(set(keys))} verdicts match no assembled session" in str(result.exception)
+    assert "attached 0 verdicts" in result.output
+    _land(kafka_settings)
+    _, rows = run_query(kafka_settings, "SELECT task_id, eval_passed FROM trajectories ORDER BY task_id")
+    assert rows == [("acme__widgets-101", True), ("acme__widgets-104", True), ("acme__widgets-105", False)]
     _, rows = run_query(
         kafka_settings,
         "SELECT eval_passed, verdict_provenance FROM trajectories WHERE task_id = 'acme__widgets-101'",

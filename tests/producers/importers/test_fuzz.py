@@ -107,3 +107,23 @@ def test_hostile_records_import_or_are_refused_in_one_line(
         places = _paths(document)
         document = _mutate(document, places[pick % len(places)], replacement, delete)
     _check(tmp_path, name, document, lines)
+
+
+_ids = st.text(alphabet="abcdefgh_-./:0123456789", min_size=1, max_size=30)
+
+
+@settings(max_examples=150, deadline=None)
+@given(instance=_ids, cut=st.integers(min_value=0, max_value=29), extra=_ids)
+def test_a_verdict_judges_only_its_exact_instance(instance: str, cut: int, extra: str) -> None:
+    """A report keyed by a prefix of an instance id, or by a longer id, never judges the instance."""
+    from producers.importers.verdicts import instance_alias, parse_verdicts
+
+    prefix = instance[:cut]
+    keys = {prefix, instance + extra} - {instance, instance_alias(instance) or ""}
+    report = parse_verdicts(Path("report.json"), {"resolved_ids": sorted(keys), "unresolved_ids": []})
+    assert report is not None
+    assert report.get(instance) is None
+    report = parse_verdicts(Path("report.json"), {"resolved_ids": [instance], "unresolved_ids": sorted(keys)})
+    assert report is not None
+    verdict = report.get(instance)
+    assert verdict is not None and verdict.passed
