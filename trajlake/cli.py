@@ -196,12 +196,13 @@ def ui(
 ) -> None:
     """The Dagster UI on this project's definitions (stopping it stops every Dagster process it started)."""
     from trajlake.supervise import run_supervised
+    from trajlake.ui_env import prepare_dagster_home, ui_environment
 
     settings = settings_for("any")
     port = settings.ui_port if port is None else port
-    dagster_home = settings.home_dir / "dagster"
-    dagster_home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "TRAJLAKE_HOME": str(settings.home_dir)}
+    dagster_home = prepare_dagster_home(settings.home_dir / "dagster")
+    # answers only to 127.0.0.1 and localhost (DNS rebinding), without Dagster's supersession warning
+    env = ui_environment({**os.environ, "DAGSTER_HOME": str(dagster_home), "TRAJLAKE_HOME": str(settings.home_dir)})
     dagster = Path(sys.executable).with_name("dagster")
     command = [
         str(dagster) if dagster.exists() else "dagster",

@@ -180,6 +180,8 @@ def test_the_catalog_lock_excludes_a_second_holder_and_survives_a_killed_one(set
     finally:
         holder.kill()
         holder.wait(30)
+        if holder.stdout is not None:
+            holder.stdout.close()
 
 
 @pytest.mark.slow
