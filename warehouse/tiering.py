@@ -123,7 +123,6 @@ def _append_planned(table: Table, rows: pa.Table) -> None:
         raise TieringError(f"{'.'.join(table.name())} changed while tiering; run `trajlake tier` again") from exc
 
 
-
 def _day(ts: datetime) -> int:
     return int(ts.timestamp() * 1_000_000) // _DAY_US
 

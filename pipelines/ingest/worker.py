@@ -61,7 +61,6 @@ _DEAD_SYNC_SECONDS = 30.0
 _RAW_SORT = [("session_id", "ascending"), ("seq", "ascending")]
 
 
-
 class IngestWorker:
     """One ingest process: a member of the consumer group writing to Iceberg.
 
