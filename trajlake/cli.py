@@ -22,6 +22,7 @@ from typing import Annotated, Any
 
 import typer
 import typer.main
+from typer.core import TyperGroup
 
 from benchmarks.cli import bench_app
 from common.errors import EXIT_ERROR, EXIT_TRANSIENT, TrajlakeError, is_transient
@@ -32,16 +33,35 @@ from trajlake.home import announce_new_lakehouse, settings_for
 #: Exit code of a usage error (click's and typer's convention).
 EXIT_USAGE = 2
 
+
+class HelpGroup(TyperGroup):
+    """A command group whose help lists each command's summary in full, wrapped (click cuts it with "...")."""
+
+    def format_commands(self, ctx: typer.Context, formatter: Any) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=1_000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+# rich_markup_mode=None on every app: click's plain help, which wraps to any width (rich's option tables
+# squeeze the help column to a few characters at 80 columns); tests/trajlake/test_cli_usage.py checks it.
 app = typer.Typer(
+    cls=HelpGroup,
+    rich_markup_mode=None,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="trajlake: agent trajectories lakehouse.",
 )
-broker_app = typer.Typer(no_args_is_help=True, help="The embedded Kafka-compatible broker.")
-app.add_typer(broker_app, name="broker")
-app.add_typer(fleet_app, name="fleet")
-app.add_typer(bench_app, name="bench")  # the benchmark commands live beside the benchmarks
+broker_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The embedded Kafka-compatible broker.")
+app.add_typer(broker_app, name="broker", cls=HelpGroup)
+app.add_typer(fleet_app, name="fleet", cls=HelpGroup)
+app.add_typer(bench_app, name="bench", cls=HelpGroup)  # the benchmark commands live beside the benchmarks
 
 
 class OutputFormat(StrEnum):
@@ -239,7 +259,15 @@ def import_runs(
             "(Harbor trials and jobs, OpenHands V1 conversations, folders of runs)."
         ),
     ] = None,
-    format: Annotated[ImportFormat, typer.Option("--format", "-f")] = ImportFormat.auto,
+    format: Annotated[
+        ImportFormat,
+        typer.Option(
+            "--format",
+            "-f",
+            metavar="FORMAT",
+            help=f"The runs' format: {', '.join(f.value for f in ImportFormat)} (auto: told by each file).",
+        ),
+    ] = ImportFormat.auto,
     verdicts: Annotated[
         Path | None,
         typer.Option(
@@ -326,8 +354,10 @@ def import_runs(
         )
 
 
-quality_app = typer.Typer(no_args_is_help=True, help="Quality layer: evaluation against ground truth.")
-app.add_typer(quality_app, name="quality")
+quality_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Quality layer: evaluation against ground truth."
+)
+app.add_typer(quality_app, name="quality", cls=HelpGroup)
 
 
 class ExportFormat(StrEnum):
@@ -490,8 +520,8 @@ def quality_evaluate(
     out.print(result.table(), markup=False)
 
 
-schema_app = typer.Typer(no_args_is_help=True, help="Event schema versions and compatibility.")
-app.add_typer(schema_app, name="schema")
+schema_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Event schema versions and compatibility.")
+app.add_typer(schema_app, name="schema", cls=HelpGroup)
 
 
 class CompatibilityMode(StrEnum):
