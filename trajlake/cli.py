@@ -22,6 +22,7 @@ from typing import Annotated, Any
 
 import typer
 import typer.main
+from typer import _click
 from typer.core import TyperGroup
 
 from benchmarks.cli import bench_app
@@ -37,7 +38,7 @@ EXIT_USAGE = 2
 class HelpGroup(TyperGroup):
     """A command group whose help lists each command's summary in full, wrapped (click cuts it with "...")."""
 
-    def format_commands(self, ctx: typer.Context, formatter: Any) -> None:
+    def format_commands(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
         rows = []
         for name in self.list_commands(ctx):
             command = self.get_command(ctx, name)

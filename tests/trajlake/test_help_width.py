@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import typer.main
@@ -12,7 +13,7 @@ from trajlake.cli import app
 ROOT_COMMAND = typer.main.get_command(app)
 
 
-def _commands(command=ROOT_COMMAND, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], object]]:
+def _commands(command: Any = ROOT_COMMAND, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
     yield path, command
     for name, sub in sorted(getattr(command, "commands", {}).items()):
         yield from _commands(sub, (*path, name))
@@ -23,7 +24,7 @@ COMMANDS = list(_commands())
 
 def _help(path: tuple[str, ...]) -> str:
     ctx = ROOT_COMMAND.make_context("trajlake", [], resilient_parsing=True)
-    command = ROOT_COMMAND
+    command: Any = ROOT_COMMAND
     for name in path:
         command = command.commands[name]
         ctx = command.make_context(name, [], parent=ctx, resilient_parsing=True)

@@ -11,6 +11,7 @@ import asyncio
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -53,10 +54,10 @@ def _status(host: bytes | None, scope_type: str = "http") -> int:
     }
     sent: list[dict] = []
 
-    async def receive() -> dict:
+    async def receive() -> Any:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def send(message: dict) -> None:
+    async def send(message: Any) -> None:
         sent.append(message)
 
     asyncio.run(APP(scope, receive, send))

@@ -42,7 +42,7 @@ def test_error_line_keeps_the_first_line_and_only_the_suggestions() -> None:
     assert error_line("  \n ") == ""
 
 
-@given(st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=30), max_size=6))
+@given(st.lists(st.text(st.characters(exclude_categories=["Cs"]), max_size=30), max_size=6))
 def test_error_line_is_one_line_holding_the_first_line(lines: list[str]) -> None:
     text = "\n".join(lines)
     line = error_line(text)
