@@ -131,3 +131,16 @@ def test_dagster_home_gets_telemetry_off_and_an_existing_config_is_kept(tmp_path
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: true\n")
     prepare_dagster_home(home)
     assert (home / "dagster.yaml").read_text() == "telemetry:\n  enabled: true\n"
+
+
+def test_the_environment_s_own_sitecustomize_still_runs(tmp_path: Path) -> None:
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import builtins\nbuiltins.OWN_HOOK_RAN = True\n")
+    env = ui_environment({"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(own)})
+    code = (
+        "import builtins, sys\n"
+        "print(getattr(builtins, 'OWN_HOOK_RAN', False), "
+        "any(type(f).__name__ == '_GuardOnImport' for f in sys.meta_path))\n"
+    )
+    assert _python(code, env).stdout.split() == ["True", "True"]  # theirs and ours
