@@ -14,7 +14,9 @@ from rich.console import Console
 
 out = Console(highlight=False, soft_wrap=True)
 
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: a figure, its same-run baseline, the ratio.")
+bench_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Benchmarks: a figure, its same-run baseline, the ratio."
+)
 
 
 @bench_app.command("ingest")

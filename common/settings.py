@@ -266,7 +266,7 @@ class Settings(BaseSettings):
 
     # Command line: the Dagster UI's lifecycle and the HTML report
     ui_stop_timeout_s: float = Field(
-        20.0,
+        2.0,
         gt=0,
         description="TRAJLAKE_UI_STOP_TIMEOUT_S: on SIGTERM/SIGINT/SIGHUP `trajlake ui` gives Dagster this long to "
         "stop gracefully, then terminates its remaining processes, and kills them after as long again.",

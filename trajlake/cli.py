@@ -22,6 +22,8 @@ from typing import Annotated, Any
 
 import typer
 import typer.main
+from typer import _click
+from typer.core import TyperGroup
 
 from benchmarks.cli import bench_app
 from common.errors import EXIT_ERROR, EXIT_TRANSIENT, TrajlakeError, is_transient
@@ -32,16 +34,35 @@ from trajlake.home import announce_new_lakehouse, settings_for
 #: Exit code of a usage error (click's and typer's convention).
 EXIT_USAGE = 2
 
+
+class HelpGroup(TyperGroup):
+    """A command group whose help lists each command's summary in full, wrapped (click cuts it with "...")."""
+
+    def format_commands(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=1_000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+# rich_markup_mode=None on every app: click's plain help, which wraps to any width (rich's option tables
+# squeeze the help column to a few characters at 80 columns); tests/trajlake/test_cli_usage.py checks it.
 app = typer.Typer(
+    cls=HelpGroup,
+    rich_markup_mode=None,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="trajlake: agent trajectories lakehouse.",
 )
-broker_app = typer.Typer(no_args_is_help=True, help="The embedded Kafka-compatible broker.")
-app.add_typer(broker_app, name="broker")
-app.add_typer(fleet_app, name="fleet")
-app.add_typer(bench_app, name="bench")  # the benchmark commands live beside the benchmarks
+broker_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The embedded Kafka-compatible broker.")
+app.add_typer(broker_app, name="broker", cls=HelpGroup)
+app.add_typer(fleet_app, name="fleet", cls=HelpGroup)
+app.add_typer(bench_app, name="bench", cls=HelpGroup)  # the benchmark commands live beside the benchmarks
 
 
 class OutputFormat(StrEnum):
@@ -196,12 +217,13 @@ def ui(
 ) -> None:
     """The Dagster UI on this project's definitions (stopping it stops every Dagster process it started)."""
     from trajlake.supervise import run_supervised
+    from trajlake.ui_env import prepare_dagster_home, ui_environment
 
     settings = settings_for("any")
     port = settings.ui_port if port is None else port
-    dagster_home = settings.home_dir / "dagster"
-    dagster_home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "TRAJLAKE_HOME": str(settings.home_dir)}
+    dagster_home = prepare_dagster_home(settings.home_dir / "dagster")
+    # answers only to 127.0.0.1 and localhost (DNS rebinding), without Dagster's supersession warning
+    env = ui_environment({**os.environ, "DAGSTER_HOME": str(dagster_home), "TRAJLAKE_HOME": str(settings.home_dir)})
     dagster = Path(sys.executable).with_name("dagster")
     command = [
         str(dagster) if dagster.exists() else "dagster",
@@ -239,7 +261,15 @@ def import_runs(
             "gives no session fails the command."
         ),
     ] = None,
-    format: Annotated[ImportFormat, typer.Option("--format", "-f")] = ImportFormat.auto,
+    format: Annotated[
+        ImportFormat,
+        typer.Option(
+            "--format",
+            "-f",
+            metavar="FORMAT",
+            help=f"The runs' format: {', '.join(f.value for f in ImportFormat)} (auto: told by each file).",
+        ),
+    ] = ImportFormat.auto,
     verdicts: Annotated[
         Path | None,
         typer.Option(
@@ -353,8 +383,10 @@ def _import_failures(run: Any, paths: list[Path]) -> list[str]:
     return failures
 
 
-quality_app = typer.Typer(no_args_is_help=True, help="Quality layer: evaluation against ground truth.")
-app.add_typer(quality_app, name="quality")
+quality_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Quality layer: evaluation against ground truth."
+)
+app.add_typer(quality_app, name="quality", cls=HelpGroup)
 
 
 class ExportFormat(StrEnum):
@@ -517,8 +549,8 @@ def quality_evaluate(
     out.print(result.table(), markup=False)
 
 
-schema_app = typer.Typer(no_args_is_help=True, help="Event schema versions and compatibility.")
-app.add_typer(schema_app, name="schema")
+schema_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Event schema versions and compatibility.")
+app.add_typer(schema_app, name="schema", cls=HelpGroup)
 
 
 class CompatibilityMode(StrEnum):

@@ -26,8 +26,9 @@ EXAMPLE_QUERIES = [
         "round(avg(duration_s), 1) AS avg_duration_s FROM trajectories GROUP BY status ORDER BY sessions DESC",
     ),
     (
-        "Success rate and cost per task type",
-        "SELECT task_type, count(*) AS sessions, round(avg(completed::int), 3) AS success_rate, "
+        "Finished (ended by the agent) and passed evaluation, with cost, per task type",
+        "SELECT task_type, count(*) AS sessions, round(avg(completed::int), 3) AS finished_rate, "
+        "round(avg(coalesce(eval_passed, false)::int), 3) AS passed_eval_rate, "
         "round(sum(cost_usd), 2) AS cost_usd, sum(output_tokens) AS output_tokens "
         "FROM trajectories GROUP BY task_type ORDER BY task_type",
     ),
@@ -39,12 +40,18 @@ EXAMPLE_QUERIES = [
 ]
 
 
+#: Shares of cheating agents the demo plants on purpose, so that there is cheating for the flags to catch.
+LOCAL_CHEAT_RATE = 0.25
+SYNTHETIC_CHEAT_RATE = 0.05
+
+
 @dataclass
 class DemoReport:
     """What the demo did, step by step."""
 
     sessions_emitted: int = 0
     events_emitted: int = 0
+    cheaters_planted: int = 0
     steps: dict[str, Any] = field(default_factory=dict)
 
 
@@ -68,6 +75,15 @@ def run_demo(
         state = start_broker(settings)
         echo(f"broker: embedded tansu at {state.bootstrap}")
     seed = seed if seed is not None else random.SystemRandom().randrange(1 << 31)
+    planted = [
+        f"{LOCAL_CHEAT_RATE:.0%} of {local_sessions} real-sandbox sessions" if local_sessions else "",
+        f"{SYNTHETIC_CHEAT_RATE:.0%} of {sessions} synthetic ones" if sessions else "",
+    ]
+    if any(planted):
+        echo(
+            f"cheaters: the demo plants cheating agents on purpose ({' and '.join(p for p in planted if p)}), "
+            "so the flags it shows are those cheaters caught"
+        )
     # Real sandboxes first (bubblewrap; the synthetic fleet stands in when it is unavailable).
     if local_sessions:
         with progress("fleet[local]") as shown:
@@ -77,7 +93,7 @@ def run_demo(
                 local_sessions,
                 concurrency=4,
                 seed=seed,
-                cheat_rate=0.25,
+                cheat_rate=LOCAL_CHEAT_RATE,
                 fallback=True,
                 progress=shown,
             )
@@ -85,12 +101,19 @@ def run_demo(
             echo(f"fleet: {note}")
         echo(f"fleet[{local.backend}]: {local.sessions} sessions, {local.events} events in {local.wall_s:.1f} s")
         report.sessions_emitted, report.events_emitted = local.sessions, local.events
+        report.cheaters_planted = local.cheaters
     # Then the reference traffic, placed far enough in the past that sessions which never ended are
     # already past the idle deadline, so the demo shows them closed as timed out.
     start_us = int((time.time() - settings.session_idle_timeout_s - 3600) * 1_000_000)
     with progress("fleet[synthetic]") as shown:
         synthetic = run_fleet(
-            settings, "synthetic", sessions, seed=seed, cheat_rate=0.05, start_us=start_us, progress=shown
+            settings,
+            "synthetic",
+            sessions,
+            seed=seed,
+            cheat_rate=SYNTHETIC_CHEAT_RATE,
+            start_us=start_us,
+            progress=shown,
         )
     echo(
         f"fleet[synthetic]: {synthetic.sessions} sessions, {synthetic.events} events (seed {seed}) "
@@ -98,6 +121,7 @@ def run_demo(
     )
     report.sessions_emitted += synthetic.sessions
     report.events_emitted += synthetic.events
+    report.cheaters_planted += synthetic.cheaters
     echo(f"emitted this run: {report.sessions_emitted} sessions, {report.events_emitted} events")
     with progress("ingest") as shown:
         ingest_stats = run_ingest(settings, until_idle=3.0, progress=shown)
@@ -117,7 +141,8 @@ def run_demo(
         score_stats = score_all(settings, progress=shown)
     report.steps["score"] = score_stats.as_dict()
     echo(
-        f"score: {score_stats.sessions} sessions, {score_stats.flagged_sessions} flagged for cheating, "
+        f"score: {score_stats.sessions} sessions, {score_stats.flagged_sessions} flagged for cheating "
+        f"({report.cheaters_planted} cheaters planted this run), "
         f"{score_stats.duplicate_sessions} duplicates, {score_stats.exportable} exportable "
         f"(mean quality {score_stats.mean_quality}) in {score_stats.seconds:.1f} s"
     )

@@ -13,7 +13,9 @@ import typer
 from trajlake.console import out, print_note, progress_bar
 from trajlake.home import settings_for
 
-fleet_app = typer.Typer(no_args_is_help=True, help="The sandbox fleet: real local sandboxes or synthetic traffic.")
+fleet_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="The sandbox fleet: real local sandboxes or synthetic traffic."
+)
 
 
 class FleetBackend(StrEnum):

@@ -116,6 +116,18 @@ def _address_space() -> int:
     raise OSError("no VmSize in /proc/self/status")
 
 
+#: Lines of a DuckDB error kept after its first: the names it suggests for a misspelt one.
+_SUGGESTIONS = ("Did you mean", "Candidate bindings:")
+
+
+def error_line(text: str) -> str:
+    """A DuckDB error as one line: its first line, and its "did you mean" / candidate names when it has them."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return " ".join([lines[0], *(line for line in lines[1:] if line.startswith(_SUGGESTIONS))])
+
+
 def _child_main(
     conn: Connection, memory_bytes: int, work: Callable[..., None], args: tuple[Any, ...], caller: _Caller
 ) -> None:
@@ -131,7 +143,7 @@ def _child_main(
         conn.send_bytes(b"Z")
     except BaseException as exc:  # every failure becomes one message; the parent raises it
         kind = next((k for k, names in _KINDS.items() if _matches(exc, names)), "error")
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = error_line(str(exc)) or type(exc).__name__
         try:
             conn.send_bytes(b"E" + json.dumps({"kind": kind, "message": first}).encode())
         except OSError:

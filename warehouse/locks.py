@@ -30,6 +30,7 @@ from sqlalchemy import Column, Float, Integer, MetaData, String, Table, delete, 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 
+from common.faults import crash_point
 from common.settings import Settings
 from warehouse.errors import LockBusy
 
@@ -149,6 +150,7 @@ def job_lock(
             pass
         lock = _RowLock(engine, f"{settings.namespace}:{name}", lease_s)
         while not lock.try_acquire():
+            crash_point("waiting_for_lock")
             if time.monotonic() > deadline:
                 raise LockBusy(f"another `{name}` run holds the catalog lock {lock.name!r}; try again later")
             time.sleep(0.2)
@@ -164,6 +166,7 @@ def job_lock(
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                crash_point("waiting_for_lock")
                 if time.monotonic() > deadline:
                     raise LockBusy(f"{path}: another `{name}` run holds the lock; try again later") from None
                 time.sleep(0.2)

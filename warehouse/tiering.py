@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -57,6 +55,7 @@ from pyiceberg.expressions.literals import literal
 from pyiceberg.table import Table
 
 from common.errors import TransientError
+from common.faults import crash_point
 from common.settings import Settings
 from warehouse.catalog import open_catalog
 from warehouse.cold import TIERED_FILES, ensure_cold_table, tiered_files
@@ -122,12 +121,6 @@ def _append_planned(table: Table, rows: pa.Table) -> None:
             tx.append(rows)
     except CommitFailedException as exc:
         raise TieringError(f"{'.'.join(table.name())} changed while tiering; run `trajlake tier` again") from exc
-
-
-def _fault(point: str) -> None:
-    """Die abruptly at a named point when ``TRAJLAKE_FAULT`` says so (crash tests)."""
-    if os.environ.get("TRAJLAKE_FAULT") == point:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _day(ts: datetime) -> int:
@@ -258,7 +251,7 @@ def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stat
             if steps.num_rows or replaced:
                 _copy_or_amend(cold_steps, steps, replaced)
                 stats.steps_copied += steps.num_rows
-    _fault("tier_after_copy_steps")
+    crash_point("tier_after_copy_steps")
     # Phase 1b: the trajectories (replacing the amended ones: after this commit they are moved).
     if candidates:
         cold_traj = catalog.load_table(cold_traj.name())
@@ -269,7 +262,7 @@ def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stat
             _copy_or_amend(cold_traj, rows, amend)
             stats.sessions_copied += rows.num_rows - len(amend)
             stats.sessions_amended += len(amend)
-    _fault("tier_after_copy_trajectories")
+    crash_point("tier_after_copy_trajectories")
     # Phase 2: delete from hot every old session the cold tier holds as assembled in hot (also finishes a
     # crashed run). A session whose hot trajectory is newer than its cold one (amended after this run
     # planned, or running again) keeps its hot rows. A session's steps can run past midnight into the
@@ -303,7 +296,7 @@ def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stat
         retry_on_conflict(f"delete tiered sessions from {hot.name()}", delete)
         if hot.name()[-1] == TRAJECTORIES.name:
             stats.sessions_removed += removed[-1] if removed else 0
-        _fault(f"tier_after_delete_{hot.name()[-1]}")
+        crash_point(f"tier_after_delete_{hot.name()[-1]}")
 
 
 def _newer(hot: datetime | None, cold: datetime | None) -> bool:
@@ -383,7 +376,7 @@ def _tier_raw(catalog: Catalog, settings: Settings, boundary_day: int, stats: Ti
         stats.events_copied += rows.num_rows
         copied = set(marker)
         del rows
-    _fault("tier_after_copy_raw_events")
+    crash_point("tier_after_copy_raw_events")
 
     def delete() -> None:
         table = catalog.load_table(hot.name())
@@ -397,7 +390,7 @@ def _tier_raw(catalog: Catalog, settings: Settings, boundary_day: int, stats: Ti
         stats.event_files_removed += len(pending)
 
     retry_on_conflict(f"delete tiered files from {hot.name()}", delete)
-    _fault("tier_after_delete_raw_events")
+    crash_point("tier_after_delete_raw_events")
 
 
 def tier(settings: Settings, catalog: Catalog | None = None, as_of: datetime | None = None) -> TierStats:

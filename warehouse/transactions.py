@@ -63,6 +63,7 @@ from pyiceberg.typedef import EMPTY_DICT
 from pyiceberg.utils.config import Config
 from pyiceberg.utils.properties import property_as_int
 
+from common.faults import crash_point
 from warehouse.errors import CommitConflict
 from warehouse.snapshots import live_files, read_data_files
 
@@ -190,6 +191,12 @@ class Transaction(_Transaction):
     def __enter__(self) -> Self:
         """Start the transaction (pyiceberg's ``__enter__`` is typed as returning its own class)."""
         return self
+
+    def commit_transaction(self) -> Table:
+        """Commit (see pyiceberg); crash point ``before_iceberg_commit``: data files written, nothing committed."""
+        if self._updates:
+            crash_point("before_iceberg_commit")
+        return super().commit_transaction()
 
     def append(
         self,

@@ -19,7 +19,6 @@ commit thread commits the batch before; each records its own phase time in
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from pyiceberg.table import Table
 
 from common.broker import resolve_bootstrap
 from common.errors import KafkaUnavailable
+from common.faults import crash_point
 from common.progress import Progress
 from common.settings import Settings
 from pipelines.decode import BatchDecoder, FileTarget, with_coordinates
@@ -59,12 +59,6 @@ log = logging.getLogger("trajlake.ingest")
 
 _DEAD_SYNC_SECONDS = 30.0
 _RAW_SORT = [("session_id", "ascending"), ("seq", "ascending")]
-
-
-def _fault(point: str) -> None:
-    """Die abruptly at a named point when ``TRAJLAKE_FAULT`` says so (fault-injection tests)."""
-    if os.environ.get("TRAJLAKE_FAULT") == point:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class IngestWorker:
@@ -307,17 +301,17 @@ class IngestWorker:
         offset costs a bounded re-read, never a duplicate.
         """
         next_offsets, good, dead = decoding.result()
-        _fault("before_commit")
+        crash_point("before_commit")
         self._dead_pending.update(merge_offsets(self._dead_pending, next_offsets))
         if dead.num_rows or time.monotonic() - self._dead_synced >= _DEAD_SYNC_SECONDS:
             # Dead letters first: if we die between the two commits, raw events' lower offsets
             # make the replay start early, and the dead-letter offsets drop the repeats.
             self._commit_dead(dead)
-        _fault("between_table_commits")
+        crash_point("between_table_commits")
         self.raw_table, n_good, skipped = self._commit_table(
             self.raw_table.refresh, good, next_offsets, [], self.recent_ids
         )
-        _fault("after_iceberg_commit")
+        crash_point("after_iceberg_commit")
         self.stats.events += n_good
         self.stats.skipped += skipped
         self.stats.batches += 1

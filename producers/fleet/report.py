@@ -99,17 +99,53 @@ class FleetReport:
         return meta
 
     def summary(self) -> str:
-        """A few human-readable lines."""
-        lines = [
-            f"fleet[{self.backend}]: {self.sessions} sessions, {self.events} events in {self.wall_s:.1f} s "
-            f"({self.sessions_per_min:.1f} sessions/min)",
-            "  status: " + ", ".join(f"{k}={v}" for k, v in sorted(self.by_status.items())),
-            f"  evaluation passed: {self.eval_passed}; cheaters: {self.cheaters}; "
-            f"timeouts reaped: {self.timeouts_reaped} (survivors {self.reaper_survivors})",
+        """A small table: how sessions ended, how many passed evaluation, cheaters planted, latencies."""
+        total = self.sessions
+        rows: list[tuple[str, str, str]] = [("sessions", str(total), "")]
+        for status, count in sorted(self.by_status.items(), key=lambda item: (-item[1], item[0])):
+            label, note = _STATUS_LABELS.get(status, (status.replace("_", " "), f"status {status}"))
+            rows.append((f"  {label}", str(count), note))
+        rows += [
+            ("passed evaluation", f"{self.eval_passed} of {total}", "the evaluator's verdict"),
+            ("planted cheaters", str(self.cheaters), "run on purpose (--cheat-rate)"),
+            ("timeouts reaped", str(self.timeouts_reaped), f"{self.reaper_survivors} processes survived"),
         ]
-        if self.latency_ms:
-            lines.append("  latency ms: " + ", ".join(f"{k}={v:g}" for k, v in sorted(self.latency_ms.items())))
+        width = max(len(label) for label, _, _ in rows) + 2
+        value_width = max(len(value) for _, value, _ in rows)
+        lines = [
+            f"fleet[{self.backend}]: {total} sessions, {self.events} events in {self.wall_s:.1f} s "
+            f"({self.sessions_per_min:.1f} sessions/min)"
+        ]
+        lines += [f"  {label:<{width}}{value:>{value_width}}  {note}".rstrip() for label, value, note in rows]
+        lines += _latency_table(self.latency_ms, width + 2)
         if self.labels_path:
             lines.append(f"  labels: {self.labels_written} lines → {self.labels_path}")
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+#: How a session status reads in the summary: (label, what it means).
+_STATUS_LABELS = {
+    "completed": ("finished", "status completed, passed or not"),
+    "timeout": ("timed out", "status timeout"),
+    "gave_up": ("gave up", "status gave_up: no submission"),
+    "error": ("error", "status error (see exit_reason)"),
+    "capped": ("capped", "status capped: a cap ended it"),
+}
+
+
+def _latency_table(latency_ms: dict[str, float], label_width: int) -> list[str]:
+    """``{name}_p50/_p95/_max`` figures as rows of one table, a row per name, in milliseconds."""
+    stats = ("p50", "p95", "max")
+    names: dict[str, dict[str, float]] = {}
+    for key, value in latency_ms.items():
+        name, _, stat = key.rpartition("_")
+        if name and stat in stats:
+            names.setdefault(name, {})[stat] = value
+    if not names:
+        return []
+    lines = [f"  {'latency (ms)':<{label_width}}" + "".join(f"{stat:>10}" for stat in stats)]
+    for name in sorted(names):
+        figures = "".join(f"{names[name][stat]:>10.0f}" if stat in names[name] else f"{'':>10}" for stat in stats)
+        lines.append(f"    {name.replace('_', ' '):<{label_width - 2}}{figures}".rstrip())
+    return lines

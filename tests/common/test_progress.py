@@ -84,7 +84,7 @@ def test_assembly_scoring_and_export_report_their_units(settings: Settings, tmp_
     assert exported.rising("records") == list(range(1, export.records + 1))
 
 
-@pytest.mark.skipif(not (REAL_RUNS / "manifest.json").is_file(), reason="real trajectories absent")
+@pytest.mark.skipif(not (REAL_RUNS / "manifest.json").is_file(), reason=f"real trajectories absent at {REAL_RUNS}")
 def test_import_reports_each_file() -> None:
     files = [REAL_RUNS / "mini-swe-agent" / "django__django-11099.traj.json", REAL_RUNS / "openhands" / "basic.json"]
     recorder = Recorder()

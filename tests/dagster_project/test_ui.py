@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,7 +61,7 @@ def _wait_http(url: str, timeout: float, process: subprocess.Popen[bytes]) -> No
 
 
 @contextmanager
-def running_ui(tmp_path: Path, stop_grace_s: float = 20.0) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def running_ui(tmp_path: Path, stop_grace_s: float | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``trajlake ui`` on a lakehouse holding ten sessions of raw events; yields its base URL and process.
 
     It is stopped as a process manager stops it: SIGTERM to the ``trajlake ui`` process alone.
@@ -69,7 +70,9 @@ def running_ui(tmp_path: Path, stop_grace_s: float = 20.0) -> Iterator[tuple[str
     write_raw(load_settings(home=home), sample_events(10))
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_")}
-    env.update(TRAJLAKE_HOME=str(home), TRAJLAKE_UI_STOP_TIMEOUT_S=str(stop_grace_s))
+    env.update(TRAJLAKE_HOME=str(home))
+    if stop_grace_s is not None:  # None: the default
+        env["TRAJLAKE_UI_STOP_TIMEOUT_S"] = str(stop_grace_s)
     log_path = tmp_path / "ui.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
@@ -90,7 +93,7 @@ def running_ui(tmp_path: Path, stop_grace_s: float = 20.0) -> Iterator[tuple[str
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
                 try:
-                    process.wait(2 * stop_grace_s + 60)
+                    process.wait(2 * (stop_grace_s or 20.0) + 60)
                 except subprocess.TimeoutExpired:
                     pass
             for pid in [process.pid, *tree]:  # whatever a failed stop left behind
@@ -121,9 +124,26 @@ def ui(tmp_path: Path) -> Iterator[str]:
         yield url
 
 
-def test_sigterm_to_trajlake_ui_alone_stops_every_dagster_process(tmp_path: Path) -> None:
-    grace = 15.0
-    with running_ui(tmp_path, stop_grace_s=grace) as (url, process):
+def _status_with_host(url: str, host: str) -> int:
+    """The status ``GET url`` answers with this ``Host`` header (a DNS-rebinding page sends its own name)."""
+    request = urllib.request.Request(url, headers={"Host": host})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as refused:
+        return int(refused.code)
+
+
+def test_ui_answers_its_own_host_names_only_and_sigterm_stops_every_dagster_process_within_5_s(
+    tmp_path: Path,
+) -> None:
+    with running_ui(tmp_path) as (url, process):
+        port = url.rsplit(":", 1)[1]
+        for own in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost"):
+            assert _status_with_host(f"{url}/server_info", own) == 200, own
+        for foreign in (f"evil.example:{port}", "evil.example", f"127.0.0.1.evil.example:{port}"):
+            assert _status_with_host(f"{url}/server_info", foreign) == 400, foreign
+            assert _status_with_host(f"{url}/graphql", foreign) == 400, foreign
         deadline = time.monotonic() + 120
         while len(tree := descendants(process.pid)) < 4:  # dagster dev, webserver, daemon, code server(s)
             assert time.monotonic() < deadline, f"Dagster started {len(tree)} processes"
@@ -131,14 +151,17 @@ def test_sigterm_to_trajlake_ui_alone_stops_every_dagster_process(tmp_path: Path
         tree = descendants(process.pid)
         sent = time.monotonic()
         process.send_signal(signal.SIGTERM)  # to trajlake ui alone: not its process group
-        process.wait(2 * grace + 30)
+        process.wait(60)
         took = time.monotonic() - sent
         survivors = [pid for pid in tree if alive(pid)]
         assert survivors == [], f"{len(survivors)} of {len(tree)} Dagster processes outlived trajlake ui"
         assert process.returncode == 128 + signal.SIGTERM
+        assert took < 5, f"trajlake ui took {took:.1f} s to stop"  # the default TRAJLAKE_UI_STOP_TIMEOUT_S
         with pytest.raises(OSError):
             urllib.request.urlopen(f"{url}/server_info", timeout=5)
-    print(f"{len(tree)} processes stopped {took:.1f} s after SIGTERM")
+    log = (tmp_path / "ui.log").read_text()
+    for noise in ("superseded", "Telemetry", "No dagster instance configuration file"):
+        assert noise not in log, f"{noise!r} in the console:\n{log[-2000:]}"
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian package chromium is not installed")

@@ -180,12 +180,23 @@ def test_the_catalog_lock_excludes_a_second_holder_and_survives_a_killed_one(set
     finally:
         holder.kill()
         holder.wait(30)
+        if holder.stdout is not None:
+            holder.stdout.close()
 
 
 @pytest.mark.slow
 def test_assemble_waits_for_the_lock_then_finds_nothing_new(lake: Settings) -> None:
     catalog = open_catalog(lake)
     with job_lock(lake, catalog, "assemble"):
+        # it reaches the lock's wait loop (crash point `waiting_for_lock`) instead of assembling beside us
+        waiting = subprocess.run(
+            [sys.executable, "-m", "trajlake.cli", "assemble"],
+            env={**_env(lake), "TRAJLAKE_FAULT": "waiting_for_lock"},
+            cwd=ROOT,
+            capture_output=True,
+            timeout=300,
+        )
+        assert waiting.returncode == -signal.SIGKILL, waiting.stderr
         proc = subprocess.Popen(
             [sys.executable, "-m", "trajlake.cli", "assemble"],
             env=_env(lake),
@@ -194,8 +205,6 @@ def test_assemble_waits_for_the_lock_then_finds_nothing_new(lake: Settings) -> N
             stderr=subprocess.PIPE,
             text=True,
         )
-        time.sleep(3)
-        assert proc.poll() is None  # still waiting for the lock
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     _, rows = run_query(lake, "SELECT count(*), count(DISTINCT session_id) FROM trajectories")

@@ -459,8 +459,9 @@ def test_bench_redaction_prints_recall_false_positives_and_cost():
         if line.startswith(label)
     }
     assert float(figures["recall overall"][0]) == 1.0
-    if real_run_files(REAL_RUNS_DIR):
-        assert figures["FP redactions"] == ["0"] and figures["FP in run files"] == ["0"]
-    assert float(figures["us/event"][0]) > 0 and figures["vs encode"][0].endswith("x")
     kinds = {case.kind for case in CASES}
     assert {line.split()[0] for line in result.output.splitlines() if line.split()[-1:] == ["1.00"]} >= kinds
+    if not real_run_files(REAL_RUNS_DIR):  # false positives and cost are measured on the recorded runs
+        pytest.skip(f"recall checked; false positives and cost need the recorded real runs at {REAL_RUNS_DIR}")
+    assert figures["FP redactions"] == ["0"] and figures["FP in run files"] == ["0"]
+    assert float(figures["us/event"][0]) > 0 and figures["vs encode"][0].endswith("x")

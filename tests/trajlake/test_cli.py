@@ -43,6 +43,11 @@ def sql_value(query: str, env: dict[str, str]) -> object:
 def test_demo_end_to_end_then_sql_and_idempotent_ingest(cli_env: dict[str, str]) -> None:
     demo = trajlake("demo", "--sessions", "60", "--local-sessions", "2", "--seed", "11", env=cli_env)
     assert "Sessions by status" in demo.stdout
+    # it says up front that it plants cheaters, and at what rates, before the fleet runs
+    planted = "cheaters: the demo plants cheating agents on purpose (25% of 2 real-sandbox sessions and 5% of 60"
+    assert demo.stdout.index(planted) < demo.stdout.index("fleet[")
+    assert "cheaters planted this run)" in demo.stdout
+    assert "finished_rate" in demo.stdout and "passed_eval_rate" in demo.stdout  # finished and passed apart
     assert "emitted this run: 62 sessions" in demo.stdout
     assert sql_value("select count(*) from trajectories", cli_env) == 62
     assert sql_value("select count(*) - count(distinct event_id) from events", cli_env) == 0

@@ -7,7 +7,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -145,31 +144,47 @@ def test_crash_at_each_phase_never_loses_or_doubles(aged_lake: Settings) -> None
     assert split["hot_trajectories"] == split["hot_events"] == split["hot_steps"] == 0
 
 
+#: Crash points every tiering run reaches, whatever it moves (``before_iceberg_commit`` comes on top, once
+#: per commit): ``TRAJLAKE_FAULT=*@N`` with N up to this always kills the run.
+POINTS_IN_EVERY_RUN = len(FAULTS) + 1  # and tier_after_delete_raw_events
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kills", [2, pytest.param(12, marks=pytest.mark.stress)])
 def test_random_kills_while_aging_across_the_boundary(aged_lake: Settings, kills: int) -> None:
-    """Acceptance: kill the tiering job at random moments while the boundary advances across the data."""
+    """Acceptance: kill the tiering job at random moments while the boundary advances across the data.
+
+    A moment is the N-th crash point the run reaches (``TRAJLAKE_FAULT=*@N``: between commits and just
+    before each Iceberg commit), so a kill lands where the code is, however fast or loaded the machine.
+    """
     settings = aged_lake
     before = lake_state(settings)
     rng = random.Random(int(os.environ.get("TRAJLAKE_TEST_SEED", "11")))
-    # Calibrate kill times on one uninterrupted run (at a time that moves nothing).
-    started = time.monotonic()
-    assert run_tier_process(BASE + timedelta(days=7)).wait(120) == 0
-    duration = time.monotonic() - started
     killed = 0
     for step in range(kills):
         as_of = BASE + timedelta(days=8 + 4 * step / kills, hours=rng.randrange(24))
-        proc = run_tier_process(as_of)
-        time.sleep(rng.uniform(0.3, 1.5) * duration)
-        if proc.poll() is None:
-            proc.kill()
-            killed += 1
-        proc.wait(120)
-        assert lake_state(settings) == before, f"iteration {step} (as_of {as_of})"
+        # the first kill within the points every run reaches; later ones may also let a run finish
+        n = rng.randint(1, POINTS_IN_EVERY_RUN if step == 0 else 2 * POINTS_IN_EVERY_RUN)
+        returncode = run_tier_process(as_of, f"*@{n}").wait(120)
+        assert returncode in (0, -signal.SIGKILL), f"iteration {step}: exit {returncode}"
+        killed += returncode == -signal.SIGKILL
+        assert lake_state(settings) == before, f"iteration {step} (as_of {as_of}, killed at crash point {n})"
     tier(settings, as_of=BASE + timedelta(days=12))
     assert lake_state(settings) == before
     assert tier_split(settings)["hot_trajectories"] == 0
-    assert killed >= 1, "no run was interrupted; the kill window is miscalibrated"
+    assert killed >= 1
+
+
+@pytest.mark.slow
+def test_a_crash_point_fires_at_its_nth_pass_and_the_last_iceberg_commit_can_be_cut(aged_lake: Settings) -> None:
+    """``NAME@N`` kills at the N-th pass; dying just before an Iceberg commit loses nothing either."""
+    settings = aged_lake
+    before = lake_state(settings)
+    assert run_tier_process(BASE + timedelta(days=8), "before_iceberg_commit@2").wait(120) == -signal.SIGKILL
+    assert lake_state(settings) == before
+    assert run_tier_process(BASE + timedelta(days=8), "no_such_point").wait(120) == 0  # unreached: runs through
+    assert lake_state(settings) == before
+    assert tier_split(settings)["cold_trajectories"] == 4
 
 
 def test_settings_reach_cold_tables(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:

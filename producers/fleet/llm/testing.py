@@ -347,6 +347,15 @@ class FakeOpenAIServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
+            def do_GET(self) -> None:  # clients list the models first (GET /v1/models); nothing else is a GET
+                found = self.path.split("?")[0].rstrip("/") == "/v1/models"
+                status, body = (200, outer._models_list()) if found else (404, b'{"error": {"message": "not found"}}')
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             def do_POST(self) -> None:
                 started = time.perf_counter()
                 length = int(self.headers.get("Content-Length") or 0)
@@ -426,6 +435,12 @@ class FakeOpenAIServer:
         return {"counter": counter, "text": text, "ids": completion, "logprobs": logprobs, "cached": cached}
 
     # -- endpoints ---------------------------------------------------------------------------
+
+    def _models_list(self) -> bytes:
+        """``GET /v1/models``: the served names (``models``, else ``model``) as OpenAI lists them."""
+        names = sorted(self.models) if self.models is not None else [self.model]
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "trajlake-test"} for name in names]
+        return json.dumps({"object": "list", "data": data}).encode()
 
     def _answer(self, path: str, request: dict[str, Any]) -> tuple[int, bytes, dict[str, str]]:
         with self._lock:
