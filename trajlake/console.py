@@ -40,8 +40,7 @@ class SafeConsole(Console):
 
     def _render_buffer(self, buffer: Iterable[Segment]) -> str:
         return super()._render_buffer(
-            segment if segment.control else Segment(printable(segment.text), segment.style, None)
-            for segment in buffer
+            segment if segment.control else Segment(printable(segment.text), segment.style, None) for segment in buffer
         )
 
 

@@ -277,13 +277,14 @@ SCORES = register(
         # ``export_decision`` says what decided ``exportable``, in the order the rules apply.
         derived=(
             "SELECT s.* REPLACE (s.exportable AND d.session_id IS NULL AS exportable), "
-            "CASE WHEN s.outcome IS DISTINCT FROM 'success' THEN 'not exportable: outcome ' || coalesce(s.outcome, '?') "
+            "CASE WHEN s.outcome IS DISTINCT FROM 'success' "
+            "THEN 'not exportable: outcome ' || coalesce(s.outcome, '?') "
             "WHEN s.security_flagged THEN 'not exportable: security flag ' || coalesce(s.weight_flag, s.flags) "
-            "WHEN s.quality < s.min_quality THEN 'not exportable: quality ' || round(s.quality, 4) || ' < min_quality ' "
-            "|| s.min_quality "
+            "WHEN s.quality < s.min_quality "
+            "THEN 'not exportable: quality ' || round(s.quality, 4) || ' < min_quality ' || s.min_quality "
             "WHEN d.session_id IS NOT NULL THEN 'not exportable: a duplicate (cluster ' || d.cluster_id || ')' "
             "WHEN s.exportable THEN 'exportable: outcome success' || coalesce(', quality ' || round(s.quality, 4) || "
-            "' >= min_quality ' || s.min_quality, '') "
+            "' ≥ min_quality ' || s.min_quality, '') "
             "ELSE 'not exportable' END AS export_decision "
             "FROM {stored} s LEFT JOIN (SELECT session_id, any_value(cluster_id) AS cluster_id FROM duplicates "
             "WHERE NOT is_representative GROUP BY session_id) d USING (session_id)"
