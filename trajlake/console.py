@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -37,6 +37,11 @@ class SafeConsole(Console):
     left alone; the text between them never carries a control character, a bidi control or an
     escape sequence.
     """
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """As :meth:`rich.console.Console.print`, with text arguments made printable first (rich would
+        drop a few controls, such as ``BEL``, silently; here every one is shown)."""
+        super().print(*(printable(o) if isinstance(o, str) else o for o in objects), **kwargs)
 
     def _render_buffer(self, buffer: Iterable[Segment]) -> str:
         return super()._render_buffer(
