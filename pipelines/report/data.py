@@ -247,20 +247,3 @@ def session_index(con: duckdb.DuckDBPyConnection, batch: int = INDEX_SHARD) -> I
     columns = [d[0] for d in cursor.description]
     while rows := cursor.fetchmany(batch):
         yield [dict(zip(columns, row, strict=True)) for row in rows]
-
-
-def filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[str, int]]]:
-    """For each of :data:`FILTERS`, its values over the scope with their session counts (most first)."""
-    query = _index_query(con)
-    values: dict[str, list[tuple[str, int]]] = {}
-    for name in ("family", "outcome", "origin", "agent"):
-        rows = con.execute(
-            f"SELECT {name}, count(*) FROM ({query}) WHERE {name} IS NOT NULL AND {name} <> '' "
-            "GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 1000"
-        ).fetchall()
-        values[name] = [(str(v), int(n)) for v, n in rows]
-    rows = con.execute(
-        "SELECT flag, count(DISTINCT session_id) FROM flags JOIN scope USING (session_id) GROUP BY 1 ORDER BY 2 DESC, 1"
-    ).fetchall()
-    values["flag"] = [(str(v), int(n)) for v, n in rows]
-    return values
