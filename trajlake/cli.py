@@ -465,7 +465,10 @@ def show(
     # wrapped to the terminal (the result console keeps long lines whole for pipes and copying)
     console = SafeConsole(highlight=False)
     paged = sys.stdout.isatty() if pager is None else pager
-    with console.pager(styles=True) if paged else nullcontext():
+    # less shows colours with -R (and -F leaves a short session on screen); a $PAGER or $LESS of one's own wins
+    os.environ.setdefault("LESS", "-FRX")
+    styles = bool(os.environ.get("PAGER")) or "r" in os.environ["LESS"].lower()
+    with console.pager(styles=styles) if paged else nullcontext():
         render_session(console, detail, full=full)
 
 
