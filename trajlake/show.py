@@ -368,7 +368,7 @@ def render_session(console: Console, detail: SessionDetail, full: bool = False) 
     """Print ``detail`` on ``console``; ``full`` prints every message, output, diff and line whole."""
     lines = None if full else OUTPUT_LINES
     console.print(header(detail))
-    console.rule(Text(f"flags ({len(detail.flags)})"), align="left")
+    console.rule(Text(f"flags ({len(detail.flags)}) with their evidence"), align="left")
     console.print(flags_block(detail, lines))
     console.rule(Text("evaluation and scores"), align="left")
     console.print(verdict(detail))
