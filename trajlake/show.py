@@ -335,7 +335,7 @@ def model_calls_table(detail: SessionDetail) -> Table:
     """The model calls' totals: model, status, tokens, latency, cost, one row each and a total."""
     table = Table(expand=False)
     for column in ("seq", "model", "status", "prompt", "cached", "completion", "latency ms", "cost $"):
-        table.add_column(column, justify="right" if column not in ("model", "status") else "left")
+        table.add_column(column, justify="right" if column not in ("model", "status") else "left", overflow="fold")
     calls = detail.model_calls
     for call in calls:
         status = clean(call.get("status") or "ok")
