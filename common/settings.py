@@ -281,7 +281,8 @@ class Settings(BaseSettings):
         500,
         ge=0,
         description="TRAJLAKE_REPORT_MAX_SESSIONS: session pages `trajlake report` writes at most (flagged sessions "
-        "first, then the most recent); every session still counts in the plots and tables.",
+        "first, then the most recent); every session still counts in the plots and tables and is in the "
+        "report's search index.",
     )
 
     # Quality (quality/config.py documents each knob)

@@ -2,10 +2,16 @@
 
 ``trajlake show`` and ``trajlake report`` render what this module reads; it does no rendering.
 :func:`load_session` gathers one run: its trajectory row, its steps (command, output, exit code,
-tokens, cost), the model calls, files written (as diffs where the earlier content is known), the
-submitted patch, network attempts, the evaluation, the flags with their evidence, the scores and
-its duplicate cluster. Everything returned is data as recorded: hostile strings included, so
-renderers escape it.
+tokens, cost), the model calls (each with the messages it sent, rebuilt from the recorded deltas
+and content blobs, and the reply it got), files written (as diffs where the earlier content is
+known), the submitted patch, network attempts, the evaluation, the flags with their evidence, the
+scores and its duplicate cluster. Everything returned is data as recorded: hostile strings
+included, so renderers escape it.
+
+Both renderers show the same readings of it, made here: :func:`evidence_lines` (a flag's
+evidence as lines a person reads: reason, command, path, host, step, the hunk that wrote the
+file) and :func:`score_lines` (quality as arithmetic, the threshold and what decided
+exportability), and :func:`timeline` (model calls and steps in the order they happened).
 """
 
 from __future__ import annotations
@@ -84,6 +90,7 @@ class SessionDetail:
     duplicate: dict[str, Any] | None = None
     start: dict[str, Any] | None = None
     event_steps: dict[str, int] = field(default_factory=dict)
+    origin: str | None = None
 
     @property
     def session_id(self) -> str:
@@ -248,6 +255,8 @@ def load_sessions(con: duckdb.DuckDBPyConnection, session_ids: list[str]) -> lis
         ids,
     )
     scores = _grouped(con, f"SELECT * FROM scores WHERE {where}", ids)
+    calls = [c for found in events.values() for e in found if (c := (e.get("agent_input") or {}).get("model_call"))]
+    blobs = _missing_blobs(con, calls)
     duplicates = _grouped(con, f"SELECT * FROM duplicates WHERE {where}", ids)
     details = []
     for session_id in ids:
@@ -258,6 +267,7 @@ def load_sessions(con: duckdb.DuckDBPyConnection, session_ids: list[str]) -> lis
         detail.scores = next(iter(scores.get(session_id, [])), None)
         detail.duplicate = next(iter(duplicates.get(session_id, [])), None)
         _fill(detail, events.get(session_id, []))
+        _rebuild_messages(detail.model_calls, blobs)
         details.append(detail)
     return details
 
@@ -300,6 +310,7 @@ def _fill(detail: SessionDetail, events: list[dict[str, Any]]) -> None:
             detail.file_ops.append({"seq": event["seq"], **payload})
     _attach_step_costs(detail)
     _map_events_to_steps(detail, events)
+    detail.origin = detail.trajectory.get("origin")
     if submission_event:
         patch = next((s.get("output") for s in detail.steps if s.get("feedback_event_id") == submission_event), None)
         detail.submission = str(patch) if patch else None
@@ -340,3 +351,233 @@ def _attach_step_costs(detail: SessionDetail) -> None:
             call["completion_tokens"] = action.get("output_tokens")
             call["cost_usd"] = action.get("cost_usd")
             call["latency_ms"] = action.get("model_latency_ms")
+
+
+# ------------------------------------------------------------------------------- model calls
+
+
+def _missing_blobs(con: duckdb.DuckDBPyConnection, calls: list[dict[str, Any]]) -> dict[str, str]:
+    """Texts of the content refs ``calls`` use but do not carry (the host emitted them once, in another session)."""
+    from pipelines.parts import blob_texts
+
+    own = {b["sha256"] for c in calls for b in c.get("blobs") or []}
+    wanted = {ref for c in calls for ref in c.get("new_messages") or []}
+    wanted |= {c[k] for c in calls for k in ("response_message_sha256", "tools_sha256") if c.get(k)}
+    missing = sorted(wanted - own)
+    if not missing:
+        return {}
+    rows = con.execute(
+        "SELECT DISTINCT b.sha256, b.text FROM (SELECT unnest(agent_input.model_call.blobs) AS b FROM events "
+        "WHERE event_type = 'agent_input' AND agent_input.model_call IS NOT NULL) "
+        "WHERE b.sha256 IN (SELECT unnest($refs::VARCHAR[]))",
+        {"refs": missing},
+    ).fetchall()
+    found = {str(sha): str(text) for sha, text in rows}
+    found.update(blob_texts(con, [r for r in missing if r not in found]))
+    return found
+
+
+def _message(texts: dict[str, str], ref: str) -> dict[str, Any]:
+    text = texts.get(ref)
+    if text is None:
+        return {"role": "?", "content": f"[message {ref[:12]}… is in no event]"}
+    parsed = parse_json(text)
+    return parsed if isinstance(parsed, dict) else {"role": "?", "content": text}
+
+
+def _rebuild_messages(calls: list[dict[str, Any]], blobs: dict[str, str]) -> None:
+    """Give each recorded call (``call_index`` order) ``messages`` (the request as sent), ``new_from``
+    (where the messages the previous call had not sent start), ``reply`` (the assistant message) and
+    ``tools`` (the tool names offered). A ref whose blob is nowhere becomes a message saying so."""
+    recorded = [c for c in calls if "new_messages" in c]
+    texts = dict(blobs)
+    for call in recorded:
+        texts.update({b["sha256"]: b["text"] for b in call.get("blobs") or []})
+    context: list[str] = []
+    for call in sorted(recorded, key=lambda c: (c.get("call_index") or 0, c.get("try_index") or 0)):
+        prefix = int(call.get("prefix_messages") or 0)
+        refs = context[:prefix] + list(call.get("new_messages") or [])
+        call["messages"] = [_message(texts, ref) for ref in refs]
+        call["new_from"] = min(prefix, len(refs))
+        reply = call.get("response_message_sha256")
+        call["reply"] = _message(texts, reply) if reply else None
+        tools = parse_json(texts.get(call.get("tools_sha256") or ""))
+        call["tools"] = (
+            [str((t.get("function") or t).get("name")) for t in tools if isinstance(t, dict)]
+            if isinstance(tools, list)
+            else []
+        )
+        if call.get("status") == "ok" and reply:
+            context = [*refs, reply]
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The text of a chat message's ``content`` (a string, or the text parts of a list of parts)."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict):
+                parts.append(str(part.get("text") if part.get("type", "text") == "text" else f"[{part.get('type')}]"))
+            else:
+                parts.append(str(part))
+        return "\n".join(parts)
+    return str(content)
+
+
+def tool_calls(message: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """A reply's tool calls as (id, tool name, arguments parsed from JSON where they are JSON)."""
+    found = []
+    for call in message.get("tool_calls") or []:
+        if isinstance(call, dict):
+            function = call.get("function") or {}
+            found.append(
+                (str(call.get("id") or ""), str(function.get("name") or "?"), parse_json(function.get("arguments")))
+            )
+    return found
+
+
+def timeline(detail: SessionDetail) -> list[tuple[str, dict[str, Any]]]:
+    """The run in the order it happened: ``("call", model call)`` and ``("step", step)`` by event seq."""
+    items = [(int(c.get("seq") or 0), 0, "call", c) for c in detail.model_calls]
+    items += [(int(s.get("seq") or 0), 1, "step", s) for s in detail.steps]
+    return [(kind, item) for _, _, kind, item in sorted(items, key=lambda i: (i[0], i[1]))]
+
+
+def change_of_step(detail: SessionDetail, step_index: int) -> FileChange | None:
+    """The file write a step made (a ``write_file`` whose content was recorded), or ``None``."""
+    return next((c for c in detail.changes if c.step_index == step_index), None)
+
+
+# ------------------------------------------------------------------------------- evidence
+
+
+@dataclass(frozen=True)
+class EvidenceLine:
+    """One line of a flag's evidence: ``kind`` (reason, command, path, host, step, feature, hunk, note) and text.
+
+    ``step`` is the step it points at (for links), when known.
+    """
+
+    kind: str
+    text: str
+    step: int | None = None
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def evidence_lines(flag: dict[str, Any], detail: SessionDetail | None = None) -> list[EvidenceLine]:
+    """A flag's evidence as lines a person reads, none left out: each reason, command, path and host; the
+    steps its events belong to (with the tool and command); an anomaly's features (value, z); and, for a
+    path the session wrote with recorded content, the diff hunk that wrote it. Keys this function does not
+    know are shown as ``key: value``."""
+    evidence = flag.get("evidence_json", parse_json(flag.get("evidence")))
+    if not isinstance(evidence, dict):
+        text = "" if evidence is None else str(evidence)
+        return [EvidenceLine("note", line) for line in text.splitlines() if line.strip()]
+    lines: list[EvidenceLine] = []
+    for key, value in evidence.items():
+        items = value if isinstance(value, list) else [value]
+        if key in ("reasons", "reason"):
+            lines += [EvidenceLine("reason", str(v)) for v in items]
+        elif key in ("commands", "command"):
+            lines += [EvidenceLine("command", str(v)) for v in items]
+        elif key in ("paths", "path"):
+            lines += [EvidenceLine("path", str(v)) for v in items]
+        elif key in ("hosts", "host"):
+            lines += [EvidenceLine("host", str(v)) for v in items]
+        elif key == "event_ids":
+            continue  # below, as steps
+        elif key == "features" and isinstance(value, dict):
+            for name, inner in value.items():
+                facts = (
+                    ", ".join(f"{k} {_short(v)}" for k, v in inner.items())
+                    if isinstance(inner, dict)
+                    else _short(inner)
+                )
+                lines.append(EvidenceLine("feature", f"{name}: {facts}"))
+        elif value not in (None, [], {}, ""):
+            shown = value if isinstance(value, str | int | float) else json.dumps(value, ensure_ascii=False)
+            lines.append(EvidenceLine("note", f"{key}: {shown}"))
+    event_ids = [str(e) for e in evidence.get("event_ids") or []] if isinstance(evidence.get("event_ids"), list) else []
+    if detail is None:
+        if event_ids:
+            lines.append(EvidenceLine("step", f"{len(event_ids)} events (the session's page links each to its step)"))
+        return lines
+    steps = {int(s["step_index"]): s for s in detail.steps}
+    seen: list[int] = []
+    for event_id in event_ids:
+        index = detail.event_steps.get(event_id)
+        if index is None:
+            lines.append(EvidenceLine("step", f"event {event_id} (in no step)"))
+        elif index not in seen:
+            seen.append(index)
+            step = steps.get(index) or {}
+            what = step.get("command") or ""
+            change = change_of_step(detail, index)
+            if change is not None:
+                what = f"write {change.path}"
+            lines.append(
+                EvidenceLine("step", f"step #{index} {step.get('tool_name') or 'action'}: {what}".rstrip(": "), index)
+            )
+    paths = [ln.text for ln in lines if ln.kind == "path"]
+    for change in detail.changes:
+        hit = change.step_index in seen or any(p == change.path or p.endswith("/" + change.path) for p in paths)
+        if hit:
+            lines.append(EvidenceLine("hunk", f"step #{change.step_index} wrote {change.path}:", change.step_index))
+            lines += [EvidenceLine("hunk", row, change.step_index) for row in change.diff.splitlines()]
+    return lines
+
+
+# ------------------------------------------------------------------------------- scores
+
+
+def _n(value: Any) -> str:
+    if value is None:
+        return "?"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4f}".rstrip("0").rstrip(".") if value % 1 else f"{value:.0f}"
+    return str(value)
+
+
+def score_lines(scores: dict[str, Any]) -> list[str]:
+    """The session's quality as arithmetic, its threshold and what decided exportability, one line each:
+
+    ``raw quality = 0.5 × completion 1 + 0.3 × validity 1 + 0.2 × novelty 0.902 = 0.9804``,
+    ``quality = raw 0.9804 × governance weight 0.5 (flag edited_tests) = 0.4902``,
+    ``threshold: quality 0.4902 < min_quality 0.5``, ``outcome success → not exportable: quality … < …``.
+    A row scored before the arithmetic was stored says so (``trajlake score`` rewrites it).
+    """
+    s = scores
+    lines = []
+    if s.get("raw_quality") is None:
+        lines.append(
+            f"quality {_n(s.get('quality'))} (completion {_n(s.get('completion'))}, validity {_n(s.get('validity'))}, "
+            f"novelty {_n(s.get('novelty'))}); scored before scores kept their arithmetic: rescore to see it"
+        )
+    else:
+        lines.append(
+            f"raw quality = {_n(s.get('w_completion'))} × completion {_n(s.get('completion'))} + "
+            f"{_n(s.get('w_validity'))} × validity {_n(s.get('validity'))} + "
+            f"{_n(s.get('w_novelty'))} × novelty {_n(s.get('novelty'))} = {_n(s.get('raw_quality'))}"
+        )
+        weight = s.get("governance_weight")
+        why = f"flag {s['weight_flag']}" if s.get("weight_flag") else "no flag lowers it"
+        lines.append(
+            f"quality = raw {_n(s.get('raw_quality'))} × governance weight {_n(weight)} ({why}) "
+            f"= {_n(s.get('quality'))}"
+        )
+    if s.get("min_quality") is not None and s.get("quality") is not None:
+        sign = "≥" if s["quality"] >= s["min_quality"] else "<"
+        lines.append(f"threshold: quality {_n(s['quality'])} {sign} min_quality {_n(s['min_quality'])}")
+    decision = s.get("export_decision") or ("exportable" if s.get("exportable") else "not exportable")
+    lines.append(f"outcome {s.get('outcome') or '?'} → {decision}")
+    return lines

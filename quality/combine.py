@@ -42,6 +42,11 @@ _COMBINED_SCHEMA_TYPES: dict[str, pl.DataType | type[pl.DataType]] = {
     "validity": pl.Float64,
     "novelty": pl.Float64,
     "quality": pl.Float64,
+    # the arithmetic behind quality: raw_quality (the weighted sum) × governance_weight = quality;
+    # weight_flag is the flag whose governance weight applied (None when no flag lowered it)
+    "raw_quality": pl.Float64,
+    "governance_weight": pl.Float64,
+    "weight_flag": pl.Utf8,
     "has_loop": pl.Boolean,
     "steps_z": pl.Float64,
     "n_cheat_flags": pl.Int64,
@@ -217,18 +222,20 @@ def combine(
         )
         .clip(0.0, 1.0)
     )
-    scored = base.with_columns(completion.alias("completion"), validity.alias("validity")).with_columns(
-        pl.col("novelty").fill_null(1.0),
-        (
-            (
-                config.w_completion * pl.col("completion")
-                + config.w_validity * pl.col("validity")
-                + config.w_novelty * pl.col("novelty").fill_null(1.0)
-            )
-            * pl.col("flag_weight")
+    raw = (
+        config.w_completion * pl.col("completion")
+        + config.w_validity * pl.col("validity")
+        + config.w_novelty * pl.col("novelty").fill_null(1.0)
+    )
+    scored = (
+        base.join(_weight_flags(facts, anomalies, config), on="session_id", how="left")
+        .with_columns(completion.alias("completion"), validity.alias("validity"))
+        .with_columns(
+            pl.col("novelty").fill_null(1.0),
+            (raw * pl.col("flag_weight")).round(6).alias("quality"),
+            raw.round(6).alias("raw_quality"),
+            pl.col("flag_weight").alias("governance_weight"),
         )
-        .round(6)
-        .alias("quality"),
     )
     scores = (
         scored.with_columns(outcome().alias("outcome"))
@@ -247,6 +254,25 @@ def combine(
         .sort("session_id")
     )
     return Combined(scores, anomalies.cast(FLAGS_SCHEMA).sort("session_id", "flag"))
+
+
+def _weight_flags(facts: pl.DataFrame, anomalies: pl.DataFrame, config: QualityConfig) -> pl.DataFrame:
+    """``session_id``, ``weight_flag``: the flag whose governance weight (below 1) multiplies each session's
+    quality — its detector flag of the smallest weight, or ``behaviour_anomaly`` when that weighs less
+    (ties: the detector flag, then by name); no row for a session no flag lowered."""
+    weights = {name: 1.0 if p.weight is None else float(p.weight) for name, p in config.policies().items()}
+    named = facts.select("session_id", pl.col("flag_names").str.split(",").alias("flag")).explode("flag")
+    anomalous = anomalies.select("session_id").unique().with_columns(pl.lit("behaviour_anomaly").alias("flag"))
+    return (
+        pl.concat([named.with_columns(pl.lit(0).alias("kind")), anomalous.with_columns(pl.lit(1).alias("kind"))])
+        .filter(pl.col("flag").is_not_null() & (pl.col("flag") != ""))
+        .with_columns(pl.col("flag").replace_strict(weights, default=1.0, return_dtype=pl.Float64).alias("weight"))
+        .filter(pl.col("weight") < 1.0)
+        .sort("session_id", "weight", "kind", "flag")
+        .group_by("session_id", maintain_order=True)
+        .first()
+        .select("session_id", pl.col("flag").alias("weight_flag"))
+    )
 
 
 def profiles(members: pl.DataFrame) -> pl.DataFrame:

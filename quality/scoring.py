@@ -7,8 +7,10 @@
   implausible for the task type (robust z within its task type and day beyond the outlier
   threshold); 0 when the session was ended by an infrastructure failure or the reaper, or has not ended.
 - novelty: 1 − the highest similarity to an earlier trajectory of the same task family.
-- quality: ``w_c·completion + w_v·validity + w_n·novelty``, × the smallest governance weight of the
-  session's flags (a suspicion is down-weighted, not dropped).
+- quality: ``raw_quality`` = ``w_c·completion + w_v·validity + w_n·novelty``, × ``governance_weight``,
+  the smallest governance weight of the session's flags (a suspicion is down-weighted, not dropped),
+  set by ``weight_flag``. Each row carries its weights and ``min_quality``, so the arithmetic reads
+  back from the row (``trajlake show``, the report and ``SELECT … FROM scores`` show it).
 - outcome: ``success``, ``failure``, ``unevaluated``, ``infrastructure``, ``agent_crash`` or
   ``running`` (:func:`quality.failure.outcome`).
 - exportable: a verified success (outcome ``success``), quality ≥ ``min_quality``, no security
@@ -46,7 +48,16 @@ __all__ = ["LOOP_PENALTY", "SCORES_SCHEMA", "STEPS_PENALTY", "QualityResult", "s
 _SCORES_TYPES: dict[str, pl.DataType | type[pl.DataType]] = {
     ("exportable" if k == "exportable_base" else k): v for k, v in COMBINED_SCHEMA.items()
 }
-SCORES_SCHEMA = pl.Schema({**_SCORES_TYPES, "scorer_version": pl.Utf8, "config_digest": pl.Utf8})
+#: The configuration each row was scored with, so that its arithmetic can be read back from the row.
+SCORE_CONFIG_COLUMNS = ("w_completion", "w_validity", "w_novelty", "min_quality")
+SCORES_SCHEMA = pl.Schema(
+    {
+        **_SCORES_TYPES,
+        "scorer_version": pl.Utf8,
+        "config_digest": pl.Utf8,
+        **dict.fromkeys(SCORE_CONFIG_COLUMNS, pl.Float64),
+    }
+)
 
 
 @dataclass
@@ -66,6 +77,7 @@ def finish_scores(combined: pl.DataFrame, duplicates: pl.DataFrame, config: Qual
             exportable(combined, duplicates).alias("exportable"),
             pl.lit(config.scorer_version).alias("scorer_version"),
             pl.lit(config.digest()).alias("config_digest"),
+            *[pl.lit(float(getattr(config, name))).alias(name) for name in SCORE_CONFIG_COLUMNS],
         )
         .select(list(SCORES_SCHEMA))
         .cast(SCORES_SCHEMA)

@@ -497,20 +497,39 @@ def show(
     flagged: Annotated[
         bool, typer.Option("--flagged", help="The most severe flagged session (security first, then the newest).")
     ] = False,
-    full: Annotated[bool, typer.Option(help="Print every output and file whole (default: long ones cut).")] = False,
+    full: Annotated[
+        bool, typer.Option(help="Print every message, output and file whole (default: long ones cut, saying so).")
+    ] = False,
+    pager: Annotated[
+        bool | None,
+        typer.Option(
+            "--pager/--no-pager",
+            help="Page the output ($PAGER, else less). Default: on a terminal.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """One session in the terminal: steps, commands and output, diffs, model calls, evaluation, flags, scores."""
+    """One session: its flags with their evidence, scores as arithmetic, each model call's messages and reply,
+    each step's command and output, files written as diffs, the evaluation."""
     if (session is None) == (not flagged):
         raise typer.BadParameter("give a SESSION id or --flagged (not both)")
     settings = settings_for("read")
-    from rich.console import Console
+    import sys
+    from contextlib import nullcontext
 
     from pipelines.inspect import load_session, most_severe_flagged
+    from trajlake.console import SafeConsole
     from trajlake.show import render_session
 
     detail = load_session(settings, session if session is not None else most_severe_flagged(settings))
     # wrapped to the terminal (the result console keeps long lines whole for pipes and copying)
-    render_session(Console(highlight=False), detail, full=full)
+    console = SafeConsole(highlight=False)
+    paged = sys.stdout.isatty() if pager is None else pager
+    # less shows colours with -R (and -F leaves a short session on screen); a $PAGER or $LESS of one's own wins
+    os.environ.setdefault("LESS", "-FRX")
+    styles = bool(os.environ.get("PAGER")) or "r" in os.environ["LESS"].lower()
+    with console.pager(styles=styles) if paged else nullcontext():
+        render_session(console, detail, full=full)
 
 
 @app.command()

@@ -2,18 +2,26 @@
 
 Errors and notes go to stderr; progress is drawn on stderr only when it is a terminal, so a
 log file or a pipe sees the command's result lines and nothing else.
+
+Every console here is a :class:`SafeConsole`: whatever text it writes (a session id, a verdict
+file's instance id, an error naming a path) passes :func:`common.text.printable` segment by
+segment, so no input-derived string reaches the terminal as a control sequence, whichever
+command printed it and however it was formatted.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.segment import Segment
+
+from common.text import printable
 
 if TYPE_CHECKING:
     from rich.progress import Progress as RichProgress
@@ -21,13 +29,33 @@ if TYPE_CHECKING:
 
     from common.progress import Progress
 
-err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long (no wrapping at 80 columns)
-out = Console(highlight=False, soft_wrap=True)
+
+class SafeConsole(Console):
+    """A rich console that writes every text segment through :func:`common.text.printable`.
+
+    Rich's own control segments (cursor moves of a progress bar) and the styles it renders are
+    left alone; the text between them never carries a control character, a bidi control or an
+    escape sequence.
+    """
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """As :meth:`rich.console.Console.print`, with text arguments made printable first (rich would
+        drop a few controls, such as ``BEL``, silently; here every one is shown)."""
+        super().print(*(printable(o) if isinstance(o, str) else o for o in objects), **kwargs)
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            segment if segment.control else Segment(printable(segment.text), segment.style, None) for segment in buffer
+        )
+
+
+err = SafeConsole(stderr=True, soft_wrap=True)  # an error is one line, however long (no wrapping at 80 columns)
+out = SafeConsole(highlight=False, soft_wrap=True)
 
 
 def one_line(text: str) -> str:
     """``text`` with every run of whitespace (newlines included) as one space."""
-    return " ".join(text.split())
+    return " ".join(printable(text).split())
 
 
 def print_error(message: str) -> None:

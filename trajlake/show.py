@@ -1,67 +1,100 @@
-"""``trajlake show SESSION``: one run in the terminal.
+"""``trajlake show SESSION``: one run in the terminal, read the way a trace viewer lays it out.
 
-What the agent was asked, what it did step by step (thought, command, output, exit code, tokens,
-cost), the files it wrote as diffs, its model calls, the evaluation, the flags with their
-evidence (the steps they point at are marked), the scores and its duplicate cluster.
+First what matters most: the session in one panel, then every flag with its evidence as lines
+(the reason, the command, the path, the step, the diff hunk that wrote the file), then the
+evaluation and the scores as arithmetic (weights × components = raw quality, × the governance
+weight and the flag that set it = quality, against the threshold, and what decided
+exportability). Then the run in the order it happened: each model call with the messages it sent
+(the system prompt collapsed to its first line, the messages the previous call had not sent in
+order) and its reply (reasoning, text, tool calls as calls), each step with its command and output
+— a file write as the file and its diff, not as a shell command — then the files written, the
+submitted patch, network attempts and annotations.
+
+Long texts are cut to :data:`OUTPUT_LINES` lines, and every cut says how much it left out and that
+``--full`` shows it; nothing is cut silently. On a terminal the output goes through a pager.
 
 Everything printed comes from the trajectory, which is hostile input: it is printed as text,
-never as rich markup, and control characters (terminal escape sequences included) are shown as
-visible escapes so that an output cannot rewrite the terminal.
+never as rich markup, and every control character, escape sequence and bidi control goes through
+:func:`common.text.printable` so that an output cannot rewrite the terminal.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from rich.console import Console, Group
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from pipelines.inspect import SessionDetail, flagged_steps, looks_like_diff
+from common.text import printable
+from pipelines.inspect import (
+    SessionDetail,
+    change_of_step,
+    evidence_lines,
+    flagged_steps,
+    looks_like_diff,
+    message_text,
+    score_lines,
+    timeline,
+    tool_calls,
+)
 
-#: Lines of a command's output or a diff shown before "… N more lines" (``--full`` shows all).
+#: Lines of a command's output, a message or a diff shown before "… N more lines" (``--full`` shows all).
 OUTPUT_LINES = 12
-#: Characters of one line shown before " …" (``--full`` shows whole lines).
+#: Characters of one line shown before " … N more characters" (``--full`` shows whole lines).
 LINE_CHARS = 400
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def clean(value: Any) -> str:
     """``value`` as text with every control character except newline and tab made visible (``\\x1b``)."""
-    text = "" if value is None else str(value)
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text.expandtabs(4))
+    return printable(value).expandtabs(4)
 
 
 def _cut(text: str, lines: int | None) -> tuple[str, int]:
-    """The first ``lines`` lines of ``text`` (each cut to ``LINE_CHARS``) and how many lines were left out."""
+    """The first ``lines`` lines of ``text`` (each cut to ``LINE_CHARS``, saying so) and how many were left out."""
     rows = text.splitlines()
     if lines is None:
         return "\n".join(rows), 0
-    shown = [row if len(row) <= LINE_CHARS else row[:LINE_CHARS] + " …" for row in rows[:lines]]
+    shown = [
+        row if len(row) <= LINE_CHARS else f"{row[:LINE_CHARS]} … ({len(row) - LINE_CHARS:,} more characters)"
+        for row in rows[:lines]
+    ]
     return "\n".join(shown), max(0, len(rows) - lines)
 
 
-def diff_text(diff: str, lines: int | None) -> Text:
+def cut_text(value: Any, lines: int | None, style: str = "", indent: str = "") -> Text:
+    """``value`` cleaned, cut to ``lines`` lines, with a dim line saying how many more ``--full`` shows."""
+    shown, more = _cut(clean(value), lines)
+    text = Text("\n".join(indent + row for row in shown.splitlines()), style=style)
+    if more:
+        text.append(f"\n{indent}… {more:,} more lines (--full shows them)", style="dim")
+    return text
+
+
+def diff_text(diff: str, lines: int | None, indent: str = "") -> Text:
     """A unified diff coloured by line kind, cut to ``lines`` lines."""
     shown, more = _cut(clean(diff), lines)
     text = Text()
     for line in shown.splitlines():
-        style = ""
-        if line.startswith(("+++", "---")):
-            style = "bold"
-        elif line.startswith("+"):
-            style = "green"
-        elif line.startswith("-"):
-            style = "red"
-        elif line.startswith("@@"):
-            style = "cyan"
-        text.append(line + "\n", style=style)
+        text.append(indent + line + "\n", style=_diff_style(line))
     if more:
-        text.append(f"… {more} more lines (--full shows them)\n", style="dim")
+        text.append(f"{indent}… {more:,} more lines (--full shows them)\n", style="dim")
     return text
+
+
+def _diff_style(line: str) -> str:
+    if line.startswith(("+++", "---")):
+        return "bold"
+    if line.startswith("+"):
+        return "green"
+    if line.startswith("-"):
+        return "red"
+    if line.startswith("@@"):
+        return "cyan"
+    return ""
 
 
 def _number(value: Any, digits: int = 3) -> str:
@@ -93,19 +126,56 @@ def header(detail: SessionDetail) -> Panel:
         ),
         ("host", f"{clean(t.get('host_id'))}  sandbox {clean(t.get('sandbox_id'))}"),
     ]
+    if detail.origin:
+        rows.append(("origin", clean(detail.origin)))
     if t.get("group_id") or (t.get("attempt") or 1) > 1:
         rows.append(("group", f"{clean(t.get('group_id'))} attempt {_number(t.get('attempt'))}"))
     for name, value in rows:
         grid.add_row(name, Text(value))
-    instruction = clean(t.get("instruction") or (detail.start or {}).get("instruction") or "")
-    body: list[Any] = [grid]
-    if instruction:
-        body += [Text(""), Text(_cut(instruction, 8)[0], style="italic")]
-    return Panel(Group(*body), title=Text(f"session {clean(detail.session_id)}"), title_align="left")
+    return Panel(grid, title=Text(f"session {clean(detail.session_id)}"), title_align="left")
+
+
+_EVIDENCE_LABEL = {
+    "reason": "reason",
+    "command": "$",
+    "path": "path",
+    "host": "host",
+    "step": "at",
+    "feature": "feature",
+    "note": "",
+}
+
+
+def flags_block(detail: SessionDetail, lines: int | None) -> Text:
+    """Every flag, most severe first, each followed by its evidence as plain lines (hunks as diffs)."""
+    if not detail.flags:
+        return Text("no flags", style="green")
+    text = Text()
+    for flag in detail.flags:
+        severe = flag.get("severity") in ("high", "critical")
+        style = "red" if severe else "yellow"
+        text.append("⚑ ", style=f"bold {style}")
+        text.append(clean(flag["flag"]), style=f"bold {style}")
+        text.append(f"  {clean(flag.get('flag_class'))}, {clean(flag.get('severity'))}\n", style=style)
+        evidence = evidence_lines(flag, detail)
+        hunk: list[str] = []
+        for line in evidence:
+            if line.kind == "hunk":
+                hunk.append(line.text)
+                continue
+            label = _EVIDENCE_LABEL.get(line.kind, line.kind)
+            text.append(f"    {label + ' ' if label else ''}", style="dim")
+            text.append(clean(line.text) + "\n", style="bold" if line.kind == "command" else "")
+        if hunk:
+            text.append_text(diff_text("\n".join(hunk), None if lines is None else max(lines, 40), indent="    "))
+        if not evidence:
+            text.append("    (no evidence recorded)\n", style="dim")
+    text.rstrip()
+    return text
 
 
 def verdict(detail: SessionDetail) -> Table:
-    """Evaluation, scores and the duplicate cluster, side by side."""
+    """Evaluation, the scores as arithmetic and the duplicate cluster."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
@@ -127,19 +197,10 @@ def verdict(detail: SessionDetail) -> Table:
     if scores is None:
         table.add_row("scores", Text("not scored yet (trajlake score)", style="dim"))
     else:
+        table.add_row("scores", Text("\n".join(clean(line) for line in score_lines(scores))))
         table.add_row(
-            "scores",
-            Text(
-                f"quality {_number(scores.get('quality'))} = completion {_number(scores.get('completion'))}, "
-                f"validity {_number(scores.get('validity'))}, novelty {_number(scores.get('novelty'))}"
-            ),
-        )
-        table.add_row(
-            "outcome",
-            Text(
-                f"{clean(scores.get('failure_cause'))}; retry: {clean(scores.get('retry_advice'))}; "
-                f"{'exportable' if scores.get('exportable') else 'not exportable'}"
-            ),
+            "failure",
+            Text(f"{clean(scores.get('failure_cause'))}; retry: {clean(scores.get('retry_advice'))}"),
         )
     if detail.duplicate is not None:
         d = detail.duplicate
@@ -153,35 +214,85 @@ def verdict(detail: SessionDetail) -> Table:
     return table
 
 
-def flags_table(detail: SessionDetail) -> Table | Text:
-    """The flags with their evidence, most severe first."""
-    if not detail.flags:
-        return Text("no flags", style="green")
-    table = Table(show_lines=True, expand=True)
-    for column in ("flag", "class", "severity", "evidence"):
-        table.add_column(column, overflow="fold")
-    for flag in detail.flags:
-        evidence = flag.get("evidence_json")
-        if isinstance(evidence, dict | list):
-            shown = json.dumps(evidence, indent=1, ensure_ascii=False)
-        else:
-            shown = str(evidence or "")
-        style = "red" if flag.get("severity") in ("high", "critical") else "yellow"
-        table.add_row(
-            Text(clean(flag["flag"]), style=f"bold {style}"),
-            Text(clean(flag.get("flag_class"))),
-            Text(clean(flag.get("severity")), style=style),
-            Text(clean(shown)),
-        )
-    return table
+def _arguments(arguments: Any) -> str:
+    """A tool call's arguments as ``name=value`` pairs (values as JSON), or as given when not an object."""
+    if isinstance(arguments, dict):
+        return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
+    return "" if arguments is None else str(arguments)
 
 
-def step_block(step: dict[str, Any], marks: dict[int, list[str]], lines: int | None) -> Group:
-    """One step: its header line, thought, command and output; ``marks`` names the flags pointing at it."""
-    flagged = marks.get(int(step["step_index"]), [])
+def _message_block(message: dict[str, Any], lines: int | None, system_lines: int | None) -> Group:
+    """One chat message: its role (and the tool call it answers), text, reasoning and tool calls, indented."""
+    role = str(message.get("role") or "?")
+    label = role + (f" [{message['tool_call_id']}]" if message.get("tool_call_id") else "")
+    body: list[Any] = []
+    text = message_text(message)
+    if text:
+        body.append(cut_text(text, system_lines if role == "system" else lines))
+    if message.get("reasoning_content"):
+        body.append(Text("reasoning:", style="dim"))
+        body.append(cut_text(message["reasoning_content"], lines, style="italic dim"))
+    for call_id, name, arguments in tool_calls(message):
+        call = Text("→ ", style="bold cyan")
+        call.append(clean(name), style="bold cyan")
+        call.append_text(cut_text(f"({_arguments(arguments)})", lines))
+        if call_id:
+            call.append(f"  [{clean(call_id)}]", style="dim")
+        body.append(call)
+    head = Text(f"  {clean(label)}", style="bold magenta" if role == "system" else "bold")
+    return Group(head, Padding(Group(*body), (0, 0, 0, 4), expand=False))
+
+
+def call_block(call: dict[str, Any], lines: int | None) -> Group:
+    """One model call: a header line (model, status, tokens, latency, cost), the messages it sent that the
+    previous call had not, and its reply."""
+    head = Text()
+    head.append(f"model call {_number(call.get('call_index', '')) if 'call_index' in call else ''}".rstrip(), "bold")
+    head.append(f"  {clean(call.get('model') or '?')}", style="cyan")
+    status = clean(call.get("status") or "ok")
+    if call.get("http_status") and status != "ok":
+        status += f" {call['http_status']}"
+    head.append(f"  {status}", style="red" if status != "ok" else "green")
+    head.append(
+        f"  {_number(call.get('prompt_tokens'))} in ({_number(call.get('cached_tokens'))} cached), "
+        f"{_number(call.get('completion_tokens'))} out",
+        style="dim",
+    )
+    if call.get("latency_ms"):
+        head.append(f"  {_number(call['latency_ms'], 1)} ms", style="dim")
+    if call.get("cost_usd"):
+        head.append(f"  ${_number(call['cost_usd'], 5)}", style="dim")
+    parts: list[Any] = [head]
+    if call.get("error"):
+        parts.append(Text(f"  error: {clean(call['error'])}", style="red"))
+    messages = call.get("messages")
+    if messages is None:
+        head.append("  (prompt and reply not recorded: token counts only)", style="dim")
+        return Group(*parts)
+    new_from = int(call.get("new_from") or 0)
+    system_lines = None if lines is None else 1
+    if new_from:
+        parts.append(Text(f"  … {new_from} messages sent before (the previous call's request and reply)", "dim"))
+    for message in messages[new_from:]:
+        parts.append(_message_block(message, lines, system_lines))
+    reply = call.get("reply")
+    if reply is not None:
+        finish = f" ({clean(call['finish_reason'])})" if call.get("finish_reason") else ""
+        parts.append(Text(f"  ⇢ reply{finish}", style="bold green"))
+        parts.append(_message_block(reply, lines, lines))
+    return Group(*parts)
+
+
+def step_block(
+    step: dict[str, Any], marks: dict[int, list[str]], lines: int | None, detail: SessionDetail | None = None
+) -> Group:
+    """One step: its header line, thought, command and output; a file write as the file and its diff;
+    ``marks`` names the flags pointing at it."""
+    index = int(step["step_index"])
+    flagged = marks.get(index, [])
     exit_code = step.get("exit_code")
     head = Text()
-    head.append(f"#{step['step_index']} ", style="bold")
+    head.append(f"#{index} ", style="bold")
     head.append(clean(step.get("tool_name") or "action"), style="bold cyan")
     if exit_code is not None:
         head.append(f"  exit {exit_code}", style="green" if exit_code == 0 else "red")
@@ -194,35 +305,39 @@ def step_block(step: dict[str, Any], marks: dict[int, list[str]], lines: int | N
     if flagged:
         head.append(f"  ⚑ {', '.join(flagged)}", style="bold red")
     parts: list[Any] = [head]
-    if step.get("thought"):
-        parts.append(Text(_cut(clean(step["thought"]), lines and 4)[0], style="italic dim"))
-    command = step.get("command")
-    if command:
-        parts.append(Text("$ " + _cut(clean(command), lines and 6)[0], style="bold"))
+    if step.get("thought") and not step.get("model_call_event_id"):  # a recorded call shows its reply
+        parts.append(cut_text(step["thought"], lines and 4, style="italic dim"))
+    change = change_of_step(detail, index) if detail is not None else None
+    arguments = step.get("arguments_json")
+    if change is not None:
+        label = "changed" if change.known_before else "written (its earlier content was not seen)"
+        parts.append(Text(f"✎ {clean(change.path)} {label}", style="bold"))
+        parts.append(diff_text(change.diff, lines))
+    elif step.get("tool_name") == "write_file":
+        path = arguments.get("path") if isinstance(arguments, dict) else None
+        parts.append(Text(f"✎ write {clean(path or '(path not recorded)')}: content not recorded", style="bold"))
+    elif step.get("command"):
+        parts.append(cut_text("$ " + str(step["command"]), lines and 6, style="bold"))
     output = step.get("output")
-    if output:
+    if output and change is None:
         if looks_like_diff(str(output)):
             parts.append(diff_text(str(output), lines))
         else:
-            shown, more = _cut(clean(output), lines)
-            text = Text(shown)
-            if more:
-                text.append(f"\n… {more} more lines (--full shows them)", style="dim")
-            if step.get("truncated"):
-                text.append(f"\n[output truncated by the sandbox at {_number(step.get('output_bytes'))} bytes]")
-            parts.append(text)
+            parts.append(cut_text(output, lines))
+        if step.get("truncated"):
+            parts.append(Text(f"[output truncated by the sandbox at {_number(step.get('output_bytes'))} bytes]"))
     if step.get("failure_reason"):
         parts.append(Text(f"failure: {clean(step['failure_reason'])}", style="red"))
     return Group(*parts)
 
 
-def model_calls_table(detail: SessionDetail, limit: int | None) -> Table:
-    """The model calls: model, status, tokens, latency, cost (``limit`` rows, then a total)."""
+def model_calls_table(detail: SessionDetail) -> Table:
+    """The model calls' totals: model, status, tokens, latency, cost, one row each and a total."""
     table = Table(expand=False)
     for column in ("seq", "model", "status", "prompt", "cached", "completion", "latency ms", "cost $"):
-        table.add_column(column, justify="right" if column not in ("model", "status") else "left")
+        table.add_column(column, justify="right" if column not in ("model", "status") else "left", overflow="fold")
     calls = detail.model_calls
-    for call in calls if limit is None else calls[:limit]:
+    for call in calls:
         status = clean(call.get("status") or "ok")
         if call.get("http_status") and status != "ok":
             status += f" {call['http_status']}"
@@ -236,8 +351,6 @@ def model_calls_table(detail: SessionDetail, limit: int | None) -> Table:
             _number(call.get("latency_ms"), 1),
             _number(call.get("cost_usd"), 5),
         )
-    if limit is not None and len(calls) > limit:
-        table.add_row("…", Text(f"{len(calls) - limit} more (--full)"), "", "", "", "", "", "")
     table.add_row(
         "",
         Text("total", style="bold"),
@@ -252,29 +365,37 @@ def model_calls_table(detail: SessionDetail, limit: int | None) -> Table:
 
 
 def render_session(console: Console, detail: SessionDetail, full: bool = False) -> None:
-    """Print ``detail`` on ``console``; ``full`` prints every output, diff and model call whole."""
+    """Print ``detail`` on ``console``; ``full`` prints every message, output, diff and line whole."""
     lines = None if full else OUTPUT_LINES
     console.print(header(detail))
+    console.rule(Text(f"flags ({len(detail.flags)}) with their evidence"), align="left")
+    console.print(flags_block(detail, lines))
+    console.rule(Text("evaluation and scores"), align="left")
     console.print(verdict(detail))
-    console.rule(Text(f"flags ({len(detail.flags)})"), align="left")
-    console.print(flags_table(detail))
+    instruction = detail.trajectory.get("instruction") or (detail.start or {}).get("instruction")
+    if instruction:
+        console.rule(Text("instruction"), align="left")
+        console.print(cut_text(instruction, None if full else 20, style="italic"))
     marks = flagged_steps(detail)
-    console.rule(Text(f"steps ({len(detail.steps)})"), align="left")
-    for step in detail.steps:
-        console.print(step_block(step, marks, lines))
+    recorded = sum(1 for c in detail.model_calls if c.get("messages") is not None)
+    console.rule(
+        Text(f"run: {len(detail.model_calls)} model calls ({recorded} with messages), {len(detail.steps)} steps"),
+        align="left",
+    )
+    for kind, item in timeline(detail):
+        console.print(call_block(item, lines) if kind == "call" else step_block(item, marks, lines, detail))
         console.print()
     if detail.changes:
         console.rule(Text(f"files written ({len(detail.changes)})"), align="left")
         for change in detail.changes:
             label = "changed" if change.known_before else "written (content not seen before)"
             console.print(Text(f"step #{change.step_index}: {clean(change.path)} {label}", style="bold"))
-            console.print(diff_text(change.diff, lines))
     if detail.submission:
         console.rule(Text("submitted patch"), align="left")
         console.print(diff_text(detail.submission, None if full else 40))
     if detail.model_calls:
         console.rule(Text(f"model calls ({len(detail.model_calls)})"), align="left")
-        console.print(model_calls_table(detail, None if full else 20))
+        console.print(model_calls_table(detail))
     if detail.network:
         console.rule(Text(f"network attempts ({len(detail.network)})"), align="left")
         for attempt in detail.network:
@@ -289,4 +410,4 @@ def render_session(console: Console, detail: SessionDetail, full: bool = False) 
             )
     for note in detail.annotations:
         console.rule(Text(f"annotation {clean(note.get('key'))}"), align="left")
-        console.print(Text(_cut(clean(note.get("value")), lines and 30)[0]))
+        console.print(cut_text(note.get("value"), lines and 30))

@@ -20,32 +20,26 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from typing import Any, TextIO
 
 import pyarrow as pa
 
+from common.text import UNSAFE, printable
 from warehouse.errors import QueryError
 
 FORMATS = ("table", "csv", "json")
 
-#: C0 controls, DEL, C1 controls and the Unicode bidirectional controls (which reorder what is shown).
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+#: What :func:`escape_controls` escapes (``common.text.UNSAFE``: controls, bidi, separators, surrogates).
+_CONTROL = UNSAFE
 #: What a spreadsheet takes as the start of a formula (or strips before looking for one).
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def escape_controls(text: str) -> str:
-    """``text`` with every control character shown as an escape (``\\x1b``, ``\\r``, ``\\u202e``)."""
-
-    def visible(match: re.Match[str]) -> str:
-        char = match.group(0)
-        return _NAMED.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
-
-    return _CONTROL.sub(visible, text)
+    """``text`` with every control character shown as an escape (``\\x1b``, ``\\r``, ``\\u202e``), on one line."""
+    return printable(text, multiline=False)
 
 
 def defuse_formula(value: Any) -> Any:

@@ -256,6 +256,15 @@ SCORES = register(
                 ("config_digest", pa.string()),
                 ("started_at", _TS),  # the partition: a run rewrites only the days of the sessions it rescored
                 ("outcome", pa.string()),  # success | failure | unevaluated | infrastructure | agent_crash | running
+                # the arithmetic: w_completion·completion + w_validity·validity + w_novelty·novelty = raw_quality;
+                # × governance_weight (set by weight_flag) = quality; exportable needs quality ≥ min_quality
+                ("raw_quality", pa.float64()),
+                ("governance_weight", pa.float64()),
+                ("weight_flag", pa.string()),
+                ("w_completion", pa.float64()),
+                ("w_validity", pa.float64()),
+                ("w_novelty", pa.float64()),
+                ("min_quality", pa.float64()),
             ]
         ),
         partition_by=[("started_at", DayTransform())],
@@ -265,9 +274,20 @@ SCORES = register(
         # rewriting its scores row would rewrite its day's files (copy-on-write), whichever day it is on.
         # The stored ``exportable`` is the session's as of its own last scoring; the view applies the
         # duplicates of today (a later representative is always written, so this is all it can lack).
+        # ``export_decision`` says what decided ``exportable``, in the order the rules apply.
         derived=(
-            "SELECT s.* REPLACE (s.exportable AND s.session_id NOT IN "
-            "(SELECT session_id FROM duplicates WHERE NOT is_representative) AS exportable) FROM {stored} s"
+            "SELECT s.* REPLACE (s.exportable AND d.session_id IS NULL AS exportable), "
+            "CASE WHEN s.outcome IS DISTINCT FROM 'success' "
+            "THEN 'not exportable: outcome ' || coalesce(s.outcome, '?') "
+            "WHEN s.security_flagged THEN 'not exportable: security flag ' || coalesce(s.weight_flag, s.flags) "
+            "WHEN s.quality < s.min_quality "
+            "THEN 'not exportable: quality ' || round(s.quality, 4) || ' < min_quality ' || s.min_quality "
+            "WHEN d.session_id IS NOT NULL THEN 'not exportable: a duplicate (cluster ' || d.cluster_id || ')' "
+            "WHEN s.exportable THEN 'exportable: outcome success' || coalesce(', quality ' || round(s.quality, 4) || "
+            "' ≥ min_quality ' || s.min_quality, '') "
+            "ELSE 'not exportable' END AS export_decision "
+            "FROM {stored} s LEFT JOIN (SELECT session_id, any_value(cluster_id) AS cluster_id FROM duplicates "
+            "WHERE NOT is_representative GROUP BY session_id) d USING (session_id)"
         ),
     )
 )

@@ -8,6 +8,7 @@ of a large lakehouse reads a few hundred rows, not the sessions.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,9 @@ class Overview:
     flagged: list[dict[str, Any]] = field(default_factory=list)
     flagged_total: int = 0
     listed: list[dict[str, Any]] = field(default_factory=list)
+    #: the session index the overview searches: its shard files and the values of each filter
+    index_shards: int = 0
+    filters: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
 
 
 def _rows(con: duckdb.DuckDBPyConnection, query: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -203,3 +207,43 @@ def overview(con: duckdb.DuckDBPyConnection, scope: str, max_pages: int) -> Over
         )
         con.unregister("listed_ids")
     return result
+
+
+#: Sessions per index shard (``sessions/index-NNNNN.js``): the search page loads them one by one.
+INDEX_SHARD = 5000
+#: What the search page filters on, each a column of :func:`session_index` rows.
+FILTERS = ("family", "outcome", "origin", "agent", "flag")
+
+
+def _columns(con: duckdb.DuckDBPyConnection, view: str) -> set[str]:
+    return {str(r[0]) for r in con.execute(f"SELECT column_name FROM (DESCRIBE {view})").fetchall()}
+
+
+def _index_query(con: duckdb.DuckDBPyConnection) -> str:
+    """The query of every session in scope with what the search page shows and filters on, flagged first."""
+    origin = "t.origin" if "origin" in _columns(con, "trajectories") else "NULL::VARCHAR"
+    return (
+        "SELECT t.session_id, t.task_id, coalesce(t.task_family, t.task_type, t.task_id, '?') AS family, "
+        "coalesce(s.outcome, CASE WHEN t.eval_passed THEN 'success' WHEN t.eval_passed = false THEN 'failure' "
+        "ELSE t.status END, '?') AS outcome, "
+        f"{origin} AS origin, concat_ws(' / ', t.agent_name, t.agent_model) AS agent, t.status, t.eval_passed, "
+        "t.n_steps, s.quality, s.exportable, t.cost_usd, t.started_at, f.flags "
+        "FROM scope JOIN trajectories t USING (session_id) LEFT JOIN scores s USING (session_id) "
+        "LEFT JOIN (SELECT session_id, list(struct_pack(flag, flag_class, severity, evidence) ORDER BY "
+        f"{class_rank('flag_class')}, {severity_rank('severity')}, flag) AS flags FROM flags GROUP BY session_id) f "
+        "USING (session_id) "
+        "ORDER BY f.flags IS NULL, t.started_at DESC NULLS LAST, t.session_id"
+    )
+
+
+def session_index(con: duckdb.DuckDBPyConnection, batch: int = INDEX_SHARD) -> Iterator[list[dict[str, Any]]]:
+    """Every session in scope (see :func:`define_scope`), ``batch`` rows at a time, flagged sessions first.
+
+    Each row: session_id, task_id, family, outcome, origin (None where trajectories have no
+    ``origin`` column), agent, status, eval_passed, n_steps, quality, exportable, cost_usd,
+    started_at, and flags (a list of flag, flag_class, severity, evidence, or None).
+    """
+    cursor = con.execute(_index_query(con))
+    columns = [d[0] for d in cursor.description]
+    while rows := cursor.fetchmany(batch):
+        yield [dict(zip(columns, row, strict=True)) for row in rows]

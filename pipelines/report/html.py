@@ -14,12 +14,26 @@ from datetime import datetime
 from html import escape
 from typing import Any
 
-from pipelines.inspect import SessionDetail, flagged_steps, looks_like_diff, parse_json
+from common.text import printable
+from pipelines.inspect import (
+    SessionDetail,
+    change_of_step,
+    evidence_lines,
+    flagged_steps,
+    looks_like_diff,
+    message_text,
+    parse_json,
+    score_lines,
+    timeline,
+    tool_calls,
+)
 from pipelines.report.data import Overview
 from pipelines.report.svg import bar_chart, histogram
 
 #: Characters of a step's output shown inline; the rest is behind "show all".
 OUTPUT_CHARS = 4000
+#: Sessions the overview lists as HTML for a browser without JavaScript (the search finds every one).
+NOSCRIPT_ROWS = 500
 
 _STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1100px;padding:16px 24px;color:#1d232b}
@@ -34,13 +48,20 @@ margin:14px 0}.step.flagged{border-left-color:#b3261e;background:#fff5f4}.flagma
 .add{color:#1a7f37}.del{color:#b3261e}.hunk{color:#0b6e99}code{background:#f1f3f5;padding:0 3px}
 a{color:#0b57d0}.row{display:flex;gap:28px;flex-wrap:wrap;align-items:flex-start}
 .row>div{flex:0 1 520px;min-width:0}svg{max-width:100%;height:auto}
+.flag{margin:8px 0 14px}.evidence{margin:4px 0}.arithmetic li{font-variant-numeric:tabular-nums}
+.call{border-left:3px solid #c9d7f0;padding-left:10px;margin:14px 0}.msg{margin:6px 0 6px 12px}
+.role{font-weight:600;color:#5b3f9e}.reply-head{font-weight:600;color:#1a7f37;margin-top:6px}
+.evidence-line{font-family:ui-monospace,monospace;font-size:12px}
+tr.flagged td:first-child{border-left:3px solid #b3261e}
+.filters label{margin-right:10px}
 """
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
 
 def esc(value: Any) -> str:
-    """``value`` as HTML text (``None`` as an en dash)."""
-    return "–" if value is None else escape(str(value), quote=True)
+    """``value`` as HTML text (``None`` as an en dash), its control and bidi characters shown as escapes
+    (:func:`common.text.printable`) so that no value reorders or hides the text around it."""
+    return "–" if value is None else escape(printable(value), quote=True)
 
 
 def number(value: Any, digits: int = 3) -> str:
@@ -57,15 +78,19 @@ def number(value: Any, digits: int = 3) -> str:
     return esc(value)
 
 
-def page(title: str, body: str, generated: datetime) -> str:
-    """A complete HTML document."""
+def page(title: str, body: str, generated: datetime, scripts: Iterable[str] = ()) -> str:
+    """A complete HTML document; ``scripts`` are paths of script files of the report itself (the overview's
+    search), which its Content-Security-Policy then allows from the report's own directory only."""
+    sources = list(scripts)
+    csp = _CSP + ("; script-src 'self'" if sources else "")
+    tags = "".join(f'<script src="{esc(src)}"></script>' for src in sources)
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
-        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{esc(title)}</title>'
         f"<style>{_STYLE}</style></head><body>{body}"
         f'<p class="dim">trajlake report, generated {esc(generated.isoformat(timespec="seconds"))}</p>'
-        "</body></html>\n"
+        f"{tags}</body></html>\n"
     )
 
 
@@ -227,9 +252,12 @@ def overview_html(data: Overview, link: Callable[[str], str | None], generated: 
         + table(["failure cause", "sessions"], [(esc(s), number(n)) for s, n in data.failure_causes], numeric=[1])
         + "</div>"
     )
-    parts.append(f'<h2 id="sessions">Sessions with a page ({len(data.listed)} of {number(sessions)})</h2>')
+    parts.append(_search_html(data, sessions))
     parts.append(
-        table(
+        '<div id="search-noscript"><p class=dim>The search needs JavaScript; without it, the '
+        f"{len(data.listed[:NOSCRIPT_ROWS])} sessions below are listed (of {number(len(data.listed))} with a page "
+        f"and {number(sessions)} in all).</p>"
+        + table(
             ["session", "task family", "status", "passed", "steps", "quality", "cost $", "started"],
             [
                 (
@@ -242,18 +270,57 @@ def overview_html(data: Overview, link: Callable[[str], str | None], generated: 
                     number(r["cost_usd"], 4),
                     esc(r["started_at"]),
                 )
-                for r in data.listed
+                for r in data.listed[:NOSCRIPT_ROWS]
             ],
             numeric=[4, 5, 6],
         )
+        + "</div>"
     )
-    return page(f"trajlake report: {data.scope}", "".join(parts), generated)
+    return page(f"trajlake report: {data.scope}", "".join(parts), generated, scripts=["sessions/search.js"])
 
 
-def _step_html(step: dict[str, Any], marks: dict[int, list[str]]) -> str:
-    flags = marks.get(int(step["step_index"]), [])
+_FILTER_LABELS = {
+    "family": "every task family",
+    "outcome": "every outcome",
+    "origin": "every origin",
+    "agent": "every agent",
+    "flag": "flagged or not",
+}
+
+
+def _search_html(data: Overview, sessions: int) -> str:
+    """The search box, the filters (their values with session counts) and the result table the script fills."""
+    selects = []
+    for name, label in _FILTER_LABELS.items():
+        values = data.filters.get(name) or []
+        options = [f'<option value="">{esc(label)}</option>']
+        if name == "flag":
+            options += [
+                '<option value="(any flag)">(any flag)</option>',
+                '<option value="(no flag)">(no flag)</option>',
+            ]
+        options += [f'<option value="{esc(v)}">{esc(v)} ({number(n)})</option>' for v, n in values]
+        disabled = "" if values or name == "flag" else " disabled"
+        selects.append(f'<label>{esc(name)} <select id="f-{name}"{disabled}>{"".join(options)}</select></label>')
+    return (
+        f'<h2 id="sessions">Sessions ({number(sessions)})</h2>'
+        f'<div id="search" data-shards="{data.index_shards}" data-total="{sessions}" hidden>'
+        '<p><input id="q" type="search" size="60" aria-label="search sessions" '
+        'placeholder="search: session id, task, family, agent, flag, evidence (command, path, reason)"></p>'
+        f'<p class="filters">{" ".join(selects)}</p><p id="search-status" class="dim"></p>'
+        + table(
+            ["session", "task family", "outcome", "origin", "agent", "quality", "flags and evidence"], [], id="results"
+        )
+        + '<p><button id="prev" type="button">← previous</button> <button id="next" type="button">next →</button></p>'
+        "</div>"
+    )
+
+
+def _step_html(step: dict[str, Any], marks: dict[int, list[str]], detail: SessionDetail) -> str:
+    index = int(step["step_index"])
+    flags = marks.get(index, [])
     exit_code = step.get("exit_code")
-    head = [f"<b>#{esc(step['step_index'])}</b> <b>{esc(step.get('tool_name') or 'action')}</b>"]
+    head = [f"<b>#{esc(index)}</b> <b>{esc(step.get('tool_name') or 'action')}</b>"]
     if exit_code is not None:
         head.append(f'<span class="{"ok" if exit_code == 0 else "bad"}">exit {esc(exit_code)}</span>')
     for key, label, digits in (("duration_ms", "ms", 1), ("output_tokens", "tokens", 0), ("cost_usd", "$", 5)):
@@ -262,34 +329,127 @@ def _step_html(step: dict[str, Any], marks: dict[int, list[str]]) -> str:
     if flags:
         head.append(f'<span class="flagmark">⚑ {esc(", ".join(flags))}</span>')
     body = [" ".join(head)]
-    if step.get("thought"):
+    if step.get("thought") and not step.get("model_call_event_id"):  # a recorded call shows its reply
         body.append(f"<div class=dim><i>{esc(step['thought'])}</i></div>")
-    if step.get("command"):
+    change = change_of_step(detail, index)
+    if change is not None:
+        label = "changed" if change.known_before else "written (its earlier content was not seen)"
+        body.append(f'<div class="write">✎ <code>{esc(change.path)}</code> {esc(label)}</div>' + diff_html(change.diff))
+    elif step.get("tool_name") == "write_file":
+        arguments = step.get("arguments_json")
+        path = arguments.get("path") if isinstance(arguments, dict) else None
+        body.append(
+            f'<div class="write">✎ write <code>{esc(path or "(path not recorded)")}</code>: content not recorded</div>'
+        )
+    elif step.get("command"):
         body.append(f'<pre class="command">$ {esc(step["command"])}</pre>')
     output = step.get("output")
-    if output:
+    if output and change is None:
         text = str(output)
-        if looks_like_diff(text):
-            body.append(diff_html(text))
-        elif len(text) > OUTPUT_CHARS:
-            body.append(
-                f'<pre class="output">{esc(text[:OUTPUT_CHARS])}</pre><details><summary>show all '
-                f"{number(len(text))} characters</summary><pre>{esc(text[OUTPUT_CHARS:])}</pre></details>"
-            )
-        else:
-            body.append(f'<pre class="output">{esc(text)}</pre>')
+        body.append(diff_html(text) if looks_like_diff(text) else _long_pre(text, "output"))
     if step.get("truncated"):
         body.append(f"<div class=dim>output truncated by the sandbox at {number(step.get('output_bytes'))} bytes</div>")
     if step.get("failure_reason"):
         body.append(f'<div class="bad">failure: {esc(step["failure_reason"])}</div>')
     css = "step flagged" if flags else "step"
-    return f'<div class="{css}" id="step-{esc(step["step_index"])}">' + "".join(body) + "</div>"
+    return f'<div class="{css}" id="step-{esc(index)}">' + "".join(body) + "</div>"
+
+
+def _long_pre(text: str, css: str, limit: int = OUTPUT_CHARS) -> str:
+    """``text`` in a ``<pre>``; past ``limit`` characters the rest is behind a "show all N characters" toggle."""
+    if len(text) <= limit:
+        return f'<pre class="{css}">{esc(text)}</pre>'
+    return (
+        f'<pre class="{css}">{esc(text[:limit])}</pre><details><summary>show all {number(len(text))} characters '
+        f"({number(len(text) - limit)} more)</summary><pre>{esc(text[limit:])}</pre></details>"
+    )
+
+
+def _message_html(message: dict[str, Any]) -> str:
+    role = str(message.get("role") or "?")
+    label = esc(role) + (f" <code>{esc(message['tool_call_id'])}</code>" if message.get("tool_call_id") else "")
+    body = []
+    text = message_text(message)
+    if role == "system":
+        first = text.splitlines()[0] if text.strip() else ""
+        body.append(
+            f"<details class=system><summary>{esc(first[:200])} <span class=dim>(system prompt, "
+            f"{number(len(text.splitlines()))} lines)</span></summary><pre>{esc(text)}</pre></details>"
+        )
+    elif text:
+        body.append(_long_pre(text, "message"))
+    if message.get("reasoning_content"):
+        body.append('<div class="dim">reasoning</div>' + _long_pre(str(message["reasoning_content"]), "reasoning"))
+    for call_id, name, arguments in tool_calls(message):
+        shown = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False, indent=1)
+        body.append(
+            f'<div class="toolcall">→ <b>{esc(name)}</b> <span class=dim>{esc(call_id)}</span></div>'
+            + _long_pre(shown, "arguments")
+        )
+    return f'<div class="msg {esc(role)}"><div class="role">{label}</div>{"".join(body)}</div>'
+
+
+def _call_html(call: dict[str, Any]) -> str:
+    status = esc(call.get("status") or "ok") + (f" {esc(call['http_status'])}" if call.get("http_status") else "")
+    head = (
+        f"<b>model call {esc(call.get('call_index', ''))}</b> <code>{esc(call.get('model'))}</code> "
+        f'<span class="{"ok" if (call.get("status") or "ok") == "ok" else "bad"}">{status}</span> '
+        f"<span class=dim>{number(call.get('prompt_tokens'))} in ({number(call.get('cached_tokens'))} cached), "
+        f"{number(call.get('completion_tokens'))} out, {number(call.get('latency_ms'), 1)} ms, "
+        f"${number(call.get('cost_usd'), 5)}</span>"
+    )
+    parts = [head]
+    if call.get("error"):
+        parts.append(f'<div class="bad">error: {esc(call["error"])}</div>')
+    messages = call.get("messages")
+    if messages is None:
+        parts.append(" <span class=dim>(prompt and reply not recorded: token counts only)</span>")
+        return f'<div class="call">{"".join(parts)}</div>'
+    new_from = int(call.get("new_from") or 0)
+    if new_from:
+        parts.append(f"<div class=dim>… {new_from} messages sent before (the previous call's request and reply)</div>")
+    parts += [_message_html(m) for m in messages[new_from:]]
+    reply = call.get("reply")
+    if reply is not None:
+        finish = f" ({esc(call['finish_reason'])})" if call.get("finish_reason") else ""
+        parts.append(f'<div class="reply-head">⇢ reply{finish}</div>' + _message_html(reply))
+    return f'<div class="call">{"".join(parts)}</div>'
+
+
+def evidence_block(detail: SessionDetail) -> str:
+    """Every flag of the session, most severe first, each with its evidence as lines (hunks as diffs)."""
+    if not detail.flags:
+        return '<p class="ok">no flags</p>'
+    parts = []
+    for flag in detail.flags:
+        lines = evidence_lines(flag, detail)
+        items, hunk = [], []
+        for line in lines:
+            if line.kind == "hunk":
+                hunk.append(line.text)
+            elif line.step is not None:
+                items.append(f'<li><b>at</b> <a href="#step-{line.step}">{esc(line.text)}</a></li>')
+            else:
+                label = {"command": "$", "note": ""}.get(line.kind, line.kind)
+                value = f"<code>{esc(line.text)}</code>" if line.kind in ("command", "path", "host") else esc(line.text)
+                items.append(f"<li><b>{esc(label)}</b> {value}</li>")
+        severity = esc(flag.get("severity"))
+        parts.append(
+            f'<div class="flag"><div><span class="{severity}">⚑ {esc(flag["flag"])}</span> '
+            f"<span class=dim>{esc(flag.get('flag_class'))}, {severity}</span></div>"
+            f'<ul class="evidence">{"".join(items) or "<li class=dim>no evidence recorded</li>"}</ul>'
+            + (diff_html("\n".join(hunk)) if hunk else "")
+            + "</div>"
+        )
+    return "".join(parts)
 
 
 def session_html(detail: SessionDetail, back: str, generated: datetime) -> str:
-    """One session's page: what it was, its verdict, flags with evidence, steps, diffs, model calls."""
+    """One session's page: its flags with their evidence first, then what it was, its scores as arithmetic,
+    and the run: each model call's messages and reply, each step, files written as diffs."""
     t = detail.trajectory
     parts = [f'<p><a href="{esc(back)}">← overview</a></p><h1>Session <code>{esc(detail.session_id)}</code></h1>']
+    parts.append(f'<h2 id="flags">Flags ({len(detail.flags)})</h2>' + evidence_block(detail))
     facts = [
         ("task", f"{esc(t.get('task_id'))} ({esc(t.get('task_family') or t.get('task_type'))})"),
         ("agent", esc(" / ".join(str(t[k]) for k in ("agent_name", "agent_model", "policy_version") if t.get(k)))),
@@ -303,10 +463,9 @@ def session_html(detail: SessionDetail, back: str, generated: datetime) -> str:
         ),
         ("host", f"{esc(t.get('host_id'))}, sandbox {esc(t.get('sandbox_id'))}"),
     ]
-    parts.append(table(["", ""], [(f"<b>{esc(k)}</b>", v) for k, v in facts]))
-    instruction = t.get("instruction") or (detail.start or {}).get("instruction")
-    if instruction:
-        parts.append(f'<h2>Instruction</h2><pre class="instruction">{esc(instruction)}</pre>')
+    if detail.origin:
+        facts.append(("origin", esc(detail.origin)))
+    parts.append('<h2 id="session">Session</h2>' + table(["", ""], [(f"<b>{esc(k)}</b>", v) for k, v in facts]))
     parts.append('<h2 id="verdict">Evaluation and scores</h2>')
     e = detail.evaluation
     if e is None:
@@ -319,58 +478,35 @@ def session_html(detail: SessionDetail, back: str, generated: datetime) -> str:
             f"by {esc(e.get('evaluator'))}</p>"
         )
     s = detail.scores
-    if s is not None:
-        parts.append(
-            table(
-                ["quality", "completion", "validity", "novelty", "failure cause", "retry", "exportable"],
-                [
-                    (
-                        number(s.get("quality")),
-                        number(s.get("completion")),
-                        number(s.get("validity")),
-                        number(s.get("novelty")),
-                        esc(s.get("failure_cause")),
-                        esc(s.get("retry_advice")),
-                        number(s.get("exportable")),
-                    )
-                ],
-            )
-        )
+    if s is None:
+        parts.append("<p class=dim>not scored yet (trajlake score)</p>")
+    else:
+        parts.append('<ul class="arithmetic">' + "".join(f"<li>{esc(line)}</li>" for line in score_lines(s)) + "</ul>")
+        parts.append(f"<p>failure cause {esc(s.get('failure_cause'))}; retry advice {esc(s.get('retry_advice'))}</p>")
     if detail.duplicate is not None:
         d = detail.duplicate
         parts.append(
             f"<p>Duplicate cluster <code>{esc(d.get('cluster_id'))}</code> ({esc(d.get('method'))}, similarity "
             f"{number(d.get('similarity'))}){' — the representative' if d.get('is_representative') else ''}</p>"
         )
-    step_of_event = detail.event_steps
-    parts.append(f'<h2 id="flags">Flags ({len(detail.flags)})</h2>')
-    if detail.flags:
-        parts.append(
-            table(
-                ["flag", "class", "severity", "evidence"],
-                [
-                    (
-                        f'<span class="{esc(f.get("severity"))}">{esc(f["flag"])}</span>',
-                        esc(f.get("flag_class")),
-                        esc(f.get("severity")),
-                        evidence_html(f.get("evidence"), step_of_event),
-                    )
-                    for f in detail.flags
-                ],
-            )
-        )
-    else:
-        parts.append('<p class="ok">no flags</p>')
+    instruction = t.get("instruction") or (detail.start or {}).get("instruction")
+    if instruction:
+        parts.append('<h2 id="instruction">Instruction</h2>' + _long_pre(str(instruction), "instruction"))
     marks = flagged_steps(detail)
-    parts.append(f'<h2 id="steps">Steps ({len(detail.steps)})</h2>')
-    parts += [_step_html(step, marks) for step in detail.steps]
+    recorded = sum(1 for c in detail.model_calls if c.get("messages") is not None)
+    parts.append(
+        f'<h2 id="steps">Run: {len(detail.model_calls)} model calls ({recorded} with messages), '
+        f"{len(detail.steps)} steps</h2>"
+    )
+    for kind, item in timeline(detail):
+        parts.append(_call_html(item) if kind == "call" else _step_html(item, marks, detail))
     if detail.changes:
         parts.append(f'<h2 id="files">Files written ({len(detail.changes)})</h2>')
         for change in detail.changes:
             note = "" if change.known_before else " (its earlier content was not seen: shown whole)"
             parts.append(
                 f'<p><a href="#step-{change.step_index}">step #{change.step_index}</a>: <code>{esc(change.path)}</code>'
-                f"{esc(note)}</p>" + diff_html(change.diff)
+                f"{esc(note)}</p>"
             )
     if detail.submission:
         parts.append('<h2 id="submission">Submitted patch</h2>' + diff_html(detail.submission))
@@ -420,5 +556,7 @@ def session_html(detail: SessionDetail, back: str, generated: datetime) -> str:
             )
         )
     for annotation in detail.annotations:
-        parts.append(f"<h2>Annotation {esc(annotation.get('key'))}</h2><pre>{esc(annotation.get('value'))}</pre>")
+        parts.append(
+            f"<h2>Annotation {esc(annotation.get('key'))}</h2>{_long_pre(str(annotation.get('value')), 'note')}"
+        )
     return page(f"session {detail.session_id}", "".join(parts), generated)

@@ -6,7 +6,15 @@ Labels are escaped like every other text of the report; numbers are formatted by
 from __future__ import annotations
 
 from collections.abc import Sequence
-from html import escape
+from html import escape as _html_escape
+
+from common.text import printable
+
+
+def escape(value: str) -> str:
+    """``value`` as HTML text with its control and bidi characters shown as escapes (as ``html.esc``)."""
+    return _html_escape(printable(value), quote=True)
+
 
 _FONT = 'font-family="system-ui, sans-serif" font-size="12"'
 

@@ -110,7 +110,7 @@ def test_the_first_hour_runs_as_written(newcomer: tuple[Path, dict[str, str]]) -
     assert f"lakehouse: {work / '.trajlake'} (TRAJLAKE_HOME, new)" in outputs["demo"]
     assert "Next:" in outputs["demo"] and "trajlake show --flagged" in outputs["demo"]
     assert "The embedded broker is still running" in outputs["demo"]
-    assert "flags (" in outputs["show"] and "evidence" in outputs["show"] and "steps (" in outputs["show"]
+    assert "flags (" in outputs["show"] and "evidence" in outputs["show"] and "run: " in outputs["show"]
     assert (work / "trajlake-report" / "index.html").is_file()
     assert (work / "trajlake-sft" / "manifest.json").is_file()
     assert outputs["broker"].strip() == "stopped"

@@ -103,9 +103,12 @@ def test_show_a_flagged_fleet_session_with_its_evidence(lake: dict) -> None:
     for cheater in lake["cheaters"]:  # the real sandbox sessions: the evidence and the steps it points at
         out = trajlake(settings, "show", cheater)
         assert re.search(r"flags \(\d+\)", out) and "behavioural" in out or "security" in out
-        assert '"reasons"' in out  # the evidence itself, not just the flag's name
+        # the evidence itself as lines, ahead of the run: why, and the step that did it
+        assert re.search(r"^    reason \S", out, re.M) and re.search(r"^    at step #\d+ ", out, re.M)
+        assert out.index("    reason ") < out.index("run: ") and '"reasons"' not in out
         assert re.findall(r"^#\d+ .*⚑ (\S+)", out, re.M), out  # marked on the step that did it
-        assert "evaluation" in out and "quality" in out
+        assert "evaluation" in out and re.search(r"raw quality = 0\.5 × completion", out)
+        assert re.search(r"quality = raw [\d.]+ × governance weight [\d.]+ \((flag \w+|no flag lowers it)\)", out)
 
 
 def test_show_prints_hostile_output_as_text_and_the_written_file_as_a_diff(lake: dict) -> None:
@@ -121,9 +124,14 @@ def test_show_prints_hostile_output_as_text_and_the_written_file_as_a_diff(lake:
 @pytest.mark.skipif(not MINI.is_file(), reason="the real mini-swe-agent run is absent")
 def test_show_a_real_imported_run(lake: dict) -> None:
     out = trajlake(lake["settings"], "show", lake["imported"])
-    assert "django__django-11099" in out and "steps (42)" in out
+    assert "django__django-11099" in out and re.search(r"run: \d+ model calls \((\d+) with messages\), 42 steps", out)
     assert "submitted patch" in out and "diff --git a/django/contrib/auth/validators.py" in out
-    assert re.search(r"model calls \(\d+\)", out)
+    # each model call as sent and answered: the system prompt, the user's task, the reply's tool call
+    first = out[out.index("model call 0") : out.index("model call 1")]
+    assert re.search(r"^  system\n", first, re.M) and re.search(r"^  user\n", first, re.M)
+    assert "UsernameValidator allows trailing newline" in first and "⇢ reply" in first
+    assert re.search(r"→ bash\(command=", first)
+    assert "messages sent before" in out and re.search(r"^  tool \[", out, re.M)  # later calls: what is new
 
 
 def test_an_unknown_or_ambiguous_session_is_one_line(lake: dict) -> None:
@@ -142,7 +150,8 @@ def test_the_report_escapes_everything_and_runs_no_script(lake: dict, tmp_path: 
     assert stats.sessions == len(pages) - 1 and stats.flagged >= len(lake["cheaters"])
     for page in pages:
         text = page.read_text()
-        assert not re.search(r"<script", text, re.I), page
+        scripts = re.findall(r"<script[^>]*>", text, re.I)
+        assert scripts == ([] if page.name != "index.html" else ['<script src="sessions/search.js">']), page
         assert "Content-Security-Policy" in text and "default-src 'none'" in text
     hostile = (tmp_path / "report" / "sessions" / page_name(lake["hostile"])).read_text()
     assert "&lt;script&gt;document.title=&#x27;pwned&#x27;" in hostile
@@ -183,10 +192,11 @@ def test_a_person_reads_the_evidence_of_a_flagged_session_in_a_browser(lake: dic
         page.locator("#flagged-sessions a.session").first.click()
         page.wait_for_load_state()
         assert "/sessions/" in page.url
-        flags = page.locator("#flags ~ table").first
-        assert flags.locator("td").nth(1).inner_text() in {"security", "behavioural"}  # the most severe first
+        flags = page.locator(".flag").first
+        assert flags.is_visible()  # the evidence is on screen without a click
+        assert flags.locator(".dim").first.inner_text().split(",")[0] in {"security", "behavioural"}  # most severe
         evidence = flags.inner_text()
-        assert "reasons" in evidence and "events" in evidence
+        assert "reason" in evidence and "step #" in evidence
         # follow the evidence to the step it names
         step_link = flags.locator("a[href^='#step-']").first
         target = step_link.get_attribute("href")
@@ -210,3 +220,57 @@ def test_report_metadata_links_from_dagster(lake: dict, tmp_path: Path) -> None:
     index = Path(str(metadata["report_path"].value))
     assert index.is_file() and index.name == "index.html"
     assert metadata["report"].value == index.as_uri()
+
+
+def _pty_run(settings: Settings, *args: str) -> str:
+    """``trajlake ARGS`` on a pseudo-terminal of 140 columns (its pager: ``cat``): everything the terminal got."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 140, 0, 0))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_") and k not in ("COLUMNS", "LINES")}
+    env.update(TRAJLAKE_HOME=str(settings.home_path), TERM="xterm-256color", PAGER="cat")
+    env.pop("NO_COLOR", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trajlake.cli", *args], stdin=slave, stdout=slave, stderr=slave, env=env
+    )
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    assert process.wait(timeout=300) == 0
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_show_on_a_terminal_pages_the_flag_evidence_and_sends_only_its_own_styles(lake: dict) -> None:
+    from common.text import is_printable
+
+    cheater = lake["cheaters"][0]
+    screen = _pty_run(lake["settings"], "show", cheater)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", screen).replace("\r\n", "\n")  # rich's colours, the tty's line ends
+    assert is_printable(text), sorted({c for c in text if not is_printable(c)})
+    assert re.search(r"^⚑ \w+  (security|behavioural), (critical|high)", text, re.M)
+    assert re.search(r"^    reason \S", text, re.M) and re.search(r"^    at step #\d+ ", text, re.M)
+    assert text.index("⚑") < text.index("evaluation and scores") < text.index("run: ")
+    hostile = _pty_run(lake["settings"], "show", lake["hostile"], "--full")
+    assert "\x1b[2J" not in hostile and "\\x1b[2J" in hostile  # the output's escapes shown, not obeyed
+
+
+@pytest.mark.skipif(not MINI.is_file(), reason="the real mini-swe-agent run is absent")
+def test_show_on_a_terminal_shows_a_model_calls_prompt_and_reply(lake: dict) -> None:
+    screen = re.sub(r"\x1b\[[0-9;]*m", "", _pty_run(lake["settings"], "show", lake["imported"])).replace("\r\n", "\n")
+    call = screen[screen.index("model call 0") : screen.index("model call 1")]
+    assert "system" in call and "You are a helpful assistant" in call  # the system prompt, collapsed
+    assert "UsernameValidator allows trailing newline" in call  # the prompt as sent
+    assert "⇢ reply" in call and "→ bash" in call  # the reply, its tool call as a call
+    assert re.search(r"… \d+ more lines \(--full shows them\)", call)  # a cut that says so
