@@ -42,9 +42,9 @@ from pyiceberg.table import Table
 
 from common.progress import Progress
 from common.settings import Settings
-from pipelines.ownership import apply_ownership, verdict_provenance_sql
+from pipelines.intake.ownership import apply_ownership, verdict_provenance_sql
+from pipelines.intake.quarantine import Quarantined, record_quarantine
 from pipelines.parts import rebuild_parts
-from pipelines.quarantine import Quarantined, record_quarantine
 from warehouse.catalog import open_catalog
 from warehouse.locks import job_lock
 from warehouse.snapshots import current_files, files_added_since
@@ -182,7 +182,7 @@ agg AS (
         arg_min(session_start.instruction, struct_pack(seq, event_id))
             FILTER (event_type = 'session_start') AS instruction,
         arg_max(evaluation.passed, struct_pack(seq, event_id)) FILTER (event_type = 'evaluation') AS eval_passed,
-        -- who stands behind the verdict that counted (pipelines.ownership: only trusted ones count)
+        -- who stands behind the verdict that counted (pipelines.intake.ownership: only trusted ones count)
         arg_max({verdict_provenance}, struct_pack(seq, event_id)) FILTER (event_type = 'evaluation')
             AS verdict_provenance,
         arg_max(evaluation.tests_total, struct_pack(seq, event_id)) FILTER (event_type = 'evaluation') AS tests_total,
@@ -344,7 +344,7 @@ def _as_table_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def _session_rules(con: duckdb.DuckDBPyConnection, trusted: tuple[str, ...]) -> list[Quarantined]:
-    """Ownership and verdict trust (``pipelines.ownership``), then whole texts from parts (``pipelines.parts``)."""
+    """Ownership and verdict trust (``pipelines.intake``), then whole texts from parts (``pipelines.parts``)."""
     return apply_ownership(con, trusted) + rebuild_parts(con)
 
 

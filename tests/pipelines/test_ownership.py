@@ -11,7 +11,7 @@ import pytest
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.verdicts import attach_verdicts
+from pipelines.intake.verdicts import attach_verdicts
 from producers.importers import import_trajectory
 from tests.helpers import AS_OF, sample_events, write_raw
 from warehouse.query import run_query

@@ -9,7 +9,7 @@ here what they did instead (``warehouse.tables.QUARANTINE``):
 * ``action = 'skipped'``: the session could not be assembled or exported at all; it is
   left out of that stage's output and counted.
 * ``action = 'excluded'`` (``reason = 'foreign_producer'``): an event from a producer other than
-  the one that started the session, left out of it (``pipelines.ownership``).
+  the one that started the session, left out of it (``pipelines.intake.ownership``).
 * ``action = 'not_counted'`` (``reason = 'untrusted_verdict'``): a verdict whose provenance is not
   trusted; it stays in ``events`` but sets no ``eval_passed`` or reward.
 * ``action = 'kept_head'`` (``reason = 'incomplete_parts'``): a text that travelled in parts could

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import duckdb
 
-from pipelines.quarantine import Quarantined
+from pipelines.intake.quarantine import Quarantined
 
 #: The provenance an owner's evaluation without one has (the producer's own evaluator).
 OWN_EVALUATOR = "fleet_evaluator"
