@@ -281,8 +281,8 @@ class AssembleStats:
     chunks: int = 0  # passes over the affected sessions (bounded events each)
     nulled_sessions: int = 0  # landed with out-of-range values NULLed (quarantine action 'nulled')
     skipped_sessions: int = 0  # could not be assembled at all (quarantine action 'skipped')
-    foreign_events: int = 0  # left out of a session another producer started (quarantine 'foreign_producer')
-    uncounted_verdicts: int = 0  # verdicts of an untrusted provenance (quarantine 'untrusted_verdict')
+    foreign_events: int = 0  # left out of a session another identity owns ('foreign_producer', 'ownership_conflict')
+    uncounted_verdicts: int = 0  # verdicts untrusted or below a higher one ('untrusted_verdict', 'lower_verdict')
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
@@ -598,8 +598,8 @@ def _assemble(
         stats.steps_written += step_rows.num_rows
         stats.nulled_sessions += len({r.session_id for r in records if r.action == "nulled"})
         stats.skipped_sessions += len({r.session_id for r in records if r.action == "skipped"})
-        stats.foreign_events += sum(1 for r in records if r.reason == "foreign_producer")
-        stats.uncounted_verdicts += sum(1 for r in records if r.reason == "untrusted_verdict")
+        stats.foreign_events += sum(1 for r in records if r.reason in ("foreign_producer", "ownership_conflict"))
+        stats.uncounted_verdicts += sum(1 for r in records if r.reason in ("untrusted_verdict", "lower_verdict"))
         del trajectory_rows, step_rows
         if progress is not None:
             progress(stats.trajectories_written + stats.skipped_sessions, stats.sessions, "sessions")

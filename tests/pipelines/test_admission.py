@@ -11,6 +11,7 @@ then Apache Kafka) for the Kafka door.
 from __future__ import annotations
 
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,21 @@ import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
 from pipelines.ingest import IngestWorker
 from pipelines.intake import PRECEDENCE, outranks, rank
+from producers.importers._builder import ImportedSession
+from producers.importers.otel import Span, spans_from_proto
+from producers.importers.otlp_receiver import OtlpReceiver, client_id
 from producers.importers.verdicts import PROVENANCES
 from producers.sdk import EventProducer
 from tests.helpers import AS_OF, sample_events, write_raw
+from tests.producers.importers.test_otel_sdk import run_agent
 from warehouse.query import run_query
 
 ROW = (
@@ -126,7 +134,7 @@ def check_invariants(settings: Settings, case: dict, first: dict, home: Path) ->
 
 
 @pytest.mark.slow
-@hypothesis_settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@hypothesis_settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(interleavings())
 def test_every_interleaving_of_two_identities_keeps_the_first_admitted_as_owner(case: dict) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -143,7 +151,7 @@ def test_every_interleaving_of_two_identities_keeps_the_first_admitted_as_owner(
 def test_every_interleaving_through_the_broker_keeps_the_first_admitted_as_owner(broker: str) -> None:
     """The Kafka door: each identity produces with its own producer; the broker's log order decides."""
 
-    @hypothesis_settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @hypothesis_settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(interleavings())
     def run(case: dict) -> None:
         from common.broker import ensure_topic
@@ -187,3 +195,74 @@ def test_a_lower_provenance_never_replaces_a_higher_one(new: str | None, held: s
     assert outranks(new, held) == (rank(new) >= rank(held))
     if outranks(new, held) and outranks(held, new):
         assert rank(new) == rank(held)
+
+
+# -- the OTLP door: a conversation belongs to the client credential that opened it ------------------------
+
+
+def _agent_spans(conversation: str) -> list[Span]:
+    """One run of a real-SDK instrumented agent (fresh trace and span ids each time), root span last."""
+    memory = InMemorySpanExporter()
+    run_agent(memory, conversation)
+    return list(spans_from_proto(encode_spans(memory.get_finished_spans())))
+
+
+def _assemble_sent(home: Path, sessions: list[ImportedSession]) -> Settings:
+    """Assembly of what the receiver sent, each session admitted in the order it was sent."""
+    lake = _lake(home)
+    for session in sessions:
+        write_raw(lake, session.events)
+    assemble(lake, as_of=AS_OF)
+    return lake
+
+
+@st.composite
+def posts(draw: st.DrawFn) -> list[tuple[str, int, int]]:
+    """Two clients each posting their spans of one conversation in chunks: (client, start, end), interleaved."""
+    chunks: list[list[tuple[str, int, int]]] = []
+    for client in ("client-a", "client-b"):
+        cuts = sorted(draw(st.sets(st.integers(1, 4), max_size=2)))
+        chunks.append([(client, a, b) for a, b in zip([0, *cuts], [*cuts, 5], strict=True)])
+    picks = draw(st.permutations([0] * len(chunks[0]) + [1] * len(chunks[1])))
+    return [chunks[p].pop(0) for p in picks]
+
+
+@pytest.mark.slow
+@hypothesis_settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(posts())
+def test_a_second_client_posting_under_a_conversation_id_never_adds_steps(schedule: list) -> None:
+    spans = {client: _agent_spans("conv-shared") for client in ("client-a", "client-b")}
+    assert all(len(s) == 5 and not s[-1].parent_span_id for s in spans.values())  # the root (with the id) last
+    sent: list[ImportedSession] = []
+    with OtlpReceiver(sent.append, port=0, settle_s=3600, idle_s=3600) as receiver:
+        for client, start, end in schedule:
+            receiver.receive(spans[client][start:end], client)
+        receiver.flush(everything=True)
+    opener = next(client for client, _, end in schedule if end == 5)  # the first to post the conversation id
+    other = "client-b" if opener == "client-a" else "client-a"
+    assert [s.events[0]["extra"]["otlp_client"] for s in sent] == [opener, other]
+    assert receiver.foreign_spans >= 1
+    with tempfile.TemporaryDirectory() as tmp:
+        lake = _assemble_sent(Path(tmp) / "lake", sent)
+        alone = _assemble_sent(Path(tmp) / "alone", sent[:1])
+        assert _rows(lake) == _rows(alone) and _rows(lake)[0][3] == 2  # the opener's two steps, no more
+        quarantined = _quarantine(lake)
+        assert {e["event_id"] for e in sent[1].events} == set(quarantined)
+        assert {reason for reason, _ in quarantined.values()} <= {"foreign_producer", "ownership_conflict"}
+
+
+@pytest.mark.slow
+def test_over_http_the_credential_decides_who_owns_a_conversation(tmp_path: Path) -> None:
+    sent: list[ImportedSession] = []
+    with OtlpReceiver(sent.append, port=0, settle_s=0.2) as receiver:
+        for token in ("alpha", "beta"):
+            exporter = OTLPSpanExporter(endpoint=receiver.endpoint, headers={"Authorization": f"Bearer {token}"})
+            run_agent(exporter, "conv-http")
+        deadline = time.monotonic() + 20
+        while len(sent) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    clients = [s.events[0]["extra"]["otlp_client"] for s in sent]
+    assert clients == [client_id("Bearer alpha"), client_id("Bearer beta")] and "alpha" not in clients[0]
+    assert sent[0].session_id == sent[1].session_id  # one conversation id: the conflict reaches admission
+    lake = _assemble_sent(tmp_path / "lake", sent)
+    assert _rows(lake)[0][3] == 2 and set(_quarantine(lake)) == {e["event_id"] for e in sent[1].events}
