@@ -16,7 +16,7 @@ from producers.importers import import_trajectory
 from tests.helpers import AS_OF, sample_events, write_raw
 from warehouse.query import run_query
 
-FIXTURES = Path(__file__).resolve().parents[1] / "producers" / "importers" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "producers" / "importers" / "fixtures"
 
 
 def _lake(home: Path, **overrides: object) -> Settings:
