@@ -4,7 +4,8 @@ Incremental: each run reads only the raw-event files added since the snapshot it
 last assembled (recorded in the ``trajectories`` table properties), recomputes
 the sessions those files touch from *all* of their events, and replaces their
 rows. Recomputing whole sessions makes the result independent of arrival order
-and of duplicates (events are deduplicated by ``event_id``). A session without
+and of duplicates (events are deduplicated by ``event_id`` within one sender) -- except for who
+owns a session, which is the sender of its first admitted event (``pipelines.intake``). A session without
 a ``session_end`` is ``running`` until its last event is older than the idle
 deadline, then ``timeout``; a late event reopens it and the next run amends it.
 
