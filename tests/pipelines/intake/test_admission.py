@@ -134,7 +134,7 @@ def check_invariants(settings: Settings, case: dict, first: dict, home: Path) ->
 
 
 @pytest.mark.slow
-@hypothesis_settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@hypothesis_settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(interleavings())
 def test_every_interleaving_of_two_identities_keeps_the_first_admitted_as_owner(case: dict) -> None:
     with tempfile.TemporaryDirectory() as tmp:
