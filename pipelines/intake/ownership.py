@@ -85,13 +85,14 @@ def apply_ownership(con: duckdb.DuckDBPyConnection, trusted: tuple[str, ...]) ->
         f"""
         CREATE OR REPLACE TEMP TABLE ev_flagged AS
         SELECT session_id FROM (
-            SELECT session_id, event_type, {IDENTITY_SQL} AS identity, {ranked} AS rank,
-                   coalesce({provenance}, '{OWN_EVALUATOR}') IN (SELECT unnest($trusted::VARCHAR[])) AS counts
+            SELECT session_id, {IDENTITY_SQL} AS identity,
+                   CASE WHEN event_type = 'evaluation' THEN {ranked} END AS rank,
+                   CASE WHEN event_type = 'evaluation'
+                        THEN coalesce({provenance}, '{OWN_EVALUATOR}') IN (SELECT unnest($trusted::VARCHAR[])) END
+                        AS counts
             FROM ev)
         GROUP BY session_id
-        HAVING min(identity) <> max(identity)
-            OR bool_or(event_type = 'evaluation' AND NOT counts)
-            OR min(rank) FILTER (event_type = 'evaluation') <> max(rank) FILTER (event_type = 'evaluation')
+        HAVING min(identity) <> max(identity) OR NOT bool_and(coalesce(counts, true)) OR min(rank) <> max(rank)
         """,
         params,
     )
