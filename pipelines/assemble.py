@@ -4,7 +4,8 @@ Incremental: each run reads only the raw-event files added since the snapshot it
 last assembled (recorded in the ``trajectories`` table properties), recomputes
 the sessions those files touch from *all* of their events, and replaces their
 rows. Recomputing whole sessions makes the result independent of arrival order
-and of duplicates (events are deduplicated by ``event_id``). A session without
+and of duplicates (events are deduplicated by ``event_id`` within one sender) -- except for who
+owns a session, which is the sender of its first admitted event (``pipelines.intake``). A session without
 a ``session_end`` is ``running`` until its last event is older than the idle
 deadline, then ``timeout``; a late event reopens it and the next run amends it.
 
@@ -42,9 +43,9 @@ from pyiceberg.table import Table
 
 from common.progress import Progress
 from common.settings import Settings
-from pipelines.ownership import apply_ownership, verdict_provenance_sql
+from pipelines.intake.ownership import IDENTITY_SQL, apply_ownership, verdict_provenance_sql
+from pipelines.intake.quarantine import Quarantined, record_quarantine
 from pipelines.parts import rebuild_parts
-from pipelines.quarantine import Quarantined, record_quarantine
 from warehouse.catalog import open_catalog
 from warehouse.locks import job_lock
 from warehouse.snapshots import current_files, files_added_since
@@ -63,6 +64,8 @@ DEFAULT_TRUSTED: tuple[str, ...] = tuple(Settings.model_fields["trusted_verdicts
 # landed twice) are rare, so they are found once per run on two narrow columns and only the
 # extra copies are named, by physical row: the first copy by Kafka coordinates stays. Ranking
 # every wide row by event_id instead (a window over all columns) was most of assembly's time.
+# A copy is a duplicate only of its own sender's event (``pipelines.intake.ownership``): another
+# identity reusing an owner's event id keeps its row, and admission quarantines it as foreign.
 _LOSERS_SQL = """
 CREATE OR REPLACE TEMP TABLE losers AS
 WITH dup AS (
@@ -73,7 +76,7 @@ WITH dup AS (
 SELECT filename, file_row_number FROM {source}
 WHERE event_id IN (SELECT event_id FROM dup) AND session_id IN (SELECT session_id FROM affected)
 QUALIFY row_number() OVER (
-    PARTITION BY event_id ORDER BY kafka_topic, kafka_partition, kafka_offset, filename, file_row_number
+    PARTITION BY event_id, {identity} ORDER BY kafka_topic, kafka_partition, kafka_offset, filename, file_row_number
 ) > 1
 """
 
@@ -182,7 +185,7 @@ agg AS (
         arg_min(session_start.instruction, struct_pack(seq, event_id))
             FILTER (event_type = 'session_start') AS instruction,
         arg_max(evaluation.passed, struct_pack(seq, event_id)) FILTER (event_type = 'evaluation') AS eval_passed,
-        -- who stands behind the verdict that counted (pipelines.ownership: only trusted ones count)
+        -- who stands behind the verdict that counted (pipelines.intake.ownership: only trusted ones count)
         arg_max({verdict_provenance}, struct_pack(seq, event_id)) FILTER (event_type = 'evaluation')
             AS verdict_provenance,
         arg_max(evaluation.tests_total, struct_pack(seq, event_id)) FILTER (event_type = 'evaluation') AS tests_total,
@@ -279,8 +282,8 @@ class AssembleStats:
     chunks: int = 0  # passes over the affected sessions (bounded events each)
     nulled_sessions: int = 0  # landed with out-of-range values NULLed (quarantine action 'nulled')
     skipped_sessions: int = 0  # could not be assembled at all (quarantine action 'skipped')
-    foreign_events: int = 0  # left out of a session another producer started (quarantine 'foreign_producer')
-    uncounted_verdicts: int = 0  # verdicts of an untrusted provenance (quarantine 'untrusted_verdict')
+    foreign_events: int = 0  # left out of a session another identity owns ('foreign_producer', 'ownership_conflict')
+    uncounted_verdicts: int = 0  # verdicts untrusted or below a higher one ('untrusted_verdict', 'lower_verdict')
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
@@ -344,7 +347,7 @@ def _as_table_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def _session_rules(con: duckdb.DuckDBPyConnection, trusted: tuple[str, ...]) -> list[Quarantined]:
-    """Ownership and verdict trust (``pipelines.ownership``), then whole texts from parts (``pipelines.parts``)."""
+    """Ownership and verdict trust (``pipelines.intake``), then whole texts from parts (``pipelines.parts``)."""
     return apply_ownership(con, trusted) + rebuild_parts(con)
 
 
@@ -554,7 +557,7 @@ def _assemble(
     ranges = con.execute("SELECT chunk, min(session_id), max(session_id) FROM affected GROUP BY chunk ORDER BY chunk")
     bounds = ranges.fetchall()
     stats.chunks = len(bounds)
-    con.execute(_LOSERS_SQL.format(source=source))
+    con.execute(_LOSERS_SQL.format(source=source, identity=IDENTITY_SQL))
     params = {"as_of": as_of, "idle_us": int(settings.session_idle_timeout_s * 1_000_000), "now": datetime.now(UTC)}
     run_id = str(all_raw.snapshot_id)
     for chunk, low, high in bounds:
@@ -596,8 +599,8 @@ def _assemble(
         stats.steps_written += step_rows.num_rows
         stats.nulled_sessions += len({r.session_id for r in records if r.action == "nulled"})
         stats.skipped_sessions += len({r.session_id for r in records if r.action == "skipped"})
-        stats.foreign_events += sum(1 for r in records if r.reason == "foreign_producer")
-        stats.uncounted_verdicts += sum(1 for r in records if r.reason == "untrusted_verdict")
+        stats.foreign_events += sum(1 for r in records if r.reason in ("foreign_producer", "ownership_conflict"))
+        stats.uncounted_verdicts += sum(1 for r in records if r.reason in ("untrusted_verdict", "lower_verdict"))
         del trajectory_rows, step_rows
         if progress is not None:
             progress(stats.trajectories_written + stats.skipped_sessions, stats.sessions, "sessions")

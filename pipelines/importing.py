@@ -17,8 +17,8 @@ from typing import Any
 from common.errors import ConfigError, TrajlakeError
 from common.progress import Progress
 from common.settings import Settings
-from pipelines.quarantine import Quarantined, record_quarantine
-from pipelines.verdicts import Attached, attach_verdicts, run_id
+from pipelines.intake.quarantine import Quarantined, record_quarantine
+from pipelines.intake.verdicts import Attached, attach_verdicts, run_id
 from producers.importers import ImportedSession, ImportReport, import_paths
 from producers.importers.verdicts import VerdictFile, instance_alias, read_verdicts, with_verdicts
 from producers.sdk import EventProducer
@@ -90,7 +90,7 @@ def import_runs(
 
     With paths, verdicts join the imported sessions of their instance (unless a session brought its
     own); without, they are attached to the assembled sessions of their instance
-    (:func:`pipelines.verdicts.attach_verdicts`). Everything set aside is recorded in ``quarantine``.
+    (:func:`pipelines.intake.verdicts.attach_verdicts`). Everything set aside is recorded in ``quarantine``.
 
     Raises:
         ImportFormatError: an unknown format name, or a ``verdicts`` path that does not exist.

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 
 import duckdb
 
-from pipelines.ownership import has_payload_field
-from pipelines.quarantine import Quarantined
+from pipelines.intake.ownership import has_payload_field
+from pipelines.intake.quarantine import Quarantined
 from producers.parts import BLOB_FIELD, SPLITTABLE
 from warehouse.tables import RAW_EVENTS
 

@@ -470,7 +470,7 @@ EXPORTS = register(
         properties=_PARQUET,
     )
 )
-# Sessions a stage could not take as they are (pipelines/quarantine.py): ``action`` says whether the
+# Sessions a stage could not take as they are (pipelines/intake/quarantine.py): ``action`` says whether the
 # session still landed with the offending values NULLed (``nulled``) or was left out (``skipped``).
 QUARANTINE = register(
     TableSpec(

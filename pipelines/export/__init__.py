@@ -57,7 +57,7 @@ from pipelines.export.records import to_record, to_records
 from pipelines.export.rl import RL_SCHEMA
 from pipelines.export.select import SPLIT_PERCENT, ExportFilters, _Blobs, _sessions, split_of
 from pipelines.export.trainers import TRAINER_FORMATS, trainer_records
-from pipelines.quarantine import Quarantined, record_quarantine
+from pipelines.intake.quarantine import Quarantined, record_quarantine
 from producers.redact import redact_record, redact_value
 from quality import SCORER_VERSION
 from warehouse.catalog import open_catalog

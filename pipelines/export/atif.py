@@ -109,7 +109,7 @@ def atif_session_id(session: dict[str, Any]) -> str:
 def verdict(session: dict[str, Any]) -> tuple[bool | None, float | None]:
     """``eval_passed`` and ``reward`` of a trajectory: the verdict that counted, else what the run's own file claimed.
 
-    A self-reported verdict never counts in this lake (``pipelines.ownership``); restating it here
+    A self-reported verdict never counts in this lake (``pipelines.intake.ownership``); restating it here
     gives it no more trust than the file it came from had, and keeps export → import → export
     byte-stable. The lake's own judgement is in the scores file.
     """

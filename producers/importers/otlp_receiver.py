@@ -12,6 +12,13 @@ from span ids, so what was sent before is sent with the same ids (ingest and ass
 once) and only the new events are new. Conversations are kept ``retain_s`` after they were sent
 for that; memory is bounded by ``max_spans`` buffered spans (the oldest conversations are sent
 early when it is reached).
+
+A conversation belongs to the client credential that opened it (the first to post its spans):
+every event the receiver sends carries the credential's fingerprint (``extra['otlp_client']``,
+never the secret), part of the identity the lakehouse's admission stage checks
+(``pipelines.intake.ownership``). Spans another client posts under the same conversation id are
+kept apart and sent only after the opener's session, so the opener is admitted first and the
+other client's events are quarantined, never merged into its session.
 """
 
 from __future__ import annotations
@@ -37,6 +44,16 @@ log = logging.getLogger("trajlake.otlp")
 
 #: Largest request body taken (an exporter batches 512 spans by default).
 MAX_BODY_BYTES = 64 << 20
+
+#: ``extra['otlp_client']`` of spans posted without a credential.
+ANONYMOUS = "anonymous"
+
+
+def client_id(authorization: str | None) -> str:
+    """Who posted a request: a fingerprint of its ``Authorization`` credential (never the secret itself)."""
+    if not authorization or not authorization.strip():
+        return ANONYMOUS
+    return "credential:" + hashlib.sha256(authorization.strip().encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -77,8 +94,11 @@ class OtlpReceiver:
             retain_s,
             max_spans,
         )
-        self._conversations: dict[str, _Conversation] = {}
-        self._trace_keys: dict[str, str] = {}  # trace id -> its conversation (spans without the id join it)
+        # by (client, conversation): another client's spans under a conversation id never join the opener's
+        self._conversations: dict[tuple[str, str], _Conversation] = {}
+        self._trace_keys: dict[tuple[str, str], str] = {}  # (client, trace id) -> its conversation
+        self._openers: dict[str, str] = {}  # conversation -> the client that opened it
+        self.foreign_spans = 0  # spans posted under a conversation another client opened
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.sessions_sent = 0
@@ -153,7 +173,7 @@ class OtlpReceiver:
             self.errors.append(f"bad OTLP request: {exc}")
             request.send_error(400, f"not an OTLP trace request: {exc}")
             return
-        self.receive(spans)
+        self.receive(spans, client_id(request.headers.get("Authorization")))
         protobuf = content_type == "application/x-protobuf"
         payload = b"" if protobuf else b"{}"
         request.send_response(200)
@@ -179,21 +199,24 @@ class OtlpReceiver:
             raise ValueError(str(exc)) from exc
         return list(spans_from_proto(message))
 
-    def receive(self, spans: list[Span]) -> None:
-        """Buffer spans (what a request carried) under their conversations."""
+    def receive(self, spans: list[Span], client: str = ANONYMOUS) -> None:
+        """Buffer spans (what a request carried) under their conversations, as posted by ``client``."""
         now = time.monotonic()
         with self._lock:
             self.spans_received += len(spans)
             for key, own in group_sessions(spans).items():
                 if key.startswith("conversation:"):
                     for trace in {s.trace_id for s in own}:
-                        self._trace_keys[trace] = key
-                        early = self._conversations.pop(f"trace:{trace}", None)  # spans that came before the id
+                        self._trace_keys[(client, trace)] = key
+                        early = self._conversations.pop((client, f"trace:{trace}"), None)  # spans before the id
                         if early is not None:
-                            self._conversations.setdefault(key, _Conversation()).spans.update(early.spans)
+                            self._conversations.setdefault((client, key), _Conversation()).spans.update(early.spans)
                 else:
-                    key = self._trace_keys.get(key.removeprefix("trace:"), key)
-                conversation = self._conversations.setdefault(key, _Conversation())
+                    key = self._trace_keys.get((client, key.removeprefix("trace:")), key)
+                if self._openers.setdefault(key, client) != client:
+                    self.foreign_spans += len(own)
+                    log.warning("OTLP spans of another client's conversation kept apart (%d)", len(own))
+                conversation = self._conversations.setdefault((client, key), _Conversation())
                 for span in own:
                     conversation.spans[span.span_id] = span
                     conversation.root_ended |= not span.parent_span_id and span.end_us is not None
@@ -211,21 +234,28 @@ class OtlpReceiver:
     def flush(self, everything: bool = False) -> int:
         """Send every conversation that looks finished (all of them with ``everything``); how many were sent."""
         now = time.monotonic()
-        ready: list[tuple[str, list[Span]]] = []
+        ready: list[tuple[tuple[str, str], list[Span]]] = []
         with self._lock:
-            for key, conversation in list(self._conversations.items()):
+            # openers first: another client's spans under a conversation go out only after the opener's session
+            items = sorted(self._conversations.items(), key=lambda kv: self._openers.get(kv[0][1]) != kv[0][0])
+            for (client, key), conversation in items:
+                opener = self._openers.get(key, client)
+                opened = self._conversations.get((opener, key))
+                waits = client != opener and opened is not None and opened.sent_at is None
                 quiet = now - conversation.last_seen
                 due = quiet >= (self.settle_s if conversation.root_ended else self.idle_s)
-                if conversation.dirty and (everything or due):
+                if conversation.dirty and (everything or due) and not waits:
                     conversation.dirty, conversation.sent_at = False, now
-                    ready.append((key, list(conversation.spans.values())))
+                    ready.append(((client, key), list(conversation.spans.values())))
                 elif not conversation.dirty and conversation.sent_at and now - conversation.sent_at > self.retain_s:
-                    del self._conversations[key]
-        for key, spans in ready:
-            self._send(key, spans)
+                    del self._conversations[(client, key)]
+                    if client == opener:
+                        self._openers.pop(key, None)
+        for (client, key), spans in ready:
+            self._send(key, spans, client)
         return len(ready)
 
-    def _send(self, key: str, spans: list[Span]) -> None:
+    def _send(self, key: str, spans: list[Span], client: str = ANONYMOUS) -> None:
         spans.sort(key=lambda s: (s.start_us if s.start_us is not None else 0, s.span_id))
         digest = hashlib.sha256(f"otlp/{key}".encode()).hexdigest()
         source = SourceFile(Path("otlp"), digest, None, key)
@@ -235,5 +265,7 @@ class OtlpReceiver:
             self.errors.append(f"{key}: {exc.reason}")
             log.warning("OTLP conversation %s not imported: %s", key, exc.reason)
             return
+        for event in session.events:  # the credential that posted the spans: the identity admission checks
+            event["extra"] = {**(event.get("extra") or {}), "otlp_client": client}
         self.send(session)
         self.sessions_sent += 1

@@ -315,7 +315,7 @@ def verdict_event(envelope: dict[str, Any], verdict: Verdict, *, seq: int, ts: i
         seq: the event's place in the session (after its last event).
         ts: its time (micros).
         host_id: who sends it: ``verdicts`` for a late verdict (an identity of its own, see
-            ``pipelines.ownership``), the session's own host when it joins the import.
+            ``pipelines.intake.ownership``), the session's own host when it joins the import.
     """
     key = json.dumps([verdict.instance_id, verdict.passed, verdict.reward, verdict.provenance, verdict.details])
     session_id = str(envelope["session_id"])

@@ -32,8 +32,8 @@ def scenarios(draw: st.DrawFn) -> dict:
     endless = set(draw(st.lists(st.sampled_from(ids), max_size=2, unique=True)))
     late = set(draw(st.lists(st.sampled_from(ids), max_size=2, unique=True))) - endless
     clean = [e for e in events if not (e["session_id"] in endless and e["event_type"] in CLOSING)]
-    # another producer sends events under a session's id (a host or an imported file claiming it): they must
-    # change nothing, whatever the order they arrive in
+    # another producer sends events under a session's id (a host or an imported file claiming it): once the
+    # owner's first event is in, they must change nothing, whatever the order they arrive in
     victims = draw(st.lists(st.sampled_from(ids), max_size=2, unique=True))
     foreign = [
         {**e, "session_id": victim, "event_id": f"foreign-{victim}-{i}", "host_id": "foreign-host", "seq": e["seq"] + 1}
@@ -59,6 +59,11 @@ def deliver(scenario: dict) -> list[list[dict]]:
     tails = [e for e, late in zip(clean, is_late, strict=True) if late]
     stream = on_time + rng.sample(on_time, int(len(on_time) * scenario["duplicate_fraction"]))
     rng.shuffle(stream)
+    # a session belongs to the identity whose event was admitted first: each victim's first event is its own
+    for victim in {e["session_id"] for e in scenario["foreign"]}:
+        first = next(i for i, e in enumerate(stream) if e["session_id"] == victim)
+        own = next(i for i, e in enumerate(stream) if e["session_id"] == victim and e["host_id"] != "foreign-host")
+        stream[first], stream[own] = stream[own], stream[first]
     cuts = sorted(rng.sample(range(1, len(stream)), scenario["batches"] - 1)) if len(stream) > 1 else []
     batches = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     return batches + ([tails + rng.sample(tails, len(tails) // 2)] if tails else [])

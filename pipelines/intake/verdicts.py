@@ -6,7 +6,7 @@ or a prefix of an id matches nothing) and sends
 one ``evaluation`` per session (``producers.importers.verdicts.verdict_event``): provenance from the
 report (``harness_report``, ``harbor_verifier``), host ``verdicts``, an id derived from the session
 and the verdict, so attaching the same report twice changes nothing. Assembly counts it when its
-provenance is trusted (``pipelines.ownership``).
+provenance is trusted (``pipelines.intake.ownership``).
 
 A verdict on an instance no session has is reported and kept in the quarantine table
 (``stage = 'import'``, ``reason = 'unknown_instance'``), never dropped silently; import the runs and
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from common.settings import Settings
-from pipelines.quarantine import Quarantined
+from pipelines.intake.quarantine import Quarantined
 from producers.importers.verdicts import Verdict, read_verdicts, verdict_event
 from producers.sdk import Event
 from warehouse.sql import open_views

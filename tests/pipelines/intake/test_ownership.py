@@ -11,12 +11,12 @@ import pytest
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.verdicts import attach_verdicts
+from pipelines.intake.verdicts import attach_verdicts
 from producers.importers import import_trajectory
 from tests.helpers import AS_OF, sample_events, write_raw
 from warehouse.query import run_query
 
-FIXTURES = Path(__file__).resolve().parents[1] / "producers" / "importers" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "producers" / "importers" / "fixtures"
 
 
 def _lake(home: Path, **overrides: object) -> Settings:
@@ -120,23 +120,77 @@ def test_an_atif_export_names_an_imported_run_by_its_own_id_only_when_no_other_s
 
 
 @pytest.mark.slow
-def test_foreign_events_under_a_sessions_id_are_quarantined_in_any_order(tmp_path: Path) -> None:
+def test_foreign_events_after_the_owners_first_are_quarantined_in_any_order(tmp_path: Path) -> None:
     sid, fleet = _failed_fleet_session()
     path = tmp_path / "forged.json"
     path.write_text(json.dumps(_atif_claiming("x", steps=5)))
     # a producer that sends its events under the fleet session's id (no session_start of its own)
     foreign = [{**e, "session_id": sid} for e in import_trajectory(path) if e["event_type"] != "session_start"]
-    alone, mixed, reversed_ = (_lake(tmp_path / name) for name in ("alone", "mixed", "reversed"))
+    alone, mixed, reversed_, forger_first = (
+        _lake(tmp_path / name) for name in ("alone", "mixed", "reversed", "forger_first")
+    )
     write_raw(alone, fleet)
     write_raw(mixed, fleet + foreign)
-    write_raw(reversed_, list(reversed(foreign)), batch_size=7)
-    write_raw(reversed_, list(reversed(fleet)), batch_size=7)
-    for settings in (alone, mixed, reversed_):
+    # the owner's first event is admitted first; everything after it in any order and batching
+    write_raw(reversed_, fleet[-1:])
+    write_raw(reversed_, list(reversed(foreign + fleet[:-1])), batch_size=7)
+    # arrival decides, not the claimed seq: whoever's event was admitted first owns the session
+    write_raw(forger_first, foreign[:1])
+    write_raw(forger_first, fleet + foreign[1:])
+    for settings in (alone, mixed, reversed_, forger_first):
         assemble(settings, as_of=AS_OF)
     assert _row(mixed, sid) == _row(alone, sid) == _row(reversed_, sid)
     reasons = [r[1] for r in _quarantine(mixed)]
-    assert len(reasons) == len(foreign) and set(reasons) == {"foreign_producer", "untrusted_verdict"}
+    assert len(reasons) == len(foreign) and set(reasons) == {"foreign_producer"}
     assert _quarantine(mixed) == _quarantine(reversed_)
+    taken = {r[3]: r[1] for r in _quarantine(forger_first)}
+    assert {e["event_id"] for e in fleet} <= set(taken)
+    assert taken[next(e["event_id"] for e in fleet if e["event_type"] == "session_start")] == "ownership_conflict"
+
+
+@pytest.mark.slow
+def test_a_second_hosts_session_start_with_seq_0_cannot_take_a_running_session(tmp_path: Path) -> None:
+    """The probe of issue 42: seq 0 and an all-zero event id, then a passing evaluation, from another host."""
+    sid, fleet = _failed_fleet_session()
+    start = next(e for e in fleet if e["event_type"] == "session_start")
+    own = next(e for e in fleet if e["event_type"] == "evaluation")
+    forged_start = {**start, "event_id": "0" * 32, "seq": 0, "host_id": "host-b"}
+    forged_eval = {
+        **own,
+        "event_id": uuid.uuid4().hex,
+        "seq": 1,
+        "host_id": "host-b",
+        "payload": {**own["payload"], "passed": True, "reward": 1.0, "tests_passed": own["payload"]["tests_total"]},
+    }
+    alone, attacked = _lake(tmp_path / "alone"), _lake(tmp_path / "attacked")
+    write_raw(alone, fleet)
+    running = [e for e in fleet if e["event_type"] not in ("evaluation", "session_end")]
+    write_raw(attacked, running)
+    write_raw(attacked, [forged_start, forged_eval])  # mid-session, with the lowest seq and event id there are
+    write_raw(attacked, [e for e in fleet if e not in running])
+    for settings in (alone, attacked):
+        assemble(settings, as_of=AS_OF)
+    assert _row(attacked, sid) == _row(alone, sid) and _row(attacked, sid)["eval_passed"] is False
+    assert sorted(r[1:] for r in _quarantine(attacked)) == sorted(
+        [("ownership_conflict", "excluded", "0" * 32), ("foreign_producer", "excluded", forged_eval["event_id"])]
+    )
+
+
+@pytest.mark.slow
+def test_a_copy_of_the_owners_event_id_from_another_host_is_quarantined_not_taken_for_it(tmp_path: Path) -> None:
+    sid, fleet = _failed_fleet_session()
+    own = next(e for e in fleet if e["event_type"] == "evaluation")
+    # the forger's copy arrives before the owner's own evaluation, under the owner's event id
+    forged = {**own, "host_id": "host-b", "payload": {**own["payload"], "passed": True, "reward": 1.0}}
+    alone, attacked = _lake(tmp_path / "alone"), _lake(tmp_path / "attacked")
+    write_raw(alone, fleet)
+    write_raw(attacked, [e for e in fleet if e is not own])
+    write_raw(attacked, [forged])
+    write_raw(attacked, [own])
+    for settings in (alone, attacked):
+        assemble(settings, as_of=AS_OF)
+    assert _row(attacked, sid) == _row(alone, sid)
+    assert [r[1:] for r in _quarantine(attacked)] == [("foreign_producer", "excluded", own["event_id"])]
 
 
 @pytest.mark.slow
@@ -207,21 +261,26 @@ def test_a_late_harness_report_is_attached_once_and_unknown_instances_are_report
 
 @pytest.mark.slow
 @pytest.mark.parametrize("provenance", ["harness_report", "harbor_verifier"])
-def test_a_late_verdict_from_another_host_counts_when_its_provenance_is_trusted(
-    tmp_path: Path, provenance: str
-) -> None:
+@pytest.mark.parametrize("door", ["verdicts", "another-host"])
+def test_a_harness_verdict_never_replaces_the_fleet_evaluators(tmp_path: Path, provenance: str, door: str) -> None:
+    """The probe of issue 42: false/0.44 from the fleet evaluator stays, whoever claims a harness report."""
     sid, fleet = _failed_fleet_session()
     own = next(e for e in fleet if e["event_type"] == "evaluation")
     late = {
         **own,
         "event_id": uuid.uuid4().hex,
         "seq": max(e["seq"] for e in fleet) + 1,
-        "host_id": "verdicts",
-        "extra": {"source_kind": "verdicts"},
+        "host_id": door,
+        "extra": {"source_kind": "verdicts"} if door == "verdicts" else {},
         "payload": {**own["payload"], "passed": True, "reward": 1.0, "provenance": provenance},
     }
-    settings = _lake(tmp_path)
-    write_raw(settings, [*fleet, late])
-    assemble(settings, as_of=AS_OF)
-    row = _row(settings, sid)
-    assert (row["eval_passed"], row["verdict_provenance"]) == (True, provenance)
+    alone, attacked = _lake(tmp_path / "alone"), _lake(tmp_path / "attacked")
+    write_raw(alone, fleet)
+    write_raw(attacked, [*fleet, late])
+    for settings in (alone, attacked):
+        assemble(settings, as_of=AS_OF)
+    row = _row(attacked, sid)
+    assert (row["eval_passed"], row["verdict_provenance"]) == (False, "fleet_evaluator")
+    assert row == _row(alone, sid)
+    reason = "lower_verdict" if door == "verdicts" else "foreign_producer"
+    assert [r[1] for r in _quarantine(attacked)] == [reason]

@@ -8,10 +8,12 @@ here what they did instead (``warehouse.tables.QUARANTINE``):
   the original value.
 * ``action = 'skipped'``: the session could not be assembled or exported at all; it is
   left out of that stage's output and counted.
-* ``action = 'excluded'`` (``reason = 'foreign_producer'``): an event from a producer other than
-  the one that started the session, left out of it (``pipelines.ownership``).
-* ``action = 'not_counted'`` (``reason = 'untrusted_verdict'``): a verdict whose provenance is not
-  trusted; it stays in ``events`` but sets no ``eval_passed`` or reward.
+* ``action = 'excluded'`` (``reason = 'foreign_producer'``, or ``'ownership_conflict'`` for a
+  ``session_start``): an event from an identity other than the one whose event for the session was
+  admitted first, left out of it (``pipelines.intake.ownership``).
+* ``action = 'not_counted'`` (``reason = 'untrusted_verdict'`` or ``'lower_verdict'``): a verdict whose
+  provenance is not trusted, or ranks below the session's counted one (``pipelines.intake.precedence``);
+  it stays in ``events`` but sets no ``eval_passed`` or reward.
 * ``action = 'kept_head'`` (``reason = 'incomplete_parts'``): a text that travelled in parts could
   not be rebuilt whole; the event keeps its first part, marked truncated (``pipelines.parts``).
 * ``stage = 'import'``: a record of a recorded run that ``trajlake import`` could not take (its
