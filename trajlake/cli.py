@@ -229,6 +229,11 @@ class ImportFormat(StrEnum):
     otel = "otel"
 
 
+def _visible(text: str) -> str:
+    """``text`` with every character that is not printable (controls, escapes, bidi) shown as its code."""
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
+
+
 @app.command("import")
 def import_runs(
     paths: Annotated[
@@ -267,10 +272,15 @@ def import_runs(
     # the importers redact every event before splitting large texts into parts: no second pass here
     with EventProducer.from_settings(host_id="importer", redact=False) as producer:
         if listen is not None:
-            receiver = start_receiver(
-                listen, producer, lambda s: out.print(f"{s.position}: session {s.session_id}, {s.steps} steps")
+            receiver = start_receiver(  # names come from the client: printed as text, never as markup
+                listen,
+                producer,
+                lambda s: out.print(
+                    f"{_visible(s.position)}: session {s.session_id}, {s.steps} steps", markup=False, highlight=False
+                ),
+                token=settings.otlp_token,
             )
-            out.print(f"receiving OTLP/HTTP traces at {receiver.endpoint} (Ctrl-C to stop)")
+            out.print(f"receiving OTLP/HTTP traces at {receiver.endpoint} (Ctrl-C to stop)", markup=False)
             try:
                 while True:
                     time.sleep(1)
