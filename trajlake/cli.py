@@ -62,13 +62,41 @@ def broker_start(port: Annotated[int | None, typer.Option(help="Port; a free one
 
 
 @broker_app.command("stop")
-def broker_stop() -> None:
-    """Stop the embedded broker."""
-    from common.broker import stop_broker
+def broker_stop(
+    force: Annotated[
+        bool, typer.Option("--force", help="Stop even though events in it are not in the lakehouse yet (lost).")
+    ] = False,
+) -> None:
+    """Stop the embedded broker; refused while events in it are not yet ingested (its storage is in memory)."""
+    from common.broker import broker_status, stop_broker
+    from common.errors import BrokerError
 
     settings = settings_for("any")
-    running = settings.home_path.is_dir() and stop_broker(settings)
-    out.print("stopped" if running else "not running")
+    state = broker_status(settings) if settings.home_path.is_dir() else None
+    if state is None:
+        if settings.home_path.is_dir():
+            stop_broker(settings)  # clears a dead broker's state files
+        out.print("not running")
+        return
+    from pipelines.observe import uningested
+
+    try:
+        pending = uningested(settings, state.bootstrap)
+    except TrajlakeError as exc:
+        if not force:
+            raise BrokerError(f"cannot tell what is not ingested yet ({exc}); `--force` stops it anyway") from exc
+        pending = None
+    if pending is not None and pending.total:
+        where = ", ".join(f"partition {p}: {n:,}" for p, n in sorted(pending.by_partition.items()))
+        what = f"{pending.total:,} events in topic {settings.topic} are not in the lakehouse yet ({where})"
+        if not force:
+            raise BrokerError(
+                f"{what}; the broker keeps them only in memory: run `trajlake ingest --until-idle 5` "
+                "first, or `trajlake broker stop --force` to drop them"
+            )
+        print_note(f"dropping {what}")
+    stop_broker(settings)
+    out.print("stopped")
 
 
 @broker_app.command("status")
