@@ -24,7 +24,7 @@ import typer
 import typer.main
 
 from benchmarks.cli import bench_app
-from common.errors import EXIT_ERROR, EXIT_TRANSIENT, TrajlakeError, is_transient
+from common.errors import EXIT_ERROR, EXIT_TRANSIENT, TrajlakeError, environment_fault, is_transient
 from trajlake.console import err, out, print_error, print_note, progress_bar
 from trajlake.fleet import fleet_app
 from trajlake.home import announce_new_lakehouse, settings_for
@@ -658,8 +658,13 @@ def main() -> None:
         # without standalone mode click hands back a command's ``typer.Exit`` code instead of exiting
         code = _finite_numbers_only(typer.main.get_command(app))(standalone_mode=False)
     except TrajlakeError as exc:
+        fault = environment_fault(exc)
+        if fault is not None and fault is not exc:  # a stage's error raised from a refused write: name the cause
+            detail = fault.cause if fault.path == "?" or fault.path in str(exc) else str(fault)
+            print_error(f"{str(exc).strip()} ({detail})")
+            sys.exit(fault.exit_code)
         print_error(str(exc).strip() or type(exc).__name__)
-        sys.exit(EXIT_TRANSIENT if is_transient(exc) else EXIT_ERROR)
+        sys.exit(getattr(exc, "exit_code", None) or (EXIT_TRANSIENT if is_transient(exc) else EXIT_ERROR))
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
@@ -667,6 +672,12 @@ def main() -> None:
         sys.exit(EXIT_ERROR)
     except typer.TyperException as exc:  # usage errors: typer's own (vendored) click exceptions derive from it
         sys.exit(_usage_error(exc))
+    except Exception as exc:  # what the environment refused, as libraries raise it (else a bug: its traceback)
+        fault = environment_fault(exc, os.environ.get("TRAJLAKE_HOME"))
+        if fault is None:
+            raise
+        print_error(str(fault))
+        sys.exit(fault.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
 
 
