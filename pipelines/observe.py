@@ -231,7 +231,7 @@ def uningested(settings: Settings, bootstrap: str, idle_s: float = 1.5, timeout:
     from confluent_kafka import KafkaError, KafkaException, TopicCollection
     from confluent_kafka.admin import AdminClient
 
-    base = {"bootstrap.servers": bootstrap, **settings.kafka_extra}
+    base: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap, **settings.kafka_extra}
     try:
         admin = AdminClient(base)  # kept referenced until the answer came: a collected client cancels its futures
         info = admin.describe_topics(TopicCollection([settings.topic]))[settings.topic].result(timeout=timeout)
@@ -274,14 +274,15 @@ def uningested(settings: Settings, bootstrap: str, idle_s: float = 1.5, timeout:
             if message is None:
                 continue
             partition = message.partition()
-            if partition is not None:
-                answered.add(partition)
+            if partition is None:
+                continue
+            answered.add(partition)
             error = message.error()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(error)
                 continue
-            counts[message.partition()] = counts.get(message.partition(), 0) + 1
+            counts[partition] = counts.get(partition, 0) + 1
             last = time.monotonic()
     except KafkaException as exc:
         raise KafkaUnavailable(f"topic {settings.topic}: no watermarks within {timeout:.0f} s ({exc})") from exc

@@ -51,6 +51,7 @@ class Lake:
 
 def run(*args: str, env: dict[str, str], wrap: list[str] | None = None, fsize: int | None = None) -> tuple:
     def limit() -> None:
+        assert fsize is not None
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
     started = time.monotonic()
