@@ -19,6 +19,7 @@ from typing import Any
 
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import ValidationError as IcebergValidationError
 from pyiceberg.io import InputFile
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table.metadata import TableMetadata
@@ -39,8 +40,8 @@ def _table_metadata_or_corrupt(input_file: InputFile, encoding: str = "utf-8") -
     """
     try:
         return _read_table_metadata(input_file, encoding)
-    except (ValueError, EOFError) as exc:  # pydantic's ValidationError and JSONDecodeError are ValueErrors
-        kind = "truncated or not JSON" if not hasattr(exc, "errors") else "not Iceberg table metadata"
+    except (ValueError, EOFError, IcebergValidationError) as exc:  # pydantic's and json's errors are ValueErrors
+        kind = "truncated or not JSON" if "json" in str(exc).lower() else "not Iceberg table metadata"
         raise CorruptMetadata(f"corrupt table metadata file ({kind})", input_file.location) from None
 
 
@@ -48,6 +49,9 @@ def _install_metadata_check() -> None:
     """Make every catalog of this process read table metadata through :func:`_table_metadata_or_corrupt`."""
     checked: Any = staticmethod(_table_metadata_or_corrupt)
     FromInputFile.table_metadata = checked  # type: ignore[method-assign]
+
+
+_install_metadata_check()  # at import: forked query processes read metadata without opening a catalog
 
 
 def open_catalog(settings: Settings) -> Catalog:

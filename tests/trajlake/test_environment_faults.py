@@ -147,10 +147,13 @@ def test_a_read_only_home_is_one_line_at_once(lake: Lake, command: str) -> None:
 def test_no_space_left_is_one_line_at_once(lake: Lake, command: str) -> None:
     args, stage = _args(command, lake)
     source = lake.stages[stage]
-    size = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
+    # tmpfs counts whole pages: every file rounded up, every directory a page, then two pages to spare
+    paths = list(source.rglob("*"))
+    size = sum(-(-p.stat().st_size // 4096) * 4096 if p.is_file() else 4096 for p in paths) + 4096
+    size += 2 * 4096
     home = str(lake.home)
     inner = " ".join(f"'{a}'" for a in [*CLI, *args])
-    wrap = ["bwrap", "--dev-bind", "/", "/", "--size", str(size + 48 * 1024), "--tmpfs", home]
+    wrap = ["bwrap", "--dev-bind", "/", "/", "--size", str(size), "--tmpfs", home]
     script = f"cp -a '{source}'/. '{home}'/ && exec {inner}"
     started = time.monotonic()
     result = subprocess.run([*wrap, "sh", "-c", script], env=lake.env, capture_output=True, text=True, timeout=300)
