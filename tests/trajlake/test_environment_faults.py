@@ -147,14 +147,13 @@ def test_a_read_only_home_is_one_line_at_once(lake: Lake, command: str) -> None:
 def test_no_space_left_is_one_line_at_once(lake: Lake, command: str) -> None:
     args, stage = _args(command, lake)
     source = lake.stages[stage]
-    # tmpfs counts whole pages: every file rounded up, every directory a page, then two pages to spare
+    # tmpfs counts whole pages: every file rounded up, every directory a page, some to spare, then filled
     paths = list(source.rglob("*"))
-    size = sum(-(-p.stat().st_size // 4096) * 4096 if p.is_file() else 4096 for p in paths) + 4096
-    size += 2 * 4096
+    size = sum(-(-p.stat().st_size // 4096) * 4096 if p.is_file() else 4096 for p in paths) + 64 * 4096
     home = str(lake.home)
     inner = " ".join(f"'{a}'" for a in [*CLI, *args])
     wrap = ["bwrap", "--dev-bind", "/", "/", "--size", str(size), "--tmpfs", home]
-    script = f"cp -a '{source}'/. '{home}'/ && exec {inner}"
+    script = f"cp -a '{source}'/. '{home}'/ && (cat /dev/zero > '{home}/.fill' 2>/dev/null; exec {inner})"
     started = time.monotonic()
     result = subprocess.run([*wrap, "sh", "-c", script], env=lake.env, capture_output=True, text=True, timeout=300)
     line = one_line_fault(result, time.monotonic() - started, EXIT_ENVIRONMENT, "no space left on the device")
