@@ -258,6 +258,8 @@ class OtlpReceiver:
             def do_POST(self) -> None:
                 try:
                     receiver._handle(self)
+                except (ConnectionError, TimeoutError):  # the client went away or went silent: nobody to answer
+                    self.close_connection = True
                 except Exception as exc:  # a payload must never stop serving: answer 500, keep going
                     receiver._error(f"OTLP request failed: {type(exc).__name__}: {exc}")
                     self.close_connection = True
