@@ -38,7 +38,13 @@ def test_markup_in_a_conversation_id_is_printed_as_text_and_nothing_stops(tmp_pa
     ) as process:
         assert process.stdout is not None
         printed: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: [printed.put(line) for line in process.stdout], daemon=True).start()  # type: ignore[union-attr]
+        stdout = process.stdout
+
+        def pump() -> None:
+            for line in stdout:
+                printed.put(line)
+
+        threading.Thread(target=pump, daemon=True).start()
         try:
             assert "receiving OTLP/HTTP traces" in printed.get(timeout=60)
             lines = []
