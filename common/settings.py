@@ -285,6 +285,13 @@ class Settings(BaseSettings):
         "report's search index.",
     )
 
+    otlp_token: str | None = Field(
+        None,
+        min_length=16,
+        description="TRAJLAKE_OTLP_TOKEN: the bearer token `trajlake import --listen` requires of every request "
+        "(Authorization: Bearer …); without it the receiver listens only on a loopback address.",
+    )
+
     # Quality (quality/config.py documents each knob)
     # NoDecode: parsed by _parse_json below (bounded nesting, no NaN), not by pydantic-settings.
     quality_weights: Annotated[tuple[float, float, float], NoDecode] = Field(

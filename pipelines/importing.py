@@ -136,16 +136,25 @@ def _match(files: list[VerdictFile], tasks: set[str]) -> tuple[list[str], list[s
     return sorted(judged), sorted(unmatched)
 
 
-def listen(address: str, producer: EventProducer, on_session: Callable[[ImportedSession], Any] | None = None) -> Any:
+def listen(
+    address: str,
+    producer: EventProducer,
+    on_session: Callable[[ImportedSession], Any] | None = None,
+    token: str | None = None,
+) -> Any:
     """An OTLP/HTTP receiver on ``address`` (``host:port``) sending each conversation to Kafka; started, not joined.
 
+    Args:
+        token: the bearer token every request must carry; required for a non-loopback host.
+
     Raises:
-        ConfigError: ``address`` is not ``host:port``.
+        ConfigError: ``address`` is not ``host:port``, or is not loopback and no token was given.
     """
     from producers.importers.otlp_receiver import OtlpReceiver
 
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
+    host = host.removeprefix("[").removesuffix("]")  # [::1]:4318
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"--listen wants host:port, got {address!r}")
     sender = SessionSender(producer)
 
@@ -155,4 +164,8 @@ def listen(address: str, producer: EventProducer, on_session: Callable[[Imported
         if on_session is not None:
             on_session(session)
 
-    return OtlpReceiver(send, host, int(port)).start()
+    try:
+        receiver = OtlpReceiver(send, host, int(port), token=token)
+    except OSError as exc:  # address in use, not this machine's, not resolvable
+        raise ConfigError(f"--listen {address}: cannot listen there ({exc.strerror or exc})") from None
+    return receiver.start()

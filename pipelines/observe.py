@@ -177,3 +177,115 @@ def observation_metadata(current: IngestObservation, change: IngestRates | None)
             dead_letter_rate=round(change.dead_letter_rate, 5),
         )
     return values
+
+
+@dataclass(frozen=True)
+class Uningested:
+    """Records of the event topic that the lakehouse does not hold yet, per partition.
+
+    Attributes:
+        by_partition: partition → records at or past the lakehouse's next offset (only partitions with some).
+        committed: partition → next offset the newest ``raw_events`` commit recorded for this topic incarnation.
+        high_watermarks: partition → the broker's high watermark when looked at.
+    """
+
+    by_partition: dict[int, int]
+    committed: dict[int, int]
+    high_watermarks: dict[int, int]
+
+    @property
+    def total(self) -> int:
+        """Records not yet in the lakehouse."""
+        return sum(self.by_partition.values())
+
+
+def _lakehouse_offsets(settings: Settings, topic_id: str | None) -> dict[int, int]:
+    """What ``raw_events`` recorded for the topic's current incarnation; {} without a lakehouse or table."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    from pipelines.ingest.offsets import recorded_incarnation
+    from warehouse.tables import table_identifier
+
+    if not settings.catalog_is_external and not settings.catalog_file.exists():
+        return {}  # no lakehouse here: nothing was ingested (and none is created by looking)
+    try:
+        raw = open_catalog(settings).load_table(table_identifier(settings, RAW_EVENTS.name))
+    except NoSuchTableError:
+        return {}
+    incarnation = recorded_incarnation(raw, settings.topic)
+    if topic_id and incarnation.topic_id and incarnation.topic_id != topic_id:
+        return {}  # the offsets belong to an earlier life of the topic: none of this one is ingested
+    return recorded_offsets(raw, settings.topic)
+
+
+def uningested(settings: Settings, bootstrap: str, idle_s: float = 1.5, timeout: float = 10.0) -> Uningested:
+    """Count the records of the event topic at ``bootstrap`` that are not in the lakehouse yet.
+
+    Below the high watermark the count is arithmetic (watermark − next recorded offset); past it
+    the records are read, up to ``idle_s`` without a new one, because a broker's watermark may lag
+    its log (tansu reports the last batch's base offset + 1, so the rest of that batch is beyond it).
+
+    Raises:
+        KafkaUnavailable: the broker did not answer within ``timeout``.
+    """
+    from confluent_kafka import KafkaError, KafkaException, TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    base: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap, **settings.kafka_extra}
+    try:
+        admin = AdminClient(base)  # kept referenced until the answer came: a collected client cancels its futures
+        info = admin.describe_topics(TopicCollection([settings.topic]))[settings.topic].result(timeout=timeout)
+    except KafkaException as exc:
+        if "UNKNOWN_TOPIC" in str(exc).upper():
+            return Uningested({}, {}, {})  # no topic: nothing was ever produced
+        raise KafkaUnavailable(f"topic {settings.topic}: not described within {timeout:.0f} s ({exc})") from exc
+    topic_id = str(info.topic_id) if info.topic_id is not None else ""
+    committed = _lakehouse_offsets(settings, topic_id if topic_id.strip("A=") else None)
+    consumer = Consumer(
+        {
+            **base,
+            "group.id": f"{settings.consumer_group}-stop-check",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        marks: dict[int, int] = {}
+        counts: dict[int, int] = {}
+        starts: list[TopicPartition] = []
+        for partition in sorted(p.id for p in info.partitions):
+            tp = TopicPartition(settings.topic, partition)
+            _, high = consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
+            marks[partition] = int(high)
+            start = committed.get(partition, 0)
+            counts[partition] = max(0, int(high) - start)
+            starts.append(TopicPartition(settings.topic, partition, max(start, int(high))))
+        consumer.assign(starts)
+        # Read until every partition answered (a record or its end) and then nothing came for idle_s.
+        answered: set[int] = set()
+        deadline = time.monotonic() + timeout
+        last = time.monotonic()
+        while len(answered) < len(marks) or time.monotonic() - last < idle_s:
+            if time.monotonic() > deadline:
+                raise KafkaUnavailable(
+                    f"topic {settings.topic}: partitions {sorted(set(marks) - answered)} did not answer"
+                )
+            message = consumer.poll(0.2)
+            if message is None:
+                continue
+            partition = message.partition()
+            if partition is None:
+                continue
+            answered.add(partition)
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(error)
+                continue
+            counts[partition] = counts.get(partition, 0) + 1
+            last = time.monotonic()
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"topic {settings.topic}: no watermarks within {timeout:.0f} s ({exc})") from exc
+    finally:
+        consumer.close()
+    return Uningested({p: n for p, n in counts.items() if n}, committed, marks)

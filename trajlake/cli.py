@@ -26,7 +26,7 @@ from typer import _click
 from typer.core import TyperGroup
 
 from benchmarks.cli import bench_app
-from common.errors import EXIT_ERROR, EXIT_TRANSIENT, TrajlakeError, is_transient
+from common.errors import EXIT_ERROR, EXIT_TRANSIENT, TrajlakeError, environment_fault, is_transient
 from trajlake.console import err, out, print_error, print_note, progress_bar
 from trajlake.fleet import fleet_app
 from trajlake.home import announce_new_lakehouse, settings_for
@@ -83,13 +83,41 @@ def broker_start(port: Annotated[int | None, typer.Option(help="Port; a free one
 
 
 @broker_app.command("stop")
-def broker_stop() -> None:
-    """Stop the embedded broker."""
-    from common.broker import stop_broker
+def broker_stop(
+    force: Annotated[
+        bool, typer.Option("--force", help="Stop even though events in it are not in the lakehouse yet (lost).")
+    ] = False,
+) -> None:
+    """Stop the embedded broker; refused while events in it are not yet ingested (its storage is in memory)."""
+    from common.broker import broker_status, stop_broker
+    from common.errors import BrokerError
 
     settings = settings_for("any")
-    running = settings.home_path.is_dir() and stop_broker(settings)
-    out.print("stopped" if running else "not running")
+    state = broker_status(settings) if settings.home_path.is_dir() else None
+    if state is None:
+        if settings.home_path.is_dir():
+            stop_broker(settings)  # clears a dead broker's state files
+        out.print("not running")
+        return
+    from pipelines.observe import uningested
+
+    try:
+        pending = uningested(settings, state.bootstrap)
+    except TrajlakeError as exc:
+        if not force:
+            raise BrokerError(f"cannot tell what is not ingested yet ({exc}); `--force` stops it anyway") from exc
+        pending = None
+    if pending is not None and pending.total:
+        where = ", ".join(f"partition {p}: {n:,}" for p, n in sorted(pending.by_partition.items()))
+        what = f"{pending.total:,} events in topic {settings.topic} are not in the lakehouse yet ({where})"
+        if not force:
+            raise BrokerError(
+                f"{what}; the broker keeps them only in memory: run `trajlake ingest --until-idle 5` "
+                "first, or `trajlake broker stop --force` to drop them"
+            )
+        print_note(f"dropping {what}")
+    stop_broker(settings)
+    out.print("stopped")
 
 
 @broker_app.command("status")
@@ -251,6 +279,11 @@ class ImportFormat(StrEnum):
     otel = "otel"
 
 
+def _visible(text: str) -> str:
+    """``text`` with every character that is not printable (controls, escapes, bidi) shown as its code."""
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
+
+
 @app.command("import")
 def import_runs(
     paths: Annotated[
@@ -298,10 +331,15 @@ def import_runs(
     # the importers redact every event before splitting large texts into parts: no second pass here
     with EventProducer.from_settings(host_id="importer", redact=False) as producer:
         if listen is not None:
-            receiver = start_receiver(
-                listen, producer, lambda s: out.print(f"{s.position}: session {s.session_id}, {s.steps} steps")
+            receiver = start_receiver(  # names come from the client: printed as text, never as markup
+                listen,
+                producer,
+                lambda s: out.print(
+                    f"{_visible(s.position)}: session {s.session_id}, {s.steps} steps", markup=False, highlight=False
+                ),
+                token=settings.otlp_token,
             )
-            out.print(f"receiving OTLP/HTTP traces at {receiver.endpoint} (Ctrl-C to stop)")
+            out.print(f"receiving OTLP/HTTP traces at {receiver.endpoint} (Ctrl-C to stop)", markup=False)
             try:
                 while True:
                     time.sleep(1)
@@ -699,8 +737,13 @@ def main() -> None:
         # without standalone mode click hands back a command's ``typer.Exit`` code instead of exiting
         code = _finite_numbers_only(typer.main.get_command(app))(standalone_mode=False)
     except TrajlakeError as exc:
+        fault = environment_fault(exc)
+        if fault is not None and fault is not exc:  # a stage's error raised from a refused write: name the cause
+            detail = fault.cause if fault.path == "?" or fault.path in str(exc) else str(fault)
+            print_error(f"{str(exc).strip()} ({detail})")
+            sys.exit(fault.exit_code)
         print_error(str(exc).strip() or type(exc).__name__)
-        sys.exit(EXIT_TRANSIENT if is_transient(exc) else EXIT_ERROR)
+        sys.exit(getattr(exc, "exit_code", None) or (EXIT_TRANSIENT if is_transient(exc) else EXIT_ERROR))
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
@@ -708,6 +751,12 @@ def main() -> None:
         sys.exit(EXIT_ERROR)
     except typer.TyperException as exc:  # usage errors: typer's own (vendored) click exceptions derive from it
         sys.exit(_usage_error(exc))
+    except Exception as exc:  # what the environment refused, as libraries raise it (else a bug: its traceback)
+        fault = environment_fault(exc, os.environ.get("TRAJLAKE_HOME"))
+        if fault is None:
+            raise
+        print_error(str(fault))
+        sys.exit(fault.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
 
 

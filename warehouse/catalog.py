@@ -15,12 +15,43 @@ when the properties do not: ``AWS_ENDPOINT_URL``, ``AWS_REGION``/``AWS_DEFAULT_R
 
 from __future__ import annotations
 
+from typing import Any
+
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import ValidationError as IcebergValidationError
+from pyiceberg.io import InputFile
+from pyiceberg.serializers import FromInputFile
+from pyiceberg.table.metadata import TableMetadata
 
+from common.errors import CorruptMetadata
 from common.settings import Settings
 from warehouse import parquet_writer
 from warehouse.object_store import s3_properties
+
+_read_table_metadata = FromInputFile.table_metadata
+
+
+def _table_metadata_or_corrupt(input_file: InputFile, encoding: str = "utf-8") -> TableMetadata:
+    """pyiceberg's reading of a table metadata file, a file it cannot parse raised as :class:`CorruptMetadata`.
+
+    pyiceberg lets pydantic's ``ValidationError`` (or json's, or a codec's) out with the JSON it choked on and
+    no path; a truncated ``*.metadata.json`` then reads as a traceback, with no word of which file it was.
+    """
+    try:
+        return _read_table_metadata(input_file, encoding)
+    except (ValueError, EOFError, IcebergValidationError) as exc:  # pydantic's and json's errors are ValueErrors
+        kind = "truncated or not JSON" if "json" in str(exc).lower() else "not Iceberg table metadata"
+        raise CorruptMetadata(f"corrupt table metadata file ({kind})", input_file.location) from None
+
+
+def _install_metadata_check() -> None:
+    """Make every catalog of this process read table metadata through :func:`_table_metadata_or_corrupt`."""
+    checked: Any = staticmethod(_table_metadata_or_corrupt)
+    FromInputFile.table_metadata = checked  # type: ignore[method-assign]
+
+
+_install_metadata_check()  # at import: forked query processes read metadata without opening a catalog
 
 
 def open_catalog(settings: Settings) -> Catalog:
@@ -29,6 +60,7 @@ def open_catalog(settings: Settings) -> Catalog:
     Tables written through it honour their Bloom filter properties (:mod:`warehouse.parquet_writer`).
     """
     parquet_writer.install()
+    _install_metadata_check()
     props = s3_properties(settings.catalog_properties)
     if "type" in props:
         props.setdefault("warehouse", settings.hot_location)

@@ -44,6 +44,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from common.errors import CorruptMetadata, EnvironmentFault, environment_fault
 from warehouse.errors import QueryError, QueryKilled, QueryMemoryExceeded, QueryTimeout
 
 #: Largest batch the child sends in one message; bigger ones are sliced (bounds both sides' buffers).
@@ -144,8 +145,13 @@ def _child_main(
     except BaseException as exc:  # every failure becomes one message; the parent raises it
         kind = next((k for k, names in _KINDS.items() if _matches(exc, names)), "error")
         first = error_line(str(exc)) or type(exc).__name__
+        report = {"kind": kind, "message": first}
+        fault = environment_fault(exc)
+        if fault is not None:  # the machine refused a file: the parent raises it as such (its exit code)
+            report = {"kind": "fault", "message": str(fault), "cause": fault.cause, "path": fault.path}
+            report["corrupt"] = "1" if isinstance(fault, CorruptMetadata) else ""
         try:
-            conn.send_bytes(b"E" + json.dumps({"kind": kind, "message": first}).encode())
+            conn.send_bytes(b"E" + json.dumps(report).encode())
         except OSError:
             pass  # the parent went away: nobody to tell
     finally:
@@ -347,8 +353,11 @@ class IsolatedStream:
             if ready:  # the child exited and left nothing to read
                 raise self._death()
 
-    def _error(self, report: dict[str, str]) -> QueryError:
+    def _error(self, report: dict[str, str]) -> QueryError | EnvironmentFault:
         self.close()
+        if report.get("kind") == "fault":
+            fault = CorruptMetadata if report.get("corrupt") else EnvironmentFault
+            return fault(report.get("cause", "?"), report.get("path", "?"))
         if report.get("kind") == "memory":
             return QueryMemoryExceeded(f"{report['message']}{self._memory_hint}")
         return QueryError(report.get("message") or "the query failed")

@@ -31,6 +31,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 
 from common.faults import crash_point
+from common.errors import environment_fault
 from common.settings import Settings
 from warehouse.errors import LockBusy
 
@@ -91,7 +92,12 @@ class _RowLock:
                         expires_at=now + self.lease_s,
                     )
                 )
-        except (IntegrityError, OperationalError):  # another process inserted first / SQLite busy
+        except IntegrityError:  # another process inserted first
+            return False
+        except OperationalError as exc:  # SQLite busy is a lock; a refused write (no space, read-only) is not
+            fault = environment_fault(exc, str(self.engine.url.database or self.engine.url))
+            if fault is not None:
+                raise fault from exc
             return False
         self._thread = threading.Thread(target=self._renew, name=f"lock-{self.name}", daemon=True)
         self._thread.start()
@@ -121,7 +127,9 @@ class _RowLock:
                 with self.engine.begin() as con:
                     con.execute(delete(_LOCKS).where(_LOCKS.c.name == self.name, _LOCKS.c.owner == self.owner))
                 return
-            except OperationalError:  # SQLite busy; the lease expires anyway
+            except OperationalError as exc:  # SQLite busy; the lease expires anyway
+                if environment_fault(exc) is not None:
+                    return  # a write the machine refuses will not succeed by retrying
                 time.sleep(0.1)
 
 
@@ -140,14 +148,18 @@ def job_lock(
 
     Raises:
         LockBusy: another run held the lock for ``wait_s`` seconds.
+        EnvironmentFault: the catalog's database refuses the write (no space, a file-size limit, read-only):
+            at once, never after waiting as for a lock.
     """
     deadline = time.monotonic() + wait_s
     if isinstance(catalog, SqlCatalog):
         engine = catalog.engine
         try:
             _METADATA.create_all(engine, checkfirst=True)
-        except DatabaseError:  # another process created it between the check and the create
-            pass
+        except DatabaseError as exc:  # another process created it between the check and the create
+            fault = environment_fault(exc, str(engine.url.database or engine.url))
+            if fault is not None:
+                raise fault from exc
         lock = _RowLock(engine, f"{settings.namespace}:{name}", lease_s)
         while not lock.try_acquire():
             crash_point("waiting_for_lock")

@@ -19,22 +19,34 @@ never the secret), part of the identity the lakehouse's admission stage checks
 (``pipelines.intake.ownership``). Spans another client posts under the same conversation id are
 kept apart and sent only after the opener's session, so the opener is admitted first and the
 other client's events are quarantined, never merged into its session.
+
+What reaches the receiver is bounded before it is read: a request needs a ``Content-Length`` (a
+number, at most ``max_body_bytes``) or chunked framing whose chunks add up to no more; anything else is
+refused before the body is read. A compressed body (``gzip``, ``deflate``) is inflated in steps and
+refused as soon as it passes ``max_body_bytes``, so a small bomb never inflates in full. It listens on
+loopback unless given a bearer token: on any other address every request must carry
+``Authorization: Bearer <token>``. A request that fails in any way answers an HTTP error; no payload
+can stop the serving or the flushing thread.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
+import hmac
+import ipaddress
 import json
 import logging
 import threading
 import time
+import zlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from common.errors import ConfigError
 from producers.importers._builder import ImportedSession
 from producers.importers._source import ImportFormatError, SourceFile
 from producers.importers._values import FieldIssues
@@ -42,8 +54,148 @@ from producers.importers.otel import Span, convert_spans, group_sessions, spans_
 
 log = logging.getLogger("trajlake.otlp")
 
-#: Largest request body taken (an exporter batches 512 spans by default).
+#: Largest request body taken, compressed or inflated (an exporter batches 512 spans by default).
 MAX_BODY_BYTES = 64 << 20
+#: Seconds a connection may stay silent while its request is read (a stalled client frees its thread).
+READ_TIMEOUT_S = 30.0
+#: Errors kept in :attr:`OtlpReceiver.errors` (the newest).
+MAX_ERRORS = 1000
+#: Longest chunk-size line of a chunked body (hex size plus extensions).
+_MAX_CHUNK_LINE = 1024
+
+
+class _Refused(Exception):
+    """A request refused with an HTTP status (and a reason for the client)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+def _printable(text: str, limit: int = 200) -> str:
+    """``text`` as printable ASCII (an HTTP status line takes nothing else), at most ``limit`` characters."""
+    return "".join(c if " " <= c <= "~" else "?" for c in text[:limit])
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine (``localhost``, ``127.0.0.0/8``, ``::1``)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def read_body(rfile: Any, headers: Any, limit: int) -> bytes:
+    """The request body, framed by ``Content-Length`` or chunked transfer, never more than ``limit`` bytes.
+
+    Raises:
+        _Refused: 411 without framing, 400 for a malformed length or chunk, 413 past ``limit``.
+    """
+    encoding = [v.strip().lower() for v in ",".join(headers.get_all("Transfer-Encoding") or []).split(",") if v]
+    lengths = headers.get_all("Content-Length") or []
+    if encoding:
+        if encoding != ["chunked"]:
+            raise _Refused(501, f"transfer encoding {','.join(encoding)!r} is not supported (only chunked)")
+        if lengths:  # both framings at once is how requests are smuggled: refuse
+            raise _Refused(400, "both Content-Length and Transfer-Encoding")
+        return _read_chunked(rfile, limit)
+    if not lengths:
+        raise _Refused(411, "Content-Length required")
+    if len(set(lengths)) != 1 or not lengths[0].strip().isdigit() or not lengths[0].strip().isascii():
+        raise _Refused(400, "Content-Length is not one non-negative number")
+    length = int(lengths[0].strip())
+    if length > limit:
+        raise _Refused(413, f"request over {limit} bytes")
+    body = rfile.read(length)
+    if len(body) != length:
+        raise _Refused(400, f"body ended after {len(body)} of {length} bytes")
+    return bytes(body)
+
+
+def _read_chunked(rfile: Any, limit: int) -> bytes:
+    parts: list[bytes] = []
+    total = 0
+    while True:
+        line = rfile.readline(_MAX_CHUNK_LINE + 1)
+        if not line.endswith(b"\n") or len(line) > _MAX_CHUNK_LINE:
+            raise _Refused(400, "malformed chunk size line")
+        size_text = line.split(b";", 1)[0].strip()
+        if not size_text or len(size_text) > 16 or not all(c in b"0123456789abcdefABCDEF" for c in size_text):
+            raise _Refused(400, "malformed chunk size")
+        size = int(size_text, 16)
+        if size == 0:
+            break
+        total += size
+        if total > limit:
+            raise _Refused(413, f"request over {limit} bytes")
+        chunk = rfile.read(size)
+        if len(chunk) != size or rfile.read(2) != b"\r\n":
+            raise _Refused(400, "chunk shorter than its size")
+        parts.append(chunk)
+    for _ in range(100):  # trailer fields, up to the empty line
+        line = rfile.readline(_MAX_CHUNK_LINE + 1)
+        if line in (b"\r\n", b"\n"):
+            return b"".join(parts)
+        if not line.endswith(b"\n"):
+            break
+    raise _Refused(400, "malformed chunk trailer")
+
+
+def inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """``body`` decoded from its ``Content-Encoding`` (identity, gzip, deflate), refused past ``limit`` bytes.
+
+    Inflation goes in steps of at most the bytes still allowed, so a bomb stops at ``limit``.
+
+    Raises:
+        _Refused: 413 when the inflated body passes ``limit``, 415 for another encoding, 400 for a corrupt one.
+    """
+    codings = [c.strip().lower() for c in encoding.split(",") if c.strip()]
+    for coding in reversed(codings):  # the last coding applied is undone first
+        if coding == "identity":
+            continue
+        if coding in ("gzip", "x-gzip"):
+            body = _inflate(body, 16 + zlib.MAX_WBITS, limit, members=True)
+        elif coding == "deflate":
+            try:
+                body = _inflate(body, zlib.MAX_WBITS, limit, members=False)
+            except _Refused as exc:
+                if exc.status != 400:
+                    raise
+                body = _inflate(body, -zlib.MAX_WBITS, limit, members=False)  # raw deflate, as some clients send
+        else:
+            raise _Refused(415, f"content encoding {coding!r} is not supported (gzip, deflate)")
+    return body
+
+
+def _inflate(data: bytes, wbits: int, limit: int, members: bool) -> bytes:
+    out: list[bytes] = []
+    total = 0
+    while True:
+        inflater = zlib.decompressobj(wbits)
+        pending = data
+        try:
+            while pending:
+                piece = inflater.decompress(pending, limit - total + 1)
+                total += len(piece)
+                if total > limit:
+                    raise _Refused(413, f"request over {limit} bytes once inflated")
+                out.append(piece)
+                pending = inflater.unconsumed_tail
+                if inflater.eof:
+                    break
+                if not piece and not pending:
+                    break
+        except zlib.error as exc:
+            raise _Refused(400, f"corrupt compressed body: {exc}") from None
+        if not inflater.eof:
+            raise _Refused(400, "compressed body is truncated")
+        data = inflater.unused_data
+        if not data or not members:
+            if data:
+                raise _Refused(400, "bytes after the compressed body")
+            return b"".join(out)
 
 #: ``extra['otlp_client']`` of spans posted without a credential.
 ANONYMOUS = "anonymous"
@@ -75,6 +227,12 @@ class OtlpReceiver:
         idle_s: a conversation without a root span is sent after this long without new spans.
         retain_s: how long a sent conversation is kept for late spans.
         max_spans: spans buffered at most.
+        token: the bearer token every request must carry (``Authorization: Bearer …``); required when
+            ``host`` is not a loopback address.
+        max_body_bytes: largest request body, compressed and inflated.
+
+    Raises:
+        ConfigError: ``host`` is not loopback and no token was given.
     """
 
     def __init__(
@@ -86,7 +244,15 @@ class OtlpReceiver:
         idle_s: float = 60.0,
         retain_s: float = 600.0,
         max_spans: int = 1_000_000,
+        token: str | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
+        if not token and not is_loopback(host):
+            raise ConfigError(
+                f"the OTLP receiver serves {host} (not loopback) only with a bearer token: "
+                "set TRAJLAKE_OTLP_TOKEN, or listen on 127.0.0.1"
+            )
+        self.token, self.max_body_bytes = token or None, max_body_bytes
         self.send, self.settle_s, self.idle_s, self.retain_s, self.max_spans = (
             send,
             settle_s,
@@ -103,12 +269,24 @@ class OtlpReceiver:
         self._stop = threading.Event()
         self.sessions_sent = 0
         self.spans_received = 0
-        self.errors: list[str] = []
+        self.errors: deque[str] = deque(maxlen=MAX_ERRORS)
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = READ_TIMEOUT_S  # a client that stops sending frees its thread
+
             def do_POST(self) -> None:
-                receiver._handle(self)
+                try:
+                    receiver._handle(self)
+                except (ConnectionError, TimeoutError):  # the client went away or went silent: nobody to answer
+                    self.close_connection = True
+                except Exception as exc:  # a payload must never stop serving: answer 500, keep going
+                    receiver._error(f"OTLP request failed: {type(exc).__name__}: {exc}")
+                    self.close_connection = True
+                    try:
+                        self.send_error(500, "internal error")
+                    except OSError:
+                        pass
 
             def log_message(self, format: str, *args: Any) -> None:
                 log.debug("otlp %s", format % args)
@@ -155,23 +333,33 @@ class OtlpReceiver:
 
     # -- requests ------------------------------------------------------------------------------------------
 
+    def _error(self, message: str) -> None:
+        self.errors.append(message)
+        log.warning("%s", message)
+
+    def _authorized(self, request: BaseHTTPRequestHandler) -> bool:
+        if self.token is None:
+            return True
+        scheme, _, given = (request.headers.get("Authorization") or "").strip().partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token.encode())
+
     def _handle(self, request: BaseHTTPRequestHandler) -> None:
-        if request.path.rstrip("/") != "/v1/traces":
-            request.send_error(404, "only /v1/traces is served")
-            return
-        length = int(request.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
-            request.send_error(413, f"request over {MAX_BODY_BYTES} bytes")
-            return
-        body = request.rfile.read(length)
-        content_type = (request.headers.get("Content-Type") or "").split(";")[0].strip()
         try:
-            if (request.headers.get("Content-Encoding") or "").lower() == "gzip":
-                body = gzip.decompress(body)
-            spans = self._decode(body, content_type)
-        except (ValueError, OSError, EOFError) as exc:
-            self.errors.append(f"bad OTLP request: {exc}")
-            request.send_error(400, f"not an OTLP trace request: {exc}")
+            if request.path.rstrip("/") != "/v1/traces":
+                raise _Refused(404, "only /v1/traces is served")
+            if not self._authorized(request):
+                raise _Refused(401, "a valid bearer token is required")
+            body = read_body(request.rfile, request.headers, self.max_body_bytes)
+            body = inflate(body, request.headers.get("Content-Encoding") or "", self.max_body_bytes)
+            content_type = (request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+            try:
+                spans = self._decode(body, content_type)
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError) as exc:
+                raise _Refused(400, f"not an OTLP trace request: {exc}") from None
+        except _Refused as refused:
+            self._error(f"OTLP request refused ({refused.status}): {refused.reason}")
+            request.close_connection = True  # the body may be unread: the connection cannot be reused
+            request.send_error(refused.status, _printable(refused.reason))
             return
         self.receive(spans, client_id(request.headers.get("Authorization")))
         protobuf = content_type == "application/x-protobuf"
@@ -229,7 +417,10 @@ class OtlpReceiver:
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(min(0.2, self.settle_s / 4)):
-            self.flush()
+            try:
+                self.flush()
+            except Exception as exc:  # nothing a conversation holds may stop the flusher
+                self._error(f"OTLP flush failed: {type(exc).__name__}: {exc}")
 
     def flush(self, everything: bool = False) -> int:
         """Send every conversation that looks finished (all of them with ``everything``); how many were sent."""
@@ -262,10 +453,16 @@ class OtlpReceiver:
         try:
             session = convert_spans(source, key, spans)
         except ImportFormatError as exc:
-            self.errors.append(f"{key}: {exc.reason}")
-            log.warning("OTLP conversation %s not imported: %s", key, exc.reason)
+            self._error(f"OTLP conversation {key!r} not imported: {exc.reason}")
+            return
+        except Exception as exc:  # a conversation the mapping cannot take is set aside, the others go on
+            self._error(f"OTLP conversation {key!r} not imported: {type(exc).__name__}: {exc}")
             return
         for event in session.events:  # the credential that posted the spans: the identity admission checks
             event["extra"] = {**(event.get("extra") or {}), "otlp_client": client}
-        self.send(session)
+        try:
+            self.send(session)
+        except Exception as exc:  # the sink failed (Kafka, a printer): said, and the next conversation goes on
+            self._error(f"OTLP conversation {key!r} not sent: {type(exc).__name__}: {exc}")
+            return
         self.sessions_sent += 1

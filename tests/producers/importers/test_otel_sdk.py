@@ -175,4 +175,5 @@ def test_the_receiver_refuses_what_is_not_otlp() -> None:
         )
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(request, timeout=5)
+        info.value.close()
         assert info.value.code == 400
