@@ -30,8 +30,8 @@ from sqlalchemy import Column, Float, Integer, MetaData, String, Table, delete, 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 
-from common.faults import crash_point
 from common.errors import environment_fault
+from common.faults import crash_point
 from common.settings import Settings
 from warehouse.errors import LockBusy
 

@@ -197,6 +197,7 @@ def _inflate(data: bytes, wbits: int, limit: int, members: bool) -> bytes:
                 raise _Refused(400, "bytes after the compressed body")
             return b"".join(out)
 
+
 #: ``extra['otlp_client']`` of spans posted without a credential.
 ANONYMOUS = "anonymous"
 
