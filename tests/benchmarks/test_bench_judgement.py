@@ -14,7 +14,7 @@ def test_the_minimum_profile_keeps_honest_false_flags_under_the_target_and_fewer
 
 def test_the_documented_agent_is_the_users_example() -> None:
     agent = documented_agent()
-    assert agent.startswith("# my_agent.py") and "def agent(session):" in agent
+    assert agent.startswith("# my_agent.py") and "def agent(session" in agent
     compile(agent, "my_agent.py", "exec")
 
 
