@@ -15,6 +15,8 @@ from typing import Any
 import pyarrow as pa
 
 from producers.errors import RedactionError
+from producers.redact.context import PGPASS
+from producers.redact.decode import ESCAPE, decode_all, has_escape
 from producers.redact.formats import REDACTED
 from producers.redact.names import literal_is_secret, name_strength
 from producers.redact.text import (
@@ -30,6 +32,7 @@ from producers.redact.text import (
     run_hides_secret,
 )
 from producers.redact.values import GAPS, _values_lock, generation, may_hold_injected, registered_variants
+from producers.redact.vendor import TOKEN_RUN, vendor_token
 
 # What a vectorized pre-check looks for besides triggers: a run that may be encoded (base64, hex, key bodies).
 _RUN_OR_BODY = r"[A-Za-z0-9+/_-]{20,}"
@@ -139,7 +142,16 @@ def _encoded_positions(joined: str) -> list[int]:
     positions = [
         m.start() for m in encoded_runs(joined, 4 * MAX_ENCODED_RUNS) if run_hides_secret(m.group(0), 0, current)
     ]
-    return positions + [start for start, _ in bare_body_spans(joined)]
+    positions += [start for start, _ in bare_body_spans(joined)]
+    positions += [m.start() for m in TOKEN_RUN.finditer(joined) if vendor_token(m.group(0))]
+    if ":" in joined:
+        positions += [m.start() for m in PGPASS.finditer(joined)]
+    if has_escape(joined):
+        # an escaped name or value (``{"\\u0070assword": …}``, ``%3A…%40``): the decoded text decides
+        decoded = decode_all(joined)
+        if decoded != joined and may_contain_secret(decoded):
+            positions += [m.start() for m in ESCAPE.finditer(joined)]
+    return positions
 
 
 def redact_value(value: Any) -> Any:

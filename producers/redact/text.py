@@ -18,9 +18,12 @@ from collections.abc import Iterator
 
 import ahocorasick_rs
 
+from producers.redact.context import COMMANDS, PGPASS, command_spans, pgpass_spans
+from producers.redact.decode import decode_all, decoded_spans, has_escape
 from producers.redact.formats import REDACTED, RULE_SPECS, RULES, XML_RULE
 from producers.redact.names import is_code, literal_is_secret, name_strength
 from producers.redact.values import generation, injected_spans, may_hold_injected, merge_spans, replace_spans
+from producers.redact.vendor import TOKEN_RUN, vendor_spans, vendor_token
 
 # Names that say secret contain one of these; each occurrence anchors a look for ``NAME<sep>value``.
 NAME_STEMS = (
@@ -45,13 +48,16 @@ _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 # Every rule needs one of these literals, so most strings cost one Aho-Corasick pass.
 TRIGGERS: tuple[str, ...] = tuple(sorted({t for triggers, _, _, _ in RULE_SPECS for t in triggers} | set(NAME_STEMS)))
-LOWER_TRIGGERS = [t for t in TRIGGERS if t == t.lower()] + ["private key"]
+# A command with credential flags, followed by a space (``docker ``, ``zip ``): its words are read (context layer).
+COMMAND_TRIGGERS = tuple(sorted(f"{command} " for command in COMMANDS))
+LOWER_TRIGGERS = [t for t in TRIGGERS if t == t.lower()] + ["private key"] + list(COMMAND_TRIGGERS)
 AUTOMATON = ahocorasick_rs.AhoCorasick(LOWER_TRIGGERS)
 _TRIGGER_RULES = [
     frozenset(i for i, (triggers, _, _, _) in enumerate(RULE_SPECS) if t in triggers) for t in LOWER_TRIGGERS
 ]
 _TRIGGER_IS_STEM = [t in NAME_STEMS for t in LOWER_TRIGGERS]
 _TRIGGER_IS_KEY_BLOCK = [t == "private key" for t in LOWER_TRIGGERS]
+_TRIGGER_IS_COMMAND = [t in COMMAND_TRIGGERS for t in LOWER_TRIGGERS]
 CASED_TRIGGERS = [
     (t, frozenset(i for i, (triggers, _, _, _) in enumerate(RULE_SPECS) if t in triggers))
     for t in TRIGGERS
@@ -276,7 +282,16 @@ def may_contain_secret(text: str) -> bool:
         return True
     if may_hold_injected(text):
         return True
-    return has_encoded_secret(text) or bool(bare_body_spans(text))
+    if has_encoded_secret(text) or bool(bare_body_spans(text)) or has_vendor_token(text):
+        return True
+    if ":" in text and PGPASS.search(text) is not None:
+        return True
+    return has_escape(text) and may_contain_secret(decode_all(text))
+
+
+def has_vendor_token(text: str) -> bool:
+    """Whether ``text`` holds a run that reads as a vendor token (:mod:`.vendor`)."""
+    return any(vendor_token(m.group(0)) for m in TOKEN_RUN.finditer(text))
 
 
 def has_encoded_secret(text: str) -> bool:
@@ -291,17 +306,24 @@ def _redact(text: str, layer: int = 0, open_block: bool = False) -> str:
     rules: set[int] = set()
     stems: list[int] = []
     key_block = open_block
+    command = False
     for index, start, _ in AUTOMATON.find_matches_as_indexes(lower_ascii(text), overlapping=True):
         rules |= _TRIGGER_RULES[index]
         if _TRIGGER_IS_STEM[index]:
             stems.append(start)
         key_block = key_block or _TRIGGER_IS_KEY_BLOCK[index]
+        command = command or _TRIGGER_IS_COMMAND[index]
     for trigger, indices in CASED_TRIGGERS:
         if trigger in text:
             rules |= indices
     spans = _name_spans(text, stems) if stems else []
     if key_block:
         spans += key_block_spans(text, open_block)[0]
+    if command:
+        spans += command_spans(text)
+    spans += pgpass_spans(text)
+    if layer == 0 and has_escape(text):
+        spans += decoded_spans(text, lambda decoded: _redact(decoded, 1))
     if spans:
         text = replace_spans(text, merge_spans(spans), REDACTED)
     for index in sorted(rules):
@@ -310,7 +332,7 @@ def _redact(text: str, layer: int = 0, open_block: bool = False) -> str:
             continue  # an element needs its closing tag
         text = pattern.sub(replacement, text)
     if layer < MAX_LAYERS:
-        spans = _encoded_spans(text, layer) + bare_body_spans(text)
+        spans = _encoded_spans(text, layer) + bare_body_spans(text) + vendor_spans(text)
         if spans:
             text = replace_spans(text, merge_spans(spans), REDACTED)
     return text
