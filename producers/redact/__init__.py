@@ -23,7 +23,7 @@ Coverage and measured recall/precision: ``docs/guarantees.md``, ``trajlake bench
 
 from producers.redact.formats import REDACTED
 from producers.redact.names import is_secret_name
-from producers.redact.stream import SessionRedactor
+from producers.redact.stream import SessionRedactor, SessionRedactors, redact_session
 from producers.redact.structured import (
     MAX_DEPTH,
     redact_array,
@@ -48,6 +48,7 @@ __all__ = [
     "REDACTED",
     "TRIGGERS",
     "SessionRedactor",
+    "SessionRedactors",
     "_secret_values",
     "forget_secret_values",
     "is_secret_name",
@@ -55,6 +56,7 @@ __all__ = [
     "redact_event",
     "redact_json_text",
     "redact_record",
+    "redact_session",
     "redact_text",
     "redact_value",
     "register_secret_values",

@@ -70,6 +70,7 @@ class _Command:
     positional: int = 0  # the secret is the n-th positional argument from the end (``htpasswd -b f u PASS``)
     needs: tuple[str, ...] = ()  # the line must hold one of these words (``aws ssm put-parameter``)
     needs_flag: str = ""  # the positional rule applies only with this flag letter (``htpasswd -b``)
+    not_ports: bool = False  # a value of digits, dots and colons is a port mapping (``docker run -p 80:80``)
 
 
 def _c(*flags: str, **kw: object) -> _Command:
@@ -78,7 +79,11 @@ def _c(*flags: str, **kw: object) -> _Command:
 
 _P = ("-p", "--password")
 COMMANDS: dict[str, _Command] = {
-    **dict.fromkeys(("docker", "podman", "buildah", "nerdctl", "helm", "oras", "twine", "regctl"), _c(*_P)),
+    **dict.fromkeys(
+        ("docker", "podman", "buildah", "nerdctl", "oras", "regctl", "skopeo", "helm"),
+        _c(*_P, needs=("login", "registry", "repo"), not_ports=True),
+    ),
+    "twine": _c(*_P, needs=("upload",)),
     **dict.fromkeys(("zip", "unzip", "zipcloak"), _c("-P", "--password")),
     **dict.fromkeys(("7z", "7za", "7zr", "rar", "unrar"), _c(joined=("-p",))),
     **dict.fromkeys(("sqlcmd", "bcp", "osql", "isql", "sybase"), _c("-P")),
@@ -185,7 +190,7 @@ def command_spans(text: str) -> list[tuple[int, int]]:
                     flag_letters += word.lstrip("-")
                 elif found is None:
                     positional.append((word, start, end))
-            if found is not None:
+            if found is not None and not (spec.not_ports and re.fullmatch(r"[\d:.]+", text[found[0] : found[1]])):
                 spans.append(found)
         if spec.positional and len(positional) >= 2 and (not spec.needs_flag or spec.needs_flag in flag_letters):
             word, start, end = positional[-spec.positional]

@@ -98,7 +98,19 @@ def decoded_spans(text: str, redact: Callable[[str], str]) -> list[tuple[int, in
                         elif tag == "insert" and 0 < i1 < len(starts):
                             spans.append((offset + starts[i1], offset + ends[i1]))
         offset += len(line)
-    return spans
+    return _close_gaps(spans, text)
+
+
+def _close_gaps(spans: list[tuple[int, int]], text: str) -> list[tuple[int, int]]:
+    """Spans with the short gaps between them closed: a diff can keep a character of the secret that happens
+    to equal one of the marker's (``[REDACTED]T[REDACTED]``)."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start - merged[-1][1] <= 3 and not any(c.isspace() for c in text[merged[-1][1] : start]):
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def decode_all(text: str) -> str:

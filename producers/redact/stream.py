@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import difflib
 import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from producers.redact.formats import REDACTED, TOKEN_PREFIXES
 from producers.redact.structured import redact_value
 from producers.redact.text import key_block_spans, may_contain_secret, redact_text
+from producers.redact.tokens import drop_token_ids, has_token_ids
 from producers.redact.values import merge_spans, replace_spans
 
 # What is kept of a field's previous value: its last line, at most this long.
@@ -71,6 +75,9 @@ class SessionRedactor:
 
     def __init__(self) -> None:
         self._fields: dict[Path, _FieldState] = {}
+        # a model call of this session had its text rewritten: later calls' prompt token ids (which share
+        # its tokens as their prefix) would decode to the secret, so they are dropped too
+        self._tokens_tainted = False
 
     def redact_event(self, event: dict[str, Any]) -> dict[str, Any]:
         """The event with every secret redacted, those it shares with earlier events of the session included.
@@ -97,6 +104,19 @@ class SessionRedactor:
         for path, text in raw.items():
             out = _get(redacted, path)
             self._remember(path, text, isinstance(out, str) and out.endswith(REDACTED))
+        return self._token_ids(event, redacted)
+
+    def _token_ids(self, event: dict[str, Any], redacted: dict[str, Any]) -> dict[str, Any]:
+        """Drop the token ids of a model call whose text, or an earlier call's, redaction changed."""
+        payload = redacted.get("payload")
+        call = payload.get("model_call") if isinstance(payload, dict) else None
+        if not isinstance(call, dict):
+            return redacted
+        before = event["payload"].get("model_call")
+        if isinstance(before, dict) and has_token_ids(before) and not has_token_ids(call):
+            self._tokens_tainted = True
+        elif self._tokens_tainted and has_token_ids(call):
+            redacted = {**redacted, "payload": {**payload, "model_call": drop_token_ids(call)}}
         return redacted
 
     def _boundary_spans(self, path: Path, text: str) -> list[tuple[int, int]]:
@@ -156,3 +176,54 @@ def _set(root: Any, path: Path, value: str) -> None:
     for key in path[:-1]:
         node = node[key]
     node[path[-1]] = value
+
+
+def redact_session(events: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The session-level pass: one session's events, in order, each redacted with the earlier ones in view.
+
+    What every door calls for a whole session (import, OTLP, the admission stage): a secret split across
+    consecutive events (``export DB_PASSWORD=`` | the value; ``Authorization: Bearer `` | the token; a JWT cut
+    at a dot), token strings spelling a secret, and model calls whose token ids no longer match their text
+    are handled as in :class:`SessionRedactor`. Lazy: events are redacted as they are consumed.
+
+    Raises:
+        RedactionError: an event is nested deeper than the redactor walks.
+    """
+    redactor = SessionRedactor()
+    for event in events:
+        yield redactor.redact_event(event)
+
+
+class SessionRedactors:
+    """One :class:`SessionRedactor` per session id, for a door that sees many sessions' events interleaved.
+
+    At most ``max_sessions`` are kept (the least recently used is dropped: a session that comes back after
+    that starts with fresh state, so only a secret split across its two events at that moment is missed).
+    """
+
+    def __init__(self, max_sessions: int = 4096) -> None:
+        self._max = max_sessions
+        self._redactors: OrderedDict[str, SessionRedactor] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def redact_event(self, event: dict[str, Any]) -> dict[str, Any]:
+        """``event`` redacted by its session's redactor (events of one session must come in order).
+
+        Raises:
+            RedactionError: the event is nested deeper than the redactor walks.
+        """
+        key = str(event.get("session_id"))
+        with self._lock:
+            redactor = self._redactors.get(key)
+            if redactor is None:
+                redactor = self._redactors[key] = SessionRedactor()
+                if len(self._redactors) > self._max:
+                    self._redactors.popitem(last=False)
+            else:
+                self._redactors.move_to_end(key)
+        return redactor.redact_event(event)
+
+    def end(self, session_id: str) -> None:
+        """Forget a session's state (its last event has been redacted)."""
+        with self._lock:
+            self._redactors.pop(str(session_id), None)

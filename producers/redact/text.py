@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import functools
 import re
 import string
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import ahocorasick_rs
 
-from producers.redact.context import COMMANDS, PGPASS, command_spans, pgpass_spans
+from producers.redact.context import COMMANDS, CONTEXT_SPECS, PGPASS, command_spans, pgpass_spans
 from producers.redact.decode import decode_all, decoded_spans, has_escape
 from producers.redact.formats import REDACTED, RULE_SPECS, RULES, XML_RULE
 from producers.redact.names import is_code, literal_is_secret, name_strength
 from producers.redact.values import generation, injected_spans, may_hold_injected, merge_spans, replace_spans
-from producers.redact.vendor import TOKEN_RUN, vendor_spans, vendor_token
+from producers.redact.vendor import has_vendor_token, vendor_spans
 
 # Names that say secret contain one of these; each occurrence anchors a look for ``NAME<sep>value``.
 NAME_STEMS = (
@@ -289,18 +290,41 @@ def may_contain_secret(text: str) -> bool:
     return has_escape(text) and may_contain_secret(decode_all(text))
 
 
-def has_vendor_token(text: str) -> bool:
-    """Whether ``text`` holds a run that reads as a vendor token (:mod:`.vendor`)."""
-    return any(vendor_token(m.group(0)) for m in TOKEN_RUN.finditer(text))
-
-
 def has_encoded_secret(text: str) -> bool:
     """Whether a base64 or hex run in ``text`` decodes to text holding a secret."""
     return bool(_encoded_spans(text, 0))
 
 
+# The layers (docs/guarantees.md): each can be switched off to measure what the others catch alone.
+ALL_LAYERS = frozenset({"values", "formats", "context"})
+_ACTIVE = {"layers": ALL_LAYERS}
+
+
+def active_layers() -> frozenset[str]:
+    """The layers in use (all of them, except inside :func:`only_layers`)."""
+    return _ACTIVE["layers"]
+
+
+@contextlib.contextmanager
+def only_layers(layers: Iterable[str]) -> Iterator[None]:
+    """Run only ``layers`` (``values``, ``formats``, ``context``) inside the block: a measuring tool, not
+    for production (it is process-wide)."""
+    previous = _ACTIVE["layers"]
+    _ACTIVE["layers"] = frozenset(layers)
+    run_hides_secret.cache_clear()
+    try:
+        yield
+    finally:
+        _ACTIVE["layers"] = previous
+        run_hides_secret.cache_clear()
+
+
+_FORMAT_RULES = frozenset(range(len(RULE_SPECS) - len(CONTEXT_SPECS)))
+
+
 def _redact(text: str, layer: int = 0, open_block: bool = False) -> str:
-    spans = injected_spans(text) if may_hold_injected(text) else []
+    on = _ACTIVE["layers"]
+    spans = injected_spans(text) if "values" in on and may_hold_injected(text) else []
     if spans:
         text = replace_spans(text, spans, REDACTED)
     rules: set[int] = set()
@@ -316,12 +340,16 @@ def _redact(text: str, layer: int = 0, open_block: bool = False) -> str:
     for trigger, indices in CASED_TRIGGERS:
         if trigger in text:
             rules |= indices
-    spans = _name_spans(text, stems) if stems else []
-    if key_block:
+    if on != ALL_LAYERS:
+        rules = {i for i in rules if ("formats" if i in _FORMAT_RULES else "context") in on}
+    context = "context" in on
+    spans = _name_spans(text, stems) if stems and context else []
+    if key_block and "formats" in on:
         spans += key_block_spans(text, open_block)[0]
-    if command:
+    if command and context:
         spans += command_spans(text)
-    spans += pgpass_spans(text)
+    if context:
+        spans += pgpass_spans(text)
     if layer == 0 and has_escape(text):
         spans += decoded_spans(text, lambda decoded: _redact(decoded, 1))
     if spans:
@@ -331,7 +359,7 @@ def _redact(text: str, layer: int = 0, open_block: bool = False) -> str:
         if index == XML_RULE and "</" not in text:
             continue  # an element needs its closing tag
         text = pattern.sub(replacement, text)
-    if layer < MAX_LAYERS:
+    if layer < MAX_LAYERS and "formats" in on:
         spans = _encoded_spans(text, layer) + bare_body_spans(text) + vendor_spans(text)
         if spans:
             text = replace_spans(text, merge_spans(spans), REDACTED)

@@ -30,6 +30,8 @@ NOT_TOKEN_PREFIXES = frozenset({
     "thread", "step", "batch", "ft", "model", "snapshot", "tmp", "temp", "pr", "ref", "tag", "main", "release", "node",
     "pod", "deploy", "container", "vol", "subnet", "vpc", "sg", "ami", "igw", "rtb", "eni", "lt", "snap", "project",
     "workspace", "data", "event", "log", "obj", "key", "doc", "page", "app", "conv", "upload", "attempt",
+    "digest", "checksum", "object", "version", "revision", "sum", "hmac", "nonce", "salt", "state", "sig", "cid",
+    "tree", "parent", "merge", "head", "base", "patch", "diff", "change", "task", "instance", "sample", "seed",
 })  # fmt: skip
 _LABEL = re.compile(r"[a-z][a-z0-9]{1,9}|[A-Z][A-Z0-9]{1,9}")
 _PARTS = re.compile(r"[._-]")
@@ -89,8 +91,18 @@ def vendor_token(run: str) -> bool:
         and not longest.isdigit()
         and sum(c.isdigit() for c in longest) >= 4
         and label.islower()
-        and (len(label) <= 5 or any(c.isdigit() for c in label))
+        and (len(label) <= 8 or any(c.isdigit() for c in label))
     )
+
+
+# A label of capitals glued to its body (``ATATT3xFf…``, ``ATCTT3…``): capitals, a digit, 40+ random characters.
+GLUED = re.compile(r"(?<![A-Za-z0-9+/=_.-])[A-Z]{3,6}[0-9][A-Za-z0-9]{40,}(?![A-Za-z0-9+/_.-])")
+
+
+def glued_token(run: str) -> bool:
+    """Whether ``run`` (a :data:`GLUED` match) has a random body (a base64 blob has ``+``/``/`` and no label)."""
+    body = run[run.index(next(c for c in run if c.isdigit())) + 1 :]
+    return _mixed(body[:64]) and not run.startswith("AAAA")
 
 
 # Maximal runs that may be a vendor token: letters, digits, ``_``, ``-`` and ``.``, 20+ characters.
@@ -108,4 +120,13 @@ def vendor_spans(text: str, limit: int = 256) -> list[tuple[int, int]]:
             start, end = match.span()
             stripped = run.rstrip("._-")
             spans.append((start, end - (len(run) - len(stripped))))
+    if len(text) >= 44:
+        spans += [m.span() for m in GLUED.finditer(text) if glued_token(m.group(0))]
     return spans
+
+
+def has_vendor_token(text: str) -> bool:
+    """Whether ``text`` holds a run that reads as a vendor token."""
+    if any(vendor_token(m.group(0)) for m in TOKEN_RUN.finditer(text)):
+        return True
+    return len(text) >= 44 and any(glued_token(m.group(0)) for m in GLUED.finditer(text))
