@@ -29,7 +29,7 @@ from typing import Any
 
 from producers.redact.formats import REDACTED, TOKEN_PREFIXES
 from producers.redact.structured import redact_value
-from producers.redact.text import key_block_spans, may_contain_secret, redact_text
+from producers.redact.text import active_layers, key_block_spans, may_contain_secret, redact_text
 from producers.redact.tokens import drop_token_ids, has_token_ids
 from producers.redact.values import merge_spans, replace_spans
 
@@ -137,7 +137,7 @@ class SessionRedactor:
                         if end > cut:
                             spans.append((max(start, cut) - cut, end - cut))
         tail_window = text[-TAIL_CHARS:]
-        partial = TOKEN_PREFIXES.search(tail_window)
+        partial = TOKEN_PREFIXES.search(tail_window) if "formats" in active_layers() else None
         if partial is not None:
             offset = len(text) - len(tail_window)
             spans.append((partial.start() + offset, len(text)))
