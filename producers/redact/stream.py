@@ -20,6 +20,7 @@ with no name before it, and key blocks left open for more than ``MAX_OPEN_EVENTS
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import threading
 from collections import OrderedDict
@@ -27,14 +28,18 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import ahocorasick_rs
+
 from producers.redact.formats import REDACTED, TOKEN_PREFIXES
 from producers.redact.structured import redact_value
 from producers.redact.text import active_layers, key_block_spans, may_contain_secret, redact_text
 from producers.redact.tokens import drop_token_ids, has_token_ids
-from producers.redact.values import merge_spans, replace_spans
+from producers.redact.values import MIN_SECRET_VALUE_LEN, merge_spans, replace_spans
 
 # What is kept of a field's previous value: its last line, at most this long.
 TAIL_CHARS = 512
+# Secrets found in a session and redacted by value in its later events (the most recent are kept).
+MAX_LEARNED = 256
 # Fields remembered per session (an event kind has a handful; a hostile producer cannot grow it).
 MAX_FIELDS = 64
 # A key block still open after this many events of its field is given up (its state is dropped).
@@ -78,6 +83,10 @@ class SessionRedactor:
         # a model call of this session had its text rewritten: later calls' prompt token ids (which share
         # its tokens as their prefix) would decode to the secret, so they are dropped too
         self._tokens_tainted = False
+        # secrets found earlier in the session, redacted by value wherever they appear again (a tool output's
+        # secret inside a later model call's messages, where the text around it does not tell)
+        self._learned: dict[str, None] = {}
+        self._learned_automaton: ahocorasick_rs.AhoCorasick | None = None
 
     def redact_event(self, event: dict[str, Any]) -> dict[str, Any]:
         """The event with every secret redacted, those it shares with earlier events of the session included.
@@ -97,14 +106,37 @@ class SessionRedactor:
             if not text:
                 continue
             raw[path] = text
-            spans = self._boundary_spans(path, text)
+            spans = self._boundary_spans(path, text) + self._learned_spans(text)
             if spans:
                 _set(streamed, path, replace_spans(text, merge_spans(spans), REDACTED))
         redacted = redact_value(streamed)
         for path, text in raw.items():
             out = _get(redacted, path)
             self._remember(path, text, isinstance(out, str) and out.endswith(REDACTED))
+            if isinstance(out, str) and out != text and REDACTED in out:
+                self._learn(removed_values(text, out))
         return self._token_ids(event, redacted)
+
+    def _learned_spans(self, text: str) -> list[tuple[int, int]]:
+        automaton = self._learned_automaton
+        if automaton is None:
+            return []
+        return [(start, end) for _, start, end in automaton.find_matches_as_indexes(text)]
+
+    def _learn(self, values: list[str]) -> None:
+        fresh = [v for v in values if len(v) >= MIN_SECRET_VALUE_LEN and v not in self._learned]
+        if not fresh:
+            return
+        for value in fresh:
+            self._learned[value] = None
+            escaped = json.dumps(value)[1:-1]
+            if escaped != value:
+                self._learned[escaped] = None
+        while len(self._learned) > MAX_LEARNED:
+            self._learned.pop(next(iter(self._learned)))
+        self._learned_automaton = ahocorasick_rs.AhoCorasick(
+            list(self._learned), matchkind=ahocorasick_rs.MATCHKIND_LEFTMOST_LONGEST
+        )
 
     def _token_ids(self, event: dict[str, Any], redacted: dict[str, Any]) -> dict[str, Any]:
         """Drop the token ids of a model call whose text, or an earlier call's, redaction changed."""
@@ -151,6 +183,28 @@ class SessionRedactor:
         if path not in self._fields and len(self._fields) >= MAX_FIELDS:
             self._fields.pop(next(iter(self._fields)))
         self._fields[path] = _FieldState(text[-TAIL_CHARS:].rsplit("\n", 1)[-1], ended_in_secret, open_block)
+
+
+def removed_values(raw: str, out: str) -> list[str]:
+    """The substrings of ``raw`` that redaction replaced by markers to give ``out`` (empty when the two do not
+    align: a JSON value re-serialized with other spacing)."""
+    pieces = out.split(REDACTED)
+    if len(pieces) < 2 or not raw.startswith(pieces[0]) or not raw.endswith(pieces[-1]):
+        return []
+    values = []
+    position = len(pieces[0])
+    for index, piece in enumerate(pieces[1:], start=1):
+        if index == len(pieces) - 1:
+            end = len(raw) - len(piece)
+        elif not piece:
+            continue  # two markers in a row: their values are one run, taken at the next piece
+        else:
+            end = raw.find(piece, position + 1)
+        if end < position:
+            return []
+        values.append(raw[position:end])
+        position = end + len(piece)
+    return [v.strip() for v in values if v.strip()]
 
 
 def _copy(value: Any) -> Any:

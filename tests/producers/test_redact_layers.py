@@ -250,3 +250,47 @@ def test_shared_corpus_through_the_sdk_encoded_and_decoded(field):
         if any(m in form for m in case.must_not_appear for form in forms):
             leaked.append(case.id)
     assert leaked == []
+
+
+def _atif_run(first: str, second: str, reply: str) -> dict:
+    """An ATIF run: two tool outputs in a row (``first`` | ``second``), and a reply recorded with token ids."""
+
+    def step(step_id: int, call: str, output: str, message: str, metrics: dict | None = None) -> dict:
+        return {
+            "step_id": step_id, "source": "agent", "message": message,
+            "tool_calls": [{"tool_call_id": call, "function_name": "bash", "arguments": {"command": "./run.sh"}}],
+            "observation": {"results": [{"source_call_id": call, "content": output}]},
+            **({"metrics": metrics} if metrics else {}),
+        }  # fmt: skip
+
+    metrics = {"prompt_tokens": 3, "completion_tokens": 2, "prompt_token_ids": [1, 2, 3],
+               "completion_token_ids": [7, 8], "logprobs": [-0.5, -0.25]}  # fmt: skip
+    return {
+        "schema_version": "ATIF-v1.4",
+        "session_id": "atif-redact",
+        "agent": {"name": "harbor-agent", "version": "0.3", "model_name": "m-1"},
+        "steps": [
+            {"step_id": 1, "source": "user", "message": "Migrate the database."},
+            step(2, "c1", first, "Looking."),
+            step(3, "c2", second, reply, metrics),
+            {"step_id": 4, "source": "agent", "message": "Done."},
+        ],
+    }
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(secret=password, split=st.sampled_from(SPLITS))
+def test_an_imported_run_is_redacted_as_a_whole_session(tmp_path_factory, secret, split):
+    """``trajlake import``'s path: a secret split across two tool outputs, and a reply whose token ids would spell
+    a secret (the call falls back to message level)."""
+    from producers.importers import import_trajectory
+
+    path = tmp_path_factory.mktemp("atif") / "run.json"
+    reply = f"Setting DB_PASSWORD={secret[::-1]} in service.env and restarting."
+    path.write_text(json.dumps(_atif_run(split[0], split[1].format(s=secret), reply)))
+    events = import_trajectory(path)
+    text = json.dumps(events, default=str)
+    assert secret not in text and secret[::-1] not in text
+    calls = [e["payload"]["model_call"] for e in events if (e.get("payload") or {}).get("model_call")]
+    redacted_calls = [c for c in calls if c.get("response_message_sha256") and c["record_level"] == "message"]
+    assert redacted_calls and all(not c["completion_token_ids"] for c in redacted_calls)
