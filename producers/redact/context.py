@@ -259,7 +259,7 @@ CONTEXT_SPECS: list[tuple[tuple[str, ...], str, Replacement, int]] = [
      + r"(?P<s>[^\s'\"]{4,})(?P=q)", _named_flag, 0),
     # a word that says secret, then (after a space or a colon) a value with a credential's texture
     (("token", "password", "passwd", "passphrase", "secret", "apikey", "api key", "api-key", "api_key"),
-     r"(?i)(?<![\w-])(?:[\w-]*(?:token|password|passwd|passphrase|secret|api[ _-]?key|apikey))(?![\w-])[ \t]*:?[ \t]+"
+     r"(?i)(?:token|password|passwd|passphrase|secret|api[ _-]?key|apikey)(?![\w-])[ \t]*:?[ \t]+"
      r"(?!(?:is|was|for|the|a|an|to|of|and|or|in|on|with|from|not|has|have)\b)"
      + _Q + r"(?P<s>[A-Za-z0-9][A-Za-z0-9_.+/=~-]{11,})(?P=q)(?![\w(])", _random_value, 0),
 ]  # fmt: skip

@@ -75,17 +75,24 @@ def decoded_view(line: str) -> tuple[str, list[int], list[int]] | None:
     return "".join(pieces), starts, ends
 
 
+_PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
+_ENTITY = re.compile(r"&#?[A-Za-z0-9]{1,31};")
+
+
 def has_escape(text: str) -> bool:
-    """A cheap test: may ``text`` hold an escape this layer decodes."""
-    return ("%" in text or "&" in text or "\\" in text) and ESCAPE.search(text) is not None
+    """A cheap test: may ``text`` hold an escape this layer decodes (literal checks first, at C speed)."""
+    if "\\u" in text or "\\x" in text:
+        return True
+    return ("%" in text and _PERCENT.search(text) is not None) or ("&" in text and _ENTITY.search(text) is not None)
 
 
-def decoded_spans(text: str, redact: Callable[[str], str]) -> list[tuple[int, int]]:
-    """Spans of ``text`` whose decoded form ``redact`` changes (see the module docstring)."""
+def decoded_spans(text: str, redact: Callable[[str], str], may_matter: Callable[[str], bool]) -> list[tuple[int, int]]:
+    """Spans of ``text`` whose decoded form ``redact`` changes (see the module docstring); only lines whose
+    decoded form ``may_matter`` (a pre-check) are redacted."""
     spans: list[tuple[int, int]] = []
     offset = 0
     for line in text.splitlines(keepends=True):
-        if len(line) <= MAX_LINE and has_escape(line):
+        if len(line) <= MAX_LINE and has_escape(line) and may_matter(decode_all(line)):
             view = decoded_view(line)
             if view is not None:
                 decoded, starts, ends = view
@@ -115,8 +122,4 @@ def _close_gaps(spans: list[tuple[int, int]], text: str) -> list[tuple[int, int]
 
 def decode_all(text: str) -> str:
     """Every escape of ``text`` decoded (for a pre-check: may the decoded text hold a secret)."""
-    out: list[str] = []
-    for line in text.splitlines(keepends=True):
-        view = decoded_view(line) if len(line) <= MAX_LINE else None
-        out.append(view[0] if view is not None else line)
-    return "".join(out)
+    return ESCAPE.sub(lambda m: _decode_escape(m.group(0)) or m.group(0), text)

@@ -141,7 +141,9 @@ class SessionRedactor:
     def _token_ids(self, event: dict[str, Any], redacted: dict[str, Any]) -> dict[str, Any]:
         """Drop the token ids of a model call whose text, or an earlier call's, redaction changed."""
         payload = redacted.get("payload")
-        call = payload.get("model_call") if isinstance(payload, dict) else None
+        if not isinstance(payload, dict):
+            return redacted
+        call = payload.get("model_call")
         if not isinstance(call, dict):
             return redacted
         before = event["payload"].get("model_call")

@@ -35,7 +35,7 @@ def redact_tokens(tokens: list[str], redact: Any) -> list[str] | None:
     out = redact(joined)
     if out == joined:
         return None
-    spans = []
+    spans: list[tuple[int, int]] = []
     matcher = difflib.SequenceMatcher(None, joined, out, autojunk=False)
     for tag, i1, i2, _, _ in matcher.get_opcodes():
         if tag in ("replace", "delete") and i2 > i1:

@@ -96,7 +96,7 @@ def vendor_token(run: str) -> bool:
 
 
 # A label of capitals glued to its body (``ATATT3xFf…``, ``ATCTT3…``): capitals, a digit, 40+ random characters.
-GLUED = re.compile(r"(?<![A-Za-z0-9+/=_.-])[A-Z]{3,6}[0-9][A-Za-z0-9]{40,}(?![A-Za-z0-9+/_.-])")
+GLUED = re.compile(r"[A-Z]{3,6}[0-9][A-Za-z0-9]{40,}")
 
 
 def glued_token(run: str) -> bool:
@@ -116,17 +116,23 @@ def vendor_spans(text: str, limit: int = 256) -> list[tuple[int, int]]:
         if count >= limit:
             break
         run = match.group(0)
-        if vendor_token(run):
+        if vendor_token(run) or _glued(run, text, match.start()):
             start, end = match.span()
             stripped = run.rstrip("._-")
             spans.append((start, end - (len(run) - len(stripped))))
-    if len(text) >= 44:
-        spans += [m.span() for m in GLUED.finditer(text) if glued_token(m.group(0))]
     return spans
+
+
+def _glued(run: str, text: str, start: int) -> bool:
+    """A run of letters and digits only (not part of a base64 blob) that is a glued label and body."""
+    if len(run) < 44 or not run[:1].isupper() or GLUED.fullmatch(run) is None:
+        return False
+    if start > 0 and text[start - 1] in "+/=":
+        return False
+    after = start + len(run)
+    return (after >= len(text) or text[after] not in "+/") and glued_token(run)
 
 
 def has_vendor_token(text: str) -> bool:
     """Whether ``text`` holds a run that reads as a vendor token."""
-    if any(vendor_token(m.group(0)) for m in TOKEN_RUN.finditer(text)):
-        return True
-    return len(text) >= 44 and any(glued_token(m.group(0)) for m in GLUED.finditer(text))
+    return bool(vendor_spans(text))

@@ -238,7 +238,7 @@ def test_shared_corpus_through_the_sdk_encoded_and_decoded(field):
     sent: list[bytes] = []
     producer = EventProducer.__new__(EventProducer)
     producer.redact, producer.schema_version, producer.host_id = True, None, "test-host"
-    producer.send = lambda session_id, event_id, value: sent.append(value)  # type: ignore[method-assign]
+    producer.send = lambda session_id, event_id, value: sent.append(value)
     leaked = []
     for case in cases:
         sent.clear()
