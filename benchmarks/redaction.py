@@ -39,6 +39,7 @@ from benchmarks.carrier_corpus import (
     load_carrier_corpus,
     measure_carriers,
 )
+from benchmarks.detectors import detector_figures
 from benchmarks.secret_corpus import (
     CONTEXTS,
     FIELDS,
@@ -74,6 +75,7 @@ LAYER_SETS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("values", ("values",)),
     ("formats", ("formats",)),
     ("context", ("context",)),
+    ("detector", ("detector",)),
 )
 
 TextRedactor = Callable[[str], str]
@@ -230,6 +232,7 @@ class RedactionReport:
     layer_recall: dict[str, float] = field(default_factory=dict)  # ours on the project's corpus, one layer alone
     carriers: list[CarrierFigures] = field(default_factory=list)  # the shared corpus, per layer and together
     carrier_note: str = ""
+    detectors: list[str] = field(default_factory=list)  # maintained detector libraries on the carrier corpus
 
     def summary(self) -> str:
         """A table of recall per kind, then the totals per method."""
@@ -258,6 +261,7 @@ class RedactionReport:
                 lines.append(
                     f"  leaked: {', '.join(overall.leaked) or '-'}; changed: {', '.join(overall.changed_ids) or '-'}"
                 )
+        lines += [f"  detector {line}" for line in self.detectors]
         if self.context_recall:
             lines.append(
                 "ours, the cases in other surroundings: "
@@ -418,6 +422,7 @@ def run_redaction_benchmark(
     examples, public_notes = _public_examples() if public else ({}, [])
     layer_recall = _layer_recall(cases)
     carriers, carrier_note = carrier_figures(carrier_dir)
+    detectors = [f.line() for f in detector_figures(carrier_dir)] if carriers else []
     return RedactionReport(
         kinds=[c.kind for c in cases],
         fields=FIELDS,
@@ -435,6 +440,7 @@ def run_redaction_benchmark(
         layer_recall=layer_recall,
         carriers=carriers,
         carrier_note=carrier_note,
+        detectors=detectors,
     )
 
 

@@ -21,6 +21,7 @@ import ahocorasick_rs
 
 from producers.redact.context import COMMANDS, CONTEXT_SPECS, PGPASS, command_spans, pgpass_spans
 from producers.redact.decode import decode_all, decoded_spans, has_escape
+from producers.redact.detector import detector_spans
 from producers.redact.formats import REDACTED, RULE_SPECS, RULES, XML_RULE
 from producers.redact.names import is_code, literal_is_secret, name_strength
 from producers.redact.values import generation, injected_spans, may_hold_injected, merge_spans, replace_spans
@@ -287,7 +288,10 @@ def may_contain_secret(text: str) -> bool:
         return True
     if ":" in text and PGPASS.search(text) is not None:
         return True
-    return has_escape(text) and may_contain_secret(decode_all(text))
+    if not has_escape(text):
+        return False
+    decoded = decode_all(text)  # shorter whenever it differs: the recursion ends
+    return decoded != text and may_contain_secret(decoded)
 
 
 def has_encoded_secret(text: str) -> bool:
@@ -296,7 +300,7 @@ def has_encoded_secret(text: str) -> bool:
 
 
 # The layers (docs/guarantees.md): each can be switched off to measure what the others catch alone.
-ALL_LAYERS = frozenset({"values", "formats", "context"})
+ALL_LAYERS = frozenset({"values", "formats", "context", "detector"})
 _ACTIVE = {"layers": ALL_LAYERS}
 
 
@@ -307,7 +311,7 @@ def active_layers() -> frozenset[str]:
 
 @contextlib.contextmanager
 def only_layers(layers: Iterable[str]) -> Iterator[None]:
-    """Run only ``layers`` (``values``, ``formats``, ``context``) inside the block: a measuring tool, not
+    """Run only ``layers`` (``values``, ``formats``, ``context``, ``detector``) inside the block: a measuring tool, not
     for production (it is process-wide)."""
     previous = _ACTIVE["layers"]
     _ACTIVE["layers"] = frozenset(layers)
@@ -359,6 +363,8 @@ def _redact(text: str, layer: int = 0, open_block: bool = False) -> str:
         if index == XML_RULE and "</" not in text:
             continue  # an element needs its closing tag
         text = pattern.sub(replacement, text)
+    if layer == 0 and "detector" in on and (found := detector_spans(text)):
+        text = replace_spans(text, merge_spans(found), REDACTED)
     if layer < MAX_LAYERS and "formats" in on:
         spans = _encoded_spans(text, layer) + bare_body_spans(text) + vendor_spans(text)
         if spans:
