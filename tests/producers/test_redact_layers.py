@@ -294,3 +294,18 @@ def test_an_imported_run_is_redacted_as_a_whole_session(tmp_path_factory, secret
     calls = [e["payload"]["model_call"] for e in events if (e.get("payload") or {}).get("model_call")]
     redacted_calls = [c for c in calls if c.get("response_message_sha256") and c["record_level"] == "message"]
     assert redacted_calls and all(not c["completion_token_ids"] for c in redacted_calls)
+
+
+def test_the_detector_layer_alone_finds_a_provider_token():
+    """Kingfisher's catalog on its own (the other layers off): a GitHub token is found and replaced."""
+    from producers.redact.text import only_layers
+
+    token = "ghp_R7a9bX2kLm4nP8qT1vW5yZ3cD6fG0hJ2kL4m"
+    with only_layers({"detector"}):
+        out = redact_text(f"GITHUB_TOKEN={token}")
+    assert token not in out and REDACTED in out
+
+
+def test_text_with_undecodable_escapes_is_left_alone():
+    text = "C:\\users\\xavier\\dir %zz &x; \\user"
+    assert redact_text(text) == text and redact_value({"s": text}) == {"s": text}
