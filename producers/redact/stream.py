@@ -32,7 +32,7 @@ import ahocorasick_rs
 
 from producers.redact.formats import REDACTED, TOKEN_PREFIXES
 from producers.redact.structured import redact_value
-from producers.redact.text import active_layers, key_block_spans, may_contain_secret, redact_text
+from producers.redact.text import active_layers, key_block_spans, may_join_secret, redact_text
 from producers.redact.tokens import drop_token_ids, has_token_ids
 from producers.redact.values import MIN_SECRET_VALUE_LEN, merge_spans, replace_spans
 
@@ -163,7 +163,7 @@ class SessionRedactor:
                 spans.append(run.span())
             head = text[: min(len(text), TAIL_CHARS)].split("\n", 1)[0]
             joined = state.tail + head
-            if state.tail and head and may_contain_secret(joined):
+            if state.tail and head and may_join_secret(joined):
                 out = redact_text(joined)
                 if out != joined:
                     cut = len(state.tail)

@@ -278,6 +278,14 @@ def lower_ascii(text: str) -> str:
     return low if len(low) == len(text) else text.translate(_ASCII_LOWER)
 
 
+def may_join_secret(text: str) -> bool:
+    """The pre-check for two events' boundary (a name in one, its value in the next; a token cut in two):
+    trigger words, a vendor-shaped run or a registered value (cheaper than :func:`may_contain_secret`)."""
+    if AUTOMATON.find_matches_as_indexes(lower_ascii(text)) or any(t in text for t, _ in CASED_TRIGGERS):
+        return True
+    return may_hold_injected(text) or has_vendor_token(text)
+
+
 def may_contain_secret(text: str) -> bool:
     """A cheap pre-check: False only when no layer can find anything in ``text``."""
     if AUTOMATON.find_matches_as_indexes(lower_ascii(text)) or any(t in text for t, _ in CASED_TRIGGERS):
