@@ -253,6 +253,11 @@ CONTEXT_SPECS: list[tuple[tuple[str, ...], str, Replacement, int]] = [
     # nmcli … password X, wifi-sec.psk X
     (("nmcli",), r"\bnmcli\b[^\n]*?\s(?:password|wifi-sec\.psk|802-1x\.password)\s+" + _Q
      + r"(?P<s>[^\s'\"]+)(?P=q)", _value, 0),
+    # Windows: net use \\srv\share /user:NAME PASS, net user NAME PASS /add, cmdkey /pass:PASS
+    (("net use", "net user"),
+     r"(?i)\bnet\s+(?:use\b[^\n]*?/u(?:ser)?:\S+|user\s+(?!/)\S+)\s+" + _Q + r"(?P<s>[^\s/*'\"]{4,})(?P=q)",
+     _value, 0),
+    (("/pass:",), r"(?i)(?<![\w-])/pass:" + _Q + r"(?P<s>[^\s'\"]+)(?P=q)", _value, 0),
     # --NAME value for any command
     (("pass", "pwd", "secret", "token", "key", "auth", "cred"),
      r"(?<![\w-])--?(?P<n>[A-Za-z][A-Za-z0-9]*(?:[-_][A-Za-z0-9]+){0,4})(?:(?P<eq>=)|[ \t]+)" + _Q

@@ -362,8 +362,8 @@ def _redact(text: str, layer: int = 0, open_block: bool = False) -> str:
         spans += command_spans(text)
     if context:
         spans += pgpass_spans(text)
-    if layer == 0 and has_escape(text):
-        spans += decoded_spans(text, lambda decoded: _redact(decoded, 1), may_contain_secret)
+    if layer <= 1 and has_escape(text):  # twice: a URL-encoded value inside URL-encoded text (%253A)
+        spans += decoded_spans(text, lambda decoded: _redact(decoded, layer + 1), may_contain_secret)
     if spans:
         text = replace_spans(text, merge_spans(spans), REDACTED)
     for index in sorted(rules):

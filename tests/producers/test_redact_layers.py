@@ -60,6 +60,11 @@ COMMAND_SHAPES = [
     "lftp -u bob,{s} ftp.example.com",
     "newrelic profile add --apiKey {s} --region US",
     "sqlplus scott/{s}@orcl",
+    "net use \\\\srv\\share /user:admin {s}",
+    "cmdkey /generic:srv /user:admin /pass:{s}",
+    "mount -t cifs -o username=u,password={s} //srv/s /mnt",
+    "CONFIG SET requirepass {s}",
+    "rabbitmqctl add_user admin {s}",
 ]
 
 
@@ -110,10 +115,11 @@ def test_vendor_token_of_no_listed_format_is_redacted_by_its_structure(prefix, s
 
 
 @quiet
-@given(secret=password, encode=st.sampled_from(["url", "html", "json"]))
+@given(secret=password, encode=st.sampled_from(["url", "url2", "html", "json"]))
 def test_encoded_names_and_values_are_read_decoded(secret, encode):
-    if encode == "url":
-        text = "clone=" + urllib.parse.quote(f"https://deploy:{secret}@git.example.com/r.git", safe="")
+    if encode in ("url", "url2"):
+        text = urllib.parse.quote(f"https://deploy:{secret}@git.example.com/r.git", safe="")
+        text = "clone=" + (urllib.parse.quote(text, safe="") if encode == "url2" else text)
     elif encode == "html":
         text = html.escape(f"<password>{secret}</password>") + f" pass&#119;ord={secret}"
     else:
