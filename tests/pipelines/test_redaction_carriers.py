@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import urllib.parse
 from pathlib import Path
 
@@ -60,29 +61,32 @@ def _run(case: CarrierCase) -> dict:
 
 
 @pytest.fixture(scope="module")
-def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, list[CarrierCase]]:
+def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, list[CarrierCase], dict[str, str]]:
     cases = _cases()
     tmp = tmp_path_factory.mktemp("carriers")
     settings = load_settings(home=tmp / "home", topic="unused", kafka_bootstrap=None, catalog_uri=None)
     events: list[dict] = []
+    sessions: dict[str, str] = {}
     for case in cases:
         path = tmp / f"{case.id}.json"
         path.write_text(json.dumps(_run(case)))
-        events += import_trajectory(path)
+        imported = import_trajectory(path)
+        sessions[case.id] = imported[0]["session_id"]
+        events += imported
     write_raw(settings, events, batch_size=5000)
     assemble(settings)
     score_all(settings)
-    return settings, cases
+    return settings, cases, sessions
 
 
 def _forms(text: str) -> list[str]:
-    return [text, urllib.parse.unquote(text), html.unescape(text), text.encode().decode("unicode_escape", "ignore")]
+    return [text, urllib.parse.unquote(text), html.unescape(text), _unescape(text)]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_every_export_format_holds_no_corpus_secret(lake: tuple[Settings, list[CarrierCase]], fmt, tmp_path: Path):
-    settings, cases = lake
+def test_every_export_format_holds_no_corpus_secret(lake, fmt, tmp_path: Path):
+    settings, cases, _ = lake
     out = tmp_path / fmt
     export_training_set(settings, fmt, out, filters=EVERY)
     written = "\n".join(p.read_text(errors="replace") for p in sorted(out.rglob("*")) if p.is_file())
@@ -97,3 +101,41 @@ def test_every_export_format_holds_no_corpus_secret(lake: tuple[Settings, list[C
             c.id for c in cases if c.kind == "ordinary" and not all(any(m in f for f in forms) for m in c.must_appear)
         ]
         assert changed == []
+
+
+@pytest.mark.slow
+def test_show_and_the_report_hold_no_corpus_secret(lake, tmp_path: Path):
+    from rich.console import Console
+
+    from pipelines.inspect import load_session
+    from pipelines.report import write_report
+    from trajlake.show import render_session
+
+    settings, cases, sessions = lake
+    shown = {}
+    for case in cases:
+        console = Console(record=True, width=200, file=open("/dev/null", "w"))
+        render_session(console, load_session(settings, sessions[case.id]), full=True)
+        shown[case.id] = console.export_text()
+        console.file.close()
+    write_report(settings, tmp_path / "report", max_pages=len(cases))
+    report = "\n".join(p.read_text(errors="replace") for p in (tmp_path / "report").rglob("*") if p.is_file())
+    report_forms = _forms(report)
+    leaked = [
+        c.id
+        for c in cases
+        if c.kind == "secret" and any(m in f for m in c.must_not_appear for f in _forms(shown[c.id]) + report_forms)
+    ]
+    assert leaked == []
+    assert all(f"Task {c.id}" in shown[c.id] for c in cases[:3])  # the sessions are shown (the check can fail)
+
+
+def _unescape(text: str) -> str:
+    """``text`` with JSON string escapes decoded (what a reader of the JSON would see)."""
+    simple = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}
+
+    def one(m: re.Match[str]) -> str:
+        code = m.group(1)
+        return chr(int(code[1:], 16)) if code[0] == "u" else simple.get(code, code)
+
+    return re.sub(r'\\(u[0-9a-fA-F]{4}|["\\/bfnrt])', one, text)
