@@ -229,11 +229,21 @@ def bench_redaction_cmd(
     public: Annotated[
         bool, typer.Option(help="Also measure the public corpora (gitleaks examples, ordinary code/docs/shell).")
     ] = True,
+    corpus: Annotated[
+        Path | None,
+        typer.Option(help="A corpus of texts with their channels (default ../shared/data/redaction-corpus)."),
+    ] = None,
 ) -> None:
-    """Redaction recall per secret kind, false positives on real runs and public corpora, us per event."""
-    from benchmarks.redaction import REAL_RUNS_DIR, run_redaction_benchmark
+    """Redaction recall per secret kind and per layer, false positives on real runs and public corpora, us per event."""
+    from benchmarks.redaction import REAL_RUNS_DIR, SHARED_CORPUS_DIR, run_redaction_benchmark
 
-    report = run_redaction_benchmark(seed, real or REAL_RUNS_DIR, detect_secrets=detect_secrets, public=public)
+    report = run_redaction_benchmark(
+        seed,
+        real or REAL_RUNS_DIR,
+        detect_secrets=detect_secrets,
+        public=public,
+        carrier_dir=corpus or SHARED_CORPUS_DIR,
+    )
     out.print(report.summary(), markup=False)
 
 

@@ -32,6 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.carrier_corpus import (
+    SHARED_CORPUS_DIR,
+    CarrierCorpusUnavailable,
+    CarrierFigures,
+    load_carrier_corpus,
+    measure_carriers,
+)
+from benchmarks.detectors import detector_figures
 from benchmarks.secret_corpus import (
     CONTEXTS,
     FIELDS,
@@ -52,13 +60,23 @@ from producers.redact import (
     REDACTED,
     SessionRedactor,
     forget_secret_values,
+    redact_session,
     redact_text,
     redact_value,
     register_secret_values,
 )
+from producers.redact.text import only_layers
 from producers.sdk import Event
 from producers.session_generator import synthetic_sessions
 from schemas.registry import encode_event
+
+# The layers measured alone (docs/guarantees.md), then together without and with the session-level pass.
+LAYER_SETS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("values", ("values",)),
+    ("formats", ("formats",)),
+    ("context", ("context",)),
+    ("detector", ("detector",)),
+)
 
 TextRedactor = Callable[[str], str]
 EventRedactor = Callable[[Event], Event]
@@ -211,6 +229,10 @@ class RedactionReport:
     skipped: list[str] = field(default_factory=list)
     session_us_per_event: float = 0.0  # ours through SessionRedactor, a session's events in order
     public: list[CorpusFigure] = field(default_factory=list)
+    layer_recall: dict[str, float] = field(default_factory=dict)  # ours on the project's corpus, one layer alone
+    carriers: list[CarrierFigures] = field(default_factory=list)  # the shared corpus, per layer and together
+    carrier_note: str = ""
+    detectors: list[str] = field(default_factory=list)  # maintained detector libraries on the carrier corpus
 
     def summary(self) -> str:
         """A table of recall per kind, then the totals per method."""
@@ -226,6 +248,20 @@ class RedactionReport:
         lines.append("recall overall".ljust(width) + "".join(f"{m.recall:18.4f}" for m in self.methods))
         lines.append("FP redactions".ljust(width) + "".join(f"{m.false_positives:18d}" for m in self.methods))
         lines.append("FP in run files".ljust(width) + "".join(f"{m.file_false_positives:18d}" for m in self.methods))
+        if self.layer_recall:
+            lines.append(
+                "ours, one layer alone: "
+                + ", ".join(f"{name} {recall:.4f}" for name, recall in self.layer_recall.items())
+            )
+        if self.carriers or self.carrier_note:
+            lines.append(f"carrier corpus {self.carrier_note}")
+            lines += [f"  {figure.line()}" for figure in self.carriers]
+            overall = self.carriers[-1] if self.carriers else None
+            if overall is not None and (overall.leaked or overall.changed_ids):
+                lines.append(
+                    f"  leaked: {', '.join(overall.leaked) or '-'}; changed: {', '.join(overall.changed_ids) or '-'}"
+                )
+        lines += [f"  detector {line}" for line in self.detectors]
         if self.context_recall:
             lines.append(
                 "ours, the cases in other surroundings: "
@@ -355,6 +391,7 @@ def run_redaction_benchmark(
     timing_events: int = 300,
     repeats: int = 3,
     public: bool = True,
+    carrier_dir: Path = SHARED_CORPUS_DIR,
 ) -> RedactionReport:
     """Measure recall, false positives and cost of each redactor.
 
@@ -365,6 +402,7 @@ def run_redaction_benchmark(
         timing_events: real events timed for detect-secrets (ours is timed on all of them).
         repeats: timing repetitions (the best is kept).
         public: also measure the public corpora (fetched and cached on first use: minutes).
+        carrier_dir: the corpus of texts with their channels (``../shared/data/redaction-corpus``).
     """
     started = time.monotonic()
     cases = fake_cases(seed)
@@ -382,6 +420,9 @@ def run_redaction_benchmark(
     strings = sum(1 for _ in strings_of(real_events))
     synthetic = [e for session in synthetic_sessions(100, seed=seed) for e in session]
     examples, public_notes = _public_examples() if public else ({}, [])
+    layer_recall = _layer_recall(cases)
+    carriers, carrier_note = carrier_figures(carrier_dir)
+    detectors = [f.line() for f in detector_figures(carrier_dir)] if carriers else []
     return RedactionReport(
         kinds=[c.kind for c in cases],
         fields=FIELDS,
@@ -396,7 +437,44 @@ def run_redaction_benchmark(
         context_recall=contexts,
         session_us_per_event=_session_us(runs, repeats),
         public=public_corpus_figures(examples),
+        layer_recall=layer_recall,
+        carriers=carriers,
+        carrier_note=carrier_note,
+        detectors=detectors,
     )
+
+
+def _layer_recall(cases: list[SecretCase]) -> dict[str, float]:
+    """Ours on the project's corpus with one layer alone (the registered values of the fleet included)."""
+    values = injected_values(cases)
+    register_secret_values(values)
+    try:
+        out = {}
+        for name, layers in LAYER_SETS:
+            result = MethodResult(name)
+            with only_layers(layers):
+                _recall(result, redact_value, cases)
+            out[name] = result.recall
+        return out
+    finally:
+        forget_secret_values(values)
+
+
+def carrier_figures(directory: Path = SHARED_CORPUS_DIR) -> tuple[list[CarrierFigures], str]:
+    """The carrier corpus (``../shared/data/redaction-corpus``): each layer alone, all of them event by event,
+    and all of them through the session-level pass (what every door runs)."""
+    try:
+        cases = load_carrier_corpus(directory)
+    except CarrierCorpusUnavailable as exc:
+        return [], f"not measured: {exc}"
+    figures = []
+    for name, layers in LAYER_SETS:
+        with only_layers(layers):
+            figures.append(measure_carriers(f"{name} alone", cases, lambda events: list(redact_session(events))))
+    figures.append(measure_carriers("all, per event", cases, lambda events: [redact_value(e) for e in events]))
+    figures.append(measure_carriers("all + session", cases, lambda events: list(redact_session(events))))
+    secrets = sum(1 for c in cases if c.kind == "secret")
+    return figures, f"({directory.name}: {secrets} secrets, {len(cases) - secrets} ordinary texts)"
 
 
 def _session_us(runs: list[list[Event]], repeats: int) -> float:

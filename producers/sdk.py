@@ -44,7 +44,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from producers.emitter import Event, SessionEmitter, new_event_id, now_micros
 from producers.errors import DeliveryError, NonFiniteNumberError
-from producers.redact import redact_value
+from producers.redact import SessionRedactors
 from producers.spool import Spool, SpooledEvent
 from schemas.registry import encode_event
 
@@ -271,7 +271,11 @@ class EventProducer:
         """
         check_finite(event)
         if self.redact and not redacted:
-            event = redact_value(event)
+            # events emitted one by one still pass the session-level pass, per session id (bounded)
+            redactors = self.__dict__.setdefault("_session_redactors", SessionRedactors())
+            event = redactors.redact_event(event)
+            if event.get("event_type") == "session_end":
+                redactors.end(event["session_id"])
         return encode_event(event, self.schema_version)
 
     def emit(self, event: Event, redacted: bool = False) -> str:

@@ -26,7 +26,7 @@ from typing import Any, TypedDict
 from producers.importers._source import SourceFile
 from producers.importers._values import FieldIssues, conform_event
 from producers.parts import split_session
-from producers.redact import redact_event
+from producers.redact import redact_session
 from producers.sdk import Event, SessionEmitter
 from schemas import typed
 
@@ -555,5 +555,6 @@ class RunBuilder:
                     event["extra"] = {**event.get("extra", {}), "set_aside": self.issues.summary()}
                     break
         redact = REDACT.get()
-        events = split_session(redact_event(event) if redact else event for event in conformed)
+        # the session-level pass: a secret split across two events of the run is caught as in the fleet
+        events = split_session(redact_session(conformed) if redact else iter(conformed))
         return ImportedSession(self.session_id, self.framework, events, self.issues, position or self.source.position)

@@ -1,29 +1,27 @@
-"""Secret redaction applied to every string an event carries.
+"""Secret redaction applied to every string an event carries, in layers (docs/guarantees.md, "Secrets").
 
-Runs on the sandbox host before an event leaves it (``SessionEmitter`` across a session's events,
-``EventProducer.encode`` on each), on imported runs, and again before export (:func:`redact_record`).
-The layers, one module each:
+The session-level pass is the entry point of every door: :func:`redact_session` (one session's events in
+order), :class:`SessionRedactor` (the same, event by event) and :class:`SessionRedactors` (many sessions'
+events interleaved, one redactor per session id). :func:`redact_value` / :func:`redact_record` redact one
+value on its own (export's second pass).
 
-1. **Values the host injected** (:mod:`.values`): the fleet registers every per-task secret it hands a
-   sandbox; those values, and their reversed, re-cased, hex, base64 and line-wrapped forms, are
-   replaced wherever they appear.
-2. **Token formats** (:mod:`.formats`) with a fixed shape (AWS ``AKIA…``, GitHub ``ghp_…``, Vault
-   ``hvs.…``, Telegram bot tokens, JWTs, webhooks …) or a telling place (``Authorization:``, ``Cookie:``,
-   URL credentials, ``curl -u``, ``mysql -p``, ``aws configure set``), each behind a literal pre-check.
-3. **Names that say secret** (:mod:`.names`, :mod:`.text`): ``NAME=value``, ``name: value``,
-   ``"name": "value"``, ``<nameToken>value</nameToken>`` … whose name says secret. References
-   (``$VAR``, ``${VAR}``), placeholders (``TOKEN``, ``<token>``, ``xxx``, ``your-api-key``) and code
-   (``password = user.password``) are never rewritten.
-4. **Blocks and layers** (:mod:`.text`): private key bodies up to their END line (in later lines and,
-   through :class:`SessionRedactor`, later events), and base64 or hex runs that decode to a secret.
+1. **Exact values** (:mod:`.values`): per-task secrets the fleet injects, in every reversible form;
+   secrets found earlier in a session (the session-level pass).
+2. **Formats** (:mod:`.formats`, :mod:`.vendor`): named token formats and vendor tokens by structure
+   (label + random body, dotted parts), key blocks, encoded runs that decode to a secret.
+3. **Detector** (:mod:`.detector`): Kingfisher's maintained catalog, on candidate strings only.
+4. **Context** (:mod:`.context`, :mod:`.names`, :mod:`.text`): credential flags and positions of command
+   lines, SQL, redis, stdin-fed secrets, ``.pgpass``, ``NAME=value`` and keys that say secret; every layer
+   also reads a decoded view of URL escapes, HTML entities and ``\\u`` escapes (:mod:`.decode`).
+5. **Across events and token strings** (:mod:`.stream`, :mod:`.tokens`): secrets split between events,
+   token strings redacted with the text they spell, token ids dropped where the text was rewritten.
 
 Structured values (:mod:`.structured`) are redacted as values: JSON stays JSON with the same shape.
-Coverage and measured recall/precision: ``docs/guarantees.md``, ``trajlake bench redaction``.
 """
 
 from producers.redact.formats import REDACTED
 from producers.redact.names import is_secret_name
-from producers.redact.stream import SessionRedactor
+from producers.redact.stream import SessionRedactor, SessionRedactors, redact_session
 from producers.redact.structured import (
     MAX_DEPTH,
     redact_array,
@@ -48,6 +46,7 @@ __all__ = [
     "REDACTED",
     "TRIGGERS",
     "SessionRedactor",
+    "SessionRedactors",
     "_secret_values",
     "forget_secret_values",
     "is_secret_name",
@@ -55,6 +54,7 @@ __all__ = [
     "redact_event",
     "redact_json_text",
     "redact_record",
+    "redact_session",
     "redact_text",
     "redact_value",
     "register_secret_values",

@@ -14,9 +14,8 @@ import binascii
 import re
 from collections.abc import Callable
 
-from producers.redact.names import is_placeholder, literal_is_secret, looks_random, name_strength
-
-REDACTED = "[REDACTED]"
+from producers.redact.context import CONTEXT_SPECS
+from producers.redact.names import REDACTED, is_placeholder, literal_is_secret, looks_random, name_strength
 
 Replacement = str | Callable[[re.Match[str]], str]
 
@@ -177,7 +176,7 @@ RULE_SPECS: list[tuple[tuple[str, ...], str, Replacement, int]] = [
     (("dop_v1_", "doo_v1_", "dor_v1_"), _AT + r"(?P<s>do[por]_v1_[0-9a-f]{64})\b", _shaped, 0),
     (("shpat_", "shpss_", "shpca_", "shppa_"), _AT + r"(?P<s>shp(?:at|ss|ca|pa)_[0-9a-fA-F]{32})\b", _shaped, 0),
     (("eyj",), _AT + rf"(?P<s>eyJ{_TOK}{{8,}}\.(?:{_TOK}{{8,}}\.{_TOK}{{8,}}|eyJ{_TOK}{{8,}}\.?))", _shaped, 0),
-]  # fmt: skip
+] + CONTEXT_SPECS  # fmt: skip
 
 XML_RULE = next(i for i, (_, source, _, _) in enumerate(RULE_SPECS) if source.startswith("(?i)<(?P<n>"))
 RULES: list[tuple[re.Pattern[str], Replacement]] = [

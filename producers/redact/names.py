@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 import re
 
+REDACTED = "[REDACTED]"
+
 # The last part of a name that makes it a secret (``DB_PASS``, ``GITHUB_TOKEN``, ``client_secret`` …).
 _SECRET_LAST = frozenset({
     "password", "passwd", "passphrase", "pwd", "pw", "pass", "secret", "token", "auth", "authorization",
@@ -50,7 +52,8 @@ _NOT_SECRET_LAST = frozenset({
     "samesite", "age", "id", "key_id", "keys", "cookies_enabled", "error", "errors", "message", "prompt", "input",
     "placeholder", "id_token_hint", "storage", "cache", "location", "region", "startswith", "endswith",
     "contains", "icontains", "exact", "iexact", "isnull", "in", "gt", "lt", "gte", "lte", "validation",
-    "validated", "confirm", "confirmation", "complexity", "similarity", "lookup",
+    "validated", "confirm", "confirmation", "complexity", "similarity", "lookup", "ref", "refs", "reference",
+    "arn", "uris", "urls", "mount", "engine", "selector", "annotation",
 })  # fmt: skip
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _NAME_PARTS = re.compile(r"[^a-z0-9]+")
@@ -159,7 +162,7 @@ _CODE_WORDS = frozenset({
 })  # fmt: skip
 # Code: a dotted path of digit-free names (``user.password``, ``settings.SECRET_KEY``), a call, a collection.
 _CODE = re.compile(r"[A-Za-z_]+(?:(?:\.|::|->)[A-Za-z_]+)+(?:\(.*|\[.*)?|[A-Za-z_][\w.]*[(\[].*|[\[{(].*")
-_LOCATION = re.compile(r"(?:https?|file|s3|gs)://\S*|\.{0,2}/[\w./-]*|~/[\w./-]*")
+_LOCATION = re.compile(r"[a-z][a-z0-9+.-]{1,20}://[^\s@]*|\.{0,2}/[\w./-]*|~/[\w./-]*")
 
 
 def is_code(value: str) -> bool:

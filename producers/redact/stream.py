@@ -20,17 +20,26 @@ with no name before it, and key blocks left open for more than ``MAX_OPEN_EVENTS
 from __future__ import annotations
 
 import difflib
+import json
 import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import ahocorasick_rs
+
 from producers.redact.formats import REDACTED, TOKEN_PREFIXES
 from producers.redact.structured import redact_value
-from producers.redact.text import key_block_spans, may_contain_secret, redact_text
-from producers.redact.values import merge_spans, replace_spans
+from producers.redact.text import active_layers, key_block_spans, may_join_secret, redact_text
+from producers.redact.tokens import drop_token_ids, has_token_ids
+from producers.redact.values import MIN_SECRET_VALUE_LEN, merge_spans, replace_spans
 
 # What is kept of a field's previous value: its last line, at most this long.
 TAIL_CHARS = 512
+# Secrets found in a session and redacted by value in its later events (the most recent are kept).
+MAX_LEARNED = 256
 # Fields remembered per session (an event kind has a handful; a hostile producer cannot grow it).
 MAX_FIELDS = 64
 # A key block still open after this many events of its field is given up (its state is dropped).
@@ -71,6 +80,13 @@ class SessionRedactor:
 
     def __init__(self) -> None:
         self._fields: dict[Path, _FieldState] = {}
+        # a model call of this session had its text rewritten: later calls' prompt token ids (which share
+        # its tokens as their prefix) would decode to the secret, so they are dropped too
+        self._tokens_tainted = False
+        # secrets found earlier in the session, redacted by value wherever they appear again (a tool output's
+        # secret inside a later model call's messages, where the text around it does not tell)
+        self._learned: dict[str, None] = {}
+        self._learned_automaton: ahocorasick_rs.AhoCorasick | None = None
 
     def redact_event(self, event: dict[str, Any]) -> dict[str, Any]:
         """The event with every secret redacted, those it shares with earlier events of the session included.
@@ -90,13 +106,51 @@ class SessionRedactor:
             if not text:
                 continue
             raw[path] = text
-            spans = self._boundary_spans(path, text)
+            spans = self._boundary_spans(path, text) + self._learned_spans(text)
             if spans:
                 _set(streamed, path, replace_spans(text, merge_spans(spans), REDACTED))
         redacted = redact_value(streamed)
         for path, text in raw.items():
             out = _get(redacted, path)
             self._remember(path, text, isinstance(out, str) and out.endswith(REDACTED))
+            if isinstance(out, str) and out != text and REDACTED in out:
+                self._learn(removed_values(text, out))
+        return self._token_ids(event, redacted)
+
+    def _learned_spans(self, text: str) -> list[tuple[int, int]]:
+        automaton = self._learned_automaton
+        if automaton is None:
+            return []
+        return [(start, end) for _, start, end in automaton.find_matches_as_indexes(text)]
+
+    def _learn(self, values: list[str]) -> None:
+        fresh = [v for v in values if len(v) >= MIN_SECRET_VALUE_LEN and v not in self._learned]
+        if not fresh:
+            return
+        for value in fresh:
+            self._learned[value] = None
+            escaped = json.dumps(value)[1:-1]
+            if escaped != value:
+                self._learned[escaped] = None
+        while len(self._learned) > MAX_LEARNED:
+            self._learned.pop(next(iter(self._learned)))
+        self._learned_automaton = ahocorasick_rs.AhoCorasick(
+            list(self._learned), matchkind=ahocorasick_rs.MATCHKIND_LEFTMOST_LONGEST
+        )
+
+    def _token_ids(self, event: dict[str, Any], redacted: dict[str, Any]) -> dict[str, Any]:
+        """Drop the token ids of a model call whose text, or an earlier call's, redaction changed."""
+        payload = redacted.get("payload")
+        if not isinstance(payload, dict):
+            return redacted
+        call = payload.get("model_call")
+        if not isinstance(call, dict):
+            return redacted
+        before = event["payload"].get("model_call")
+        if isinstance(before, dict) and has_token_ids(before) and not has_token_ids(call):
+            self._tokens_tainted = True
+        elif self._tokens_tainted and has_token_ids(call):
+            redacted = {**redacted, "payload": {**payload, "model_call": drop_token_ids(call)}}
         return redacted
 
     def _boundary_spans(self, path: Path, text: str) -> list[tuple[int, int]]:
@@ -109,7 +163,7 @@ class SessionRedactor:
                 spans.append(run.span())
             head = text[: min(len(text), TAIL_CHARS)].split("\n", 1)[0]
             joined = state.tail + head
-            if state.tail and head and may_contain_secret(joined):
+            if state.tail and head and may_join_secret(joined):
                 out = redact_text(joined)
                 if out != joined:
                     cut = len(state.tail)
@@ -117,7 +171,7 @@ class SessionRedactor:
                         if end > cut:
                             spans.append((max(start, cut) - cut, end - cut))
         tail_window = text[-TAIL_CHARS:]
-        partial = TOKEN_PREFIXES.search(tail_window)
+        partial = TOKEN_PREFIXES.search(tail_window) if "formats" in active_layers() else None
         if partial is not None:
             offset = len(text) - len(tail_window)
             spans.append((partial.start() + offset, len(text)))
@@ -131,6 +185,28 @@ class SessionRedactor:
         if path not in self._fields and len(self._fields) >= MAX_FIELDS:
             self._fields.pop(next(iter(self._fields)))
         self._fields[path] = _FieldState(text[-TAIL_CHARS:].rsplit("\n", 1)[-1], ended_in_secret, open_block)
+
+
+def removed_values(raw: str, out: str) -> list[str]:
+    """The substrings of ``raw`` that redaction replaced by markers to give ``out`` (empty when the two do not
+    align: a JSON value re-serialized with other spacing)."""
+    pieces = out.split(REDACTED)
+    if len(pieces) < 2 or not raw.startswith(pieces[0]) or not raw.endswith(pieces[-1]):
+        return []
+    values = []
+    position = len(pieces[0])
+    for index, piece in enumerate(pieces[1:], start=1):
+        if index == len(pieces) - 1:
+            end = len(raw) - len(piece)
+        elif not piece:
+            continue  # two markers in a row: their values are one run, taken at the next piece
+        else:
+            end = raw.find(piece, position + 1)
+        if end < position:
+            return []
+        values.append(raw[position:end])
+        position = end + len(piece)
+    return [v.strip() for v in values if v.strip()]
 
 
 def _copy(value: Any) -> Any:
@@ -156,3 +232,54 @@ def _set(root: Any, path: Path, value: str) -> None:
     for key in path[:-1]:
         node = node[key]
     node[path[-1]] = value
+
+
+def redact_session(events: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The session-level pass: one session's events, in order, each redacted with the earlier ones in view.
+
+    What every door calls for a whole session (import, OTLP, the admission stage): a secret split across
+    consecutive events (``export DB_PASSWORD=`` | the value; ``Authorization: Bearer `` | the token; a JWT cut
+    at a dot), token strings spelling a secret, and model calls whose token ids no longer match their text
+    are handled as in :class:`SessionRedactor`. Lazy: events are redacted as they are consumed.
+
+    Raises:
+        RedactionError: an event is nested deeper than the redactor walks.
+    """
+    redactor = SessionRedactor()
+    for event in events:
+        yield redactor.redact_event(event)
+
+
+class SessionRedactors:
+    """One :class:`SessionRedactor` per session id, for a door that sees many sessions' events interleaved.
+
+    At most ``max_sessions`` are kept (the least recently used is dropped: a session that comes back after
+    that starts with fresh state, so only a secret split across its two events at that moment is missed).
+    """
+
+    def __init__(self, max_sessions: int = 4096) -> None:
+        self._max = max_sessions
+        self._redactors: OrderedDict[str, SessionRedactor] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def redact_event(self, event: dict[str, Any]) -> dict[str, Any]:
+        """``event`` redacted by its session's redactor (events of one session must come in order).
+
+        Raises:
+            RedactionError: the event is nested deeper than the redactor walks.
+        """
+        key = str(event.get("session_id"))
+        with self._lock:
+            redactor = self._redactors.get(key)
+            if redactor is None:
+                redactor = self._redactors[key] = SessionRedactor()
+                if len(self._redactors) > self._max:
+                    self._redactors.popitem(last=False)
+            else:
+                self._redactors.move_to_end(key)
+        return redactor.redact_event(event)
+
+    def end(self, session_id: str) -> None:
+        """Forget a session's state (its last event has been redacted)."""
+        with self._lock:
+            self._redactors.pop(str(session_id), None)

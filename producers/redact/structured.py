@@ -15,6 +15,8 @@ from typing import Any
 import pyarrow as pa
 
 from producers.errors import RedactionError
+from producers.redact.context import PGPASS
+from producers.redact.decode import ESCAPE, decode_all, has_escape
 from producers.redact.formats import REDACTED
 from producers.redact.names import literal_is_secret, name_strength
 from producers.redact.text import (
@@ -22,6 +24,7 @@ from producers.redact.text import (
     CASED_TRIGGERS,
     LOWER_TRIGGERS,
     MAX_ENCODED_RUNS,
+    active_layers,
     bare_body_spans,
     encoded_runs,
     lower_ascii,
@@ -29,7 +32,9 @@ from producers.redact.text import (
     redact_text,
     run_hides_secret,
 )
+from producers.redact.tokens import drop_token_ids, has_token_ids, is_model_call, redact_tokens
 from producers.redact.values import GAPS, _values_lock, generation, may_hold_injected, registered_variants
+from producers.redact.vendor import vendor_spans
 
 # What a vectorized pre-check looks for besides triggers: a run that may be encoded (base64, hex, key bodies).
 _RUN_OR_BODY = r"[A-Za-z0-9+/_-]{20,}"
@@ -45,7 +50,7 @@ class _TooDeep(Exception):
 
 def _secret_entry(key: Any, item: str) -> bool:
     """A dict entry whose key names a secret and whose string value is a literal one."""
-    strength = name_strength(key) if isinstance(key, str) else 0
+    strength = name_strength(key) if isinstance(key, str) and "context" in active_layers() else 0
     return bool(strength) and literal_is_secret(strength, item, quoted=True, line_value=False, env_style=False)
 
 
@@ -64,12 +69,25 @@ def _redact_parsed(value: Any, depth: int, suspects: set[int] | None = None) -> 
                 out[key] = REDACTED
             else:
                 out[key] = _redact_parsed(item, depth + 1, suspects)
+        if is_model_call(value):
+            return _redact_call(value, out)
         return out
     if isinstance(value, list | tuple):
         return type(value)(_redact_parsed(item, depth + 1, suspects) for item in value)
     if isinstance(value, str):
         return _redact_json_text(str(value), depth + 1)
     return value
+
+
+def _redact_call(call: dict[Any, Any], out: dict[Any, Any]) -> dict[Any, Any]:
+    """A model call: its token strings redacted as the text they spell; token ids dropped if its text changed."""
+    tokens = call.get("completion_tokens_text")
+    redacted = redact_tokens(tokens, redact_text) if isinstance(tokens, list) else None
+    if redacted is not None:
+        out["completion_tokens_text"] = redacted
+    if (redacted is not None or out != call) and has_token_ids(call):
+        return drop_token_ids(out)
+    return out
 
 
 def redact_json_text(text: str) -> str:
@@ -111,6 +129,9 @@ def _collect(value: Any, strings: list[str]) -> bool:
         if kind is str:
             strings.append(item)
         elif kind is dict:
+            tokens = item.get("completion_tokens_text")
+            if type(tokens) is list and tokens:
+                strings.append("".join(t for t in tokens if type(t) is str))  # the text the tokens spell
             for key, child in item.items():
                 if type(child) is str:
                     strings.append(child)
@@ -139,7 +160,16 @@ def _encoded_positions(joined: str) -> list[int]:
     positions = [
         m.start() for m in encoded_runs(joined, 4 * MAX_ENCODED_RUNS) if run_hides_secret(m.group(0), 0, current)
     ]
-    return positions + [start for start, _ in bare_body_spans(joined)]
+    positions += [start for start, _ in bare_body_spans(joined)]
+    positions += [start for start, _ in vendor_spans(joined, limit=4 * MAX_ENCODED_RUNS)]
+    if ":" in joined:
+        positions += [m.start() for m in PGPASS.finditer(joined)]
+    if has_escape(joined):
+        # an escaped name or value (``{"\\u0070assword": …}``, ``%3A…%40``): the decoded text decides
+        decoded = decode_all(joined)
+        if decoded != joined and may_contain_secret(decoded):
+            positions += [m.start() for m in ESCAPE.finditer(joined)]
+    return positions
 
 
 def redact_value(value: Any) -> Any:

@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import functools
 import re
 import string
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import ahocorasick_rs
 
+from producers.redact.context import COMMANDS, CONTEXT_SPECS, PGPASS, command_spans, pgpass_spans
+from producers.redact.decode import decode_all, decoded_spans, has_escape
+from producers.redact.detector import detector_spans
 from producers.redact.formats import REDACTED, RULE_SPECS, RULES, XML_RULE
 from producers.redact.names import is_code, literal_is_secret, name_strength
 from producers.redact.values import generation, injected_spans, may_hold_injected, merge_spans, replace_spans
+from producers.redact.vendor import has_vendor_token, vendor_spans
 
 # Names that say secret contain one of these; each occurrence anchors a look for ``NAME<sep>value``.
 NAME_STEMS = (
@@ -45,13 +50,16 @@ _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 # Every rule needs one of these literals, so most strings cost one Aho-Corasick pass.
 TRIGGERS: tuple[str, ...] = tuple(sorted({t for triggers, _, _, _ in RULE_SPECS for t in triggers} | set(NAME_STEMS)))
-LOWER_TRIGGERS = [t for t in TRIGGERS if t == t.lower()] + ["private key"]
+# A command with credential flags, followed by a space (``docker ``, ``zip ``): its words are read (context layer).
+COMMAND_TRIGGERS = tuple(sorted(f"{command} " for command in COMMANDS))
+LOWER_TRIGGERS = [t for t in TRIGGERS if t == t.lower()] + ["private key"] + list(COMMAND_TRIGGERS)
 AUTOMATON = ahocorasick_rs.AhoCorasick(LOWER_TRIGGERS)
 _TRIGGER_RULES = [
     frozenset(i for i, (triggers, _, _, _) in enumerate(RULE_SPECS) if t in triggers) for t in LOWER_TRIGGERS
 ]
 _TRIGGER_IS_STEM = [t in NAME_STEMS for t in LOWER_TRIGGERS]
 _TRIGGER_IS_KEY_BLOCK = [t == "private key" for t in LOWER_TRIGGERS]
+_TRIGGER_IS_COMMAND = [t in COMMAND_TRIGGERS for t in LOWER_TRIGGERS]
 CASED_TRIGGERS = [
     (t, frozenset(i for i, (triggers, _, _, _) in enumerate(RULE_SPECS) if t in triggers))
     for t in TRIGGERS
@@ -270,13 +278,28 @@ def lower_ascii(text: str) -> str:
     return low if len(low) == len(text) else text.translate(_ASCII_LOWER)
 
 
+def may_join_secret(text: str) -> bool:
+    """The pre-check for two events' boundary (a name in one, its value in the next; a token cut in two):
+    trigger words, a vendor-shaped run or a registered value (cheaper than :func:`may_contain_secret`)."""
+    if AUTOMATON.find_matches_as_indexes(lower_ascii(text)) or any(t in text for t, _ in CASED_TRIGGERS):
+        return True
+    return may_hold_injected(text) or has_vendor_token(text)
+
+
 def may_contain_secret(text: str) -> bool:
     """A cheap pre-check: False only when no layer can find anything in ``text``."""
     if AUTOMATON.find_matches_as_indexes(lower_ascii(text)) or any(t in text for t, _ in CASED_TRIGGERS):
         return True
     if may_hold_injected(text):
         return True
-    return has_encoded_secret(text) or bool(bare_body_spans(text))
+    if has_encoded_secret(text) or bool(bare_body_spans(text)) or has_vendor_token(text):
+        return True
+    if ":" in text and PGPASS.search(text) is not None:
+        return True
+    if not has_escape(text):
+        return False
+    decoded = decode_all(text)  # shorter whenever it differs: the recursion ends
+    return decoded != text and may_contain_secret(decoded)
 
 
 def has_encoded_secret(text: str) -> bool:
@@ -284,24 +307,63 @@ def has_encoded_secret(text: str) -> bool:
     return bool(_encoded_spans(text, 0))
 
 
+# The layers (docs/guarantees.md): each can be switched off to measure what the others catch alone.
+ALL_LAYERS = frozenset({"values", "formats", "context", "detector"})
+_ACTIVE = {"layers": ALL_LAYERS}
+
+
+def active_layers() -> frozenset[str]:
+    """The layers in use (all of them, except inside :func:`only_layers`)."""
+    return _ACTIVE["layers"]
+
+
+@contextlib.contextmanager
+def only_layers(layers: Iterable[str]) -> Iterator[None]:
+    """Run only ``layers`` (``values``, ``formats``, ``context``, ``detector``) inside the block: a measuring tool, not
+    for production (it is process-wide)."""
+    previous = _ACTIVE["layers"]
+    _ACTIVE["layers"] = frozenset(layers)
+    run_hides_secret.cache_clear()
+    try:
+        yield
+    finally:
+        _ACTIVE["layers"] = previous
+        run_hides_secret.cache_clear()
+
+
+_FORMAT_RULES = frozenset(range(len(RULE_SPECS) - len(CONTEXT_SPECS)))
+
+
 def _redact(text: str, layer: int = 0, open_block: bool = False) -> str:
-    spans = injected_spans(text) if may_hold_injected(text) else []
+    on = _ACTIVE["layers"]
+    spans = injected_spans(text) if "values" in on and may_hold_injected(text) else []
     if spans:
         text = replace_spans(text, spans, REDACTED)
     rules: set[int] = set()
     stems: list[int] = []
     key_block = open_block
+    command = False
     for index, start, _ in AUTOMATON.find_matches_as_indexes(lower_ascii(text), overlapping=True):
         rules |= _TRIGGER_RULES[index]
         if _TRIGGER_IS_STEM[index]:
             stems.append(start)
         key_block = key_block or _TRIGGER_IS_KEY_BLOCK[index]
+        command = command or _TRIGGER_IS_COMMAND[index]
     for trigger, indices in CASED_TRIGGERS:
         if trigger in text:
             rules |= indices
-    spans = _name_spans(text, stems) if stems else []
-    if key_block:
+    if on != ALL_LAYERS:
+        rules = {i for i in rules if ("formats" if i in _FORMAT_RULES else "context") in on}
+    context = "context" in on
+    spans = _name_spans(text, stems) if stems and context else []
+    if key_block and "formats" in on:
         spans += key_block_spans(text, open_block)[0]
+    if command and context:
+        spans += command_spans(text)
+    if context:
+        spans += pgpass_spans(text)
+    if layer <= 1 and has_escape(text):  # twice: a URL-encoded value inside URL-encoded text (%253A)
+        spans += decoded_spans(text, lambda decoded: _redact(decoded, layer + 1), may_contain_secret)
     if spans:
         text = replace_spans(text, merge_spans(spans), REDACTED)
     for index in sorted(rules):
@@ -309,8 +371,10 @@ def _redact(text: str, layer: int = 0, open_block: bool = False) -> str:
         if index == XML_RULE and "</" not in text:
             continue  # an element needs its closing tag
         text = pattern.sub(replacement, text)
-    if layer < MAX_LAYERS:
-        spans = _encoded_spans(text, layer) + bare_body_spans(text)
+    if layer == 0 and "detector" in on and (found := detector_spans(text)):
+        text = replace_spans(text, merge_spans(found), REDACTED)
+    if layer < MAX_LAYERS and "formats" in on:
+        spans = _encoded_spans(text, layer) + bare_body_spans(text) + vendor_spans(text)
         if spans:
             text = replace_spans(text, merge_spans(spans), REDACTED)
     return text
