@@ -70,6 +70,7 @@ def test_every_session_lands_with_its_actions_as_steps(lake) -> None:
         assert row["n_steps"] == row["imported"].steps, row["task_id"]
 
 
+@pytest.mark.slow  # imports, assembles and scores real runs: over 5 s on a loaded 2-core host
 def test_verdicts_count_by_their_provenance(lake) -> None:
     _, sessions = lake
     for row in sessions.values():
