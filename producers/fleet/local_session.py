@@ -254,7 +254,7 @@ class LocalStages:
             agent_version=AGENT_VERSION,
             agent_model=MODEL if not live else (fleet.llm.model if policy == "llm" else None),
             policy_version="scripted-v1" if not live else (_llm_policy_version() if policy == "llm" else "custom"),
-            extra={"backend": "local", "task_family": task.family},
+            extra={"backend": "local", "origin": "sandbox", "task_family": task.family},
             # what leaves the host is redacted here, with the session's earlier events in view (a token
             # split over two outputs): the sink sees nothing the producer would still have to redact
             redact=True,

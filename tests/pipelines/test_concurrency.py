@@ -105,7 +105,10 @@ def test_two_of_each_job_at_once_never_duplicate_or_corrupt(lake: Settings, tmp_
     _one_row_per_key(settings)
 
     out = tmp_path / "export"
-    run_at_once(settings, *[["export", "--format", "hf", "--out", str(out), "--min-quality", "0", "--force"]] * 2)
+    run_at_once(
+        settings,
+        *[["export", "--format", "hf", "--origin", "all", "--out", str(out), "--min-quality", "0", "--force"]] * 2,
+    )
     _manifest_matches(out, "hf.jsonl")
     _, rows = run_query(settings, "SELECT count(*) FROM exports")
     assert rows[0][0] == 2
@@ -118,7 +121,7 @@ def test_two_of_each_job_at_once_never_duplicate_or_corrupt(lake: Settings, tmp_
         ["tier"],
         ["maintain"],
         ["maintain"],
-        ["export", "--format", "rl", "--out", str(other), "--min-quality", "0"],
+        ["export", "--format", "rl", "--origin", "all", "--out", str(other), "--min-quality", "0"],
     )
     assert lake_state(settings) == before  # every row once, in whichever tier
     assert tier_split(settings)["cold_trajectories"] == SESSIONS  # tiering did move them

@@ -14,7 +14,8 @@ import pytest
 from common.prices import PriceTable
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.export import ExportFilters, export_training_set
+from pipelines.export import ExportFilters, export_training_set, read_export
+from pipelines.export.select import ExportFilters as _ExportFilters
 from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from producers.fleet.agent_caps import Caps
@@ -26,6 +27,8 @@ from producers.fleet.tasks import task_for
 from producers.importers import import_trajectory
 from tests.helpers import write_raw
 from warehouse.query import run_query
+
+ALL_ORIGINS = _ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 # slow as a whole: the module's fixtures run real sandbox sessions once, and whichever test comes first pays for them
 pytestmark = [
@@ -134,8 +137,8 @@ def test_default_sft_export_holds_only_verified_successes_and_rl_every_evaluated
 ) -> None:
     settings, kinds, _ = lake
     for fmt in ("hf", "openai", "sharegpt"):
-        stats = export_training_set(settings, fmt, tmp_path / fmt)
-        records = _records(tmp_path / fmt / f"{fmt}.jsonl")
+        stats = export_training_set(settings, fmt, tmp_path / fmt, filters=ALL_ORIGINS)
+        records = read_export(tmp_path / fmt)
         exported = {r["session_id"] for r in records}
         assert exported == _eligible(settings, ("success",), settings.quality_min) and exported
         assert exported <= kinds["solver"] | kinds["reasoner"] | kinds["imported"]
@@ -144,8 +147,8 @@ def test_default_sft_export_holds_only_verified_successes_and_rl_every_evaluated
         assert manifest["filters"]["outcome"] == "success" and stats.records == len(records)
         assert left["outcome"]["agent_crash"] == 1 and left["outcome"]["infrastructure"] == 1
         assert left["outcome"]["failure"] >= 3
-    export_training_set(settings, "rl", tmp_path / "rl")
-    rl = _records(tmp_path / "rl" / "rl.jsonl")
+    export_training_set(settings, "rl", tmp_path / "rl", filters=ALL_ORIGINS)
+    rl = read_export(tmp_path / "rl")
     sessions = {r["session_id"] for r in rl}
     assert sessions == _eligible(settings, ("success", "failure"))
     assert kinds["flailer"] | kinds["capped"] <= sessions  # failures are signal for RL
@@ -154,9 +157,11 @@ def test_default_sft_export_holds_only_verified_successes_and_rl_every_evaluated
     assert manifest["filters"]["outcome"] == "any" and manifest["filters"]["min_quality"] == 0.0
     assert set(manifest["counts"]["left_out"]["outcome"]) == {"agent_crash", "infrastructure"}
     assert manifest["counts"]["left_out"]["security_flag"] >= 1
-    failures = export_training_set(settings, "hf", tmp_path / "fail", filters=ExportFilters(outcome="failure"))
+    failures = export_training_set(
+        settings, "hf", tmp_path / "fail", filters=ExportFilters(origins=(), outcome="failure")
+    )
     assert failures.records > 0
-    assert {r["outcome"] for r in _records(tmp_path / "fail" / "hf.jsonl")} == {"failure"}
+    assert {r["outcome"] for r in read_export(tmp_path / "fail")} == {"failure"}
 
 
 @pytest.mark.slow
@@ -164,10 +169,10 @@ def test_reasoning_session_exports_segments_equal_to_what_the_server_returned(
     lake: tuple[Settings, dict[str, set[str]], list[bytes]], tmp_path: Path
 ) -> None:
     settings, kinds, raw = lake
-    export_training_set(settings, "rl", tmp_path / "rl")
+    export_training_set(settings, "rl", tmp_path / "rl", filters=ALL_ORIGINS)
     (session_id,) = kinds["reasoner"]
     segments = sorted(
-        (r for r in _records(tmp_path / "rl" / "rl.jsonl") if r["session_id"] == session_id),
+        (r for r in read_export(tmp_path / "rl") if r["session_id"] == session_id),
         key=lambda r: r["segment_index"],
     )
     responses = [json.loads(body) for body in raw]
@@ -194,9 +199,9 @@ def test_reasoning_session_exports_segments_equal_to_what_the_server_returned(
     server_lp = [e["logprob"] for r in responses for e in r["choices"][0]["logprobs"]["content"]]
     assert json.dumps(logprobs) == json.dumps(server_lp)
     # the reasoning is kept with each assistant turn of the conversation
-    hf = export_training_set(settings, "hf", tmp_path / "hf")
+    hf = export_training_set(settings, "hf", tmp_path / "hf", filters=ALL_ORIGINS)
     assert hf.records
-    (record,) = [r for r in _records(tmp_path / "hf" / "hf.jsonl") if r["session_id"] == session_id]
+    (record,) = [r for r in read_export(tmp_path / "hf") if r["session_id"] == session_id]
     thoughts = [m["reasoning_content"] for m in record["messages"] if m["role"] == "assistant"]
     assert [i for i, t in enumerate(thoughts) if t] == list(REASONING_TURNS)
 
@@ -214,18 +219,18 @@ def test_token_and_cost_totals_agree_across_trajectories_costs_every_format_and_
         settings, "SELECT session_id, input_tokens, cached_tokens, output_tokens, cost_usd FROM trajectories"
     )
     totals = {r[0]: dict(zip(columns[1:], r[1:], strict=True)) for r in rows}
-    every = ExportFilters(min_quality=0.0, outcome="all")
+    every = ExportFilters(origins=(), min_quality=0.0, outcome="all")
     for fmt in ("hf", "openai", "sharegpt", "atif"):
         export_training_set(settings, fmt, tmp_path / fmt, filters=every)
-    export_training_set(settings, "rl", tmp_path / "rl", filters=ExportFilters(min_quality=0.0))
+    export_training_set(settings, "rl", tmp_path / "rl", filters=ExportFilters(origins=(), min_quality=0.0))
     seen: dict[str, int] = {}
     for fmt in ("hf", "openai", "sharegpt", "rl"):
-        for record in _records(tmp_path / fmt / f"{fmt}.jsonl"):
+        for record in read_export(tmp_path / fmt):
             usage = record["usage"]
             assert {k: usage[k] for k in totals[record["session_id"]]} == totals[record["session_id"]], fmt
             seen[fmt] = seen.get(fmt, 0) + 1
     assert seen["hf"] == len(totals) - 1 and seen["rl"] >= 5  # the security-flagged cheater is left out
-    for trajectory in _records(tmp_path / "atif" / "atif.jsonl"):
+    for trajectory in read_export(tmp_path / "atif"):
         expected = totals[trajectory["session_id"]]
         final = trajectory["final_metrics"]
         metrics = [s["metrics"] for s in trajectory["steps"] if "metrics" in s]
@@ -275,7 +280,7 @@ def test_atif_export_import_export_is_byte_stable_for_fleet_llm_and_imported_ses
     lake: tuple[Settings, dict[str, set[str]], list[bytes]], tmp_path: Path
 ) -> None:
     settings, kinds, _ = lake
-    every = ExportFilters(min_quality=0.0, outcome="all")
+    every = ExportFilters(origins=(), min_quality=0.0, outcome="all")
     export_training_set(settings, "atif", tmp_path / "a", filters=every)
     first = {json.loads(line)["session_id"]: line for line in (tmp_path / "a" / "atif.jsonl").read_text().splitlines()}
     assert set(first) == set().union(*kinds.values()) - kinds["cheater"]  # security-flagged: never exported

@@ -14,7 +14,8 @@ import pytest
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.export import ExportFilters, export_training_set
+from pipelines.export import ExportFilters, export_training_set, read_export
+from pipelines.export.select import ExportFilters as _ExportFilters
 from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from producers.fleet.agent_caps import Caps
@@ -24,6 +25,8 @@ from producers.fleet.sandbox import bwrap_available
 from producers.fleet.tasks import task_for
 from tests.helpers import write_raw
 from warehouse.query import run_query
+
+ALL_ORIGINS = _ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 # slow as a whole: the module's fixtures run real sandbox sessions once, and whichever test comes first pays for them
 pytestmark = [
@@ -79,8 +82,8 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, dict[str, 
 
 
 def _export(settings: Settings, fmt: str, out: Path) -> list[dict]:
-    stats = export_training_set(settings, fmt, out, min_quality=0.0)
-    records = [json.loads(line) for line in (out / f"{fmt}.jsonl").read_text().splitlines()]
+    stats = export_training_set(settings, fmt, out, min_quality=0.0, filters=ALL_ORIGINS)
+    records = read_export(out)
     assert stats.records == len(records)
     return records
 
@@ -141,7 +144,9 @@ def test_a_session_whose_calls_all_failed_is_never_an_rl_episode(lake, tmp_path)
     # session, it is still no episode: nothing was sampled
     outcomes = json.loads((tmp_path / "rl" / "manifest.json").read_text())["counts"]["left_out"]["outcome"]
     assert outcomes == {"infrastructure": 1}
-    export_training_set(settings, "rl", tmp_path / "all", filters=ExportFilters(min_quality=0.0, outcome="all"))
+    export_training_set(
+        settings, "rl", tmp_path / "all", filters=ExportFilters(origins=(), min_quality=0.0, outcome="all")
+    )
     _, rows = run_query(settings, f"SELECT reason FROM quarantine WHERE session_id = '{failed}' AND stage = 'export'")
     assert {row[0] for row in rows} == {"no_model_call"}
     # the SFT formats are not RL episodes: what they keep is their own rule
