@@ -16,11 +16,11 @@ from benchmarks.harness import (
     files_per_partition,
     print_figures,
 )
-from pipelines.export.select import ExportFilters as _ExportFilters
+from pipelines.export import ExportFilters
 from warehouse.catalog import open_catalog
 from warehouse.tables import RAW_EVENTS, ensure_table
 
-ALL_ORIGINS = _ExportFilters(origins=())  # the synthetic fleet's sessions too
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 
 def bench_replay(

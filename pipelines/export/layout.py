@@ -224,72 +224,92 @@ def discard(target: Target) -> None:
 # ---------------------------------------------------------------------------------------------- features
 
 
+Shape = tuple[Any, ...]
+_NULL: Shape = ("null",)
+_JSON: Shape = ("json",)
+_DTYPES = {"bool": "bool", "int": "int64", "float": "float64", "str": "string"}
+#: Deepest nesting declared as typed structs and lists; deeper values are ``json``.
+MAX_TYPED_DEPTH = 6
+
+
 class FeatureSketch:
-    """The type of each column seen so far, to declare in the card (one type for every split)."""
+    """The shape of each column over every record, to declare in the card (one type for every split).
+
+    A value's shape is a scalar, a list of one shape, a struct of fixed keys, or ``json``; shapes of
+    records merge (null fits anything, int widens to float, structs merge only with the same keys —
+    otherwise the column, or that part of it, is ``json``: each record's value kept as written).
+    Typed structs keep numbers exact (the ``json`` decoder does not round-trip every float).
+    """
 
     def __init__(self) -> None:
-        self.kinds: dict[str, set[str]] = {}
-        self.order: list[str] = []
+        self.shapes: dict[str, Shape] = {}
 
     def add(self, record: dict[str, Any]) -> None:
         for key, value in record.items():
-            kinds = self.kinds.get(key)
-            if kinds is None:
-                kinds = self.kinds[key] = set()
-                self.order.append(key)
-            kinds.add(_kind(value))
+            self.shapes[key] = _merge(self.shapes.get(key, _NULL), _shape(value, 0))
 
     def features(self) -> list[dict[str, Any]]:
         """The ``dataset_info.features`` YAML list (``datasets.Features`` as a card writes it)."""
-        return [{"name": key, **_feature(self.kinds[key])} for key in self.order]
+        return [{"name": key, **_feature(shape)} for key, shape in self.shapes.items()]
 
 
-def _kind(value: Any) -> str:
+def _shape(value: Any, depth: int) -> Shape:
     if value is None:
-        return "null"
+        return _NULL
     if isinstance(value, bool):
-        return "bool"
+        return ("scalar", "bool")
     if isinstance(value, int):
-        return "int"
+        return ("scalar", "int")
     if isinstance(value, float):
-        return "float"
+        return ("scalar", "float")
     if isinstance(value, str):
-        return "str"
+        return ("scalar", "str")
+    if depth >= MAX_TYPED_DEPTH:
+        return _JSON
     if isinstance(value, list):
-        inner = {_kind(v) for v in value} - {"null"}
-        if not inner:
-            return "list:empty"
-        if len(inner) == 1 and next(iter(inner)) in ("int", "float", "str", "bool"):
-            return f"list:{next(iter(inner))}"
-        if inner <= {"int", "float"}:
-            return "list:float"
-        return "list:json"
-    return "json"
+        inner = _NULL
+        for item in value:
+            inner = _merge(inner, _shape(item, depth + 1))
+            if inner == _JSON:
+                break
+        return ("list", inner)
+    if isinstance(value, dict):
+        return ("struct", tuple((str(k), _shape(v, depth + 1)) for k, v in sorted(value.items())))
+    return _JSON
 
 
-_DTYPES = {"bool": "bool", "int": "int64", "float": "float64", "str": "string"}
+def _merge(a: Shape, b: Shape) -> Shape:
+    if a == _NULL or a == b:
+        return b
+    if b == _NULL:
+        return a
+    if a[0] == b[0] == "scalar":
+        return ("scalar", "float") if {a[1], b[1]} == {"int", "float"} else _JSON
+    if a[0] == b[0] == "list":
+        return ("list", _merge(a[1], b[1]))
+    if a[0] == b[0] == "struct" and [k for k, _ in a[1]] == [k for k, _ in b[1]]:
+        return ("struct", tuple((k, _merge(x, y)) for (k, x), (_, y) in zip(a[1], b[1], strict=True)))
+    return _JSON
 
 
-def _feature(kinds: set[str]) -> dict[str, Any]:
-    """One column's feature from the kinds of its values (null and empty lists fit any)."""
-    seen = kinds - {"null"}
-    lists = {k.split(":", 1)[1] for k in seen if k.startswith("list:")} - {"empty"}
-    if seen and all(k.startswith("list:") for k in seen):
-        if lists <= {"int"}:
-            return {"list": "int64"}
-        if lists <= {"int", "float"}:
-            return {"list": "float64"}
-        if len(lists) == 1 and lists <= {"str", "bool"}:
-            return {"list": _DTYPES[next(iter(lists))]}
-        return {"list": "json"}
-    if seen <= {"int"} and seen:
-        return {"dtype": "int64"}
-    if seen <= {"int", "float"} and seen:
-        return {"dtype": "float64"}
-    if len(seen) == 1 and seen <= {"str", "bool"}:
-        return {"dtype": _DTYPES[next(iter(seen))]}
-    if not seen:
+def _feature(shape: Shape) -> dict[str, Any]:
+    """One column's (or struct field's) feature as the card's YAML writes it."""
+    kind = shape[0]
+    if kind == "scalar":
+        return {"dtype": _DTYPES[shape[1]]}
+    if kind == "null":
         return {"dtype": "string"}
+    if kind == "list":
+        inner = shape[1]
+        if inner[0] == "scalar":
+            return {"list": _DTYPES[inner[1]]}
+        if inner[0] == "null":
+            return {"list": "string"}
+        if inner[0] == "struct":
+            return {"list": [{"name": k, **_feature(v)} for k, v in inner[1]]}
+        return {"list": "json"}  # lists of lists, or of values of no one shape
+    if kind == "struct":
+        return {"struct": [{"name": k, **_feature(v)} for k, v in shape[1]]} if shape[1] else {"dtype": "json"}
     return {"dtype": "json"}
 
 

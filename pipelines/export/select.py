@@ -74,7 +74,7 @@ def parse_origins(text: str | None) -> tuple[str, ...] | None:
     return names
 
 
-def _origin_condition(origins: tuple[str, ...] | None) -> str:
+def origin_condition(origins: tuple[str, ...] | None) -> str:
     """The SQL condition an origin selection puts on ``t.origin`` (NULL: a row assembled before origins: ``sdk``)."""
     column = "coalesce(t.origin, 'sdk')"
     if origins is None:
@@ -204,7 +204,7 @@ def _rules(filters: ExportFilters) -> list[tuple[str, str]]:
     """(name, condition) of each selection rule, in the order the manifest counts them."""
     chosen = ", ".join(f"'{o}'" for o in OUTCOME_CHOICES[filters.outcome or "all"])
     return [
-        ("origin", _origin_condition(filters.origins)),
+        ("origin", origin_condition(filters.origins)),
         ("unscored", "s.session_id IS NOT NULL"),
         ("running", "s.outcome IS DISTINCT FROM 'running' AND s.failure_cause IS DISTINCT FROM 'still_running'"),
         ("outcome", f"s.outcome IN ({chosen})"),
@@ -349,7 +349,8 @@ def _sessions(
         else "(SELECT NULL::VARCHAR AS session_id, NULL AS claimed_verdict WHERE false)"
     )
     con.execute(
-        "CREATE TEMP TABLE chosen_rows AS SELECT c.*, f.flag_list, sub.submission, ps.carried_prompt_source, "
+        "CREATE TEMP TABLE chosen_rows AS SELECT c.*, f.flag_list, "
+        "coalesce(sub.submission, jp.judged_patch) AS submission, ps.carried_prompt_source, "
         "ps.source_session_id, cl.claimed_verdict "
         "FROM chosen c "
         "LEFT JOIN (SELECT session_id, list(struct_pack(flag := flag, flag_class := flag_class, severity := severity) "
@@ -361,6 +362,10 @@ def _sessions(
         "LEFT JOIN steps st ON st.session_id = fb.session_id AND st.feedback_event_id = fb.event_id "
         "WHERE e.event_type = 'session_end' "
         "AND e.session_id IN (SELECT session_id FROM chosen) GROUP BY e.session_id) sub USING (session_id) "
+        # else the patch the fleet's evaluator judged (the local sandbox fleet records it on ``evaluation``)
+        "LEFT JOIN (SELECT session_id, arg_max(extra['submission'], struct_pack(seq, event_id)) AS judged_patch "
+        "FROM events WHERE event_type = 'evaluation' AND extra['submission'] IS NOT NULL "
+        "AND session_id IN (SELECT session_id FROM chosen) GROUP BY session_id) jp USING (session_id) "
         # how an imported run's conversation was first obtained (an ATIF export of a rebuilt one says so),
         # and the run's own id in the file it came from
         "LEFT JOIN (SELECT session_id, arg_min(extra['prompt_source'], seq) AS carried_prompt_source, "

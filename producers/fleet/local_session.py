@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import random
@@ -158,6 +159,31 @@ def _llm_policy_version() -> str:
     from producers.fleet.llm.agent import POLICY_VERSION
 
     return POLICY_VERSION
+
+
+#: Largest submission patch an ``evaluation`` event carries (a larger one is cut, and says so): events stay small.
+MAX_SUBMISSION_CHARS = 64 * 1024
+
+
+def submission_patch(pristine: dict[str, str], deliverable: dict[str, str]) -> str:
+    """The unified diff of the deliverable files against the task's own (empty: nothing changed)."""
+    parts = []
+    for rel in sorted(deliverable):
+        before, after = pristine.get(rel, ""), deliverable[rel]
+        if before == after:
+            continue
+        parts += difflib.unified_diff(
+            before.splitlines(keepends=True),
+            after.splitlines(keepends=True),
+            fromfile=f"a/{rel}" if rel in pristine else "/dev/null",
+            tofile=f"b/{rel}",
+        )
+        if parts and not parts[-1].endswith("\n"):
+            parts[-1] += "\n\\ No newline at end of file\n"
+    patch = "".join(parts)
+    if len(patch) > MAX_SUBMISSION_CHARS:
+        patch = patch[:MAX_SUBMISSION_CHARS] + f"\n[… patch cut at {MAX_SUBMISSION_CHARS} characters]\n"
+    return patch
 
 
 def _gateway_figures(sandbox: Sandbox) -> dict[str, str]:
@@ -412,7 +438,10 @@ class LocalStages:
             ignored_total=total,
             planted=planted,
         )
-        state.emitter.emit("evaluation", state.result.payload(), "evaluator", extra=state.result.extra())
+        # the final patch (what the agent handed in against the task's files): an export's ``submission``
+        patch = submission_patch(task.files, deliverable)
+        extra = {**state.result.extra(), **({"submission": patch} if patch else {})}
+        state.emitter.emit("evaluation", state.result.payload(), "evaluator", extra=extra)
 
     # ------------------------------------------------------------------ emit end
 

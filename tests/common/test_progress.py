@@ -20,14 +20,13 @@ import pytest
 from common.progress import ProgressCounter
 from common.settings import Settings
 from pipelines.assemble import assemble
-from pipelines.export import export_training_set
-from pipelines.export.select import ExportFilters as _ExportFilters
+from pipelines.export import ExportFilters, export_training_set
 from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from producers.importers import import_paths
 from tests.helpers import AS_OF, real_runs_dir, sample_events, write_raw
 
-ALL_ORIGINS = _ExportFilters(origins=())  # the synthetic fleet's sessions too
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 REAL_RUNS = real_runs_dir()
 

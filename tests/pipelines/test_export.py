@@ -14,8 +14,7 @@ from typer.testing import CliRunner
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.export import FORMATS, ExportError, export_training_set, read_export, safe_path
-from pipelines.export.select import ExportFilters as _ExportFilters
+from pipelines.export import FORMATS, ExportError, ExportFilters, export_training_set, read_export, safe_path
 from pipelines.export.trainers import TRAINER_FORMATS
 from pipelines.score import score_all
 from producers.fleet import run_fleet
@@ -23,7 +22,7 @@ from tests.helpers import write_raw
 from trajlake.cli import app
 from warehouse.query import run_query
 
-ALL_ORIGINS = _ExportFilters(origins=())  # the synthetic fleet's sessions too
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from common.prices import PriceTable
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
 from pipelines.export import ExportFilters, export_training_set, read_export
-from pipelines.export.select import ExportFilters as _ExportFilters
 from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from producers.fleet.agent_caps import Caps
@@ -28,7 +27,7 @@ from producers.importers import import_trajectory
 from tests.helpers import write_raw
 from warehouse.query import run_query
 
-ALL_ORIGINS = _ExportFilters(origins=())  # the synthetic fleet's sessions too
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 # slow as a whole: the module's fixtures run real sandbox sessions once, and whichever test comes first pays for them
 pytestmark = [
@@ -47,6 +46,15 @@ REPORTED_COST = 0.000125  # what the capped agent's server reports per call
 def _lake(home: Path, prices: dict | None = None) -> Settings:
     table = json.dumps(prices if prices is not None else PRICES)
     return load_settings(home=home, topic="unused", kafka_bootstrap=None, catalog_uri=None, price_table=table)
+
+
+def _lines(out: Path) -> dict[str, str]:
+    """Session id → the exact line of its trajectory, over every split file of an export."""
+    return {
+        json.loads(line)["session_id"]: line
+        for path in sorted((out / "data").iterdir())
+        for line in path.read_text().splitlines()
+    }
 
 
 def _records(path: Path) -> list[dict]:
@@ -282,15 +290,15 @@ def test_atif_export_import_export_is_byte_stable_for_fleet_llm_and_imported_ses
     settings, kinds, _ = lake
     every = ExportFilters(origins=(), min_quality=0.0, outcome="all")
     export_training_set(settings, "atif", tmp_path / "a", filters=every)
-    first = {json.loads(line)["session_id"]: line for line in (tmp_path / "a" / "atif.jsonl").read_text().splitlines()}
+    first = _lines(tmp_path / "a")
     assert set(first) == set().union(*kinds.values()) - kinds["cheater"]  # security-flagged: never exported
     again = _lake(tmp_path / "again")
-    imported = import_trajectory(tmp_path / "a" / "atif.jsonl")
+    imported = [event for path in sorted((tmp_path / "a" / "data").iterdir()) for event in import_trajectory(path)]
     write_raw(again, imported, batch_size=5000)
     assemble(again)
     score_all(again)
     export_training_set(again, "atif", tmp_path / "b", filters=every)
-    second = {json.loads(line)["session_id"]: line for line in (tmp_path / "b" / "atif.jsonl").read_text().splitlines()}
+    second = _lines(tmp_path / "b")
     assert set(second) == set(first)
     for session_id, line in first.items():
         assert second[session_id] == line, session_id
@@ -301,6 +309,6 @@ def test_atif_export_import_export_is_byte_stable_for_fleet_llm_and_imported_ses
     counted = "SELECT count(*) FROM trajectories WHERE eval_passed IS NOT NULL OR reward IS NOT NULL"
     assert run_query(again, counted)[1][0][0] == 0
     assert any(json.loads(line)["extra"].get("eval_passed") for line in first.values())
-    scores = _records(tmp_path / "a" / "atif.scores.jsonl")
+    scores = read_export(tmp_path / "a", "scores")
     assert {s["session_id"] for s in scores} == set(first)
-    assert {s["session_id"] for s in _records(tmp_path / "b" / "atif.scores.jsonl")} == set(first)
+    assert {s["session_id"] for s in read_export(tmp_path / "b", "scores")} == set(first)

@@ -11,14 +11,13 @@ import pytest
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
 from pipelines.export import RL_SCHEMA, ExportFilters, export_training_set, read_export
-from pipelines.export.select import ExportFilters as _ExportFilters
 from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from producers.importers import import_trajectory
 from tests.helpers import write_raw
 from warehouse.query import run_query
 
-ALL_ORIGINS = _ExportFilters(origins=())  # the synthetic fleet's sessions too
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 REAL = Path("/work/shared/data/real-trajectories")
 DEEPSEEK = REAL / "mini-swe-agent/deepseek-reasoner-dev/marshmallow-code__marshmallow-1359.traj.json"
@@ -113,11 +112,20 @@ def test_sft_defaults_to_successes_and_the_manifest_counts_what_each_rule_left_o
     counts = manifest["counts"]
     # every session considered is exported or left out by exactly one rule
     left = counts["left_out"]
-    left_out = sum(v for k, v in left.items() if k != "outcome") + sum(left["outcome"].values())
+    left_out = sum(sum(v.values()) if isinstance(v, dict) else v for v in left.values())
     assert counts["considered"] == counts["sessions"] + left_out
+    assert left["origin"] == {}  # origins=(): every origin asked for
+    per_origin = counts["per_origin"]
+    assert sum(per_origin.values()) == counts["sessions"] and per_origin["synthetic"] > 0
+    assert set(per_origin) - {"synthetic"} and all(o.startswith("import:") for o in set(per_origin) - {"synthetic"})
     assert left["outcome"]["failure"] > 0 and "success" not in left["outcome"]
     assert sum(counts["per_split"].values()) == default.records
     assert manifest["scoring"]["governance"] and manifest["scorer_version"]
+    # by default the synthetic fleet's sessions are left out, under their own reason, and the rest kept
+    plain = export_training_set(lake, "hf", tmp_path / "plain")
+    counted = json.loads((tmp_path / "plain" / "manifest.json").read_text())["counts"]
+    assert counted["left_out"]["origin"] == {"synthetic": counted["considered_by_origin"]["synthetic"]}
+    assert {r["origin"] for r in read_export(tmp_path / "plain")} == set(per_origin) - {"synthetic"} and plain.records
     for record in read_export(tmp_path / "wide"):
         assert record["quality"] >= 0.0 and 0.0 <= record["weight"] <= 1.0
         for flag in record["flags"]:
@@ -156,7 +164,7 @@ def test_rl_parquet_has_verl_and_skyrl_names_and_dtypes_and_loads_with_datasets(
     from datasets import load_dataset
 
     export_training_set(lake, "rl", tmp_path / "pq", min_quality=0.0, parquet=True, filters=ALL_ORIGINS)
-    table = pq.read_table(tmp_path / "pq" / "rl.parquet")
+    table = pa.concat_tables([pq.read_table(p) for p in sorted((tmp_path / "pq" / "data").glob("*.parquet"))])
     # verl AgentLoopOutput: prompt_ids/response_ids/response_mask list[int], num_turns int;
     # SkyRL TrajectoryOutput: prompt_ids/response_ids/loss_mask list[int], reward float, stop_reason str
     expected = {
@@ -179,12 +187,17 @@ def test_rl_parquet_has_verl_and_skyrl_names_and_dtypes_and_loads_with_datasets(
     }
     assert {name: table.schema.field(name).type for name in expected} == expected
     assert table.schema == RL_SCHEMA and table.num_rows > 0
-    dataset = load_dataset("parquet", data_files=str(tmp_path / "pq" / "rl.parquet"), split="train")
-    assert len(dataset) == table.num_rows
+    # the directory alone, Parquet or JSON lines: its card names the split files
+    dataset = load_dataset(str(tmp_path / "pq"))
+    assert sum(len(d) for d in dataset.values()) == table.num_rows
+    assert all(set(d["split"]) == {name} for name, d in dataset.items())
     export_training_set(lake, "rl", tmp_path / "js", min_quality=0.0, filters=ALL_ORIGINS)
-    assert len(load_dataset("json", data_files=str(tmp_path / "js" / "rl.jsonl"), split="train")) == table.num_rows
+    as_json = load_dataset(str(tmp_path / "js"))
+    assert sum(len(d) for d in as_json.values()) == table.num_rows
+    assert all(isinstance(r["tools"], list) for d in as_json.values() for r in d)  # tools as a list, as written
+    assert read_export(tmp_path / "js")[0]["tools"] == json.loads(table.column("tools")[0].as_py())
     export_training_set(lake, "atif", tmp_path / "atif", min_quality=0.0, filters=ALL_ORIGINS)
-    assert len(load_dataset("json", data_files=str(tmp_path / "atif" / "atif.jsonl"), split="train")) > 0
+    assert sum(len(d) for d in load_dataset(str(tmp_path / "atif")).values()) > 0
 
 
 @pytest.mark.slow

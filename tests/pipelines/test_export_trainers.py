@@ -15,7 +15,6 @@ import pytest
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
 from pipelines.export import ExportFilters, export_training_set, read_export
-from pipelines.export.select import ExportFilters as _ExportFilters
 from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from producers.fleet.agent_caps import Caps
@@ -26,7 +25,7 @@ from producers.fleet.tasks import task_for
 from tests.helpers import write_raw
 from warehouse.query import run_query
 
-ALL_ORIGINS = _ExportFilters(origins=())  # the synthetic fleet's sessions too
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 # slow as a whole: the module's fixtures run real sandbox sessions once, and whichever test comes first pays for them
 pytestmark = [
@@ -172,8 +171,10 @@ def test_the_trainers_own_classes_load_the_exported_records(lake, tmp_path):
         "assert all(len(o.loss_mask) == len(o.response_ids) for o in s)\n"
         "print(len(v), len(s), type(v[0].metrics).__name__)\n"
     )
+    for out in (verl, skyrl):  # every split's file, as one file
+        (out / "all.jsonl").write_text("".join(p.read_text() for p in sorted((out / "data").glob("*.jsonl"))))
     result = subprocess.run(
-        [python, "-c", script, verl / "verl.jsonl", skyrl / "skyrl.jsonl"], capture_output=True, text=True, timeout=600
+        [python, "-c", script, verl / "all.jsonl", skyrl / "all.jsonl"], capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == [str(n_verl), str(n_skyrl), "AgentLoopMetrics"]

@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.export import export_training_set, read_export
-from pipelines.export.select import ExportFilters as _ExportFilters
+from pipelines.export import ExportFilters, export_training_set, read_export
 from pipelines.score import score_all
 from producers.importers import import_trajectory
 from producers.parts import PART_BYTES, split_event, split_utf8
@@ -21,7 +20,7 @@ from schemas.registry import encode_event
 from tests.helpers import AS_OF, write_raw
 from warehouse.query import run_query
 
-ALL_ORIGINS = _ExportFilters(origins=())  # the synthetic fleet's sessions too
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 FIXTURES = Path(__file__).resolve().parents[1] / "producers" / "importers" / "fixtures"
 

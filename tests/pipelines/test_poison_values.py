@@ -27,8 +27,7 @@ from hypothesis import strategies as st
 from common.broker import resolve_bootstrap
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.export import export_training_set, read_export
-from pipelines.export.select import ExportFilters as _ExportFilters
+from pipelines.export import ExportFilters, export_training_set, read_export
 from pipelines.ingest import IngestWorker
 from pipelines.score import score_all
 from producers.errors import NonFiniteNumberError
@@ -37,7 +36,7 @@ from schemas.registry import encode_event
 from tests.helpers import sample_events, write_raw
 from warehouse.query import run_query
 
-ALL_ORIGINS = _ExportFilters(origins=())  # the synthetic fleet's sessions too
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
@@ -131,7 +130,8 @@ def check_every_good_session_lands(settings: Settings, good: set[str], out: Path
     exported = {r["session_id"] for r in read_export(out)}
     assert exportable_good <= exported
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["files"][0]["sha256"] == hashlib.sha256((out / "hf.jsonl").read_bytes()).hexdigest()
+    for entry in manifest["files"]:
+        assert entry["sha256"] == hashlib.sha256((out / entry["path"]).read_bytes()).hexdigest()
     assert export.records + export.quarantined >= len(exportable_good)
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
 
@@ -227,7 +227,8 @@ def test_deeply_nested_arguments_are_quarantined_at_export_not_a_recursion_error
     )
     assert result.returncode == 0, result.stderr
     assert "RecursionError" not in result.stderr and "Traceback" not in result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "sharegpt.jsonl"]  # no .tmp left behind
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "data", "manifest.json"]
+    assert not [p.name for p in out.parent.iterdir() if ".export-" in p.name]  # no staging directory left behind
     exported = {r["session_id"] for r in read_export(out)}
     # --min-quality 0 --outcome all: every ended session that is neither security-flagged nor a shadowed duplicate
     _, rows = run_query(

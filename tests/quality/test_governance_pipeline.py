@@ -10,15 +10,14 @@ import pytest
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.export import export_training_set, read_export
-from pipelines.export.select import ExportFilters as _ExportFilters
+from pipelines.export import ExportFilters, export_training_set, read_export
 from pipelines.score import score_all
 from producers.sdk import SessionEmitter
 from schemas import typed
 from tests.helpers import AS_OF, BASE_US, write_raw
 from warehouse.query import run_query
 
-ALL_ORIGINS = _ExportFilters(origins=())  # the synthetic fleet's sessions too
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 
 def _session(events: list[dict[str, Any]], name: str, edits_test: bool, offset: int) -> None:

@@ -12,14 +12,13 @@ import pytest
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.export import export_training_set, read_export
-from pipelines.export.select import ExportFilters as _ExportFilters
+from pipelines.export import ExportFilters, export_training_set, read_export
 from pipelines.score import score_all
 from producers.importers import import_file
 from tests.helpers import AS_OF, write_raw
 from warehouse.query import run_query
 
-ALL_ORIGINS = _ExportFilters(origins=())  # the synthetic fleet's sessions too
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FORMATS = [
