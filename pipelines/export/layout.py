@@ -274,7 +274,7 @@ def _shape(value: Any, depth: int) -> Shape:
                 break
         return ("list", inner)
     if isinstance(value, dict):
-        return ("struct", tuple((str(k), _shape(v, depth + 1)) for k, v in sorted(value.items())))
+        return ("struct", tuple((str(k), _shape(v, depth + 1)) for k, v in value.items()))
     return _JSON
 
 

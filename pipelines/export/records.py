@@ -28,6 +28,9 @@ def to_records(
     if fmt in ("hf", "openai", "sharegpt"):
         # a supervised example ends on the agent's last turn, every tool it calls defined
         messages, tools = sft_messages(session, conversation)
+        # ``completion`` (and ``prompt``) name the prompt-completion format to TRL and other SFT loaders:
+        # the quality component goes by ``completion_score`` here, so the record reads as a conversation
+        meta = {("completion_score" if k == "completion" else k): v for k, v in meta.items()}
         if fmt == "hf":
             return [{"messages": messages, "tools": tools, **meta}]
         if fmt == "openai":

@@ -362,9 +362,10 @@ def _sessions(
         "LEFT JOIN steps st ON st.session_id = fb.session_id AND st.feedback_event_id = fb.event_id "
         "WHERE e.event_type = 'session_end' "
         "AND e.session_id IN (SELECT session_id FROM chosen) GROUP BY e.session_id) sub USING (session_id) "
-        # else the patch the fleet's evaluator judged (the local sandbox fleet records it on ``evaluation``)
+        # else the patch the fleet's evaluator judged (the local sandbox fleet records it on ``evaluation``; an
+        # import of a run whose patch no event held, on ``session_end``)
         "LEFT JOIN (SELECT session_id, arg_max(extra['submission'], struct_pack(seq, event_id)) AS judged_patch "
-        "FROM events WHERE event_type = 'evaluation' AND extra['submission'] IS NOT NULL "
+        "FROM events WHERE event_type IN ('evaluation', 'session_end') AND extra['submission'] IS NOT NULL "
         "AND session_id IN (SELECT session_id FROM chosen) GROUP BY session_id) jp USING (session_id) "
         # how an imported run's conversation was first obtained (an ATIF export of a rebuilt one says so),
         # and the run's own id in the file it came from

@@ -515,6 +515,7 @@ class RunBuilder:
         *,
         reward: float | None = None,
         submission_event: str | None = None,
+        submission: str | None = None,
     ) -> str:
         """``session_end``; the reward stays None unless the run itself recorded one (a verdict is an evaluation)."""
         payload: typed.SessionEnd = {
@@ -523,8 +524,10 @@ class RunBuilder:
             "reward": reward,
             "exit_reason": exit_reason[:1000] if exit_reason else None,
         }
-        extra = {"submission_event_id": submission_event} if submission_event else None
-        return self.emitter.emit("session_end", payload, "system", extra=extra)
+        extra = {"submission_event_id": submission_event} if submission_event else {}
+        if submission:  # the final patch, when no event of the run holds it
+            extra["submission"] = submission
+        return self.emitter.emit("session_end", payload, "system", extra=extra or None)
 
     def verdict(self, verdict: Verdict) -> str:
         """An ``evaluation`` that came with or after the run (a report beside it, the run's own record).

@@ -41,19 +41,19 @@ def _settings(home: Path) -> Settings:
 
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory) -> Settings:
-    """Real sandbox sessions (solvers, a flailer, the LLM agent) beside 20 synthetic load sessions."""
+    """Real sandbox sessions (6 solvers, a flailer, 4 of the LLM agent) beside 20 synthetic load sessions."""
     settings = _settings(tmp_path_factory.mktemp("dataset") / "home")
     events: list[dict] = []
-    for seed, agent in ((31, "solver"), (32, "solver"), (33, "solver"), (34, "flailer")):
+    # the fleet runs task_for(seed, i) as its i-th session: six families, some in each split
+    for seed, agent, sessions in ((31, "solver", 6), (34, "flailer", 1)):
         sink = ListSink(decode=False)
-        run_fleet(settings, "local", sessions=1, seed=seed, sink=sink, agent=agent)
+        run_fleet(settings, "local", sessions=sessions, seed=seed, sink=sink, agent=agent)
         events += sink.events
-    with FakeOpenAIServer(solver_script([task_for(35, 0), task_for(36, 0)])) as server:
+    with FakeOpenAIServer(solver_script([task_for(35, i) for i in range(4)])) as server:
         config = LLMConfig(server.url, "policy-7b", backoff_s=0.01)
-        for seed in (35, 36):
-            sink = ListSink(decode=False)
-            run_fleet(settings, "local", sessions=1, seed=seed, sink=sink, agent="llm", llm=config)
-            events += sink.events
+        sink = ListSink(decode=False)
+        run_fleet(settings, "local", sessions=4, seed=35, sink=sink, agent="llm", llm=config)
+        events += sink.events
     run_fleet(settings, backend="synthetic", sessions=20, seed=37, sink=events.append)
     write_raw(settings, events, batch_size=5000)
     assemble(settings)
@@ -72,7 +72,7 @@ def _defined(record: dict[str, Any]) -> set[str]:
 @pytest.mark.slow
 def test_trajectories_say_where_each_session_came_from(lake: Settings) -> None:
     _, rows = run_query(lake, "SELECT origin, count(*) FROM trajectories GROUP BY ALL ORDER BY origin")
-    assert dict(rows) == {"sandbox": 6, "synthetic": 20}
+    assert dict(rows) == {"sandbox": 11, "synthetic": 20}
 
 
 @pytest.mark.slow
