@@ -92,6 +92,7 @@ class ExportStats:
     seconds: float = 0.0
     considered: int = 0  # sessions in the export's scope (day, policy, family, time, split)
     left_out: dict[str, Any] = field(default_factory=dict)  # rule -> sessions it left out (outcome: by outcome)
+    per_origin: dict[str, int] = field(default_factory=dict)  # sessions exported per origin
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict for printing and asset metadata."""
@@ -405,6 +406,7 @@ def _write_export(
             scores.close()
     checkpoint("data_written")
     stats.quarantined = len(quarantined)
+    stats.per_origin = origins
     stats.considered = int(selection.get("considered", 0))
     stats.left_out = {**selection.get("left_out", {}), "quarantined": stats.quarantined}
     if quarantined:
