@@ -434,7 +434,7 @@ def _write_export(
             for s in order
             if s in score_digests
         ]
-    stats.files = {e["path"]: e["sha256"] for e in entries}
+    stats.files = {str(e["path"]): str(e["sha256"]) for e in entries}
     counts = {
         "considered": stats.considered,
         "considered_by_origin": selection.get("considered_by_origin", {}),
@@ -449,7 +449,7 @@ def _write_export(
     }
     configs: dict[str, dict[str, str]] = {}
     for e in entries:
-        configs.setdefault(e["config"], {})[e["split"]] = e["path"]
+        configs.setdefault(str(e["config"]), {})[str(e["split"])] = str(e["path"])
     card_text = card(fmt, configs, {k: v.features() for k, v in sketches.items()}, counts, parquet)
     _write_file(dir_fd, "README.md", card_text)
     checkpoint("card_written")

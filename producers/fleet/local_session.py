@@ -167,7 +167,7 @@ MAX_SUBMISSION_CHARS = 64 * 1024
 
 def submission_patch(pristine: dict[str, str], deliverable: dict[str, str]) -> str:
     """The unified diff of the deliverable files against the task's own (empty: nothing changed)."""
-    parts = []
+    parts: list[str] = []
     for rel in sorted(deliverable):
         before, after = pristine.get(rel, ""), deliverable[rel]
         if before == after:
