@@ -217,3 +217,46 @@ def test_force_keeps_the_users_files_through_a_kill_and_a_refusal_is_one_line(la
     done = _cli(lake.home, "export", "--format", "openai", "--out", str(out), "--force")
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "data", "manifest.json", "notes.txt"]
+
+
+@pytest.mark.slow
+def test_assembly_takes_the_declared_origin_within_its_vocabulary(tmp_path: Path) -> None:
+    from tests.helpers import sample_events
+
+    settings = _settings(tmp_path / "home")
+    events = sample_events(5, seed=5)
+    ids = sorted({e["session_id"] for e in events})
+    declared = {ids[0]: "import:swe-agent", ids[1]: "otlp", ids[2]: "sandbox; DROP", ids[3]: None, ids[4]: None}
+    for event in events:
+        extra = event.setdefault("extra", {})
+        sid = event["session_id"]
+        extra.pop("origin", None)
+        if declared[sid] is not None:
+            extra["origin"] = declared[sid]
+        if sid == ids[3]:
+            extra.pop("backend", None)  # declared nothing at all: another SDK host
+        if sid == ids[4] and event["event_type"] == "session_start":
+            extra["backend"] = "synthetic"  # as the synthetic fleet's events say, origin or not
+    write_raw(settings, events)
+    assemble(settings)
+    _, rows = run_query(settings, "SELECT session_id, origin FROM trajectories")
+    assert dict(rows) == {
+        ids[0]: "import:swe-agent",
+        ids[1]: "otlp",
+        ids[2]: "sdk",  # outside the vocabulary
+        ids[3]: "sdk",
+        ids[4]: "synthetic",  # no declaration: its backend says it (events written before origins)
+    }
+
+
+def test_origin_option_vocabulary() -> None:
+    from pipelines.errors import ExportError
+    from pipelines.export.select import origin_condition, parse_origins
+
+    assert parse_origins(None) is None and parse_origins("all") == ()
+    assert parse_origins("sandbox, import:swe-agent,sandbox") == ("sandbox", "import:swe-agent")
+    assert "starts_with" in origin_condition(parse_origins("import"))
+    assert "'synthetic'" in origin_condition(None) and "NOT IN" in origin_condition(None)
+    for bad in ("synthetics", "import:", "local"):
+        with pytest.raises(ExportError, match="unknown origin"):
+            parse_origins(bad)
