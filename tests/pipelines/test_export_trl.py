@@ -10,6 +10,7 @@ transformers, TRL or tokenizers are not installed (``pip install -e '.[train]'``
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,14 @@ import pytest
 from pipelines.export import export_training_set, read_export
 from tests.pipelines.test_export_dataset import lake  # noqa: F401  (the module's lakehouse fixture)
 
-pytestmark = pytest.mark.slow
+#: The training stack this test needs (``pip install -e '.[train]'``), looked up without importing it, so a
+#: machine without it skips before the lakehouse fixture is built.
+MISSING = [name for name in ("torch", "transformers", "trl", "tokenizers") if importlib.util.find_spec(name) is None]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(MISSING), reason=f"{', '.join(MISSING)} not installed (pip install -e '.[train]')"),
+]
 
 #: A ChatML-like template: tools as JSON, tool calls with their JSON-string arguments, and every
 #: assistant turn (its end-of-turn token too) inside a generation block.
