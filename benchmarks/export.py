@@ -101,7 +101,9 @@ def write_synthetic_lake(settings: Settings, sessions: int, steps: int = 8, chun
 
 def export_peak_rss(settings: Settings, fmt: str, out: Path, parquet: bool = False) -> tuple[int, float]:
     """Peak RSS (bytes) and seconds of ``trajlake export --format fmt`` as a child process."""
-    args = ["export", "--format", fmt, "--out", str(out), "--min-quality", "0"] + (["--parquet"] if parquet else [])
+    args = ["export", "--format", fmt, "--origin", "all", "--out", str(out), "--min-quality", "0"] + (
+        ["--parquet"] if parquet else []
+    )
     return child_peak_rss(args, cli_env(settings))
 
 

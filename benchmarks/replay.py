@@ -16,8 +16,11 @@ from benchmarks.harness import (
     files_per_partition,
     print_figures,
 )
+from pipelines.export import ExportFilters
 from warehouse.catalog import open_catalog
 from warehouse.tables import RAW_EVENTS, ensure_table
+
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 
 def bench_replay(
@@ -85,7 +88,7 @@ def bench_replay(
         scored = score_all(settings)
         score_s = time.perf_counter() - mark
         mark = time.perf_counter()
-        exported = export_training_set(settings, "rl", settings.home_dir / "exports" / "replay")
+        exported = export_training_set(settings, "rl", settings.home_dir / "exports" / "replay", filters=ALL_ORIGINS)
         export_s = time.perf_counter() - mark
         wall = time.perf_counter() - started
         rows, distinct = run_query(settings, "SELECT count(*), count(DISTINCT event_id) FROM events")[1][0]

@@ -96,6 +96,19 @@ WHERE session_id BETWEEN $low AND $high
 MAX_MAGNITUDE = 1e15
 _INT64 = "BETWEEN -9223372036854775808 AND 9223372036854775807"
 
+#: Where a session came from (``trajectories.origin``), one of :data:`ORIGINS` or ``import:<format>``.
+ORIGINS = ("sandbox", "synthetic", "sdk", "otlp")
+#: The origin of a session: what its ``session_start`` declared (``extra['origin']``: the local sandbox
+#: fleet says ``sandbox``, the synthetic load fleet ``synthetic``, an importer ``import:<format>``, the
+#: OTLP receiver ``otlp``), else what its ``backend`` says (events written before origins were
+#: declared), else ``sdk`` (any other producer-SDK host). A value outside that vocabulary is ``sdk``.
+ORIGIN_SQL = """CASE
+        WHEN declared_origin IN ('sandbox', 'synthetic', 'sdk', 'otlp')
+             OR regexp_full_match(declared_origin, 'import:[a-z0-9][a-z0-9._-]{0,63}') THEN declared_origin
+        WHEN declared_origin IS NULL AND backend = 'synthetic' THEN 'synthetic'
+        WHEN declared_origin IS NULL AND backend = 'local' THEN 'sandbox'
+        ELSE 'sdk' END"""
+
 _TRAJECTORIES_SQL = """
 WITH usage AS (
     -- tokens of the successful model calls without a recorded cost, per model: priced when read
@@ -144,6 +157,10 @@ agg AS (
         arg_min(group_id, struct_pack(seq, event_id)) AS group_id,
         arg_min(attempt, struct_pack(seq, event_id)) AS attempt,
         arg_min(retry_of, struct_pack(seq, event_id)) AS retry_of,
+        -- where the session came from, as its producer's door declared it on session_start
+        arg_min(extra['origin'], struct_pack(seq, event_id))
+            FILTER (event_type = 'session_start' AND extra['origin'] IS NOT NULL) AS declared_origin,
+        arg_min(extra['backend'], struct_pack(seq, event_id)) FILTER (extra['backend'] IS NOT NULL) AS backend,
         arg_max(session_end.status, struct_pack(seq, event_id)) FILTER (event_type = 'session_end') AS end_status,
         arg_max(session_end.exit_reason, struct_pack(seq, event_id))
             FILTER (event_type = 'session_end') AS end_reason,
@@ -219,6 +236,7 @@ SELECT
     disk_write_bytes, timeout_s, instruction, eval_passed, tests_total, tests_passed, reward,
     task_family, processes_started, exit_codes, group_id, attempt, retry_of, usage.unpriced_usage,
     verdict_provenance,
+    {origin} AS origin,
     coalesce(eval_passed, false) AS completed,
     $now AS assembled_at,
     list_filter([
@@ -229,7 +247,7 @@ SELECT
     ], lambda x: x IS NOT NULL) AS _overflows
 FROM agg LEFT JOIN tools USING (session_id) LEFT JOIN usage USING (session_id)
 ORDER BY agg.session_id
-""".replace("{int64}", _INT64)
+""".replace("{int64}", _INT64).replace("{origin}", ORIGIN_SQL)
 
 _STEPS_SQL = """
 WITH actions AS (

@@ -17,7 +17,12 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev]'
+if [ "${tier[0]}" = "--durations=30" ]; then
+  # the full gate also fine-tunes a tiny model on an export with TRL (the CUDA torch wheel: ~5 GB, ~100 s)
+  .venv/bin/python -m pip install -q -e '.[dev,train]'
+else
+  .venv/bin/python -m pip install -q -e '.[dev]'
+fi
 # OS packages the integration tests use: bubblewrap (real sandboxes), Java + Maven (real
 # Apache Kafka built from Maven Central). Installed where we can (CI runs as root).
 missing=()

@@ -488,7 +488,17 @@ def export(
         ),
     ] = None,
     day: Annotated[datetime | None, typer.Option(help="Only sessions started on this UTC day.")] = None,
-    force: Annotated[bool, typer.Option(help="Write into a non-empty directory (replaces its export).")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(help="Export into a directory holding other files too (kept; the earlier export is replaced)."),
+    ] = False,
+    origin: Annotated[
+        str | None,
+        typer.Option(
+            help="Only these origins, comma-separated: sandbox, synthetic, sdk, otlp, import (every "
+            "import:<format>), import:<format>, or all. Default: every origin but synthetic (load-generator text)."
+        ),
+    ] = None,
     policy_version: Annotated[str | None, typer.Option(help="Only this policy version.")] = None,
     task_family: Annotated[str | None, typer.Option(help="Only this task family.")] = None,
     since: Annotated[datetime | None, typer.Option(help="Only sessions started at or after this time (UTC).")] = None,
@@ -501,9 +511,11 @@ def export(
     from datetime import UTC
 
     from pipelines.export import ExportFilters, export_training_set
+    from pipelines.export.select import parse_origins
 
     settings = settings_for("read")
     filters = ExportFilters(
+        origins=parse_origins(origin),
         min_quality=min_quality,
         outcome=outcome,
         day=day.date() if day else None,

@@ -13,6 +13,7 @@ from common.broker import broker_status, start_broker
 from common.progress import Progress
 from common.settings import CATALOG_FILE, Settings
 from pipelines.assemble import assemble
+from pipelines.export import export_training_set
 from pipelines.ingest import run_ingest
 from pipelines.score import score_all
 from producers.fleet import run_fleet
@@ -145,6 +146,15 @@ def run_demo(
         f"({report.cheaters_planted} cheaters planted this run), "
         f"{score_stats.duplicate_sessions} duplicates, {score_stats.exportable} exportable "
         f"(mean quality {score_stats.mean_quality}) in {score_stats.seconds:.1f} s"
+    )
+    with progress("export") as shown:
+        # the training set a user takes from here: verified successes, never the synthetic load fleet's
+        exported = export_training_set(settings, "hf", settings.home_dir / "exports" / "hf" / "demo", progress=shown)
+    report.steps["export"] = exported.as_dict()
+    echo(
+        f"export: {exported.records} SFT records (hf) from {exported.sessions} sessions "
+        f"({', '.join(f'{o} {n}' for o, n in sorted(exported.per_origin.items())) or 'none'}) "
+        f"to {exported.out_dir}; left out of {exported.considered}: {exported.left_out_summary()}"
     )
     columns, rows = run_query(
         settings,

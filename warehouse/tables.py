@@ -171,6 +171,9 @@ TRAJECTORIES = TableSpec(
             ),
             # who stands behind the verdict that counted: fleet_evaluator, harness_report, harbor_verifier, …
             ("verdict_provenance", pa.string()),
+            # where the session came from (pipelines.assemble ORIGIN_SQL): sandbox, synthetic, sdk,
+            # import:<format>, otlp
+            ("origin", pa.string()),
         ]
     ),
     partition_by=[("started_at", DayTransform())],

@@ -36,6 +36,7 @@ from dagster import (
 from common.settings import Settings
 from dagster_project.resources import LakehouseResource, transient_retries
 from pipelines.export import export_training_set
+from pipelines.export.select import origin_condition
 from pipelines.report import write_report
 from pipelines.score import index_days, score_all
 from warehouse.sql import open_views
@@ -215,7 +216,8 @@ def export_count_result(settings: Settings, day: date, records: int, min_quality
         settings,
         "SELECT count(*) AS exportable FROM scores s JOIN trajectories t USING (session_id) "
         f"WHERE s.exportable AND s.quality >= {float(min_quality)!r} "
-        f"AND CAST(t.started_at AS DATE) = DATE '{day.isoformat()}'",
+        f"AND CAST(t.started_at AS DATE) = DATE '{day.isoformat()}' "
+        f"AND ({origin_condition(None)})",  # the origins a default export takes (never the synthetic fleet's)
     ).row(0, named=True)
     return AssetCheckResult(
         check_name="export_count",

@@ -14,13 +14,13 @@ leaves the lakehouse. Files are written only inside the chosen directory; the ma
 source snapshot ids, the filters applied, counts per split, scorer version, weights and
 governance table, and each file's sha256, and a row goes to the ``exports`` table.
 
-The output directory: system directories (``/``, ``/etc``, ``/usr``, ``$HOME`` itself, …) are
-refused, and so is a directory that is not empty unless ``force`` (then only the export's own
-files are replaced). While an export writes, it holds ``flock`` on the directory, so two exports
-into one directory run one after the other and the manifest always describes the data file
-next to it. Every file is written under a unique temporary name created exclusively
-(``O_CREAT | O_EXCL | O_NOFOLLOW``, relative to the directory's descriptor), then renamed into
-place: a planted symlink is never followed, and a failure leaves no temporary file behind.
+The output directory is a Hugging Face dataset (:mod:`pipelines.export.layout`): a data file per
+split under ``data/``, a dataset card ``README.md`` declaring the configs, split files and
+features, and ``manifest.json``. System directories (``/``, ``/etc``, ``/usr``, ``$HOME`` itself,
+…) are refused, and so is a directory holding anything but an earlier export unless ``force``.
+The export is written whole beside the directory and then exchanged with it in one rename, under
+an ``flock`` on the parent: a reader sees the earlier export or the new one, never a mix. Every
+file is created exclusively (``O_CREAT | O_EXCL | O_NOFOLLOW``) inside the new directory.
 
 A session whose record cannot be built (arguments nested deeper than
 :data:`MAX_NESTING`, a record over :data:`MAX_RECORD_BYTES`, a value JSON cannot hold) is left
@@ -49,10 +49,11 @@ from common.prices import PriceTable
 from common.progress import Progress
 from common.settings import Settings
 from pipelines.errors import ExportError, RecordError
-from pipelines.export._files import _ExclusiveFile, _open_out_dir, _write_file, safe_path
+from pipelines.export._files import _ExclusiveFile, _write_file, open_subdirectory, safe_path
 from pipelines.export.atif import ATIF_VERSION, atif_judgement
 from pipelines.export.conversation import SYSTEM_PROMPT, TOOLS, Conversation, from_calls, from_steps
 from pipelines.export.formats import FORMATS as RECORD_FORMATS
+from pipelines.export.layout import FeatureSketch, card, checkpoint, commit, discard, open_target, read_export
 from pipelines.export.records import to_record, to_records
 from pipelines.export.rl import RL_SCHEMA
 from pipelines.export.select import SPLIT_PERCENT, ExportFilters, _Blobs, _sessions, split_of
@@ -91,6 +92,7 @@ class ExportStats:
     seconds: float = 0.0
     considered: int = 0  # sessions in the export's scope (day, policy, family, time, split)
     left_out: dict[str, Any] = field(default_factory=dict)  # rule -> sessions it left out (outcome: by outcome)
+    per_origin: dict[str, int] = field(default_factory=dict)  # sessions exported per origin
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict for printing and asset metadata."""
@@ -137,12 +139,6 @@ def _nesting(value: Any) -> int:
                 break
             stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
     return deepest
-
-
-def scores_file_name(data_name: str) -> str:
-    """The name of an ``atif`` export's scores file beside its data file (``atif.jsonl`` → ``atif.scores.jsonl``)."""
-    stem = data_name[: -len(".jsonl")] if data_name.endswith(".jsonl") else data_name
-    return f"{stem}.scores.jsonl"
 
 
 def _snapshot_ids(catalog: Catalog, settings: Settings) -> dict[str, int | None]:
@@ -222,36 +218,38 @@ def export_training_set(
     min_quality: float | None = None,
     day: date | None = None,
     catalog: Catalog | None = None,
-    file_name: str | None = None,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     force: bool = False,
     filters: ExportFilters | None = None,
     parquet: bool = False,
     progress: Progress | None = None,
 ) -> ExportStats:
-    """Write ``out_dir/<file>.jsonl`` (or ``.parquet``) and ``out_dir/manifest.json``, and record the export.
+    """Write ``out_dir`` as a Hugging Face dataset (a data file per split, ``README.md``, ``manifest.json``).
+
+    The directory is replaced as a whole (:mod:`pipelines.export.layout`): a reader sees the earlier
+    export or this one, never a mix, wherever the export is interrupted.
 
     Args:
         settings: trajlake settings (default threshold).
         fmt: one of :data:`FORMATS`.
-        out_dir: target directory (created); nothing is written outside it.
+        out_dir: target directory (created); nothing is written outside it and its staging sibling.
         min_quality: threshold; ``settings.quality_min`` by default.
         day: only sessions started on this UTC day (the nightly partition).
         catalog: Iceberg catalog; opened from settings by default.
-        file_name: data file name inside ``out_dir`` (default ``<fmt>.jsonl``).
         clock: the export time (tests).
-        force: write into a directory that is not empty (replacing the export's own files).
-        filters: policy version, task family, time range, split, complete groups (``min_quality``
+        force: export into a directory that holds other things too (they are kept; an earlier export's
+            files are replaced whole). An earlier export alone is replaced without it.
+        filters: policy version, task family, time range, split, complete groups, origins (``min_quality``
             and ``day`` above take precedence when given).
-        parquet: write Parquet (``rl`` only: one typed row per session) instead of JSON lines.
+        parquet: write Parquet (``rl`` only: typed columns) instead of JSON lines.
         progress: told of each record written (the total is not known in advance).
 
     Returns:
         :class:`ExportStats`; ``quarantined`` counts sessions left out (``quarantine`` table).
 
     Raises:
-        ExportError: unknown format, a path outside ``out_dir``, a refused or non-empty directory,
-            ``out_dir`` is a file, or a file could not be written.
+        ExportError: unknown format, a refused directory, a directory holding something else without
+            ``force``, ``out_dir`` is a file, or a file could not be written.
     """
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -266,24 +264,23 @@ def export_training_set(
         )
     filters = filters.for_format(fmt, settings.quality_min)
     min_quality, day = filters.min_quality, filters.day
-    root, dir_fd = _open_out_dir(out_dir, settings)
+    target = open_target(out_dir, settings, force)
+    root = target.root
+    stats = ExportStats(export_id=uuid.uuid4().hex, format=fmt, out_dir=str(root))
     try:
-        # Names, not resolved paths: whatever is planted under them (a symlink) is replaced, never followed.
-        name = file_name or f"{fmt}.{'parquet' if parquet else 'jsonl'}"
-        if "/" in name or "\0" in name or name in ("", ".", "..") or name == "manifest.json":
-            raise ExportError(f"refusing to write {name!r}: not a plain file name inside {root}")
-        data_path, manifest_path = root / name, root / "manifest.json"
-        if not force and os.listdir(dir_fd):
-            raise ExportError(f"{root} is not empty; choose an empty directory or pass --force to replace the export")
-        stats = ExportStats(export_id=uuid.uuid4().hex, format=fmt, out_dir=str(root))
         try:
             manifest_text, snapshots = _write_export(
-                settings, catalog, fmt, filters, dir_fd, data_path, manifest_path, stats, clock, parquet, progress
+                settings, catalog, fmt, filters, target.staging_fd, stats, clock, parquet, progress
             )
-        except OSError as exc:
-            raise ExportError(f"cannot write the export into {root}: {exc.strerror or exc}") from exc
+            commit(target)
+        except BaseException:
+            discard(target)
+            raise
+    except OSError as exc:
+        raise ExportError(f"cannot write the export into {root}: {exc.strerror or exc}") from exc
     finally:
-        os.close(dir_fd)  # also releases the flock
+        target.close()  # also releases the flock
+    stats.manifest = str(root / "manifest.json")
     row = {
         "export_id": stats.export_id,
         "created_at": datetime.fromisoformat(json.loads(manifest_text)["created_at"]),
@@ -303,35 +300,77 @@ def export_training_set(
     return stats
 
 
+class _SplitFiles:
+    """One data file per split, opened when the split's first record comes (an empty split has none)."""
+
+    def __init__(self, dir_fd: int, folder: str, suffix: str, parquet: bool = False) -> None:
+        self.dir_fd, self.folder, self.suffix, self.parquet = dir_fd, folder, suffix, parquet
+        self.sub_fd: int | None = None
+        self.files: dict[str, tuple[_ExclusiveFile, Any, _ParquetSink | None]] = {}
+        self.records: dict[str, int] = {}
+
+    def write(self, split: str, record: dict[str, Any], line: str) -> None:
+        if split not in self.files:
+            if self.sub_fd is None:
+                self.sub_fd = open_subdirectory(self.dir_fd, self.folder)
+            out = _ExclusiveFile(self.sub_fd, f"{split}.{self.suffix}", binary=self.parquet)
+            digest = hashlib.sha256()
+            self.files[split] = (out, digest, _ParquetSink(out, digest) if self.parquet else None)
+            self.records[split] = 0
+        out, digest, sink = self.files[split]
+        if sink is not None:
+            sink.add(record)
+        else:
+            out.handle.write(line)
+            digest.update(line.encode("utf-8"))
+        self.records[split] += 1
+
+    def commit(self) -> dict[str, str]:
+        """Close every file into place; split → sha256."""
+        digests = {}
+        for split, (out, digest, sink) in self.files.items():
+            if sink is not None:
+                sink.close()
+            out.commit()
+            digests[split] = digest.hexdigest()
+        if self.sub_fd is not None:
+            os.fsync(self.sub_fd)
+        return digests
+
+    def discard(self) -> None:
+        for out, _, _ in self.files.values():
+            out.discard()
+
+    def close(self) -> None:
+        if self.sub_fd is not None:
+            os.close(self.sub_fd)
+
+
 def _write_export(
     settings: Settings,
     catalog: Catalog,
     fmt: str,
     filters: ExportFilters,
     dir_fd: int,
-    data_path: Path,
-    manifest_path: Path,
     stats: ExportStats,
     clock: Callable[[], datetime],
     parquet: bool,
     progress: Progress | None = None,
 ) -> tuple[str, dict[str, int | None]]:
-    """Write the data file and then the manifest (each through :class:`_ExclusiveFile`); returns the manifest."""
+    """Write the split files, then the card and the manifest, into the staging directory; returns the manifest."""
     snapshots = _snapshot_ids(catalog, settings)
     scoring = _scoring(settings, catalog)
     weights = _flag_weights(scoring)
-    digest = hashlib.sha256()
     quarantined: list[Quarantined] = []
     splits: dict[str, int] = {}
+    origins: dict[str, int] = {}
     token_level = segmented = 0
     selection: dict[str, Any] = {}
     prices = settings.prices
-    out = _ExclusiveFile(dir_fd, data_path.name, binary=parquet)
-    writer = _ParquetSink(out, digest) if parquet else None
+    data = _SplitFiles(dir_fd, "data", "parquet" if parquet else "jsonl", parquet)
     # atif: what this lake concluded about each session, beside the trajectories (see pipelines.export.atif)
-    scores_name = scores_file_name(data_path.name) if fmt == "atif" else None
-    scores_out = _ExclusiveFile(dir_fd, scores_name) if scores_name else None
-    scores_digest = hashlib.sha256()
+    scores = _SplitFiles(dir_fd, "scores", "jsonl") if fmt == "atif" else None
+    sketches = {"default": FeatureSketch(), "scores": FeatureSketch()}
     try:
         for session, steps, calls, lookup in _sessions(settings, catalog, filters, weights, report=selection):
             try:
@@ -341,62 +380,92 @@ def _write_export(
             except RecordError as exc:
                 quarantined.append(Quarantined(session["session_id"], "export", exc.reason, "skipped", str(exc)))
                 continue
+            split = str(session["split"])
             for record, line in zip(records, lines, strict=True):
-                if writer is not None:
-                    writer.add(record)
-                else:
-                    out.handle.write(line)
-                    digest.update(line.encode("utf-8"))
-            if scores_out is not None and judged is not None:
-                scores_out.handle.write(judged)
-                scores_digest.update(judged.encode("utf-8"))
+                data.write(split, record, line)
+                sketches["default"].add(record)
+            if scores is not None and judged is not None and judgement is not None:
+                scores.write(split, judgement, judged)
+                sketches["scores"].add(judgement)
             stats.sessions += 1
             stats.records += len(records)
-            splits[session["split"]] = splits.get(session["split"], 0) + 1
+            splits[split] = splits.get(split, 0) + 1
+            origins[session["origin"]] = origins.get(session["origin"], 0) + 1
             token_level += bool(records[0].get("has_token_ids", fmt in TRAINER_FORMATS))
             segmented += len(records) > 1
             if progress is not None:
                 progress(stats.records, None, "records")
-        if writer is not None:
-            writer.close()
-        out.commit()
-        if scores_out is not None:
-            scores_out.commit()
+        digests = data.commit()
+        score_digests = scores.commit() if scores is not None else {}
     except BaseException:
-        out.discard()
-        if scores_out is not None:
-            scores_out.discard()
+        data.discard()
+        if scores is not None:
+            scores.discard()
         raise
+    finally:
+        data.close()
+        if scores is not None:
+            scores.close()
+    checkpoint("data_written")
     stats.quarantined = len(quarantined)
+    stats.per_origin = origins
     stats.considered = int(selection.get("considered", 0))
     stats.left_out = {**selection.get("left_out", {}), "quarantined": stats.quarantined}
     if quarantined:
         record_quarantine(catalog, settings, quarantined, run_id=stats.export_id)
-    stats.files = {data_path.name: digest.hexdigest()}
-    if scores_name:
-        stats.files[scores_name] = scores_digest.hexdigest()
+    order = [s for s in SPLIT_PERCENT if s in digests]
+    entries = [
+        {
+            "path": f"data/{s}.{data.suffix}",
+            "config": "default",
+            "split": s,
+            "sha256": digests[s],
+            "records": data.records[s],
+        }
+        for s in order
+    ]
+    if scores is not None:
+        entries += [
+            {
+                "path": f"scores/{s}.jsonl",
+                "config": "scores",
+                "split": s,
+                "sha256": score_digests[s],
+                "records": scores.records[s],
+            }
+            for s in order
+            if s in score_digests
+        ]
+    stats.files = {str(e["path"]): str(e["sha256"]) for e in entries}
+    counts = {
+        "considered": stats.considered,
+        "considered_by_origin": selection.get("considered_by_origin", {}),
+        "left_out": stats.left_out,
+        "sessions": stats.sessions,
+        "records": stats.records,
+        "quarantined": stats.quarantined,
+        "per_split": {s: splits.get(s, 0) for s in SPLIT_PERCENT},
+        "per_origin": origins,
+        "with_token_ids": token_level,
+        "segmented": segmented,  # rl: sessions split into segments where a prompt rewrote history
+    }
+    configs: dict[str, dict[str, str]] = {}
+    for e in entries:
+        configs.setdefault(str(e["config"]), {})[str(e["split"])] = str(e["path"])
+    card_text = card(fmt, configs, {k: v.features() for k, v in sketches.items()}, counts, parquet)
+    _write_file(dir_fd, "README.md", card_text)
+    checkpoint("card_written")
     created = clock()
     manifest = {
         "export_id": stats.export_id,
         "created_at": created.isoformat(),
         "format": fmt,
         "file_format": "parquet" if parquet else "jsonl",
-        "files": [
-            {"path": name, "sha256": sha, "records": stats.records if name == data_path.name else stats.sessions}
-            for name, sha in stats.files.items()
-        ],
+        "files": entries,
+        "card": {"path": "README.md", "sha256": hashlib.sha256(card_text.encode()).hexdigest()},
         "filters": filters.as_dict(),
         "splits": {"by": "task_family", "hash": "sha256", "percent": SPLIT_PERCENT},
-        "counts": {
-            "considered": stats.considered,
-            "left_out": stats.left_out,
-            "sessions": stats.sessions,
-            "records": stats.records,
-            "quarantined": stats.quarantined,
-            "per_split": splits,
-            "with_token_ids": token_level,
-            "segmented": segmented,  # rl: sessions split into segments where a prompt rewrote history
-        },
+        "counts": counts,
         # how costs were priced: recorded where the server reported one, else tokens × this table
         "prices": prices.as_json(),
         "scorer_version": _scorer_version(settings, catalog),
@@ -404,8 +473,7 @@ def _write_export(
         "source_snapshots": snapshots,
     }
     manifest_text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-    _write_file(dir_fd, manifest_path.name, manifest_text)
-    stats.manifest = str(manifest_path)
+    _write_file(dir_fd, "manifest.json", manifest_text)
     return manifest_text, snapshots
 
 
@@ -428,7 +496,8 @@ class _ParquetSink:
         self.writer = pq.ParquetWriter(_HashingFile(out.handle, digest), RL_SCHEMA, compression="zstd")
 
     def add(self, record: dict[str, Any]) -> None:
-        self.rows.append(record)
+        # typed columns cannot hold each record's own tool schemas: JSON text, as OpenAI keeps arguments
+        self.rows.append({**record, "tools": json.dumps(record.get("tools") or [], sort_keys=True)})
         if len(self.rows) >= PARQUET_ROWS:
             self.flush()
 
@@ -490,6 +559,7 @@ __all__ = [
     "ExportFilters",
     "ExportStats",
     "export_training_set",
+    "read_export",
     "safe_path",
     "split_of",
     "to_record",

@@ -223,6 +223,7 @@ def atif_judgement(session: dict[str, Any], conversation: Conversation) -> dict[
     return {
         "session_id": atif_session_id(session),  # the trajectory's, so the two files join
         "lakehouse_session_id": session["session_id"],
+        "origin": meta["origin"],
         "outcome": meta["outcome"],
         "quality": meta["quality"],
         "completion": meta["completion"],

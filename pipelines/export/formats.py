@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from common.prices import PriceTable, exact_cost
-from pipelines.export.conversation import Call, Conversation
+from pipelines.export.conversation import Call, Conversation, tool_spec
 from producers.fleet.agent_caps import CAP_REASONS
 
 FORMATS = ("hf", "openai", "sharegpt", "rl", "atif")
@@ -60,6 +60,8 @@ def metadata(session: dict[str, Any], conversation: Conversation) -> dict[str, A
         "task_type": session["task_type"],
         "task_family": session.get("task_family"),
         "split": session.get("split"),
+        # where the session came from: sandbox, sdk, otlp, import:<format> (synthetic only when asked for)
+        "origin": session.get("origin"),
         "group_id": session.get("group_id"),
         "attempt": session.get("attempt"),
         "policy_version": session.get("policy_version"),
@@ -78,6 +80,55 @@ def metadata(session: dict[str, Any], conversation: Conversation) -> dict[str, A
 
 def strip_nulls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in m.items() if v is not None} for m in messages]
+
+
+#: Tool calls that end a session (the agent hands its work in): ``submit`` (the fleet's agents, SWE-agent),
+#: ``finish`` (OpenHands).
+ENDING_TOOLS = frozenset({"submit", "finish"})
+#: The ``submit`` tool as the LLM agent defines it (what a rebuilt session's final turn calls).
+SUBMIT_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "submit",
+        "description": "Finish: the workspace is handed to the evaluator.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+
+
+def sft_messages(
+    session: dict[str, Any], conversation: Conversation
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The messages and tools of a supervised example: ending on the agent's last assistant turn.
+
+    Tool results after the last assistant turn are dropped (a model learns nothing from them and a
+    trainer's last turn must be the model's). A session the agent ended itself (``terminal``) whose
+    rebuilt conversation has no ending call (a scripted or user agent that just returned: nothing
+    recorded its hand-in) gets the ``submit`` call that stood for it, so a model learns to finish;
+    a session a cap cut short ends on its last real turn. Every tool a message calls is defined in
+    ``tools`` (a name the recorded list lacks gets a stand-in definition).
+    """
+    messages = [dict(m) for m in conversation.messages]
+    while messages and messages[-1]["role"] == "tool":
+        messages.pop()
+    tools = [dict(t) for t in conversation.tools]
+    defined = {str((t.get("function") or {}).get("name")) for t in tools}
+    last = messages[-1] if messages else None
+    ended = any(c["function"]["name"] in ENDING_TOOLS for c in ((last or {}).get("tool_calls") or [])) or (
+        last is not None and last["role"] == "assistant" and not last.get("tool_calls")
+    )
+    if not ended and stop_reason(session, conversation) == "terminal" and conversation.prompt_source == "reconstructed":
+        call = {"id": "call_submit", "type": "function", "function": {"name": "submit", "arguments": "{}"}}
+        messages.append(
+            {"role": "assistant", "content": "", "reasoning_content": None, "tool_calls": [call], "tool_call_id": None}
+        )
+    for m in messages:
+        for c in m.get("tool_calls") or []:
+            name = c["function"]["name"]
+            if name not in defined:
+                tools.append(SUBMIT_TOOL if name == "submit" else tool_spec(name))
+                defined.add(name)
+    return messages, tools
 
 
 def stop_reason(session: dict[str, Any], conversation: Conversation) -> str:

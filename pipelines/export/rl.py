@@ -27,7 +27,6 @@ record in message form: ``has_token_ids = false``, empty id lists, its ``message
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +95,7 @@ RL_SCHEMA = pa.schema(
         ("task_type", pa.string()),
         ("task_family", pa.string()),
         ("split", pa.string()),
+        ("origin", pa.string()),
         ("group_id", pa.string()),
         ("attempt", pa.int64()),
         ("policy_version", pa.string()),
@@ -176,7 +176,7 @@ def rl_records(session: dict[str, Any], conversation: Conversation) -> list[dict
         raise RecordError("no_reward", "the session was never evaluated: an RL record needs a reward")
     usage_turns = conversation.usage_turns
     meta = metadata(session, conversation)
-    common = {"reward": reward, "tools": json.dumps(conversation.tools, sort_keys=True), **meta}
+    common = {"reward": reward, "tools": conversation.tools, **meta}
     segments = token_segments(conversation.calls)
     if segments is None:
         count = len(conversation.calls) or sum(1 for m in conversation.messages if m["role"] == "assistant")

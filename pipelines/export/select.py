@@ -1,8 +1,10 @@
 """What an export selects and how it streams: outcome, filters, the split by task family, sessions with steps and calls.
 
 Selection, in order (the manifest counts the sessions each rule left out, by the first rule
-that left them out): scored; ended; an **outcome** the export asks for; no security flag; the
-representative of its duplicate cluster; ``quality >= min_quality``. What the outcome and the
+that left them out): an **origin** the export asks for (by default every origin but ``synthetic``:
+the synthetic load fleet's sessions are for benchmarks, never training data); scored; ended; an
+**outcome** the export asks for; no security flag; the representative of its duplicate cluster;
+``quality >= min_quality``. What the outcome and the
 threshold are by default depends on the format:
 
 - SFT formats (``hf``, ``openai``, ``sharegpt``): ``success`` — evaluated, passed, not voided by a
@@ -46,6 +48,46 @@ OUTCOME_CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+#: Origins of sessions (``trajectories.origin``, :data:`pipelines.assemble.ORIGINS`); ``import:<format>`` besides.
+ORIGIN_NAMES = ("sandbox", "synthetic", "sdk", "otlp", "import")
+#: Origins an export leaves out unless ``--origin`` names them: load-generator text is no training data.
+DEFAULT_EXCLUDED_ORIGINS = ("synthetic",)
+
+
+def parse_origins(text: str | None) -> tuple[str, ...] | None:
+    """``--origin``: a comma-separated list of origins (``import`` = every ``import:<format>``), or ``all``.
+
+    Returns:
+        None for the default (every origin but synthetic), ``()`` for ``all``, else the origins named.
+
+    Raises:
+        ExportError: an origin outside the vocabulary.
+    """
+    if text is None or not text.strip():
+        return None
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if names == ("all",):
+        return ()
+    for name in names:
+        if name not in ORIGIN_NAMES and not (name.startswith("import:") and len(name) > len("import:")):
+            raise ExportError(f"unknown origin {name!r}; choose from {', '.join(ORIGIN_NAMES)}, import:<format> or all")
+    return names
+
+
+def origin_condition(origins: tuple[str, ...] | None) -> str:
+    """The SQL condition an origin selection puts on ``t.origin`` (NULL: a row assembled before origins: ``sdk``)."""
+    column = "coalesce(t.origin, 'sdk')"
+    if origins is None:
+        return f"{column} NOT IN ({', '.join(repr(o) for o in DEFAULT_EXCLUDED_ORIGINS)})"
+    if not origins:
+        return "TRUE"
+    exact = [o for o in origins if o != "import"]
+    parts = [f"{column} IN ({', '.join(repr(o) for o in exact)})"] if exact else []
+    if "import" in origins:
+        parts.append(f"starts_with({column}, 'import:')")
+    return " OR ".join(parts)
+
+
 def default_outcome(fmt: str) -> str:
     """The outcome a format exports unless told otherwise (see the module docstring)."""
     return "success" if fmt in SFT_FORMATS else "any" if fmt in RL_FORMATS else "all"
@@ -66,6 +108,8 @@ class ExportFilters:
         until: started before this instant.
         split: only this split (``train``, ``validation``, ``test``; by task family, see :func:`split_of`).
         group_complete: only rollout groups whose K attempts all finished and all pass the filters.
+        origins: only sessions of these origins (:func:`parse_origins`); None: every origin but ``synthetic``;
+            ``()``: every origin.
     """
 
     min_quality: float | None = None
@@ -77,6 +121,7 @@ class ExportFilters:
     until: datetime | None = None
     split: str | None = None
     group_complete: bool = False
+    origins: tuple[str, ...] | None = None
 
     def for_format(self, fmt: str, quality_min: float) -> ExportFilters:
         """These filters with the format's defaults filled in.
@@ -97,7 +142,15 @@ class ExportFilters:
     def as_dict(self) -> dict[str, object]:
         """Plain JSON for the manifest."""
         return {
-            "rules": "scored, ended, outcome, no security flag, representative of its duplicate cluster, min_quality",
+            "rules": "origin, scored, ended, outcome, no security flag, representative of its duplicate cluster, "
+            "min_quality",
+            "origins": (
+                {"all_but": list(DEFAULT_EXCLUDED_ORIGINS)}
+                if self.origins is None
+                else "all"
+                if not self.origins
+                else list(self.origins)
+            ),
             "outcome": self.outcome,
             "outcomes": list(OUTCOME_CHOICES.get(self.outcome or "", ())),
             "min_quality": self.min_quality,
@@ -151,6 +204,7 @@ def _rules(filters: ExportFilters) -> list[tuple[str, str]]:
     """(name, condition) of each selection rule, in the order the manifest counts them."""
     chosen = ", ".join(f"'{o}'" for o in OUTCOME_CHOICES[filters.outcome or "all"])
     return [
+        ("origin", origin_condition(filters.origins)),
         ("unscored", "s.session_id IS NOT NULL"),
         ("running", "s.outcome IS DISTINCT FROM 'running' AND s.failure_cause IS DISTINCT FROM 'still_running'"),
         ("outcome", f"s.outcome IN ({chosen})"),
@@ -179,21 +233,25 @@ def left_out(con: Any, filters: ExportFilters) -> dict[str, Any]:
     rules = _rules(filters)
     first = " ".join(f"WHEN NOT coalesce(({condition}), FALSE) THEN '{name}'" for name, condition in rules)
     rows = con.execute(
-        f"SELECT CASE {first} ELSE 'chosen' END AS rule, coalesce(s.outcome, 'unscored') AS outcome, count(*) "
+        f"SELECT CASE {first} ELSE 'chosen' END AS rule, coalesce(s.outcome, 'unscored') AS outcome, "
+        "coalesce(t.origin, 'sdk') AS origin, count(*) "
         f"FROM trajectories t LEFT JOIN scores s USING (session_id) WHERE {' AND '.join(scope) or 'TRUE'} "
         "GROUP BY ALL",
         params,
     ).fetchall()
-    counts: dict[str, Any] = {name: 0 for name, _ in rules if name != "outcome"}
-    counts["outcome"] = {}
+    counts: dict[str, Any] = {name: 0 for name, _ in rules if name not in ("outcome", "origin")}
+    counts["origin"], counts["outcome"] = {}, {}
     considered = 0
-    for rule, outcome, n in rows:
+    by_origin: dict[str, int] = {}
+    for rule, outcome, origin, n in rows:
         considered += n
-        if rule == "outcome":
-            counts["outcome"][outcome] = counts["outcome"].get(outcome, 0) + n
+        by_origin[origin] = by_origin.get(origin, 0) + n
+        if rule in ("outcome", "origin"):
+            key = outcome if rule == "outcome" else origin
+            counts[rule][key] = counts[rule].get(key, 0) + n
         elif rule != "chosen":
             counts[rule] += n
-    return {"considered": considered, "left_out": counts}
+    return {"considered": considered, "considered_by_origin": by_origin, "left_out": counts}
 
 
 class _Blobs:
@@ -264,6 +322,7 @@ def _sessions(
         "s.completion, s.flags, coalesce(t.task_family, s.task_family, t.task_id) AS task_family, t.policy_version, "
         "t.group_id, t.attempt, t.agent_name, t.agent_version, t.agent_model, t.status, t.exit_reason, t.reward, "
         "t.eval_passed, t.verdict_provenance, s.failure_cause, s.outcome, t.started_at, "
+        "coalesce(t.origin, 'sdk') AS origin, "
         "t.input_tokens, t.cached_tokens, t.output_tokens, t.cost_usd "
         f"FROM trajectories t LEFT JOIN scores s USING (session_id) WHERE {where}",
         params,
@@ -290,7 +349,8 @@ def _sessions(
         else "(SELECT NULL::VARCHAR AS session_id, NULL AS claimed_verdict WHERE false)"
     )
     con.execute(
-        "CREATE TEMP TABLE chosen_rows AS SELECT c.*, f.flag_list, sub.submission, ps.carried_prompt_source, "
+        "CREATE TEMP TABLE chosen_rows AS SELECT c.*, f.flag_list, "
+        "coalesce(sub.submission, jp.judged_patch) AS submission, ps.carried_prompt_source, "
         "ps.source_session_id, cl.claimed_verdict "
         "FROM chosen c "
         "LEFT JOIN (SELECT session_id, list(struct_pack(flag := flag, flag_class := flag_class, severity := severity) "
@@ -302,6 +362,11 @@ def _sessions(
         "LEFT JOIN steps st ON st.session_id = fb.session_id AND st.feedback_event_id = fb.event_id "
         "WHERE e.event_type = 'session_end' "
         "AND e.session_id IN (SELECT session_id FROM chosen) GROUP BY e.session_id) sub USING (session_id) "
+        # else the patch the fleet's evaluator judged (the local sandbox fleet records it on ``evaluation``; an
+        # import of a run whose patch no event held, on ``session_end``)
+        "LEFT JOIN (SELECT session_id, arg_max(extra['submission'], struct_pack(seq, event_id)) AS judged_patch "
+        "FROM events WHERE event_type IN ('evaluation', 'session_end') AND extra['submission'] IS NOT NULL "
+        "AND session_id IN (SELECT session_id FROM chosen) GROUP BY session_id) jp USING (session_id) "
         # how an imported run's conversation was first obtained (an ATIF export of a rebuilt one says so),
         # and the run's own id in the file it came from
         "LEFT JOIN (SELECT session_id, arg_min(extra['prompt_source'], seq) AS carried_prompt_source, "

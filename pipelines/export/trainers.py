@@ -132,7 +132,17 @@ def samples(conversation: Conversation) -> list[Sample]:
 
 
 def _extra(rl: dict[str, Any]) -> dict[str, Any]:
-    keep = ("session_id", "task_id", "task_family", "split", "group_id", "attempt", "policy_version", "agent_model")
+    keep = (
+        "session_id",
+        "task_id",
+        "task_family",
+        "split",
+        "group_id",
+        "attempt",
+        "policy_version",
+        "agent_model",
+        "origin",
+    )
     out = {k: rl.get(k) for k in keep}
     out.update(quality=rl.get("quality"), weight=rl.get("weight"), flags=rl.get("flags") or [])
     out["trajlake_stop_reason"] = rl["stop_reason"]

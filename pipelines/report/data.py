@@ -72,7 +72,8 @@ def export_sessions(export_dir: Path) -> tuple[dict[str, Any], list[str]]:
     for entry in manifest.get("files") or []:
         name = str(entry.get("path", ""))
         path = export_dir / name
-        if "/" in name or name in ("", ".", "..") or not path.is_file():
+        parts = name.split("/")  # a split's file: data/<split>.jsonl (never outside the directory)
+        if any(part in ("", ".", "..") for part in parts) or len(parts) > 2 or not path.is_file():
             raise ReportError(f"{export_dir}: the manifest names {name!r}, which is not a file of the export")
         try:
             if name.endswith(".parquet"):

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import random
@@ -160,6 +161,31 @@ def _llm_policy_version() -> str:
     return POLICY_VERSION
 
 
+#: Largest submission patch an ``evaluation`` event carries (a larger one is cut, and says so): events stay small.
+MAX_SUBMISSION_CHARS = 64 * 1024
+
+
+def submission_patch(pristine: dict[str, str], deliverable: dict[str, str]) -> str:
+    """The unified diff of the deliverable files against the task's own (empty: nothing changed)."""
+    parts: list[str] = []
+    for rel in sorted(deliverable):
+        before, after = pristine.get(rel, ""), deliverable[rel]
+        if before == after:
+            continue
+        parts += difflib.unified_diff(
+            before.splitlines(keepends=True),
+            after.splitlines(keepends=True),
+            fromfile=f"a/{rel}" if rel in pristine else "/dev/null",
+            tofile=f"b/{rel}",
+        )
+        if parts and not parts[-1].endswith("\n"):
+            parts[-1] += "\n\\ No newline at end of file\n"
+    patch = "".join(parts)
+    if len(patch) > MAX_SUBMISSION_CHARS:
+        patch = patch[:MAX_SUBMISSION_CHARS] + f"\n[… patch cut at {MAX_SUBMISSION_CHARS} characters]\n"
+    return patch
+
+
 def _gateway_figures(sandbox: Sandbox) -> dict[str, str]:
     """What the egress gateway dropped or could not serve, when anything (``session_end`` extra)."""
     gateway = sandbox.gateway
@@ -254,7 +280,7 @@ class LocalStages:
             agent_version=AGENT_VERSION,
             agent_model=MODEL if not live else (fleet.llm.model if policy == "llm" else None),
             policy_version="scripted-v1" if not live else (_llm_policy_version() if policy == "llm" else "custom"),
-            extra={"backend": "local", "task_family": task.family},
+            extra={"backend": "local", "origin": "sandbox", "task_family": task.family},
             # what leaves the host is redacted here, with the session's earlier events in view (a token
             # split over two outputs): the sink sees nothing the producer would still have to redact
             redact=True,
@@ -412,7 +438,10 @@ class LocalStages:
             ignored_total=total,
             planted=planted,
         )
-        state.emitter.emit("evaluation", state.result.payload(), "evaluator", extra=state.result.extra())
+        # the final patch (what the agent handed in against the task's files): an export's ``submission``
+        patch = submission_patch(task.files, deliverable)
+        extra = {**state.result.extra(), **({"submission": patch} if patch else {})}
+        state.emitter.emit("evaluation", state.result.payload(), "evaluator", extra=extra)
 
     # ------------------------------------------------------------------ emit end
 

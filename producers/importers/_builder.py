@@ -21,6 +21,7 @@ import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypedDict
 
 from producers.importers._source import SourceFile
@@ -40,6 +41,8 @@ SYNTHETIC_TICK_US = 1_000
 REDACT: contextvars.ContextVar[bool] = contextvars.ContextVar("trajlake_import_redact", default=True)
 #: ``extra['source_kind']`` of imported sessions (part of the producer identity assembly checks).
 SOURCE_KIND = "import"
+#: The source path of a conversation the OTLP receiver took in (no file: its origin is ``otlp``).
+OTLP_SOURCE = Path("otlp")
 
 
 class RunEnvelope(TypedDict, total=False):
@@ -355,6 +358,9 @@ class RunBuilder:
             extra: more facts of the run for ``session_start``'s ``extra`` (``prompt_source``).
         """
         start_extra = dict(extra or {})
+        # where the session came from (``trajectories.origin``): the OTLP receiver's conversations
+        # (their source is the receiver, not a file) are ``otlp``, an imported file ``import:<format>``
+        start_extra.setdefault("origin", "otlp" if self.source.path == OTLP_SOURCE else f"import:{self.framework}")
         if workspace_root:
             start_extra["workspace_root"] = workspace_root
         if task_family:
@@ -509,6 +515,7 @@ class RunBuilder:
         *,
         reward: float | None = None,
         submission_event: str | None = None,
+        submission: str | None = None,
     ) -> str:
         """``session_end``; the reward stays None unless the run itself recorded one (a verdict is an evaluation)."""
         payload: typed.SessionEnd = {
@@ -517,8 +524,10 @@ class RunBuilder:
             "reward": reward,
             "exit_reason": exit_reason[:1000] if exit_reason else None,
         }
-        extra = {"submission_event_id": submission_event} if submission_event else None
-        return self.emitter.emit("session_end", payload, "system", extra=extra)
+        extra = {"submission_event_id": submission_event} if submission_event else {}
+        if submission:  # the final patch, when no event of the run holds it
+            extra["submission"] = submission
+        return self.emitter.emit("session_end", payload, "system", extra=extra or None)
 
     def verdict(self, verdict: Verdict) -> str:
         """An ``evaluation`` that came with or after the run (a report beside it, the run's own record).

@@ -359,16 +359,22 @@ def _end(run: _Run, data: dict[str, Any], trial: Trial) -> None:
     submission = extra.get("submission")
     answered = [event for event, output in run.outputs if isinstance(submission, str) and output == submission]
     submitted = answered[-1] if answered else None
+    # a patch no observation showed (the fleet's evaluator took it from the workspace) travels on session_end
+    kept = submission if isinstance(submission, str) and submission and not submitted else None
     status = extra.get("status")
     if trial.exception:
         builder.end(exit_outcome(None, trial.exception), runtime, exit_reason(None, trial.exception))
     elif isinstance(status, str) and status:  # the run's own end, as a trajlake export records it
-        builder.end(status, runtime, _str_or_none(extra.get("exit_reason")), submission_event=submitted)
+        builder.end(
+            status, runtime, _str_or_none(extra.get("exit_reason")), submission_event=submitted, submission=kept
+        )
     elif stop == "terminal":
-        builder.end("completed", runtime, None, submission_event=submitted)
+        builder.end("completed", runtime, None, submission_event=submitted, submission=kept)
     else:
         reason = stop.removeprefix("truncated:")
-        builder.end("timeout" if "timeout" in reason else "capped", runtime, reason, submission_event=submitted)
+        builder.end(
+            "timeout" if "timeout" in reason else "capped", runtime, reason, submission_event=submitted, submission=kept
+        )
     # the file's own verdict is a self-reported evaluation, never session_end's reward
     if trial.verdict is not None:
         builder.verdict(trial.verdict)

@@ -43,11 +43,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError
-from producers.importers._builder import ImportedSession
+from producers.importers._builder import OTLP_SOURCE, ImportedSession
 from producers.importers._source import ImportFormatError, SourceFile
 from producers.importers._values import FieldIssues
 from producers.importers.otel import Span, convert_spans, group_sessions, spans_from_json, spans_from_proto
@@ -450,7 +449,7 @@ class OtlpReceiver:
     def _send(self, key: str, spans: list[Span], client: str = ANONYMOUS) -> None:
         spans.sort(key=lambda s: (s.start_us if s.start_us is not None else 0, s.span_id))
         digest = hashlib.sha256(f"otlp/{key}".encode()).hexdigest()
-        source = SourceFile(Path("otlp"), digest, None, key)
+        source = SourceFile(OTLP_SOURCE, digest, None, key)
         try:
             session = convert_spans(source, key, spans)
         except ImportFormatError as exc:

@@ -20,11 +20,13 @@ import pytest
 from common.progress import ProgressCounter
 from common.settings import Settings
 from pipelines.assemble import assemble
-from pipelines.export import export_training_set
+from pipelines.export import ExportFilters, export_training_set
 from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from producers.importers import import_paths
 from tests.helpers import AS_OF, real_runs_dir, sample_events, write_raw
+
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 REAL_RUNS = real_runs_dir()
 
@@ -80,7 +82,9 @@ def test_assembly_scoring_and_export_report_their_units(settings: Settings, tmp_
     score_stats = score_all(settings, progress=scored)
     assert scored.rising("sessions indexed")[-1] == score_stats.changed_sessions
     assert scored.rising("sessions scored")[-1] == score_stats.rescored_sessions > 0
-    export = export_training_set(settings, "openai", tmp_path / "out", min_quality=0.0, progress=exported)
+    export = export_training_set(
+        settings, "openai", tmp_path / "out", min_quality=0.0, progress=exported, filters=ALL_ORIGINS
+    )
     assert exported.rising("records") == list(range(1, export.records + 1))
 
 

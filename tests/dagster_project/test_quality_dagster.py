@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -69,4 +70,7 @@ def test_quality_assets_and_checks_materialize(tmp_path: Path) -> None:
     exported = materialize([training_set], resources=resources, partition_key="2026-01-01")
     assert exported.success
     day_dir = settings.home_dir / "exports" / "hf" / "2026-01-01"
-    assert (day_dir / "manifest.json").is_file() and (day_dir / "hf.jsonl").is_file()
+    assert (day_dir / "manifest.json").is_file() and (day_dir / "README.md").is_file()
+    # the synthetic fleet's sessions are never training data: the nightly set leaves them out and counts them
+    manifest = json.loads((day_dir / "manifest.json").read_text())
+    assert manifest["counts"]["left_out"]["origin"].get("synthetic", 0) > 0

@@ -80,13 +80,14 @@ def _one_row_per_key(settings: Settings) -> None:
         assert rows[0][0] == rows[0][1], f"{view}: {rows[0][0]} rows for {rows[0][1]} keys"
 
 
-def _manifest_matches(out: Path, name: str) -> None:
+def _manifest_matches(out: Path) -> None:
     manifest = json.loads((out / "manifest.json").read_text())
-    data = (out / name).read_bytes()
-    assert manifest["files"] == [
-        {"path": name, "sha256": hashlib.sha256(data).hexdigest(), "records": len(data.splitlines())}
-    ]
-    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+    assert manifest["files"]
+    for entry in manifest["files"]:
+        data = (out / entry["path"]).read_bytes()
+        assert entry["sha256"] == hashlib.sha256(data).hexdigest() and entry["records"] == len(data.splitlines())
+    assert sorted(p.name for p in (out / "data").iterdir()) == sorted(e["path"][5:] for e in manifest["files"])
+    assert not [p.name for p in out.parent.iterdir() if ".export-" in p.name]
 
 
 @pytest.mark.slow
@@ -105,8 +106,11 @@ def test_two_of_each_job_at_once_never_duplicate_or_corrupt(lake: Settings, tmp_
     _one_row_per_key(settings)
 
     out = tmp_path / "export"
-    run_at_once(settings, *[["export", "--format", "hf", "--out", str(out), "--min-quality", "0", "--force"]] * 2)
-    _manifest_matches(out, "hf.jsonl")
+    run_at_once(
+        settings,
+        *[["export", "--format", "hf", "--origin", "all", "--out", str(out), "--min-quality", "0", "--force"]] * 2,
+    )
+    _manifest_matches(out)
     _, rows = run_query(settings, "SELECT count(*) FROM exports")
     assert rows[0][0] == 2
 
@@ -118,12 +122,12 @@ def test_two_of_each_job_at_once_never_duplicate_or_corrupt(lake: Settings, tmp_
         ["tier"],
         ["maintain"],
         ["maintain"],
-        ["export", "--format", "rl", "--out", str(other), "--min-quality", "0"],
+        ["export", "--format", "rl", "--origin", "all", "--out", str(other), "--min-quality", "0"],
     )
     assert lake_state(settings) == before  # every row once, in whichever tier
     assert tier_split(settings)["cold_trajectories"] == SESSIONS  # tiering did move them
     _one_row_per_key(settings)
-    _manifest_matches(other, "rl.jsonl")
+    _manifest_matches(other)
 
 
 def test_a_commit_planned_on_a_stale_snapshot_is_refused_not_replayed(settings: Settings) -> None:

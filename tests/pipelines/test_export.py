@@ -14,13 +14,15 @@ from typer.testing import CliRunner
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.export import FORMATS, ExportError, export_training_set, safe_path
+from pipelines.export import FORMATS, ExportError, ExportFilters, export_training_set, read_export, safe_path
 from pipelines.export.trainers import TRAINER_FORMATS
 from pipelines.score import score_all
 from producers.fleet import run_fleet
 from tests.helpers import write_raw
 from trajlake.cli import app
 from warehouse.query import run_query
+
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,7 @@ def test_scoring_tables_and_rescoring(scored: tuple[Settings, Path]) -> None:
 @pytest.mark.parametrize("fmt", TRAINER_FORMATS)
 def test_trainer_formats_leave_out_sessions_without_token_ids(scored: tuple[Settings, Path], tmp_path: Path, fmt: str):
     settings, _ = scored
-    stats = export_training_set(settings, fmt, tmp_path / "out")
+    stats = export_training_set(settings, fmt, tmp_path / "out", filters=ALL_ORIGINS)
     # like rl: every evaluated policy session neither security-flagged nor a shadowed duplicate
     _, rows = run_query(
         settings,
@@ -72,7 +74,7 @@ def test_trainer_formats_leave_out_sessions_without_token_ids(scored: tuple[Sett
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f not in TRAINER_FORMATS])
 def test_export_loads_and_manifest_matches(scored: tuple[Settings, Path], tmp_path: Path, fmt: str) -> None:
     settings, _ = scored
-    stats = export_training_set(settings, fmt, tmp_path / "out")
+    stats = export_training_set(settings, fmt, tmp_path / "out", filters=ALL_ORIGINS)
     # SFT formats: exactly the exportable sessions (verified successes); rl: every evaluated policy
     # session; atif: every ended one (neither flagged for security nor a shadowed duplicate)
     chosen = {
@@ -87,15 +89,21 @@ def test_export_loads_and_manifest_matches(scored: tuple[Settings, Path], tmp_pa
     )
     _, rows = run_query(settings, f"SELECT count(*) FROM scores WHERE {chosen} AND {eligible}")
     assert stats.records == rows[0][0] > 0
-    data = tmp_path / "out" / f"{fmt}.jsonl"
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["files"][0]["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+    for entry in manifest["files"]:  # one file per split (and, for atif, its scores)
+        data = tmp_path / "out" / entry["path"]
+        assert entry["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+        assert entry["path"] == f"{'scores' if entry['config'] == 'scores' else 'data'}/{entry['split']}.jsonl"
+        assert {json.loads(line)["session_id"] for line in data.read_text().splitlines()}
     assert manifest["counts"]["records"] == stats.records and manifest["scorer_version"]
     assert set(manifest["source_snapshots"]) >= {"trajectories", "steps", "scores"}
-    text = data.read_text()
+    text = "".join((tmp_path / "out" / e["path"]).read_text() for e in manifest["files"] if e["config"] == "default")
     assert "sk-abcdefghijklmnopqrstuvwx0123" not in text and "[REDACTED]" in text
     records = [json.loads(line) for line in text.splitlines()]  # a plain JSON-lines reader
     assert len(records) == stats.records
+    # where each session came from (asked for with origins=(); atif: in this lake's judgement, the scores)
+    judged = read_export(tmp_path / "out", "scores") if fmt == "atif" else records
+    assert {r["origin"] for r in judged} == {"synthetic"}
     if fmt in ("hf", "openai"):
         calls = [m for m in records[0]["messages"] if m["role"] == "assistant"]
         assert calls and calls[0]["tool_calls"][0]["function"]["name"]
@@ -118,11 +126,15 @@ def test_hf_export_loads_with_datasets_offline(
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     datasets = pytest.importorskip("datasets")
     settings, _ = scored
-    stats = export_training_set(settings, "hf", tmp_path / "hf_out")
-    dataset = datasets.load_dataset(
-        "json", data_files=str(tmp_path / "hf_out" / "hf.jsonl"), split="train", cache_dir=str(tmp_path / "cache")
-    )
-    assert len(dataset) == stats.records
+    stats = export_training_set(settings, "hf", tmp_path / "hf_out", filters=ALL_ORIGINS)
+    # the directory alone: its card names the split files and declares the features
+    splits = datasets.load_dataset(str(tmp_path / "hf_out"), cache_dir=str(tmp_path / "cache"))
+    manifest = json.loads((tmp_path / "hf_out" / "manifest.json").read_text())
+    assert {s: len(d) for s, d in splits.items()} == {s: n for s, n in manifest["counts"]["per_split"].items() if n}
+    assert sum(len(d) for d in splits.values()) == stats.records
+    for split, dataset in splits.items():
+        assert set(dataset["split"]) == {split}  # a record only in its own split's file
+    dataset = splits["train"]
     first = dataset[0]["messages"]
     assert first[0]["role"] == "system" and first[2]["tool_calls"][0]["type"] == "function"
 
@@ -146,7 +158,8 @@ def test_cli_score_export_and_evaluate(
     result = runner.invoke(app, ["score"])
     assert result.exit_code == 0 and "up to date" in result.output
     result = runner.invoke(
-        app, ["export", "--format", "sharegpt", "--out", str(tmp_path / "sg"), "--min-quality", "0.9"]
+        app,
+        ["export", "--format", "sharegpt", "--origin", "all", "--out", str(tmp_path / "sg"), "--min-quality", "0.9"],
     )
     assert result.exit_code == 0, result.output
     assert "sha256" in result.output
@@ -196,7 +209,9 @@ def test_export_refuses_system_directories(small_lake: Settings, tmp_path: Path,
     home.mkdir()
     out = str(home) if target == "HOME" else target
     before = sorted(os.listdir(out))
-    result = cli(small_lake.home, "export", "--format", "hf", "--out", out, "--force", env={"HOME": str(home)})
+    result = cli(
+        small_lake.home, "export", "--format", "hf", "--origin", "all", "--out", out, "--force", env={"HOME": str(home)}
+    )
     one_line_error(result, "refusing to export into")
     assert sorted(os.listdir(out)) == before  # nothing written (no /hf.jsonl, no manifest)
 
@@ -206,19 +221,30 @@ def test_export_refuses_a_non_empty_directory_without_force(small_lake: Settings
     out = tmp_path / "data"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    one_line_error(cli(small_lake.home, "export", "--format", "hf", "--out", str(out)), "not empty", "--force")
+    one_line_error(
+        cli(small_lake.home, "export", "--format", "hf", "--origin", "all", "--out", str(out)), "not empty", "--force"
+    )
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
-    result = cli(small_lake.home, "export", "--format", "hf", "--out", str(out), "--force")
+    result = cli(small_lake.home, "export", "--format", "hf", "--origin", "all", "--out", str(out), "--force")
     assert result.returncode == 0, result.stderr
     assert (out / "notes.txt").read_text() == "mine"  # --force replaces the export's files only
-    assert sorted(p.name for p in out.iterdir()) == ["hf.jsonl", "manifest.json", "notes.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "data", "manifest.json", "notes.txt"]
+    # an earlier export alone is replaced without --force; the user's file stays through it
+    again = cli(small_lake.home, "export", "--format", "hf", "--origin", "all", "--out", str(out), "--force")
+    assert again.returncode == 0, again.stderr
+    assert (out / "notes.txt").read_text() == "mine"
+    (out / "notes.txt").unlink()
+    third = cli(small_lake.home, "export", "--format", "hf", "--origin", "all", "--out", str(out))
+    assert third.returncode == 0, third.stderr
 
 
 @pytest.mark.slow
 def test_export_to_an_existing_file_is_one_line(small_lake: Settings, tmp_path: Path) -> None:
     target = tmp_path / "a-file"
     target.write_text("keep")
-    one_line_error(cli(small_lake.home, "export", "--format", "hf", "--out", str(target)), "not a directory")
+    one_line_error(
+        cli(small_lake.home, "export", "--format", "hf", "--origin", "all", "--out", str(target)), "not a directory"
+    )
     assert target.read_text() == "keep"
 
 
@@ -234,19 +260,33 @@ def test_planted_symlinks_are_never_followed(small_lake: Settings, tmp_path: Pat
     (out / "hf.jsonl.tmp").symlink_to(victim_tmp)
     (out / "hf.jsonl").symlink_to(victim_data)
     (out / "manifest.json").symlink_to(outside / "created-through-link")
-    result = cli(small_lake.home, "export", "--format", "hf", "--out", str(out), "--min-quality", "0", "--force")
+    result = cli(
+        small_lake.home,
+        "export",
+        "--format",
+        "hf",
+        "--origin",
+        "all",
+        "--out",
+        str(out),
+        "--min-quality",
+        "0",
+        "--force",
+    )
     assert result.returncode == 0, result.stderr
     assert victim_tmp.read_text() == "untouched tmp target"
     assert victim_data.read_text() == "untouched data target"
     assert not (outside / "created-through-link").exists()
-    assert not (out / "hf.jsonl").is_symlink() and not (out / "manifest.json").is_symlink()
+    assert not (out / "manifest.json").is_symlink()
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["files"][0]["sha256"] == hashlib.sha256((out / "hf.jsonl").read_bytes()).hexdigest()
+    for entry in manifest["files"]:
+        assert entry["sha256"] == hashlib.sha256((out / entry["path"]).read_bytes()).hexdigest()
     assert manifest["counts"]["records"] > 0
-    # the planted link is left alone (it is not ours), and no temporary file of ours remains
+    # the link that is not ours is kept (moved, never followed); the one at an export's old name is gone
     leftovers = sorted(p.name for p in out.iterdir())
-    assert leftovers == ["hf.jsonl", "hf.jsonl.tmp", "manifest.json"]
+    assert leftovers == ["README.md", "data", "hf.jsonl.tmp", "manifest.json"]
     assert (out / "hf.jsonl.tmp").is_symlink()
+    assert not [p for p in out.parent.iterdir() if ".export-" in p.name]  # no staging directory left
 
 
 @pytest.mark.slow

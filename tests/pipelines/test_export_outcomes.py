@@ -14,7 +14,7 @@ import pytest
 from common.prices import PriceTable
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.export import ExportFilters, export_training_set
+from pipelines.export import ExportFilters, export_training_set, read_export
 from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from producers.fleet.agent_caps import Caps
@@ -26,6 +26,8 @@ from producers.fleet.tasks import task_for
 from producers.importers import import_trajectory
 from tests.helpers import real_runs_dir, write_raw
 from warehouse.query import run_query
+
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 # slow as a whole: the module's fixtures run real sandbox sessions once, and whichever test comes first pays for them
 pytestmark = [
@@ -44,6 +46,15 @@ REPORTED_COST = 0.000125  # what the capped agent's server reports per call
 def _lake(home: Path, prices: dict | None = None) -> Settings:
     table = json.dumps(prices if prices is not None else PRICES)
     return load_settings(home=home, topic="unused", kafka_bootstrap=None, catalog_uri=None, price_table=table)
+
+
+def _lines(out: Path) -> dict[str, str]:
+    """Session id → the exact line of its trajectory, over every split file of an export."""
+    return {
+        json.loads(line)["session_id"]: line
+        for path in sorted((out / "data").iterdir())
+        for line in path.read_text().splitlines()
+    }
 
 
 def _records(path: Path) -> list[dict]:
@@ -136,8 +147,8 @@ def test_default_sft_export_holds_only_verified_successes_and_rl_every_evaluated
 ) -> None:
     settings, kinds, _ = lake
     for fmt in ("hf", "openai", "sharegpt"):
-        stats = export_training_set(settings, fmt, tmp_path / fmt)
-        records = _records(tmp_path / fmt / f"{fmt}.jsonl")
+        stats = export_training_set(settings, fmt, tmp_path / fmt, filters=ALL_ORIGINS)
+        records = read_export(tmp_path / fmt)
         exported = {r["session_id"] for r in records}
         assert exported == _eligible(settings, ("success",), settings.quality_min) and exported
         assert exported <= kinds["solver"] | kinds["reasoner"] | kinds["imported"]
@@ -146,8 +157,8 @@ def test_default_sft_export_holds_only_verified_successes_and_rl_every_evaluated
         assert manifest["filters"]["outcome"] == "success" and stats.records == len(records)
         assert left["outcome"]["agent_crash"] == 1 and left["outcome"]["infrastructure"] == 1
         assert left["outcome"]["failure"] >= 3
-    export_training_set(settings, "rl", tmp_path / "rl")
-    rl = _records(tmp_path / "rl" / "rl.jsonl")
+    export_training_set(settings, "rl", tmp_path / "rl", filters=ALL_ORIGINS)
+    rl = read_export(tmp_path / "rl")
     sessions = {r["session_id"] for r in rl}
     assert sessions == _eligible(settings, ("success", "failure"))
     assert kinds["flailer"] | kinds["capped"] <= sessions  # failures are signal for RL
@@ -156,9 +167,11 @@ def test_default_sft_export_holds_only_verified_successes_and_rl_every_evaluated
     assert manifest["filters"]["outcome"] == "any" and manifest["filters"]["min_quality"] == 0.0
     assert set(manifest["counts"]["left_out"]["outcome"]) == {"agent_crash", "infrastructure"}
     assert manifest["counts"]["left_out"]["security_flag"] >= 1
-    failures = export_training_set(settings, "hf", tmp_path / "fail", filters=ExportFilters(outcome="failure"))
+    failures = export_training_set(
+        settings, "hf", tmp_path / "fail", filters=ExportFilters(origins=(), outcome="failure")
+    )
     assert failures.records > 0
-    assert {r["outcome"] for r in _records(tmp_path / "fail" / "hf.jsonl")} == {"failure"}
+    assert {r["outcome"] for r in read_export(tmp_path / "fail")} == {"failure"}
 
 
 @pytest.mark.slow
@@ -166,10 +179,10 @@ def test_reasoning_session_exports_segments_equal_to_what_the_server_returned(
     lake: tuple[Settings, dict[str, set[str]], list[bytes]], tmp_path: Path
 ) -> None:
     settings, kinds, raw = lake
-    export_training_set(settings, "rl", tmp_path / "rl")
+    export_training_set(settings, "rl", tmp_path / "rl", filters=ALL_ORIGINS)
     (session_id,) = kinds["reasoner"]
     segments = sorted(
-        (r for r in _records(tmp_path / "rl" / "rl.jsonl") if r["session_id"] == session_id),
+        (r for r in read_export(tmp_path / "rl") if r["session_id"] == session_id),
         key=lambda r: r["segment_index"],
     )
     responses = [json.loads(body) for body in raw]
@@ -196,9 +209,9 @@ def test_reasoning_session_exports_segments_equal_to_what_the_server_returned(
     server_lp = [e["logprob"] for r in responses for e in r["choices"][0]["logprobs"]["content"]]
     assert json.dumps(logprobs) == json.dumps(server_lp)
     # the reasoning is kept with each assistant turn of the conversation
-    hf = export_training_set(settings, "hf", tmp_path / "hf")
+    hf = export_training_set(settings, "hf", tmp_path / "hf", filters=ALL_ORIGINS)
     assert hf.records
-    (record,) = [r for r in _records(tmp_path / "hf" / "hf.jsonl") if r["session_id"] == session_id]
+    (record,) = [r for r in read_export(tmp_path / "hf") if r["session_id"] == session_id]
     thoughts = [m["reasoning_content"] for m in record["messages"] if m["role"] == "assistant"]
     assert [i for i, t in enumerate(thoughts) if t] == list(REASONING_TURNS)
 
@@ -216,18 +229,18 @@ def test_token_and_cost_totals_agree_across_trajectories_costs_every_format_and_
         settings, "SELECT session_id, input_tokens, cached_tokens, output_tokens, cost_usd FROM trajectories"
     )
     totals = {r[0]: dict(zip(columns[1:], r[1:], strict=True)) for r in rows}
-    every = ExportFilters(min_quality=0.0, outcome="all")
+    every = ExportFilters(origins=(), min_quality=0.0, outcome="all")
     for fmt in ("hf", "openai", "sharegpt", "atif"):
         export_training_set(settings, fmt, tmp_path / fmt, filters=every)
-    export_training_set(settings, "rl", tmp_path / "rl", filters=ExportFilters(min_quality=0.0))
+    export_training_set(settings, "rl", tmp_path / "rl", filters=ExportFilters(origins=(), min_quality=0.0))
     seen: dict[str, int] = {}
     for fmt in ("hf", "openai", "sharegpt", "rl"):
-        for record in _records(tmp_path / fmt / f"{fmt}.jsonl"):
+        for record in read_export(tmp_path / fmt):
             usage = record["usage"]
             assert {k: usage[k] for k in totals[record["session_id"]]} == totals[record["session_id"]], fmt
             seen[fmt] = seen.get(fmt, 0) + 1
     assert seen["hf"] == len(totals) - 1 and seen["rl"] >= 5  # the security-flagged cheater is left out
-    for trajectory in _records(tmp_path / "atif" / "atif.jsonl"):
+    for trajectory in read_export(tmp_path / "atif"):
         expected = totals[trajectory["session_id"]]
         final = trajectory["final_metrics"]
         metrics = [s["metrics"] for s in trajectory["steps"] if "metrics" in s]
@@ -277,17 +290,17 @@ def test_atif_export_import_export_is_byte_stable_for_fleet_llm_and_imported_ses
     lake: tuple[Settings, dict[str, set[str]], list[bytes]], tmp_path: Path
 ) -> None:
     settings, kinds, _ = lake
-    every = ExportFilters(min_quality=0.0, outcome="all")
+    every = ExportFilters(origins=(), min_quality=0.0, outcome="all")
     export_training_set(settings, "atif", tmp_path / "a", filters=every)
-    first = {json.loads(line)["session_id"]: line for line in (tmp_path / "a" / "atif.jsonl").read_text().splitlines()}
+    first = _lines(tmp_path / "a")
     assert set(first) == set().union(*kinds.values()) - kinds["cheater"]  # security-flagged: never exported
     again = _lake(tmp_path / "again")
-    imported = import_trajectory(tmp_path / "a" / "atif.jsonl")
+    imported = [event for path in sorted((tmp_path / "a" / "data").iterdir()) for event in import_trajectory(path)]
     write_raw(again, imported, batch_size=5000)
     assemble(again)
     score_all(again)
     export_training_set(again, "atif", tmp_path / "b", filters=every)
-    second = {json.loads(line)["session_id"]: line for line in (tmp_path / "b" / "atif.jsonl").read_text().splitlines()}
+    second = _lines(tmp_path / "b")
     assert set(second) == set(first)
     for session_id, line in first.items():
         assert second[session_id] == line, session_id
@@ -298,6 +311,6 @@ def test_atif_export_import_export_is_byte_stable_for_fleet_llm_and_imported_ses
     counted = "SELECT count(*) FROM trajectories WHERE eval_passed IS NOT NULL OR reward IS NOT NULL"
     assert run_query(again, counted)[1][0][0] == 0
     assert any(json.loads(line)["extra"].get("eval_passed") for line in first.values())
-    scores = _records(tmp_path / "a" / "atif.scores.jsonl")
+    scores = read_export(tmp_path / "a", "scores")
     assert {s["session_id"] for s in scores} == set(first)
-    assert {s["session_id"] for s in _records(tmp_path / "b" / "atif.scores.jsonl")} == set(first)
+    assert {s["session_id"] for s in read_export(tmp_path / "b", "scores")} == set(first)

@@ -10,12 +10,14 @@ import pytest
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.export import RL_SCHEMA, ExportFilters, export_training_set
+from pipelines.export import RL_SCHEMA, ExportFilters, export_training_set, read_export
 from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from producers.importers import import_trajectory
 from tests.helpers import real_runs_dir, write_raw
 from warehouse.query import run_query
+
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 REAL = real_runs_dir()
 DEEPSEEK = REAL / "mini-swe-agent/deepseek-reasoner-dev/marshmallow-code__marshmallow-1359.traj.json"
@@ -24,7 +26,7 @@ OPENHANDS = REAL / "openhands/basic_interactions.json"
 
 
 #: every ended session, whatever its outcome and quality (the tests here look at records, not selection)
-EVERY = ExportFilters(min_quality=0.0, outcome="all")
+EVERY = ExportFilters(origins=(), min_quality=0.0, outcome="all")
 
 
 def _lake(tmp: Path) -> Settings:
@@ -62,7 +64,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 def test_real_run_keeps_system_prompt_reasoning_submission_and_call_ids(lake: Settings, tmp_path: Path) -> None:
     source = json.loads(DJANGO.read_text())
     export_training_set(lake, "hf", tmp_path / "hf", filters=EVERY)
-    by_task = {r["task_id"]: r for r in _records(tmp_path / "hf" / "hf.jsonl")}
+    by_task = {r["task_id"]: r for r in read_export(tmp_path / "hf")}
     record = by_task["django__django-11099"]
     assert record["prompt_source"] == "recorded"
     messages = record["messages"]
@@ -89,7 +91,7 @@ def test_openhands_agent_reply_is_an_assistant_message_not_a_tool_call(lake: Set
     source = json.loads(OPENHANDS.read_text())
     replies = [e["args"]["content"] for e in source if e.get("source") == "agent" and e.get("action") == "message"]
     export_training_set(lake, "openai", tmp_path / "oh", filters=EVERY)
-    records = _records(tmp_path / "oh" / "openai.jsonl")
+    records = read_export(tmp_path / "oh")
     (record,) = [r for r in records if any(m.get("content") == replies[0] for m in r["messages"])]
     names = [c["function"]["name"] for m in record["messages"] for c in m.get("tool_calls") or []]
     assert "message" not in names
@@ -100,22 +102,33 @@ def test_openhands_agent_reply_is_an_assistant_message_not_a_tool_call(lake: Set
 def test_sft_defaults_to_successes_and_the_manifest_counts_what_each_rule_left_out(
     lake: Settings, tmp_path: Path
 ) -> None:
-    wide = export_training_set(lake, "hf", tmp_path / "wide", filters=ExportFilters(min_quality=0.0, outcome="any"))
-    default = export_training_set(lake, "hf", tmp_path / "default")
+    wide = export_training_set(
+        lake, "hf", tmp_path / "wide", filters=ExportFilters(origins=(), min_quality=0.0, outcome="any")
+    )
+    default = export_training_set(lake, "hf", tmp_path / "default", filters=ALL_ORIGINS)
     assert wide.records > default.records > 0
-    assert {r["outcome"] for r in _records(tmp_path / "default" / "hf.jsonl")} == {"success"}
-    assert {r["outcome"] for r in _records(tmp_path / "wide" / "hf.jsonl")} == {"success", "failure"}
+    assert {r["outcome"] for r in read_export(tmp_path / "default")} == {"success"}
+    assert {r["outcome"] for r in read_export(tmp_path / "wide")} == {"success", "failure"}
     manifest = json.loads((tmp_path / "default" / "manifest.json").read_text())
     assert manifest["filters"]["outcome"] == "success" and manifest["filters"]["min_quality"] == lake.quality_min
     counts = manifest["counts"]
     # every session considered is exported or left out by exactly one rule
     left = counts["left_out"]
-    left_out = sum(v for k, v in left.items() if k != "outcome") + sum(left["outcome"].values())
+    left_out = sum(sum(v.values()) if isinstance(v, dict) else v for v in left.values())
     assert counts["considered"] == counts["sessions"] + left_out
+    assert left["origin"] == {}  # origins=(): every origin asked for
+    per_origin = counts["per_origin"]
+    assert sum(per_origin.values()) == counts["sessions"] and per_origin["synthetic"] > 0
+    assert set(per_origin) - {"synthetic"} and all(o.startswith("import:") for o in set(per_origin) - {"synthetic"})
     assert left["outcome"]["failure"] > 0 and "success" not in left["outcome"]
     assert sum(counts["per_split"].values()) == default.records
     assert manifest["scoring"]["governance"] and manifest["scorer_version"]
-    for record in _records(tmp_path / "wide" / "hf.jsonl"):
+    # by default the synthetic fleet's sessions are left out, under their own reason, and the rest kept
+    plain = export_training_set(lake, "hf", tmp_path / "plain")
+    counted = json.loads((tmp_path / "plain" / "manifest.json").read_text())["counts"]
+    assert counted["left_out"]["origin"] == {"synthetic": counted["considered_by_origin"]["synthetic"]}
+    assert {r["origin"] for r in read_export(tmp_path / "plain")} == set(per_origin) - {"synthetic"} and plain.records
+    for record in read_export(tmp_path / "wide"):
         assert record["quality"] >= 0.0 and 0.0 <= record["weight"] <= 1.0
         for flag in record["flags"]:
             assert set(flag) == {"flag", "flag_class", "severity", "weight"}
@@ -128,15 +141,17 @@ def test_splits_never_share_a_task_family_and_group_complete_drops_incomplete_gr
     families: dict[str, set[str]] = {}
     for split in ("train", "validation", "test"):
         out = tmp_path / split
-        export_training_set(lake, "rl", out, filters=ExportFilters(min_quality=0.0, split=split))
-        for record in _records(out / "rl.jsonl"):
+        export_training_set(lake, "rl", out, filters=ExportFilters(origins=(), min_quality=0.0, split=split))
+        for record in read_export(out):
             assert record["split"] == split
             families.setdefault(record["task_family"], set()).add(split)
     assert families and all(len(splits) == 1 for splits in families.values())
-    export_training_set(lake, "rl", tmp_path / "all", filters=ExportFilters(min_quality=0.0))
-    export_training_set(lake, "rl", tmp_path / "groups", filters=ExportFilters(min_quality=0.0, group_complete=True))
-    whole = _records(tmp_path / "groups" / "rl.jsonl")
-    everything = _records(tmp_path / "all" / "rl.jsonl")
+    export_training_set(lake, "rl", tmp_path / "all", filters=ExportFilters(origins=(), min_quality=0.0))
+    export_training_set(
+        lake, "rl", tmp_path / "groups", filters=ExportFilters(origins=(), min_quality=0.0, group_complete=True)
+    )
+    whole = read_export(tmp_path / "groups")
+    everything = read_export(tmp_path / "all")
     assert whole and len(whole) < len(everything)
     counts: dict[str, int] = {}
     for record in whole:
@@ -150,8 +165,8 @@ def test_rl_parquet_has_verl_and_skyrl_names_and_dtypes_and_loads_with_datasets(
     import pyarrow as pa
     from datasets import load_dataset
 
-    export_training_set(lake, "rl", tmp_path / "pq", min_quality=0.0, parquet=True)
-    table = pq.read_table(tmp_path / "pq" / "rl.parquet")
+    export_training_set(lake, "rl", tmp_path / "pq", min_quality=0.0, parquet=True, filters=ALL_ORIGINS)
+    table = pa.concat_tables([pq.read_table(p) for p in sorted((tmp_path / "pq" / "data").glob("*.parquet"))])
     # verl AgentLoopOutput: prompt_ids/response_ids/response_mask list[int], num_turns int;
     # SkyRL TrajectoryOutput: prompt_ids/response_ids/loss_mask list[int], reward float, stop_reason str
     expected = {
@@ -174,12 +189,17 @@ def test_rl_parquet_has_verl_and_skyrl_names_and_dtypes_and_loads_with_datasets(
     }
     assert {name: table.schema.field(name).type for name in expected} == expected
     assert table.schema == RL_SCHEMA and table.num_rows > 0
-    dataset = load_dataset("parquet", data_files=str(tmp_path / "pq" / "rl.parquet"), split="train")
-    assert len(dataset) == table.num_rows
-    export_training_set(lake, "rl", tmp_path / "js", min_quality=0.0)
-    assert len(load_dataset("json", data_files=str(tmp_path / "js" / "rl.jsonl"), split="train")) == table.num_rows
-    export_training_set(lake, "atif", tmp_path / "atif", min_quality=0.0)
-    assert len(load_dataset("json", data_files=str(tmp_path / "atif" / "atif.jsonl"), split="train")) > 0
+    # the directory alone, Parquet or JSON lines: its card names the split files
+    dataset = load_dataset(str(tmp_path / "pq"))
+    assert sum(len(d) for d in dataset.values()) == table.num_rows
+    assert all(set(d["split"]) == {name} for name, d in dataset.items())
+    export_training_set(lake, "rl", tmp_path / "js", min_quality=0.0, filters=ALL_ORIGINS)
+    as_json = load_dataset(str(tmp_path / "js"))
+    assert sum(len(d) for d in as_json.values()) == table.num_rows
+    assert all(isinstance(r["tools"], list) for d in as_json.values() for r in d)  # tools as a list, as written
+    assert read_export(tmp_path / "js")[0]["tools"] == json.loads(table.column("tools")[0].as_py())
+    export_training_set(lake, "atif", tmp_path / "atif", min_quality=0.0, filters=ALL_ORIGINS)
+    assert sum(len(d) for d in load_dataset(str(tmp_path / "atif")).values()) > 0
 
 
 @pytest.mark.slow
@@ -199,8 +219,8 @@ def test_llm_session_exports_the_server_token_ids_and_logprobs(tmp_path: Path) -
     write_raw(settings, sink.events)
     assemble(settings)
     score_all(settings)
-    export_training_set(settings, "rl", tmp_path / "rl", min_quality=0.0)
-    (record,) = _records(tmp_path / "rl" / "rl.jsonl")
+    export_training_set(settings, "rl", tmp_path / "rl", min_quality=0.0, filters=ALL_ORIGINS)
+    (record,) = read_export(tmp_path / "rl")
     responses = [json.loads(raw) for raw in server.responses]
     assert record["has_token_ids"] and record["prompt_source"] == "recorded"
     assert json.dumps(record["prompt_ids"]) == json.dumps(responses[0]["prompt_token_ids"])
@@ -224,7 +244,9 @@ def test_chunked_stream_gives_every_session_its_own_steps_and_calls_once(lake: S
     catalog = open_catalog(lake)
 
     def stream(chunk: int) -> list[tuple[str, int, int]]:
-        rows = _sessions(lake, catalog, ExportFilters(min_quality=0.0), {}, batch_rows=7, chunk_sessions=chunk)
+        rows = _sessions(
+            lake, catalog, ExportFilters(origins=(), min_quality=0.0), {}, batch_rows=7, chunk_sessions=chunk
+        )
         return [(s["session_id"], len(steps), len(calls)) for s, steps, calls, _ in rows]
 
     whole, chunked = stream(100_000), stream(3)
@@ -249,14 +271,14 @@ def test_cli_export_filters_and_a_bad_split_is_one_line(lake: Settings, tmp_path
             [sys.executable, "-m", "trajlake.cli", *args], env=env, capture_output=True, text=True, timeout=300
         )
 
-    bad = cli("export", "--format", "rl", "--out", str(tmp_path / "bad"), "--split", "holdout")
+    bad = cli("export", "--format", "rl", "--origin", "all", "--out", str(tmp_path / "bad"), "--split", "holdout")
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "holdout" in bad.stderr
     ok = cli(
-        "export", "--format", "atif", "--out", str(tmp_path / "ok"), "--min-quality", "0",
+        "export", "--format", "atif", "--origin", "all", "--out", str(tmp_path / "ok"), "--min-quality", "0",
         "--task-family", "django__django-11099", "--since", "2000-01-01",
     )  # fmt: skip
     assert ok.returncode == 0, ok.stderr
-    (record,) = _records(tmp_path / "ok" / "atif.jsonl")
+    (record,) = read_export(tmp_path / "ok")
     assert record["extra"]["task_family"] == "django__django-11099"
     manifest = json.loads((tmp_path / "ok" / "manifest.json").read_text())
     assert manifest["filters"]["task_family"] == "django__django-11099" and manifest["filters"]["since"]

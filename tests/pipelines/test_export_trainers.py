@@ -14,7 +14,7 @@ import pytest
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.export import ExportFilters, export_training_set
+from pipelines.export import ExportFilters, export_training_set, read_export
 from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from producers.fleet.agent_caps import Caps
@@ -24,6 +24,8 @@ from producers.fleet.sandbox import bwrap_available
 from producers.fleet.tasks import task_for
 from tests.helpers import write_raw
 from warehouse.query import run_query
+
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 # slow as a whole: the module's fixtures run real sandbox sessions once, and whichever test comes first pays for them
 pytestmark = [
@@ -83,8 +85,8 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, dict[str, 
 
 
 def _export(settings: Settings, fmt: str, out: Path) -> list[dict]:
-    stats = export_training_set(settings, fmt, out, min_quality=0.0)
-    records = [json.loads(line) for line in (out / f"{fmt}.jsonl").read_text().splitlines()]
+    stats = export_training_set(settings, fmt, out, min_quality=0.0, filters=ALL_ORIGINS)
+    records = read_export(out)
     assert stats.records == len(records)
     return records
 
@@ -147,14 +149,16 @@ def test_a_session_whose_calls_all_failed_is_never_an_rl_episode(lake, tmp_path)
     # session, it is still no episode: nothing was sampled
     outcomes = json.loads((tmp_path / "rl" / "manifest.json").read_text())["counts"]["left_out"]["outcome"]
     assert outcomes == {"infrastructure": 2}
-    export_training_set(settings, "rl", tmp_path / "all", filters=ExportFilters(min_quality=0.0, outcome="all"))
+    export_training_set(
+        settings, "rl", tmp_path / "all", filters=ExportFilters(origins=(), min_quality=0.0, outcome="all")
+    )
     _, rows = run_query(settings, "SELECT session_id, reason FROM quarantine WHERE stage = 'export'")
     assert {(sid, reason) for sid, reason in rows if sid in failed} == {(sid, "no_model_call") for sid in failed}
     # the SFT formats are not RL episodes, but nothing sampled is no SFT record either, in either token mode
     for fmt in ("openai", "sharegpt"):
         out = tmp_path / f"{fmt}-all"
-        export_training_set(settings, fmt, out, filters=ExportFilters(min_quality=0.0, outcome="all"))
-        text = (out / f"{fmt}.jsonl").read_text()
+        export_training_set(settings, fmt, out, filters=ExportFilters(origins=(), min_quality=0.0, outcome="all"))
+        text = "\n".join(json.dumps(r) for r in read_export(out))
         assert text.strip() and not any(sid in text for sid in failed), fmt
 
 
@@ -163,13 +167,13 @@ def test_a_session_stopped_by_max_model_calls_is_a_truncated_episode(lake, tmp_p
     capped = _session(answers, "capped")
     _, rows = run_query(settings, f"SELECT status, exit_reason FROM trajectories WHERE session_id = '{capped}'")
     assert rows == [("capped", "max_model_calls")]
-    filters = ExportFilters(min_quality=0.0, outcome="all")
+    filters = ExportFilters(origins=(), min_quality=0.0, outcome="all")
     export_training_set(settings, "rl", tmp_path / "rl", filters=filters)
-    rl = [json.loads(line) for line in (tmp_path / "rl" / "rl.jsonl").read_text().splitlines()]
+    rl = read_export(tmp_path / "rl")
     ends = [r["stop_reason"] for r in rl if r["session_id"] == capped and r["is_last_segment"]]
     assert ends == ["truncated:max_model_calls"]
     export_training_set(settings, "skyrl", tmp_path / "skyrl", filters=filters)
-    skyrl = [json.loads(line) for line in (tmp_path / "skyrl" / "skyrl.jsonl").read_text().splitlines()]
+    skyrl = read_export(tmp_path / "skyrl")
     mine = [r for r in skyrl if r["env_metrics"]["session_id"] == capped]
     assert mine and mine[-1]["stop_reason"] == "length"  # SkyRL's truncated, never "stop"
     assert mine[-1]["env_metrics"]["trajlake_stop_reason"] == "truncated:max_model_calls"
@@ -207,8 +211,10 @@ def test_the_trainers_own_classes_load_the_exported_records(lake, tmp_path):
         "assert all(len(o.loss_mask) == len(o.response_ids) for o in s)\n"
         "print(len(v), len(s), type(v[0].metrics).__name__)\n"
     )
+    for out in (verl, skyrl):  # every split's file, as one file
+        (out / "all.jsonl").write_text("".join(p.read_text() for p in sorted((out / "data").glob("*.jsonl"))))
     result = subprocess.run(
-        [python, "-c", script, verl / "verl.jsonl", skyrl / "skyrl.jsonl"], capture_output=True, text=True, timeout=600
+        [python, "-c", script, verl / "all.jsonl", skyrl / "all.jsonl"], capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == [str(n_verl), str(n_skyrl), "AgentLoopMetrics"]

@@ -12,13 +12,15 @@ from hypothesis import strategies as st
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.export import export_training_set
+from pipelines.export import ExportFilters, export_training_set, read_export
 from pipelines.score import score_all
 from producers.importers import import_trajectory
 from producers.parts import PART_BYTES, split_event, split_utf8
 from schemas.registry import encode_event
 from tests.helpers import AS_OF, write_raw
 from warehouse.query import run_query
+
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 FIXTURES = Path(__file__).resolve().parents[1] / "producers" / "importers" / "fixtures"
 
@@ -62,8 +64,8 @@ def test_an_890_kb_submission_lands_and_exports_byte_identical(tmp_path: Path) -
     outputs = [r[0] for r in rows]
     assert patch in outputs and output in outputs and not any(r[1] for r in rows)
     assert rows[0][2].startswith("think think") and len(rows[0][2]) == len("think " * 60_000)
-    export_training_set(settings, "openai", tmp_path / "out", min_quality=0.0)
-    (record,) = [json.loads(line) for line in (tmp_path / "out" / "openai.jsonl").read_text().splitlines()]
+    export_training_set(settings, "openai", tmp_path / "out", min_quality=0.0, filters=ALL_ORIGINS)
+    (record,) = read_export(tmp_path / "out")
     assert record["submission"].encode() == patch.encode()
     tool_messages = [m["content"] for m in record["messages"] if m["role"] == "tool"]
     # the recorded conversation: the tool message as the model saw it, whole (its blob travelled in parts too)

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from common.broker import resolve_bootstrap
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.export import export_training_set
+from pipelines.export import ExportFilters, export_training_set, read_export
 from pipelines.ingest import IngestWorker
 from pipelines.score import score_all
 from producers.errors import NonFiniteNumberError
@@ -35,6 +35,8 @@ from producers.sdk import EventProducer
 from schemas.registry import encode_event
 from tests.helpers import sample_events, write_raw
 from warehouse.query import run_query
+
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
@@ -122,13 +124,14 @@ def check_every_good_session_lands(settings: Settings, good: set[str], out: Path
     _, rows = run_query(settings, "SELECT session_id FROM scores")
     assert good <= {r[0] for r in rows}
 
-    export = export_training_set(settings, "hf", out, min_quality=0.0)
+    export = export_training_set(settings, "hf", out, min_quality=0.0, filters=ALL_ORIGINS)
     _, rows = run_query(settings, "SELECT session_id FROM scores WHERE exportable")
     exportable_good = {r[0] for r in rows} & good
-    exported = {json.loads(line)["session_id"] for line in (out / "hf.jsonl").read_text().splitlines()}
+    exported = {r["session_id"] for r in read_export(out)}
     assert exportable_good <= exported
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["files"][0]["sha256"] == hashlib.sha256((out / "hf.jsonl").read_bytes()).hexdigest()
+    for entry in manifest["files"]:
+        assert entry["sha256"] == hashlib.sha256((out / entry["path"]).read_bytes()).hexdigest()
     assert export.records + export.quarantined >= len(exportable_good)
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
 
@@ -208,6 +211,8 @@ def test_deeply_nested_arguments_are_quarantined_at_export_not_a_recursion_error
             "export",
             "--format",
             "sharegpt",
+            "--origin",
+            "all",
             "--out",
             str(out),
             "--min-quality",
@@ -222,8 +227,9 @@ def test_deeply_nested_arguments_are_quarantined_at_export_not_a_recursion_error
     )
     assert result.returncode == 0, result.stderr
     assert "RecursionError" not in result.stderr and "Traceback" not in result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "sharegpt.jsonl"]  # no .tmp left behind
-    exported = {json.loads(line)["session_id"] for line in (out / "sharegpt.jsonl").read_text().splitlines()}
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "data", "manifest.json"]
+    assert not [p.name for p in out.parent.iterdir() if ".export-" in p.name]  # no staging directory left behind
+    exported = {r["session_id"] for r in read_export(out)}
     # --min-quality 0 --outcome all: every ended session that is neither security-flagged nor a shadowed duplicate
     _, rows = run_query(
         settings,

@@ -10,12 +10,14 @@ import pytest
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.export import export_training_set
+from pipelines.export import ExportFilters, export_training_set, read_export
 from pipelines.score import score_all
 from producers.sdk import SessionEmitter
 from schemas import typed
 from tests.helpers import AS_OF, BASE_US, write_raw
 from warehouse.query import run_query
+
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 
 def _session(events: list[dict[str, Any]], name: str, edits_test: bool, offset: int) -> None:
@@ -90,12 +92,12 @@ def test_weight_change_rescores_and_is_in_the_manifest(tmp_path: Path) -> None:
     ]
     _, rows = run_query(settings, "SELECT session_id, quality, flags, exportable FROM scores ORDER BY 1")
     assert rows == [("honest", 1.0, "", True), ("suspect", 0.5, "edited_tests", True)]
-    export_training_set(settings, "hf", tmp_path / "out1")
+    export_training_set(settings, "hf", tmp_path / "out1", filters=ALL_ORIGINS)
     manifest = json.loads((tmp_path / "out1" / "manifest.json").read_text())
     assert manifest["scoring"]["governance"]["edited_tests"]["weight"] == 0.5
     assert manifest["scoring"]["digest"] == first.config_digest
     assert manifest["scoring"]["weights"] == {"completion": 0.5, "validity": 0.3, "novelty": 0.2}
-    records = {r["session_id"]: r for r in map(json.loads, (tmp_path / "out1" / "hf.jsonl").read_text().splitlines())}
+    records = {r["session_id"]: r for r in read_export(tmp_path / "out1")}
     (flag,) = records["suspect"]["flags"]  # exported with the record, not dropped
     assert (flag["flag"], flag["flag_class"], flag["weight"]) == ("edited_tests", "behavioural", 0.5)
     assert records["honest"]["flags"] == []
@@ -107,11 +109,11 @@ def test_weight_change_rescores_and_is_in_the_manifest(tmp_path: Path) -> None:
     _, rows = run_query(lighter, "SELECT session_id, quality, config_digest FROM scores ORDER BY 1")
     assert [r[:2] for r in rows] == [("honest", 1.0), ("suspect", 0.9)]
     assert {r[2] for r in rows} == {second.config_digest}
-    export_training_set(lighter, "hf", tmp_path / "out2")
+    export_training_set(lighter, "hf", tmp_path / "out2", filters=ALL_ORIGINS)
     manifest = json.loads((tmp_path / "out2" / "manifest.json").read_text())
     assert manifest["scoring"]["governance"]["edited_tests"]["weight"] == 0.9
     assert manifest["scoring"]["digest"] == second.config_digest
     # the weight in force when scoring is what the manifest reports, not the exporter's settings
-    export_training_set(settings, "hf", tmp_path / "out3")
+    export_training_set(settings, "hf", tmp_path / "out3", filters=ALL_ORIGINS)
     manifest = json.loads((tmp_path / "out3" / "manifest.json").read_text())
     assert manifest["scoring"]["governance"]["edited_tests"]["weight"] == 0.9

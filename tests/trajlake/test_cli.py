@@ -49,6 +49,8 @@ def test_demo_end_to_end_then_sql_and_idempotent_ingest(cli_env: dict[str, str])
     assert "cheaters planted this run)" in demo.stdout
     assert "finished_rate" in demo.stdout and "passed_eval_rate" in demo.stdout  # finished and passed apart
     assert "emitted this run: 62 sessions" in demo.stdout
+    # the demo's SFT export says what it left out: the synthetic load fleet's sessions among it
+    assert "SFT records (hf)" in demo.stdout and "origin:synthetic=" in demo.stdout
     assert sql_value("select count(*) from trajectories", cli_env) == 62
     assert sql_value("select count(*) - count(distinct event_id) from events", cli_env) == 0
     events = sql_value("select count(*) from events", cli_env)

@@ -43,7 +43,9 @@ def test_home_and_export_are_owner_only(tmp_path: Path, tansu_broker: str) -> No
     previous = os.umask(0o022)  # the usual default: the CLI must not depend on the caller's umask
     try:
         _trajlake("demo", "--sessions", "20", "--local-sessions", "0", "--seed", "5", env=env)
-        _trajlake("export", "--format", "hf", "--out", str(tmp_path / "out"), "--min-quality", "0", env=env)
+        _trajlake(
+            "export", "--format", "hf", "--origin", "all", "--out", str(tmp_path / "out"), "--min-quality", "0", env=env
+        )
     finally:
         os.umask(previous)
     home, out = tmp_path / "home", tmp_path / "out"

@@ -22,7 +22,7 @@ import pytest
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.export import export_training_set
+from pipelines.export import ExportFilters, export_training_set
 from pipelines.report import page_name, write_report
 from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
@@ -159,7 +159,9 @@ def test_the_report_escapes_everything_and_runs_no_script(lake: dict, tmp_path: 
 
 
 def test_a_report_of_one_export_covers_its_sessions(lake: dict, tmp_path: Path) -> None:
-    export = export_training_set(lake["settings"], "openai", tmp_path / "export", min_quality=0.0)
+    export = export_training_set(
+        lake["settings"], "openai", tmp_path / "export", min_quality=0.0, filters=ExportFilters(origins=())
+    )
     stats = write_report(lake["settings"], tmp_path / "report", export_dir=tmp_path / "export")
     assert stats.sessions == export.records > 0
     index = (tmp_path / "report" / "index.html").read_text()
@@ -215,7 +217,9 @@ def test_report_metadata_links_from_dagster(lake: dict, tmp_path: Path) -> None:
     """The nightly training set writes the report of its export and links it from the materialization."""
     from dagster_project.defs.quality import export_report
 
-    export = export_training_set(lake["settings"], "hf", tmp_path / "export", min_quality=0.0)
+    export = export_training_set(
+        lake["settings"], "hf", tmp_path / "export", min_quality=0.0, filters=ExportFilters(origins=())
+    )
     metadata = export_report(lake["settings"], Path(export.out_dir), "hf", "2026-12-02")
     index = Path(str(metadata["report_path"].value))
     assert index.is_file() and index.name == "index.html"

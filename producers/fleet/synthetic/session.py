@@ -208,7 +208,9 @@ class SyntheticStages:
             "agent_model": "scripted-sim-1",
             "policy_version": "scripted-v1",
         }
-        s.head = SessionHeader(session_id, values, {"backend": "synthetic", "task_family": family})
+        s.head = SessionHeader(
+            session_id, values, {"backend": "synthetic", "origin": "synthetic", "task_family": family}
+        )
         median, sigma = prof.steps[policy]
         s.n_steps = max(1, int(rng.lognormvariate(0, sigma) * median))
         if policy == "hang":  # a few steps, then a command that never returns until the reaper

@@ -108,8 +108,10 @@ def test_an_atif_export_names_an_imported_run_by_its_own_id_only_when_no_other_s
     write_raw(settings, events)
     assemble(settings, as_of=AS_OF)
     score_all(settings)
-    export_training_set(settings, "atif", tmp_path / "out", filters=ExportFilters(min_quality=0.0, outcome="all"))
-    lines = (tmp_path / "out" / "atif.jsonl").read_text().splitlines()
+    export_training_set(
+        settings, "atif", tmp_path / "out", filters=ExportFilters(origins=(), min_quality=0.0, outcome="all")
+    )
+    lines = [line for path in sorted((tmp_path / "out" / "data").iterdir()) for line in path.read_text().splitlines()]
     by_task = {json.loads(line)["steps"][1]["message"]: json.loads(line)["session_id"] for line in lines}
     # the only run that owns its id in this lake keeps it; a twin or a claim to another session's id does not
     assert by_task["task of solo"] == "solo"

@@ -37,13 +37,15 @@ SCRIPTED_MIX = {
 #: by comparing the normalised streams: the task images are version 1.3.0 (their runner's sha256 in
 #: ``session_start`` changed with it; the synthetic stream of the old code with the new version
 #: gives the synthetic digests below byte for byte), and the forged-verdict session's
-#: ``evaluation`` extra names the planted code (``planted_kinds``).
-SCRIPTED_DIGEST = "1dd690c83169d34b08a0d5f494edd36287b5ba9cb26ea92c2150fc2632797226"
+#: ``evaluation`` extra names the planted code (``planted_kinds``); and every session's envelope
+#: ``extra`` declares its ``origin`` (``sandbox`` / ``synthetic``) and a sandbox session's ``evaluation``
+#: extra carries its ``submission`` patch (without those two keys the streams give the previous digests).
+SCRIPTED_DIGEST = "e841149874cfb3bf822ad9ca5f1e2a11273d1514fa8ac521a3333ce90464a792"
 SCRIPTED_LABELS = "5243ee5358b85df8158a9063e27f9987c8cefef2a0f6ef0429e8fec706b70630"
-RAISING_DIGEST = "b4af58c62902184c58c8a35fe3a4a90ac0093653924be0bb3a6ea1a426bae50c"
-CAPPED_DIGEST = "79d93908584c3f3466546a15834da3f16ab853a93efe79e1eb6927c3bb40c47e"
-SYNTHETIC_DIGEST = "20919e1d6d1f7a3f8096a728166c469ce5830255aa09470827c39a185da8aaf3"
-SYNTHETIC_REUSE_DIGEST = "530d96611f8db83f82db73f9ae2974e8089e931aa406d60724eda97520254038"
+RAISING_DIGEST = "635de12bfac1c210f8216de2ca30d590a99cd033935e3c52e6f11e207a21ace0"
+CAPPED_DIGEST = "00b9fbbed2f317ef8c64d59375d39359353c50c5abad3fe1496e9ba53d37e571"
+SYNTHETIC_DIGEST = "1ac81c2d614400ab42372d69eadfdcbe111074764606be47b69db2ff590dd749"
+SYNTHETIC_REUSE_DIGEST = "f324d3c299351087a6ef9636123aec1c3459c6cb4b73a7b1281a8a243e454e21"
 
 local = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (Debian package `bubblewrap`) unusable")
 

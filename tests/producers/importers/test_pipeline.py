@@ -6,18 +6,19 @@ byte-identical; a run evaluated as unresolved is failed; nobody honest is flagge
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.export import export_training_set
+from pipelines.export import ExportFilters, export_training_set, read_export
 from pipelines.score import score_all
 from producers.importers import import_file
 from tests.helpers import AS_OF, write_raw
 from warehouse.query import run_query
+
+ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FORMATS = [
@@ -93,8 +94,8 @@ def test_no_honest_run_is_flagged(lake) -> None:
 
 def test_resolved_runs_export_with_their_submission_byte_identical(lake, tmp_path: Path) -> None:
     settings, sessions = lake
-    export_training_set(settings, "openai", tmp_path / "out", min_quality=0.0)
-    records = [json.loads(line) for line in (tmp_path / "out" / "openai.jsonl").read_text().splitlines()]
+    export_training_set(settings, "openai", tmp_path / "out", min_quality=0.0, filters=ALL_ORIGINS)
+    records = read_export(tmp_path / "out")
     exported = {r["session_id"]: r for r in records}
     resolved = {sid for sid, row in sessions.items() if VERDICTS.get(row["task_id"])}
     assert resolved <= set(exported)
