@@ -121,6 +121,8 @@ def test_every_benchmark_module_is_reachable_from_a_command() -> None:
         "ingest_child",  # the measured child of ingest-ab and the guard, run as a script
         "secret_corpus",
         "secret_corpus_public",
+        "carrier_corpus",  # the shared corpus laid into carriers, used by bench redaction and its tests
+        "detectors",  # run as `python -m benchmarks.detectors` in a venv of its own (the detector libraries)
     }
     commanded = set(re.findall(r"from benchmarks\.(\w+) import", Path(benchmarks.cli.__file__).read_text()))
     assert modules <= commanded, f"benchmark modules without a command: {sorted(modules - commanded)}"

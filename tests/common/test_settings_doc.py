@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Variables read outside Settings on purpose (before settings load, or by the test and bench tooling).
 NOT_SETTINGS = {
     "TRAJLAKE_FAULT",
+    "TRAJLAKE_EXPORT_CRASH_AT",  # the export's named kill points (tests/pipelines/test_export_dataset.py)
     "TRAJLAKE_UI_ALLOWED_HOSTS",  # set by `trajlake ui` for the Dagster processes it starts (trajlake/ui_env.py)
     "TRAJLAKE_LOG_LEVEL",
     "TRAJLAKE_TEST_WORKERS",
