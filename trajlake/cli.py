@@ -360,8 +360,11 @@ def import_runs(
         )
         if summary.set_aside:
             out.print(f"  set aside: {summary.set_aside}", markup=False)
+    # a path that gave no session at all is named with its reason in the one-line error below
+    whole = tuple(f"{path}: " for path, _ in run.report.empty)
     for item in run.report.quarantined:
-        err.print(f"quarantined {item}", markup=False)
+        if not str(item).startswith(whole):
+            err.print(f"quarantined {item}", markup=False)
     for session_id, why in run.failed:
         err.print(f"not sent: session {session_id}: {why}", markup=False)
     if run.report.skipped:
@@ -496,7 +499,8 @@ def export(
         str | None,
         typer.Option(
             help="Only these origins, comma-separated: sandbox, synthetic, sdk, otlp, import (every "
-            "import:<format>), import:<format>, or all. Default: every origin but synthetic (load-generator text)."
+            "import:<format>), import:<format>, or all. Default: every origin but synthetic "
+            "(the load generator's text)."
         ),
     ] = None,
     policy_version: Annotated[str | None, typer.Option(help="Only this policy version.")] = None,

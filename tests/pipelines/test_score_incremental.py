@@ -193,7 +193,8 @@ def test_new_sessions_of_a_day_with_a_complete_baseline_rescore_only_themselves(
     import pipelines.score.baselines as baselines
     from pipelines.score import ScoreStats
 
-    settings = settings.model_copy(update={"score_watermark_lag_s": 0.0})
+    # a profile is complete at 20 sessions here (the default, 50, would need a day 0 of ~150 sessions per family)
+    settings = settings.model_copy(update={"score_watermark_lag_s": 0.0, "quality_min_profile_sessions": 20})
     hour = 3_600_000_000
     profiled: list[set[object]] = []  # the days whose profiles each run computed from the index
     real = baselines.profiles
@@ -205,14 +206,18 @@ def test_new_sessions_of_a_day_with_a_complete_baseline_rescore_only_themselves(
     monkeypatch.setattr(baselines, "profiles", counted)
 
     def batch(n: int, seed: int, start: int) -> ScoreStats:
-        write_raw(settings, [e for s in synthetic_sessions(n, seed=seed, start_us=start) for e in s])
+        # the generator names 36 tasks; here each task type is one family (three profiles of ~40 sessions a day)
+        events = [e for s in synthetic_sessions(n, seed=seed, start_us=start) for e in s]
+        for event in events:
+            event["extra"] = {**event.get("extra", {}), "task_family": event["task_type"]}
+        write_raw(settings, events)
         assemble(settings)
         profiled.append(set())
         return score_all(settings)
 
     for n, seed, start in ((120, 1, BASE_US), (30, 2, BASE_US + DAY_US), (10, 3, BASE_US + DAY_US + 6 * hour)):
         run = batch(n, seed, start)
-    # day 0 (about 40 sessions per task type) is the baseline of day 1: the ten newest sessions of day 1
+    # day 0 (about 40 sessions per task type, over 20) is the baseline of day 1: the ten newest sessions of day 1
     # change no other session's z-score, and come after every other session of their task families
     assert run.mode == "incremental" and run.changed_sessions == 10 and run.rescored_sessions == 10
     assert run.sessions == 160
