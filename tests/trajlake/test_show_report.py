@@ -216,11 +216,11 @@ def test_a_person_reads_the_evidence_of_a_flagged_session_in_a_browser(lake: dic
 def test_report_metadata_links_from_dagster(lake: dict, tmp_path: Path) -> None:
     """The nightly training set writes the report of its export and links it from the materialization."""
     from dagster_project.defs.quality import export_report
+    from warehouse.lakehouse import Lakehouse
 
-    export = export_training_set(
-        lake["settings"], "hf", tmp_path / "export", min_quality=0.0, filters=ExportFilters(origins=())
-    )
-    metadata = export_report(lake["settings"], Path(export.out_dir), "hf", "2026-12-02")
+    opened = Lakehouse.open(lake["settings"])
+    export = export_training_set(opened, "hf", tmp_path / "export", min_quality=0.0, filters=ExportFilters(origins=()))
+    metadata = export_report(opened, Path(export.out_dir), "hf", "2026-12-02")
     index = Path(str(metadata["report_path"].value))
     assert index.is_file() and index.name == "index.html"
     assert metadata["report"].value == index.as_uri()
