@@ -17,6 +17,7 @@ from pydantic import Field
 
 from common.errors import is_transient
 from common.settings import Settings, load_settings
+from warehouse.lakehouse import Lakehouse
 
 #: Dagster retries of a step that failed with a transient trajlake error, and the wait before each.
 TRANSIENT_RETRIES = 3
@@ -67,6 +68,14 @@ class LakehouseResource(ConfigurableResource):
             "namespace": self.iceberg.namespace,
         }
         return load_settings(**{**{k: v for k, v in values.items() if v is not None}, **overrides})
+
+    def open(self, **overrides: Any) -> Lakehouse:
+        """The run's lakehouse, opened once from :meth:`settings` and handed to the stages an asset calls.
+
+        Raises:
+            WarehouseError: the catalog cannot be opened or a table cannot be created or evolved.
+        """
+        return Lakehouse.open(self.settings(**overrides))
 
 
 @contextmanager
