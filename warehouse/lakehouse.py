@@ -14,11 +14,15 @@ dlt a ``Pipeline``: the command line, Dagster resources, benchmarks and tests op
 lower functions that still take it.
 
 Tables are loaded fresh on every :meth:`Lakehouse.table` call (one catalog read, as the catalog does):
-a long-lived lakehouse (a Dagster resource) sees other processes' commits.
+a long-lived lakehouse (a Dagster resource) sees other processes' commits. Opening is cheap once the
+tables are made: the namespace records a digest of the table definitions (:data:`LAYOUT`) after every
+table was created or evolved to them, and an opening that finds the same digest loads no table.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +30,7 @@ from pathlib import Path
 
 import duckdb
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 
 from common.prices import PriceTable
@@ -69,6 +73,17 @@ class Locations:
         return [place.resolve() for place in places]
 
 
+#: Namespace property: digest of the table definitions every table of the namespace was made to.
+LAYOUT = "trajlake.table-layout"
+
+
+def _layout(settings: Settings) -> str:
+    """Digest of what opening makes: each table's columns, and the cold tables' location and file properties."""
+    tables = {name: str(spec.arrow_schema()) for name, spec in sorted(TABLES.items())}
+    cold = [settings.cold_location, settings.cold_target_file_bytes, settings.cold_row_group_rows, TIERED_TABLES]
+    return hashlib.sha256(json.dumps([tables, cold], sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
 class Lakehouse:
     """The catalog, every table, the hot and cold stores and the SQL views of one trajlake warehouse.
 
@@ -91,11 +106,23 @@ class Lakehouse:
             WarehouseError: a table's new columns could not be added (another process kept racing).
         """
         lake = cls(settings, catalog or open_catalog(settings))
-        for name in TABLES:
-            ensure_table(lake.catalog, settings, name)
-        for name in TIERED_TABLES:
-            ensure_cold_table(lake.catalog, settings, name)
+        layout = _layout(settings)
+        if lake._recorded_layout() != layout:
+            for name in TABLES:
+                ensure_table(lake.catalog, settings, name)
+            for name in TIERED_TABLES:
+                ensure_cold_table(lake.catalog, settings, name)
+            try:
+                lake.catalog.update_namespace_properties(lake.namespace, updates={LAYOUT: layout})
+            except NotImplementedError:  # a catalog without namespace properties: every opening checks
+                pass
         return lake
+
+    def _recorded_layout(self) -> str | None:
+        try:
+            return self.catalog.load_namespace_properties(self.namespace).get(LAYOUT)
+        except (NoSuchNamespaceError, NotImplementedError):
+            return None
 
     def __repr__(self) -> str:
         return f"Lakehouse(namespace={self.namespace!r}, hot={self.locations.hot!r}, cold={self.locations.cold!r})"

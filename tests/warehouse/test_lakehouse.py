@@ -83,3 +83,15 @@ def test_settings_in_a_lakehouse_s_place_open_one(settings: Settings) -> None:
     assert as_lakehouse(lake) is lake
     opened = as_lakehouse(settings)
     assert isinstance(opened, Lakehouse) and opened.namespace == settings.namespace
+
+
+def test_an_opening_after_the_tables_are_made_loads_none_until_the_definitions_change(settings: Settings) -> None:
+    from warehouse.lakehouse import LAYOUT
+
+    lake = Lakehouse.open(settings)
+    lake.catalog.drop_table((settings.namespace, SCORES.name))
+    Lakehouse.open(settings)  # the recorded layout is current: no table is looked at
+    assert SCORES.name not in {name for _, name in lake.catalog.list_tables(settings.namespace)}
+    lake.catalog.update_namespace_properties(settings.namespace, updates={LAYOUT: "an older trajlake"})
+    Lakehouse.open(settings)  # definitions changed since: every table is made or evolved again
+    assert SCORES.name in {name for _, name in lake.catalog.list_tables(settings.namespace)}
