@@ -89,7 +89,7 @@ def bench_query(events: int = 1_000_000, home: Path | None = None) -> dict[str, 
         # The layout queries meet in steady state: after `trajlake maintain` has compacted the
         # ingest batches' files into sorted, disjoint session ranges.
         started = time.perf_counter()
-        maintain(settings)
+        maintain(Lakehouse.open(settings))
         maintain_s = time.perf_counter() - started
         compacted = paths()
         con = open_views(settings)

@@ -27,7 +27,6 @@ from quality.config import SEVERITIES
 if TYPE_CHECKING:
     import duckdb
 
-    from common.settings import Settings
     from warehouse.lakehouse import Lakehouse
 
 #: Event kinds :func:`load_session` reads besides the steps (the rest are in ``steps`` or counted).
@@ -204,9 +203,7 @@ def file_changes(steps: list[dict[str, Any]]) -> list[FileChange]:
     return changes
 
 
-def load_session(
-    lake: Lakehouse | Settings, session: str, con: duckdb.DuckDBPyConnection | None = None
-) -> SessionDetail:
+def load_session(lake: Lakehouse, session: str, con: duckdb.DuckDBPyConnection | None = None) -> SessionDetail:
     """Everything recorded about one session (``session`` may be a unique prefix of its id).
 
     ``con``: the lakehouse's views, when the caller has them open (else they are opened and closed here).
@@ -214,10 +211,8 @@ def load_session(
     Raises:
         SessionNotFound: no session, or several, match ``session``.
     """
-    from warehouse.lakehouse import as_lakehouse
-
     own = con is None
-    con = con or as_lakehouse(lake).views()
+    con = con or lake.views()
     try:
         return load_sessions(con, [resolve_session(con, session)])[0]
     finally:

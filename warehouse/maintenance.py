@@ -51,7 +51,7 @@ from pyiceberg.table import Table
 from common.settings import Settings
 from warehouse.cold import FILTERS_SINCE, TIERED_TABLES, tiered_files
 from warehouse.errors import WarehouseError
-from warehouse.lakehouse import Lakehouse, as_lakehouse
+from warehouse.lakehouse import Lakehouse
 from warehouse.snapshots import (
     REWRITE_MARKER,
     LiveFile,
@@ -409,8 +409,7 @@ class MaintainOptions:
 
 
 def maintain(
-    lake: Lakehouse | Settings,
-    catalog: Catalog | None = None,
+    lake: Lakehouse,
     as_of: datetime | None = None,
     orphan_min_age: timedelta | None = None,
     options: MaintainOptions | None = None,
@@ -418,8 +417,7 @@ def maintain(
     """Compact, expire snapshots and remove orphans on every hot and cold table.
 
     Args:
-        lake: the lakehouse (settings in its place: one is opened from them, with ``catalog``).
-        catalog: the catalog to open the lakehouse on when ``lake`` is settings.
+        lake: the lakehouse.
         as_of: the "now" ages are measured from; wall clock by default.
         orphan_min_age: overrides ``options.orphan_min_age_hours``.
         options: the thresholds; read from the lakehouse's settings by default.
@@ -428,7 +426,6 @@ def maintain(
         TieringError: the lifecycle lock stayed busy, or commits kept conflicting.
     """
     as_of = as_of or datetime.now(UTC)
-    lake = as_lakehouse(lake, catalog)
     options = options or MaintainOptions.from_settings(lake.settings)
     orphan_min_age = orphan_min_age if orphan_min_age is not None else timedelta(hours=options.orphan_min_age_hours)
     reports: list[TableReport] = []

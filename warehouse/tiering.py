@@ -48,7 +48,6 @@ from datetime import UTC, datetime, timedelta
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import And, BooleanExpression, In, LessThan, NotEqualTo, Reference
 from pyiceberg.expressions.literals import literal
@@ -60,7 +59,7 @@ from common.settings import Settings
 from warehouse.cold import TIERED_FILES, tiered_files
 from warehouse.errors import LockBusy, WarehouseError
 from warehouse.files import parquet_source, readable_files
-from warehouse.lakehouse import Lakehouse, as_lakehouse
+from warehouse.lakehouse import Lakehouse
 from warehouse.snapshots import LiveFile, arrow_row_bytes, live_files, read_data_files, size_bundles
 from warehouse.tables import RAW_EVENTS, STEPS, TABLES, TRAJECTORIES
 from warehouse.transactions import retry_on_conflict, transaction
@@ -409,19 +408,13 @@ def _tier_raw(lake: Lakehouse, boundary_day: int, stats: TierStats, memory_bytes
     crash_point("tier_after_delete_raw_events")
 
 
-def tier(
-    lake: Lakehouse | Settings,
-    catalog: Catalog | None = None,
-    as_of: datetime | None = None,
-    options: TierOptions | None = None,
-) -> TierStats:
+def tier(lake: Lakehouse, as_of: datetime | None = None, options: TierOptions | None = None) -> TierStats:
     """Move everything older than ``options.hot_retention_days`` from hot to cold.
 
     Safe to kill at any point and to re-run: see the module docstring.
 
     Args:
-        lake: the lakehouse (settings in its place: one is opened from them, with ``catalog``).
-        catalog: the catalog to open the lakehouse on when ``lake`` is settings.
+        lake: the lakehouse.
         as_of: the "now" the retention is measured from; wall clock by default.
         options: retention and memory; read from the lakehouse's settings by default.
 
@@ -430,7 +423,6 @@ def tier(
     """
     started = time.monotonic()
     as_of = as_of or datetime.now(UTC)
-    lake = as_lakehouse(lake, catalog)
     options = options or TierOptions.from_settings(lake.settings)
     boundary_day = _day(as_of - timedelta(days=options.hot_retention_days))
     stats = TierStats(boundary=_day_name(boundary_day))

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     import duckdb
 
     from common.progress import Progress
-    from common.settings import Settings
     from warehouse.lakehouse import Lakehouse
 
 __all__ = ["ReportError", "ReportStats", "page_name", "write_report"]
@@ -134,7 +133,7 @@ def _check_is_a_report(root: Path, dir_fd: int) -> None:
 
 
 def write_report(
-    lake: Lakehouse | Settings,
+    lake: Lakehouse,
     out_dir: Path | str,
     *,
     export_dir: Path | str | None = None,
@@ -144,7 +143,7 @@ def write_report(
     """Write the report into ``out_dir`` (created; an earlier report there is replaced).
 
     Args:
-        lake: the lakehouse (settings in its place: one is opened from them).
+        lake: the lakehouse.
         out_dir: the report's directory.
         export_dir: report on the sessions of this export (its directory) instead of the lakehouse.
         max_pages: session pages at most (default ``TRAJLAKE_REPORT_MAX_SESSIONS``, from the lakehouse's settings).
@@ -157,11 +156,9 @@ def write_report(
     """
     from pipelines.inspect import load_sessions
     from pipelines.report.html import overview_html, session_html
-    from warehouse.lakehouse import as_lakehouse
 
     started = time.monotonic()
     generated = datetime.now(UTC)
-    lake = as_lakehouse(lake)
     limit = lake.settings.report_max_sessions if max_pages is None else max_pages
     manifest, ids = (None, None)
     if export_dir is not None:

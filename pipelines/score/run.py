@@ -200,12 +200,7 @@ def _rescore(
     return facts.height
 
 
-def index_days(
-    lake: Lakehouse | Settings,
-    days: list[date | None],
-    catalog: Catalog | None = None,
-    options: ScoreOptions | None = None,
-) -> int:
+def index_days(lake: Lakehouse, days: list[date | None], options: ScoreOptions | None = None) -> int:
     """Level 1 for every session started on ``days``: their ``session_index`` rows and detector flags.
 
     The expensive half of a full rescore, independent per day: Dagster runs it as daily partitions
@@ -214,7 +209,6 @@ def index_days(
     Returns:
         The sessions indexed.
     """
-    lake = as_lakehouse(lake, catalog)
     options = options or ScoreOptions.from_settings(lake.settings)
     con = lake.views()
     try:

@@ -397,7 +397,7 @@ def test_a_full_rescore_keeps_current_facts_and_leaves_no_stale_row(
     day0 = (BASE_US // DAY_US) * DAY_US
     from datetime import UTC, datetime
 
-    index_days(changed, [datetime.fromtimestamp((day0 + d * DAY_US) / 1e6, UTC).date() for d in (0, 1)])
+    index_days(Lakehouse.open(changed), [datetime.fromtimestamp((day0 + d * DAY_US) / 1e6, UTC).date() for d in (0, 1)])
     late = copy.deepcopy(next(s for s in sessions[30:60] if s[-1]["event_type"] == "session_end"))
     extra = {**late[-2], "event_id": uuid.uuid4().hex, "seq": max(e["seq"] for e in late) + 1}
     write_raw(changed, [extra])
