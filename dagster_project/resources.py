@@ -2,7 +2,9 @@
 
 Fields left unset fall back to the ``TRAJLAKE_*`` environment, read at run time (not import
 time), so one code location serves every deployment. Kafka and the Iceberg catalog are nested
-configuration of the one resource, so an asset asks for ``lakehouse`` and gets its settings.
+configuration of the one resource, so an asset asks for ``lakehouse`` and opens the lakehouse
+(:meth:`LakehouseResource.open`) the stages it calls take; ``settings()`` is for what is not the
+lakehouse's (check thresholds, the fleet, Kafka).
 """
 
 from __future__ import annotations
