@@ -56,7 +56,7 @@ def index_sessions(
     run = run or ScoreStats()
     sessions = chunk["session_id"].to_list()
     with run.phase("level1.read"):
-        scope_views(con, sessions, chunk["day"].unique().to_list(), (lake))
+        scope_views(con, sessions, chunk["day"].unique().to_list(), lake)
         inputs = read_inputs(con)
         assembled = con.sql("SELECT session_id, assembled_at FROM scoped_traj").pl()
     with run.phase("level1.facts"):
