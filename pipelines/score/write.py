@@ -65,8 +65,7 @@ def write_level2(
     """Replace the chunk's ``scores`` and anomaly ``flags``, and the ``duplicates`` rows its clusters changed.
 
     Args:
-        settings: where the lakehouse is.
-        catalog: the open catalog.
+        lake: the lakehouse.
         con: the run's views (pointed at the new snapshots afterwards).
         facts: the chunk's targets' index rows.
         scores: their final scores (:func:`quality.scoring.finish_scores`).
