@@ -79,9 +79,9 @@ from pipelines.score import SCORED_SNAPSHOT
 from producers.fleet import run_fleet
 from producers.sdk import EventProducer
 from schemas.registry import encode_event
-from warehouse.catalog import open_catalog
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
-from warehouse.tables import SCORES, TRAJECTORIES, ensure_table
+from warehouse.tables import SCORES, TRAJECTORIES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: Targets of issue 21 (seconds, p95): closed session → trajectories, → scores.
@@ -151,10 +151,9 @@ def _epoch(value: datetime) -> float:
     return value.timestamp()
 
 
-def _poll_once(settings: Settings, seen: _Seen, covered: set[int]) -> None:
+def _poll_once(lake: Lakehouse, seen: _Seen, covered: set[int]) -> None:
     """One look at trajectories (closed rows) and at what the current scores cover."""
-    catalog = open_catalog(settings)
-    trajectories = ensure_table(catalog, settings, TRAJECTORIES.name)
+    trajectories = lake.table(TRAJECTORIES.name)
     now = time.time()
     closed = (
         trajectories.scan(row_filter="status != 'running'", selected_fields=("session_id", "assembled_at"))
@@ -166,7 +165,7 @@ def _poll_once(settings: Settings, seen: _Seen, covered: set[int]) -> None:
             if row["session_id"] not in seen.trajectories:
                 seen.trajectories[row["session_id"]] = now
                 seen.assembled_at[row["session_id"]] = _epoch(row["assembled_at"])
-    scores = ensure_table(catalog, settings, SCORES.name)
+    scores = lake.table(SCORES.name)
     snapshot = scores.properties.get(SCORED_SNAPSHOT)
     if not snapshot or int(snapshot) in covered:
         return
@@ -188,9 +187,11 @@ def _poll_once(settings: Settings, seen: _Seen, covered: set[int]) -> None:
 
 def _poller(settings: Settings, seen: _Seen, stop: threading.Event, poll_s: float) -> None:
     covered: set[int] = set()
+    lake: Lakehouse | None = None
     while not stop.wait(poll_s):
         try:
-            _poll_once(settings, seen, covered)
+            lake = lake or Lakehouse.open(settings)  # once it opens, every poll reads through it
+            _poll_once(lake, seen, covered)
         # A poll racing a commit (a file replaced under it) is counted and retried next time.
         except Exception as exc:
             seen.poll_errors += 1

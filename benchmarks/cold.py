@@ -34,6 +34,7 @@ from benchmarks.harness import BASE_US, Figure, bench_home, cli_env, encoded_eve
 from common.settings import Settings, load_settings
 from pipelines.decode import BatchDecoder, with_coordinates
 from warehouse.catalog import open_catalog
+from warehouse.lakehouse import Lakehouse
 from warehouse.tables import RAW_EVENTS
 
 _DAY_US = 86_400_000_000
@@ -54,9 +55,7 @@ def load_cold_events(settings: Settings, events: int, start: int = 0, per_day: i
     Days continue after the ``start`` events already loaded; each day's rows are sorted by
     session as tiering writes them. Returns five session ids per loaded day (lookup targets).
     """
-    from warehouse.cold import ensure_cold_table
-
-    cold = ensure_cold_table(open_catalog(settings), settings, RAW_EVENTS.name)
+    cold = Lakehouse.open(settings).cold_table(RAW_EVENTS.name)
     schema = RAW_EVENTS.arrow_schema()
     now = datetime.now(UTC)
     sessions: list[list[str]] = []

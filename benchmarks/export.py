@@ -16,8 +16,8 @@ import pyarrow as pa
 
 from benchmarks.harness import Figure, bench_home, child_peak_rss, cli_env, print_figures
 from common.settings import Settings
-from warehouse.catalog import open_catalog
-from warehouse.tables import SCORES, STEPS, TRAJECTORIES, TableSpec, ensure_table
+from warehouse.lakehouse import Lakehouse
+from warehouse.tables import SCORES, STEPS, TRAJECTORIES, TableSpec
 
 _START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -29,10 +29,9 @@ def _rows(spec: TableSpec, n: int, columns: dict[str, Any]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def write_synthetic_lake(settings: Settings, sessions: int, steps: int = 8, chunk: int = 50_000) -> None:
+def write_synthetic_lake(lake: Lakehouse, sessions: int, steps: int = 8, chunk: int = 50_000) -> None:
     """``sessions`` scored trajectories of ``steps`` steps each, written in chunks of ``chunk`` sessions."""
-    catalog = open_catalog(settings)
-    tables = {spec.name: ensure_table(catalog, settings, spec.name) for spec in (TRAJECTORIES, STEPS, SCORES)}
+    tables = {spec.name: lake.table(spec.name) for spec in (TRAJECTORIES, STEPS, SCORES)}
     for start in range(0, sessions, chunk):
         ids = [f"{i:012d}" for i in range(start, min(start + chunk, sessions))]
         n = len(ids)
@@ -113,7 +112,7 @@ def bench_export(sessions: int = 200_000, steps: int = 8, fmt: str = "rl", parqu
     measured: dict[int, tuple[int, float]] = {}
     for size in (small, sessions):
         with bench_home(kafka=False) as settings, tempfile.TemporaryDirectory(prefix="trajlake-export-") as out:
-            write_synthetic_lake(settings, size, steps)
+            write_synthetic_lake(Lakehouse.open(settings), size, steps)
             measured[size] = export_peak_rss(settings, fmt, Path(out) / "set", parquet)
     (small_rss, small_s), (big_rss, big_s) = measured[small], measured[sessions]
     figures = [

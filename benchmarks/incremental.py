@@ -40,8 +40,8 @@ from benchmarks.harness import BASE_US, Figure, bench_home, cli_env, print_figur
 from benchmarks.quality import _CHEATS, _TOOLS, _VERBS
 from common.errors import ConfigError
 from common.settings import Settings
-from warehouse.catalog import open_catalog
-from warehouse.tables import SCORES, STEPS, TRAJECTORIES, ensure_table
+from warehouse.lakehouse import Lakehouse
+from warehouse.tables import SCORES, STEPS, TRAJECTORIES
 
 DAY_US = 86_400_000_000
 SPACING_US = 28_571  # 35 new sessions a second (3M a day), the product's reference rate
@@ -123,9 +123,9 @@ class HistoryWriter:
     _pool: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        catalog = open_catalog(self.settings)
-        self._trajectories = ensure_table(catalog, self.settings, TRAJECTORIES.name)
-        self._steps = ensure_table(catalog, self.settings, STEPS.name)
+        lake = Lakehouse.open(self.settings)
+        self._trajectories = lake.table(TRAJECTORIES.name)
+        self._steps = lake.table(STEPS.name)
         self._vocab = _vocabulary()
         rng = np.random.default_rng(self.seed)
         n = np.clip(rng.lognormal(np.log(12), 0.5, _POOL).astype(np.int64), 2, 120)
@@ -394,7 +394,7 @@ def score_child(settings: Settings, force: bool = False) -> ScoreRun:
         if child.returncode != 0:
             raise RuntimeError(f"score child exited {child.returncode}: {stderr.read()[-2000:]}")
         stats = json.loads(stdout.read().strip().splitlines()[-1])
-    scores = ensure_table(open_catalog(settings), settings, SCORES.name)
+    scores = Lakehouse.open(settings).table(SCORES.name)
     rows = scores.scan(selected_fields=("session_id",)).to_arrow()
     return ScoreRun(
         wall_s=seconds,

@@ -20,14 +20,13 @@ from benchmarks.harness import (
 )
 from common.settings import Settings
 from pipelines.decode import BatchDecoder, with_coordinates
-from warehouse.catalog import open_catalog
-from warehouse.tables import RAW_EVENTS, ensure_table
+from warehouse.lakehouse import Lakehouse
+from warehouse.tables import RAW_EVENTS
 
 
 def load_raw_events(settings: Settings, events: int, batch_rows: int = 250_000) -> int:
     """Append ``events`` synthetic events to raw_events in large batches (data for query benchmarks)."""
-    catalog = open_catalog(settings)
-    table = ensure_table(catalog, settings, RAW_EVENTS.name)
+    table = Lakehouse.open(settings).table(RAW_EVENTS.name)
     schema = RAW_EVENTS.arrow_schema()
     now = datetime.now(UTC)
     written = 0
@@ -75,7 +74,7 @@ def bench_query(events: int = 1_000_000, home: Path | None = None) -> dict[str, 
         lookup = f"SELECT * FROM events WHERE session_id = '{session_id}' ORDER BY seq"
 
         def paths() -> list[str]:
-            table = ensure_table(open_catalog(settings), settings, RAW_EVENTS.name)
+            table = Lakehouse.open(settings).table(RAW_EVENTS.name)
             return [path.removeprefix("file://") for path in current_files(table).paths]
 
         files = paths()
@@ -90,7 +89,7 @@ def bench_query(events: int = 1_000_000, home: Path | None = None) -> dict[str, 
         # The layout queries meet in steady state: after `trajlake maintain` has compacted the
         # ingest batches' files into sorted, disjoint session ranges.
         started = time.perf_counter()
-        maintain(settings)
+        maintain(Lakehouse.open(settings))
         maintain_s = time.perf_counter() - started
         compacted = paths()
         con = open_views(settings)

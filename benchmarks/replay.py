@@ -17,8 +17,8 @@ from benchmarks.harness import (
     print_figures,
 )
 from pipelines.export import ExportFilters
-from warehouse.catalog import open_catalog
-from warehouse.tables import RAW_EVENTS, ensure_table
+from warehouse.lakehouse import Lakehouse
+from warehouse.tables import RAW_EVENTS
 
 ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
@@ -66,7 +66,8 @@ def bench_replay(
         produced = fleet.events
         first_ts, last_ts = fleet.figures["first_event_us"], fleet.figures["last_event_us"]
         produce_s = time.perf_counter() - started
-        raw = ensure_table(open_catalog(settings), settings, RAW_EVENTS.name)
+        lake = Lakehouse.open(settings)  # opened once; every stage below is handed it
+        raw = lake.table(RAW_EVENTS.name)
         deadline = time.monotonic() + 1800
         while ingest.poll() is None and time.monotonic() < deadline:  # until every event is in raw_events
             snapshot = raw.refresh().current_snapshot()
@@ -82,27 +83,23 @@ def bench_replay(
         # "Now" is just after the last event plus the idle timeout: sessions that lost their tail close too.
         as_of = datetime.fromtimestamp(last_ts / 1e6 + settings.session_idle_timeout_s + 1, UTC)
         mark = time.perf_counter()
-        assemble(settings, as_of=as_of)
+        assemble(lake, as_of=as_of)
         assemble_s = time.perf_counter() - mark
         mark = time.perf_counter()
-        scored = score_all(settings)
+        scored = score_all(lake)
         score_s = time.perf_counter() - mark
         mark = time.perf_counter()
-        exported = export_training_set(settings, "rl", settings.home_dir / "exports" / "replay", filters=ALL_ORIGINS)
+        exported = export_training_set(lake, "rl", lake.home / "exports" / "replay", filters=ALL_ORIGINS)
         export_s = time.perf_counter() - mark
         wall = time.perf_counter() - started
         rows, distinct = run_query(settings, "SELECT count(*), count(DISTINCT event_id) FROM events")[1][0]
         trajectories = run_query(settings, "SELECT count(*) FROM trajectories")[1][0][0]
-        catalog = open_catalog(settings)
-        layout = {
-            spec.name: files_per_partition(ensure_table(catalog, settings, spec.name))
-            for spec in (RAW_EVENTS, TRAJECTORIES, STEPS)
-        }
+        layout = {spec.name: files_per_partition(lake.table(spec.name)) for spec in (RAW_EVENTS, TRAJECTORIES, STEPS)}
         # Hot ingest writes one file per partition per batch; maintenance compacts them to the target size.
         mark = time.perf_counter()
-        maintain(settings)
+        maintain(lake)
         compact_s = time.perf_counter() - mark
-        compacted = files_per_partition(ensure_table(open_catalog(settings), settings, RAW_EVENTS.name))
+        compacted = files_per_partition(lake.table(RAW_EVENTS.name))
     span = (last_ts - first_ts) / 1e6
     if (rows, distinct) != (produced, produced) or trajectories != sessions:
         raise RuntimeError(

@@ -2,7 +2,9 @@
 
 Fields left unset fall back to the ``TRAJLAKE_*`` environment, read at run time (not import
 time), so one code location serves every deployment. Kafka and the Iceberg catalog are nested
-configuration of the one resource, so an asset asks for ``lakehouse`` and gets its settings.
+configuration of the one resource, so an asset asks for ``lakehouse`` and opens the lakehouse
+(:meth:`LakehouseResource.open`) the stages it calls take; ``settings()`` is for what is not the
+lakehouse's (check thresholds, the fleet, Kafka).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pydantic import Field
 
 from common.errors import is_transient
 from common.settings import Settings, load_settings
+from warehouse.lakehouse import Lakehouse
 
 #: Dagster retries of a step that failed with a transient trajlake error, and the wait before each.
 TRANSIENT_RETRIES = 3
@@ -67,6 +70,14 @@ class LakehouseResource(ConfigurableResource):
             "namespace": self.iceberg.namespace,
         }
         return load_settings(**{**{k: v for k, v in values.items() if v is not None}, **overrides})
+
+    def open(self, **overrides: Any) -> Lakehouse:
+        """The run's lakehouse, opened once from :meth:`settings` and handed to the stages an asset calls.
+
+        Raises:
+            WarehouseError: the catalog cannot be opened or a table cannot be created or evolved.
+        """
+        return Lakehouse.open(self.settings(**overrides))
 
 
 @contextmanager

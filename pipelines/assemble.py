@@ -46,11 +46,10 @@ from common.settings import Settings
 from pipelines.intake.ownership import IDENTITY_SQL, apply_ownership, verdict_provenance_sql
 from pipelines.intake.quarantine import Quarantined, record_quarantine
 from pipelines.parts import rebuild_parts
-from warehouse.catalog import open_catalog
-from warehouse.locks import job_lock
+from warehouse.lakehouse import Lakehouse, as_lakehouse
 from warehouse.snapshots import current_files, files_added_since
 from warehouse.sql import connect, parquet_source
-from warehouse.tables import RAW_EVENTS, STEPS, TRAJECTORIES, ensure_table
+from warehouse.tables import RAW_EVENTS, STEPS, TRAJECTORIES
 from warehouse.tiering import late_event_files
 from warehouse.transactions import retry_on_conflict, transaction
 
@@ -486,21 +485,50 @@ def _existing_ids(con: duckdb.DuckDBPyConnection, table: Table, chunk: int) -> l
     return [session_id for (session_id,) in rows]
 
 
+@dataclass(frozen=True)
+class AssembleOptions:
+    """What assembly reads from the configuration.
+
+    Attributes:
+        idle_timeout_s: a session idle this long closes as timed out (``TRAJLAKE_SESSION_IDLE_TIMEOUT_S``).
+        chunk_events: events per chunk of sessions, the memory bound (``TRAJLAKE_ASSEMBLE_CHUNK_EVENTS``).
+        trusted_verdicts: verdict provenances that set ``eval_passed`` and the reward (``TRAJLAKE_TRUSTED_VERDICTS``).
+        memory_limit: DuckDB's; past it the work spills to the lakehouse's scratch (``TRAJLAKE_ASSEMBLE_MEMORY_LIMIT``).
+    """
+
+    idle_timeout_s: float = 900.0
+    chunk_events: int = 1_000_000
+    trusted_verdicts: tuple[str, ...] = ("fleet_evaluator", "harness_report", "harbor_verifier")
+    memory_limit: str = "2GB"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AssembleOptions:
+        """The options the settings give."""
+        return cls(
+            settings.session_idle_timeout_s,
+            settings.assemble_chunk_events,
+            settings.trusted_verdicts,
+            settings.assemble_memory_limit,
+        )
+
+
 def assemble(
-    settings: Settings,
+    lake: Lakehouse | Settings,
     catalog: Catalog | None = None,
     as_of: datetime | None = None,
     full: bool = False,
     progress: Progress | None = None,
+    options: AssembleOptions | None = None,
 ) -> AssembleStats:
     """Bring ``trajectories`` and ``steps`` up to date with ``raw_events``.
 
     Args:
-        settings: trajlake settings (idle deadline).
-        catalog: Iceberg catalog; opened from settings by default.
+        lake: the lakehouse (settings in its place: one is opened from them, with ``catalog``).
+        catalog: the catalog to open the lakehouse on when ``lake`` is settings.
         as_of: the "now" for idle-timeout decisions; wall clock by default.
         full: recompute every session instead of the new ones.
         progress: told of the sessions assembled after each chunk.
+        options: idle deadline, chunk size, trusted verdicts, memory; read from the lakehouse's settings by default.
 
     Returns:
         :class:`AssembleStats`, with the sessions quarantined (``nulled_sessions``, ``skipped_sessions``).
@@ -509,18 +537,22 @@ def assemble(
         LockBusy: another assembly held the lock for as long as we waited.
         CommitConflict: a commit kept conflicting with concurrent writers.
     """
-    catalog = catalog or open_catalog(settings)
-    with job_lock(settings, catalog, "assemble"):
-        return _assemble(settings, catalog, as_of, full, progress)
+    lake = as_lakehouse(lake, catalog)
+    with lake.lock("assemble"):
+        return _assemble(lake, options or AssembleOptions.from_settings(lake.settings), as_of, full, progress)
 
 
 def _assemble(
-    settings: Settings, catalog: Catalog, as_of: datetime | None, full: bool, progress: Progress | None = None
+    lake: Lakehouse,
+    options: AssembleOptions,
+    as_of: datetime | None,
+    full: bool,
+    progress: Progress | None = None,
 ) -> AssembleStats:
     started = time.monotonic()
-    raw = ensure_table(catalog, settings, RAW_EVENTS.name)
-    trajectories = ensure_table(catalog, settings, TRAJECTORIES.name)
-    steps = ensure_table(catalog, settings, STEPS.name)
+    raw = lake.table(RAW_EVENTS.name)
+    trajectories = lake.table(TRAJECTORIES.name)
+    steps = lake.table(STEPS.name)
     stats = AssembleStats()
     all_raw = current_files(raw)
     stats.raw_snapshot_id = all_raw.snapshot_id
@@ -534,9 +566,8 @@ def _assemble(
     stats.new_files = len(new_files)
     as_of = as_of or datetime.now(UTC)
     con = connect()
-    spill = settings.home_dir / "tmp" / "assemble"
-    spill.mkdir(mode=0o700, parents=True, exist_ok=True)
-    con.execute(f"SET memory_limit = '{settings.assemble_memory_limit}'")
+    spill = lake.scratch("assemble")
+    con.execute(f"SET memory_limit = '{options.memory_limit}'")
     con.execute(f"SET temp_directory = '{spill}'")
     con.execute("SET preserve_insertion_order = false")
     # Sessions touched by new files, plus open sessions whose idle deadline may have passed.
@@ -548,7 +579,7 @@ def _assemble(
         con.execute(
             f"INSERT INTO affected SELECT session_id FROM {parquet_source(open_files)} "
             "WHERE status = 'running' AND epoch(last_event_at) < $cutoff",
-            {"cutoff": as_of.timestamp() - settings.session_idle_timeout_s},
+            {"cutoff": as_of.timestamp() - options.idle_timeout_s},
         )
     con.execute("CREATE OR REPLACE TEMP TABLE affected AS SELECT DISTINCT session_id FROM affected")
     affected = con.execute("SELECT count(*) FROM affected").fetchone()
@@ -564,10 +595,10 @@ def _assemble(
     # so memory is bounded by a chunk, not by the backlog. The watermark moves with the last
     # chunk: after a crash the next run recomputes (and replaces) every affected session.
     # A session already tiered (a late event) is recomputed from its cold events too.
-    source = parquet_source(all_raw.paths + late_event_files(con, catalog, settings, "affected"), row_ids=True)
+    source = parquet_source(all_raw.paths + late_event_files(con, lake, "affected"), row_ids=True)
     counted = con.execute(f"SELECT count(*) FROM {source} WHERE session_id IN (SELECT session_id FROM affected)")
     events = counted.fetchone()
-    chunks = max(1, math.ceil((events[0] if events else 0) / settings.assemble_chunk_events))
+    chunks = max(1, math.ceil((events[0] if events else 0) / options.chunk_events))
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE affected AS SELECT session_id, ntile({chunks}) OVER "
         "(ORDER BY session_id) - 1 AS chunk FROM affected"
@@ -576,7 +607,7 @@ def _assemble(
     bounds = ranges.fetchall()
     stats.chunks = len(bounds)
     con.execute(_LOSERS_SQL.format(source=source, identity=IDENTITY_SQL))
-    params = {"as_of": as_of, "idle_us": int(settings.session_idle_timeout_s * 1_000_000), "now": datetime.now(UTC)}
+    params = {"as_of": as_of, "idle_us": int(options.idle_timeout_s * 1_000_000), "now": datetime.now(UTC)}
     run_id = str(all_raw.snapshot_id)
     for chunk, low, high in bounds:
         try:
@@ -586,7 +617,7 @@ def _assemble(
                 "affected WHERE chunk = $chunk",
                 {"low": low, "high": high, "chunk": chunk},
                 params,
-                settings.trusted_verdicts,
+                options.trusted_verdicts,
             )
         except Exception as exc:
             if not _is_data_error(exc):
@@ -598,7 +629,7 @@ def _assemble(
                     "SELECT session_id FROM affected WHERE chunk = $chunk ORDER BY session_id", {"chunk": chunk}
                 ).fetchall()
             ]
-            t_parts, s_parts, records = _compute_bisecting(con, source, ids, params, exc, settings.trusted_verdicts)
+            t_parts, s_parts, records = _compute_bisecting(con, source, ids, params, exc, options.trusted_verdicts)
             trajectory_rows = pa.concat_tables([TRAJECTORIES.arrow_schema().empty_table(), *t_parts])
             step_rows = pa.concat_tables([STEPS.arrow_schema().empty_table(), *s_parts])
         # Steps first: if we die between the commits, the trajectories watermark has not moved and
@@ -610,7 +641,7 @@ def _assemble(
                 "SELECT session_id FROM affected WHERE chunk = $chunk", {"chunk": chunk}
             ).fetchall()
         ]
-        record_quarantine(catalog, settings, records, run_id, replace_stage="assemble", recomputed=recomputed)
+        record_quarantine(lake.catalog, lake.settings, records, run_id, replace_stage="assemble", recomputed=recomputed)
         last = chunk == stats.chunks - 1
         _replace_sessions(con, trajectories, trajectory_rows, properties if last else {}, chunk)
         stats.trajectories_written += trajectory_rows.num_rows

@@ -15,7 +15,8 @@ from common.settings import Settings
 from pipelines.errors import LabelsError
 from pipelines.score import load_inputs, quality_config
 from quality.detector_metrics import Metric, evaluate_cheats, evaluate_dedup
-from warehouse.sql import format_rows, open_views
+from warehouse.lakehouse import Lakehouse
+from warehouse.sql import format_rows
 
 
 @dataclass
@@ -60,7 +61,8 @@ def evaluate_quality(settings: Settings, labels_path: Path, inject: int = 500, s
         LabelsError: unreadable labels, or none of the labelled sessions has been scored.
     """
     labels = read_labels(Path(labels_path))
-    con = open_views(settings)
+    lake = Lakehouse.open(settings)
+    con = lake.views()
     try:
         flags = pl.DataFrame(con.sql("SELECT session_id, flag, flag_class FROM flags").to_arrow_table())
         scored = pl.DataFrame(con.sql("SELECT session_id FROM scores").to_arrow_table())
@@ -73,6 +75,6 @@ def evaluate_quality(settings: Settings, labels_path: Path, inject: int = 500, s
         )
     metrics = evaluate_cheats(flags, matched)
     if inject > 0:
-        inputs = load_inputs(settings)
+        inputs = load_inputs(lake)
         metrics.append(evaluate_dedup(inputs["trajectories"], inputs["steps"], inject, seed, quality_config(settings)))
     return EvaluationReport(metrics, labels.height, matched.height)

@@ -27,7 +27,7 @@ from quality.config import SEVERITIES
 if TYPE_CHECKING:
     import duckdb
 
-    from common.settings import Settings
+    from warehouse.lakehouse import Lakehouse
 
 #: Event kinds :func:`load_session` reads besides the steps (the rest are in ``steps`` or counted).
 _EVENT_KINDS = ("session_start", "agent_input", "evaluation", "session_end", "network_request", "annotation", "file_op")
@@ -156,21 +156,18 @@ def flagged_steps(detail: SessionDetail) -> dict[int, list[str]]:
     return marks
 
 
-def most_severe_flagged(settings: Settings) -> str:
+def most_severe_flagged(con: duckdb.DuckDBPyConnection) -> str:
     """The id of the flagged session to look at first: security flags, then behavioural, then anomalies;
-    high severity first; the newest among equals.
+    high severity first; the newest among equals (``con``: the lakehouse's views).
 
     Raises:
         SessionNotFound: no session is flagged.
     """
-    from warehouse.sql import open_views
-
-    with open_views(settings) as con:
-        found = con.execute(
-            "SELECT f.session_id FROM flags f JOIN trajectories t USING (session_id) ORDER BY "
-            f"{class_rank('f.flag_class')}, {severity_rank('f.severity')}, t.started_at DESC, f.session_id "
-            "LIMIT 1"
-        ).fetchall()
+    found = con.execute(
+        "SELECT f.session_id FROM flags f JOIN trajectories t USING (session_id) ORDER BY "
+        f"{class_rank('f.flag_class')}, {severity_rank('f.severity')}, t.started_at DESC, f.session_id "
+        "LIMIT 1"
+    ).fetchall()
     if not found:
         raise SessionNotFound("no session is flagged (trajlake score flags sessions; has it run?)")
     return str(found[0][0])
@@ -206,16 +203,16 @@ def file_changes(steps: list[dict[str, Any]]) -> list[FileChange]:
     return changes
 
 
-def load_session(settings: Settings, session: str, con: duckdb.DuckDBPyConnection | None = None) -> SessionDetail:
+def load_session(lake: Lakehouse, session: str, con: duckdb.DuckDBPyConnection | None = None) -> SessionDetail:
     """Everything recorded about one session (``session`` may be a unique prefix of its id).
+
+    ``con``: the lakehouse's views, when the caller has them open (else they are opened and closed here).
 
     Raises:
         SessionNotFound: no session, or several, match ``session``.
     """
-    from warehouse.sql import open_views
-
     own = con is None
-    con = con or open_views(settings)
+    con = con or lake.views()
     try:
         return load_sessions(con, [resolve_session(con, session)])[0]
     finally:

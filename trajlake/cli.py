@@ -29,7 +29,7 @@ from benchmarks.cli import bench_app
 from common.errors import EXIT_ERROR, EXIT_TRANSIENT, TrajlakeError, environment_fault, is_transient
 from trajlake.console import err, out, print_error, print_note, progress_bar
 from trajlake.fleet import fleet_app
-from trajlake.home import announce_new_lakehouse, settings_for
+from trajlake.home import announce_new_lakehouse, open_lakehouse, settings_for
 
 #: Exit code of a usage error (click's and typer's convention).
 EXIT_USAGE = 2
@@ -167,11 +167,15 @@ def assemble(
     """Raw events → hot trajectories and steps (incremental)."""
     from datetime import UTC
 
+    from pipelines.assemble import AssembleOptions
     from pipelines.assemble import assemble as run_assemble
 
     settings = settings_for("read")
+    options = AssembleOptions.from_settings(settings)
+    lake = open_lakehouse(settings)
+    when = as_of.replace(tzinfo=UTC) if as_of else None
     with progress_bar("assemble") as progress:
-        stats = run_assemble(settings, full=full, as_of=as_of.replace(tzinfo=UTC) if as_of else None, progress=progress)
+        stats = run_assemble(lake, full=full, as_of=when, progress=progress, options=options)
     out.print(
         f"assembled {stats.sessions} sessions ({stats.steps_written} steps) from {stats.new_files} new files "
         f"in {stats.seconds:.1f} s"
@@ -449,11 +453,13 @@ def score(
     ] = False,
 ) -> None:
     """Quality scores, cheat flags, anomalies and duplicates: incremental (what changed since the last run)."""
-    from pipelines.score import score_all
+    from pipelines.score import ScoreOptions, score_all
 
     settings = settings_for("read")
+    options = ScoreOptions.from_settings(settings)
+    lake = open_lakehouse(settings)
     with progress_bar("score") as progress:
-        stats = score_all(settings, force=force, progress=progress)
+        stats = score_all(lake, force=force, progress=progress, options=options)
     if not stats.skipped and stats.sessions == 0:
         out.print("nothing to score: there are no trajectories yet (run `trajlake assemble` first)")
         return
@@ -514,10 +520,11 @@ def export(
     """Export trajectories as a training set plus manifest.json (SFT formats: verified successes only)."""
     from datetime import UTC
 
-    from pipelines.export import ExportFilters, export_training_set
+    from pipelines.export import ExportFilters, ExportOptions, export_training_set
     from pipelines.export.select import parse_origins
 
     settings = settings_for("read")
+    lake = open_lakehouse(settings)
     filters = ExportFilters(
         origins=parse_origins(origin),
         min_quality=min_quality,
@@ -532,7 +539,14 @@ def export(
     )
     with progress_bar("export") as progress:
         stats = export_training_set(
-            settings, format.value, out_dir, force=force, filters=filters, parquet=parquet, progress=progress
+            lake,
+            format.value,
+            out_dir,
+            force=force,
+            filters=filters,
+            parquet=parquet,
+            progress=progress,
+            options=ExportOptions.from_settings(settings),
         )
     for name, sha in stats.files.items():
         out.print(f"{out_dir / name}  sha256 {sha}", markup=False)
@@ -575,7 +589,9 @@ def show(
     from trajlake.console import SafeConsole
     from trajlake.show import render_session
 
-    detail = load_session(settings, session if session is not None else most_severe_flagged(settings))
+    lake = open_lakehouse(settings)
+    with lake.views() as con:
+        detail = load_session(lake, session if session is not None else most_severe_flagged(con), con)
     # wrapped to the terminal (the result console keeps long lines whole for pipes and copying)
     console = SafeConsole(highlight=False)
     paged = sys.stdout.isatty() if pager is None else pager
@@ -600,8 +616,11 @@ def report(
     settings = settings_for("read")
     from pipelines.report import write_report
 
+    pages = settings.report_max_sessions if max_pages is None else max_pages
     with progress_bar("report") as progress:
-        stats = write_report(settings, out_dir, export_dir=export_dir, max_pages=max_pages, progress=progress)
+        stats = write_report(
+            open_lakehouse(settings), out_dir, export_dir=export_dir, max_pages=pages, progress=progress
+        )
     out.print(
         f"report of {stats.sessions} sessions ({stats.flagged} flagged, {stats.pages} session pages) "
         f"in {stats.seconds:.1f} s: {stats.index}",
@@ -671,9 +690,12 @@ def tier(
     """Move data older than the hot retention (TRAJLAKE_HOT_RETENTION_DAYS) to the cold tier."""
     from datetime import UTC
 
+    from warehouse.tiering import TierOptions
     from warehouse.tiering import tier as run_tier
 
-    stats = run_tier(settings_for("read"), as_of=as_of.replace(tzinfo=UTC) if as_of else None)
+    settings = settings_for("read")
+    when = as_of.replace(tzinfo=UTC) if as_of else None
+    stats = run_tier(open_lakehouse(settings), as_of=when, options=TierOptions.from_settings(settings))
     out.print(
         f"tiered before {stats.boundary}: days {', '.join(stats.days_tiered) or 'none'}; "
         f"{stats.events_copied} events, {stats.sessions_copied} sessions, {stats.steps_copied} steps copied; "
@@ -686,11 +708,13 @@ def tier(
 @app.command()
 def maintain() -> None:
     """Compact small files, expire old snapshots, remove orphans; files and bytes per table before/after."""
+    from warehouse.maintenance import MaintainOptions
     from warehouse.maintenance import maintain as run_maintain
 
     settings = settings_for("read")
+    reports = run_maintain(open_lakehouse(settings), options=MaintainOptions.from_settings(settings))
     out.print(f"{'table':<28} {'files':>13} {'MiB':>17} {'max/partition':>13} {'expired':>7} {'orphans':>7}")
-    for r in run_maintain(settings):
+    for r in reports:
         b, a = r.before, r.after
         out.print(
             f"{r.table:<28} {b.files:>6} → {a.files:<4} {b.bytes / 2**20:>7.2f} → {a.bytes / 2**20:<7.2f} "

@@ -17,6 +17,7 @@ from pipelines.export import export_training_set
 from pipelines.ingest import run_ingest
 from pipelines.score import score_all
 from producers.fleet import run_fleet
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 from warehouse.sql import format_rows
 
@@ -131,15 +132,16 @@ def run_demo(
         f"ingest: {ingest_stats.events} events, {ingest_stats.dead_letters} dead letters, "
         f"{ingest_stats.batches} batches in {ingest_stats.seconds:.1f} s"
     )
+    lake = Lakehouse.open(settings)  # ingest made it; every stage from here is handed the one lakehouse
     with progress("assemble") as shown:
-        assemble_stats = assemble(settings, progress=shown)
+        assemble_stats = assemble(lake, progress=shown)
     report.steps["assemble"] = assemble_stats.as_dict()
     echo(
         f"assemble: {assemble_stats.sessions} sessions, {assemble_stats.steps_written} steps "
         f"in {assemble_stats.seconds:.1f} s"
     )
     with progress("score") as shown:
-        score_stats = score_all(settings, progress=shown)
+        score_stats = score_all(lake, progress=shown)
     report.steps["score"] = score_stats.as_dict()
     echo(
         f"score: {score_stats.sessions} sessions, {score_stats.flagged_sessions} flagged for cheating "
@@ -149,7 +151,7 @@ def run_demo(
     )
     with progress("export") as shown:
         # the training set a user takes from here: verified successes, never the synthetic load fleet's
-        exported = export_training_set(settings, "hf", settings.home_dir / "exports" / "hf" / "demo", progress=shown)
+        exported = export_training_set(lake, "hf", lake.home / "exports" / "hf" / "demo", progress=shown)
     report.steps["export"] = exported.as_dict()
     echo(
         f"export: {exported.records} SFT records (hf) from {exported.sessions} sessions "

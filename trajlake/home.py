@@ -10,6 +10,7 @@ from trajlake.console import print_note
 
 if TYPE_CHECKING:
     from common.settings import Settings
+    from warehouse.lakehouse import Lakehouse
 
 
 def settings_for(use: str) -> Settings:
@@ -26,6 +27,13 @@ def settings_for(use: str) -> Settings:
 
     settings = load_settings()
     return settings.require_lakehouse() if use == "read" else settings
+
+
+def open_lakehouse(settings: Settings) -> Lakehouse:
+    """The lakehouse of a command that reads it (settings from :func:`settings_for`), opened once and passed on."""
+    from warehouse.lakehouse import Lakehouse
+
+    return Lakehouse.open(settings)
 
 
 @contextmanager

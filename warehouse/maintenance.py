@@ -49,9 +49,9 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
 from common.settings import Settings
-from warehouse.catalog import open_catalog
-from warehouse.cold import FILTERS_SINCE, TIERED_TABLES, ensure_cold_table, tiered_files
+from warehouse.cold import FILTERS_SINCE, TIERED_TABLES, tiered_files
 from warehouse.errors import WarehouseError
+from warehouse.lakehouse import Lakehouse
 from warehouse.snapshots import (
     REWRITE_MARKER,
     LiveFile,
@@ -61,7 +61,7 @@ from warehouse.snapshots import (
     size_bundles,
     snapshots_since,
 )
-from warehouse.tables import RAW_EVENTS, TABLES, TRAJECTORIES, ensure_table
+from warehouse.tables import RAW_EVENTS, TABLES, TRAJECTORIES
 from warehouse.tiering import lifecycle_lock
 from warehouse.transactions import retry_on_conflict, transaction
 
@@ -303,11 +303,11 @@ def rewrite_unfiltered(catalog: Catalog, table: Table, memory_bytes: int = 768 <
         removed, written = removed + done[0], written + done[1]
 
 
-def protected_snapshots(catalog: Catalog, settings: Settings, table: Table) -> set[int]:
+def protected_snapshots(lake: Lakehouse, table: Table) -> set[int]:
     """Snapshots expiry must keep beyond the current one: assembly's watermark and its descendants."""
-    if table.name() != (settings.namespace, RAW_EVENTS.name):
+    if table.name() != (lake.namespace, RAW_EVENTS.name):
         return set()
-    marker = ensure_table(catalog, settings, TRAJECTORIES.name).properties.get(ASSEMBLED_SNAPSHOT)
+    marker = lake.table(TRAJECTORIES.name).properties.get(ASSEMBLED_SNAPSHOT)
     if not marker:
         return set()
     newer = snapshots_since(table, int(marker))
@@ -381,49 +381,77 @@ def remove_orphans(table: Table, older_than: datetime) -> tuple[int, int]:
     return removed, removed_bytes
 
 
+@dataclass(frozen=True)
+class MaintainOptions:
+    """What maintenance reads from the configuration.
+
+    Attributes:
+        compact_min_files: compact a partition once it has this many small files (``TRAJLAKE_COMPACT_MIN_FILES``).
+        snapshot_retention_hours: expire older snapshots (``TRAJLAKE_SNAPSHOT_RETENTION_HOURS``).
+        orphan_min_age_hours: only delete unreferenced files older than this (``TRAJLAKE_ORPHAN_MIN_AGE_HOURS``).
+        rewrite_memory_bytes: rows read into memory per rewritten bundle (``TRAJLAKE_REWRITE_MEMORY_BYTES``).
+    """
+
+    compact_min_files: int = 4
+    snapshot_retention_hours: float = 24.0
+    orphan_min_age_hours: float = 24.0
+    rewrite_memory_bytes: int = 768 << 20
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> MaintainOptions:
+        """The options the settings give."""
+        return cls(
+            settings.compact_min_files,
+            settings.snapshot_retention_hours,
+            settings.orphan_min_age_hours,
+            settings.rewrite_memory_bytes,
+        )
+
+
 def maintain(
-    settings: Settings,
-    catalog: Catalog | None = None,
+    lake: Lakehouse,
     as_of: datetime | None = None,
     orphan_min_age: timedelta | None = None,
+    options: MaintainOptions | None = None,
 ) -> list[TableReport]:
     """Compact, expire snapshots and remove orphans on every hot and cold table.
 
     Args:
-        settings: thresholds (``compact_min_files``, ``snapshot_retention_hours``, ``orphan_min_age_hours``).
-        catalog: Iceberg catalog; opened from settings by default.
+        lake: the lakehouse.
         as_of: the "now" ages are measured from; wall clock by default.
-        orphan_min_age: overrides ``settings.orphan_min_age_hours``.
+        orphan_min_age: overrides ``options.orphan_min_age_hours``.
+        options: the thresholds; read from the lakehouse's settings by default.
 
     Raises:
         TieringError: the lifecycle lock stayed busy, or commits kept conflicting.
     """
     as_of = as_of or datetime.now(UTC)
-    orphan_min_age = orphan_min_age if orphan_min_age is not None else timedelta(hours=settings.orphan_min_age_hours)
+    options = options or MaintainOptions.from_settings(lake.settings)
+    orphan_min_age = orphan_min_age if orphan_min_age is not None else timedelta(hours=options.orphan_min_age_hours)
     reports: list[TableReport] = []
-    catalog = catalog or open_catalog(settings)
-    with lifecycle_lock(settings, catalog=catalog):
-        tables = [ensure_table(catalog, settings, name) for name in TABLES]
-        tables += [ensure_cold_table(catalog, settings, name) for name in TIERED_TABLES]
-        cold_raw = ensure_cold_table(catalog, settings, RAW_EVENTS.name)
+    catalog = lake.catalog
+    with lifecycle_lock(lake):
+        tables = [lake.table(name) for name in TABLES]
+        tables += [lake.cold_table(name) for name in TIERED_TABLES]
+        cold_raw = lake.cold_table(RAW_EVENTS.name)
         for table in tables:
             started = time.monotonic()
             report = TableReport(".".join(table.name()), before=usage(table))
             eligible: Callable[[LiveFile], bool] = lambda _: True  # noqa: E731
-            if table.name() == (settings.namespace, RAW_EVENTS.name):
-                eligible = _raw_events_eligibility(catalog, settings, table, tiered_files(cold_raw))
+            if table.name() == (lake.namespace, RAW_EVENTS.name):
+                eligible = _raw_events_eligibility(lake, table, tiered_files(cold_raw))
             report.files_rewritten, report.files_written = compact_table(
-                catalog, table, settings.compact_min_files, eligible, settings.rewrite_memory_bytes
+                catalog, table, options.compact_min_files, eligible, options.rewrite_memory_bytes
             )
-            removed, written = rewrite_unfiltered(catalog, table, settings.rewrite_memory_bytes)
+            removed, written = rewrite_unfiltered(catalog, table, options.rewrite_memory_bytes)
             report.files_rewritten += removed
             report.files_written += written
-            table = catalog.load_table(table.name())
-            keep = protected_snapshots(catalog, settings, table)
+            table = lake.catalog.load_table(table.name())
+            keep = protected_snapshots(lake, table)
             report.snapshots_expired = expire_snapshots(
-                table, as_of - timedelta(hours=settings.snapshot_retention_hours), keep
+                table, as_of - timedelta(hours=options.snapshot_retention_hours), keep
             )
-            table = catalog.load_table(table.name())
+            table = lake.catalog.load_table(table.name())
             report.orphans_removed, report.orphan_bytes = remove_orphans(table, as_of - orphan_min_age)
             report.after = usage(table)
             reports.append(report)
@@ -431,16 +459,14 @@ def maintain(
     return reports
 
 
-def _raw_events_eligibility(
-    catalog: Catalog, settings: Settings, raw: Table, pending: set[str]
-) -> Callable[[LiveFile], bool]:
+def _raw_events_eligibility(lake: Lakehouse, raw: Table, pending: set[str]) -> Callable[[LiveFile], bool]:
     """Which hot raw-events files compaction may rewrite: assembled ones not awaiting tier deletion.
 
     Assembled means a data sequence number at most that of assembly's watermark snapshot
     (sequence numbers grow with every commit, and survive the expiry of the adding snapshot).
     With no usable watermark, assembly reads everything on its next run anyway, so any file may go.
     """
-    marker = ensure_table(catalog, settings, TRAJECTORIES.name).properties.get(ASSEMBLED_SNAPSHOT)
+    marker = lake.table(TRAJECTORIES.name).properties.get(ASSEMBLED_SNAPSHOT)
     snapshot = raw.snapshot_by_id(int(marker)) if marker else None
     if snapshot is None or snapshot.sequence_number is None:
         return lambda entry: entry.path not in pending

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import date
+from typing import Protocol
 
 import duckdb
 import pyarrow as pa
@@ -42,6 +43,31 @@ from warehouse.tables import TABLES, TableSpec, ensure_table
 from warehouse.view_plan import ViewPlan
 from warehouse.view_plan import save_plan as _save_plan
 from warehouse.view_plan import view as _view
+
+
+class TableSource(Protocol):
+    """Where the views' tables come from: a :class:`warehouse.lakehouse.Lakehouse`, whose tables exist."""
+
+    def table(self, name: str) -> Table:
+        """The hot table ``name``, current."""
+        ...
+
+    def cold_table(self, name: str) -> Table:
+        """The cold tier's table ``name``, current."""
+        ...
+
+
+class _Ensured:
+    """The tables of ``catalog``, created or evolved on the way (views opened without a lakehouse)."""
+
+    def __init__(self, catalog: Catalog, settings: Settings) -> None:
+        self.catalog, self.settings = catalog, settings
+
+    def table(self, name: str) -> Table:
+        return ensure_table(self.catalog, self.settings, name)
+
+    def cold_table(self, name: str) -> Table:
+        return ensure_cold_table(self.catalog, self.settings, name)
 
 
 def _source(
@@ -124,8 +150,7 @@ def register_table(
 
 def register_tiered(
     con: duckdb.DuckDBPyConnection,
-    settings: Settings,
-    catalog: Catalog,
+    tables: TableSource,
     spec: TableSpec,
     reads: set[str] | None = None,
     stores: ObjectStores | None = None,
@@ -139,7 +164,8 @@ def register_tiered(
     raw events are excluded from hot by the cold table's list of copied hot files,
     trajectories and steps by session (the cold copy wins). So ``hot_<view>`` is the
     hot rows not already in cold, and ``hot_<view>`` ∪ ``cold_<view>`` = ``<view>``.
-    The data files the views read directly go into ``reads``; ``stores`` as for :func:`register_table`.
+    ``tables``: the lakehouse (or what stands for it) the hot and cold tables are loaded from. The data
+    files the views read directly go into ``reads``; ``stores`` as for :func:`register_table`.
 
     ``view``: the views' name (default: the spec's). ``on_days``: only the files of the day
     partitions (None: NULL) it accepts are read, in both tiers — DuckDB then opens no other file,
@@ -147,8 +173,8 @@ def register_tiered(
     session's copies in the two tiers are of the same day, so the union still counts it once.
     ``plan`` records both tables' metadata files and the views.
     """
-    hot = ensure_table(catalog, settings, spec.name)
-    cold = ensure_cold_table(catalog, settings, spec.name)
+    hot = tables.table(spec.name)
+    cold = tables.cold_table(spec.name)
     name = view or spec.view
     if plan is not None:
         plan.read_table(hot.name(), hot.metadata_location)
@@ -181,7 +207,11 @@ def register_tiered(
 
 
 def open_views(
-    settings: Settings, catalog: Catalog | None = None, locked: bool = False, save_plan: bool = False
+    settings: Settings,
+    catalog: Catalog | None = None,
+    locked: bool = False,
+    save_plan: bool = False,
+    tables: TableSource | None = None,
 ) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with a view per trajlake table under its stable name.
 
@@ -190,24 +220,26 @@ def open_views(
 
     Args:
         settings: Where the lakehouse is; ``sql_memory_limit`` when ``locked``.
-        catalog: An open catalog, or None to open the configured one.
+        catalog: An open catalog, or None to open the configured one (unused with ``tables``).
         locked: Lock the connection for untrusted SQL (see :func:`lock_connection`).
         save_plan: Save the views as the lakehouse's view plan (:mod:`warehouse.view_plan`),
             from which the next query opens them without the catalog while it is current.
+        tables: The lakehouse the tables come from (:meth:`warehouse.lakehouse.Lakehouse.views` passes
+            itself); None: the tables of ``catalog``, created or evolved as they are met.
 
     Returns:
         The connection; the caller closes it.
     """
-    catalog = catalog or open_catalog(settings)
+    tables = tables or _Ensured(catalog or open_catalog(settings), settings)
     con = connect()
     plan = ViewPlan()
     stores = object_stores(settings)
     # derived views read the others: created last
     for spec in sorted(TABLES.values(), key=lambda s: s.derived is not None):
         if spec.name in TIERED_TABLES:
-            register_tiered(con, settings, catalog, spec, reads=plan.reads, stores=stores, plan=plan)
+            register_tiered(con, tables, spec, reads=plan.reads, stores=stores, plan=plan)
         else:
-            table = ensure_table(catalog, settings, spec.name)
+            table = tables.table(spec.name)
             register_table(con, spec.view, table, spec, reads=plan.reads, stores=stores, plan=plan)
     if save_plan:
         _save_plan(settings, plan, con)

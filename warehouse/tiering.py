@@ -48,7 +48,6 @@ from datetime import UTC, datetime, timedelta
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import And, BooleanExpression, In, LessThan, NotEqualTo, Reference
 from pyiceberg.expressions.literals import literal
@@ -57,13 +56,12 @@ from pyiceberg.table import Table
 from common.errors import TransientError
 from common.faults import crash_point
 from common.settings import Settings
-from warehouse.catalog import open_catalog
-from warehouse.cold import TIERED_FILES, ensure_cold_table, tiered_files
+from warehouse.cold import TIERED_FILES, tiered_files
 from warehouse.errors import LockBusy, WarehouseError
-from warehouse.files import object_stores, parquet_source, readable_files
-from warehouse.locks import job_lock
+from warehouse.files import parquet_source, readable_files
+from warehouse.lakehouse import Lakehouse
 from warehouse.snapshots import LiveFile, arrow_row_bytes, live_files, read_data_files, size_bundles
-from warehouse.tables import RAW_EVENTS, STEPS, TABLES, TRAJECTORIES, ensure_table
+from warehouse.tables import RAW_EVENTS, STEPS, TABLES, TRAJECTORIES
 from warehouse.transactions import retry_on_conflict, transaction
 
 log = logging.getLogger("trajlake.tiering")
@@ -95,8 +93,26 @@ class TierStats:
         return dict(self.__dict__)
 
 
+@dataclass(frozen=True)
+class TierOptions:
+    """What tiering reads from the configuration.
+
+    Attributes:
+        hot_retention_days: days data stays hot (``TRAJLAKE_HOT_RETENTION_DAYS``).
+        rewrite_memory_bytes: rows read into memory per copied bundle (``TRAJLAKE_REWRITE_MEMORY_BYTES``).
+    """
+
+    hot_retention_days: float = 7.0
+    rewrite_memory_bytes: int = 768 << 20
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TierOptions:
+        """The options the settings give."""
+        return cls(settings.hot_retention_days, settings.rewrite_memory_bytes)
+
+
 @contextmanager
-def lifecycle_lock(settings: Settings, wait_s: float = 600.0, catalog: Catalog | None = None) -> Iterator[None]:
+def lifecycle_lock(lake: Lakehouse, wait_s: float = 600.0) -> Iterator[None]:
     """Exclusive lock shared by tiering and maintenance on this catalog (every machine; ``warehouse.locks``).
 
     Raises:
@@ -104,7 +120,7 @@ def lifecycle_lock(settings: Settings, wait_s: float = 600.0, catalog: Catalog |
     """
     with ExitStack() as stack:
         try:
-            stack.enter_context(job_lock(settings, catalog or open_catalog(settings), "lifecycle", wait_s))
+            stack.enter_context(lake.lock("lifecycle", wait_s))
         except LockBusy as exc:
             raise TieringError(f"another tier/maintain run holds the lock: {exc}") from exc
         yield
@@ -189,7 +205,7 @@ def _copy_or_amend(table: Table, rows: pa.Table, amend: list[str]) -> None:
         raise TieringError(f"{'.'.join(table.name())} changed while tiering; run `trajlake tier` again") from exc
 
 
-def late_event_files(con: duckdb.DuckDBPyConnection, catalog: Catalog, settings: Settings, affected: str) -> list[str]:
+def late_event_files(con: duckdb.DuckDBPyConnection, lake: Lakehouse, affected: str) -> list[str]:
     """Cold ``raw_events`` files assembly must read too: some sessions of ``affected`` are already tiered.
 
     A late event of a tiered session lands in hot; recomputing the session from its hot events
@@ -198,15 +214,14 @@ def late_event_files(con: duckdb.DuckDBPyConnection, catalog: Catalog, settings:
 
     Args:
         con: Assembly's connection (the object-store filesystem is registered on it when needed).
-        catalog: The catalog.
-        settings: Where the cold tier is.
+        lake: The lakehouse (its cold tier and object stores).
         affected: SQL relation on ``con`` with a ``session_id`` column: the sessions to assemble.
 
     Returns:
         The cold data files, or ``[]`` when no affected session is in the cold tier.
     """
-    stores = object_stores(settings)
-    tiered = readable_files(con, ensure_cold_table(catalog, settings, TRAJECTORIES.name), stores)
+    stores = lake.object_stores()
+    tiered = readable_files(con, lake.cold_table(TRAJECTORIES.name), stores)
     if not tiered:
         return []
     found = con.execute(
@@ -215,10 +230,10 @@ def late_event_files(con: duckdb.DuckDBPyConnection, catalog: Catalog, settings:
     ).fetchone()
     if not found or not found[0]:
         return []
-    return readable_files(con, ensure_cold_table(catalog, settings, RAW_EVENTS.name), stores)
+    return readable_files(con, lake.cold_table(RAW_EVENTS.name), stores)
 
 
-def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stats: TierStats) -> None:
+def _tier_sessions(lake: Lakehouse, boundary_day: int, stats: TierStats) -> None:
     """Move closed sessions that started before ``boundary_day`` (trajectories and their steps).
 
     A session already in cold whose hot trajectory was assembled later (a late event after
@@ -228,10 +243,10 @@ def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stat
     (replacing is idempotent) and the hot rows are never deleted before cold has them.
     """
     boundary = datetime.fromtimestamp(boundary_day * 86_400, UTC)
-    hot_traj = ensure_table(catalog, settings, TRAJECTORIES.name)
-    hot_steps = ensure_table(catalog, settings, STEPS.name)
-    cold_traj = ensure_cold_table(catalog, settings, TRAJECTORIES.name)
-    cold_steps = ensure_cold_table(catalog, settings, STEPS.name)
+    hot_traj = lake.table(TRAJECTORIES.name)
+    hot_steps = lake.table(STEPS.name)
+    cold_traj = lake.cold_table(TRAJECTORIES.name)
+    cold_steps = lake.cold_table(STEPS.name)
     if hot_traj.current_snapshot() is None:
         return
     closed = hot_traj.scan(row_filter=And(_before("started_at", boundary.isoformat()), _not_running())).to_arrow()
@@ -254,7 +269,7 @@ def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stat
     crash_point("tier_after_copy_steps")
     # Phase 1b: the trajectories (replacing the amended ones: after this commit they are moved).
     if candidates:
-        cold_traj = catalog.load_table(cold_traj.name())
+        cold_traj = lake.catalog.load_table(cold_traj.name())
         done = set(cold_at) - set(amend)
         keep = [s not in done for s in candidates]
         rows = _sorted(closed.filter(pa.array(keep, pa.bool_())), TRAJECTORIES.name)
@@ -281,11 +296,11 @@ def _tier_sessions(catalog: Catalog, settings: Settings, boundary_day: int, stat
             until: datetime = until,
             removed: list[int] = removed,
         ) -> None:
-            table = catalog.load_table(hot.name())
-            cold = catalog.load_table(cold.name())
+            table = lake.catalog.load_table(hot.name())
+            cold = lake.catalog.load_table(cold.name())
             old = sorted(_ids(table, "session_id", _before(column, until.isoformat())))
             held = sorted(set().union(*(_ids(cold, "session_id", _in("session_id", c)) for c in _chunks(old))))
-            moved = _moved(catalog, settings, held)
+            moved = _moved(lake, held)
             if not moved:
                 return
             with transaction(table) as tx:
@@ -304,12 +319,12 @@ def _newer(hot: datetime | None, cold: datetime | None) -> bool:
     return hot is not None and (cold is None or hot > cold)
 
 
-def _moved(catalog: Catalog, settings: Settings, held: list[str]) -> list[str]:
+def _moved(lake: Lakehouse, held: list[str]) -> list[str]:
     """Sessions among ``held`` (in cold) whose hot trajectory is not newer than the cold one."""
     if not held:
         return []
-    hot_at = _assembled_at(ensure_table(catalog, settings, TRAJECTORIES.name), held)
-    cold_at = _assembled_at(ensure_cold_table(catalog, settings, TRAJECTORIES.name), held)
+    hot_at = _assembled_at(lake.table(TRAJECTORIES.name), held)
+    cold_at = _assembled_at(lake.cold_table(TRAJECTORIES.name), held)
     return [s for s in held if not _newer(hot_at.get(s), cold_at.get(s))]
 
 
@@ -324,10 +339,10 @@ def _day_of(entry: LiveFile, table: Table) -> int | None:
     return None
 
 
-def _settled_sessions(catalog: Catalog, settings: Settings, ids: list[str]) -> set[str]:
+def _settled_sessions(lake: Lakehouse, ids: list[str]) -> set[str]:
     """Sessions among ``ids`` that are assembled and closed (in hot or cold trajectories)."""
-    hot = ensure_table(catalog, settings, TRAJECTORIES.name)
-    cold = ensure_cold_table(catalog, settings, TRAJECTORIES.name)
+    hot = lake.table(TRAJECTORIES.name)
+    cold = lake.cold_table(TRAJECTORIES.name)
     settled: set[str] = set()
     for chunk in _chunks(ids):
         settled |= _ids(cold, "session_id", _in("session_id", chunk))
@@ -335,10 +350,10 @@ def _settled_sessions(catalog: Catalog, settings: Settings, ids: list[str]) -> s
     return settled
 
 
-def _tier_raw(catalog: Catalog, settings: Settings, boundary_day: int, stats: TierStats) -> None:
+def _tier_raw(lake: Lakehouse, boundary_day: int, stats: TierStats, memory_bytes: int) -> None:
     """Move whole ``raw_events`` day partitions before ``boundary_day``."""
-    hot = ensure_table(catalog, settings, RAW_EVENTS.name)
-    cold = ensure_cold_table(catalog, settings, RAW_EVENTS.name)
+    hot = lake.table(RAW_EVENTS.name)
+    cold = lake.cold_table(RAW_EVENTS.name)
     copied = tiered_files(cold)
     by_day: dict[int, list[LiveFile]] = {}
     for entry in live_files(hot):
@@ -352,7 +367,7 @@ def _tier_raw(catalog: Catalog, settings: Settings, boundary_day: int, stats: Ti
             continue
         sessions = read_data_files(hot, [e.data_file for e in fresh], columns=("session_id",)).column("session_id")
         ids = pc.unique(sessions).to_pylist()
-        if len(_settled_sessions(catalog, settings, ids)) < len(ids):
+        if len(_settled_sessions(lake, ids)) < len(ids):
             stats.days_deferred.append(_day_name(day))  # unassembled or running sessions: next run
             continue
         stats.days_tiered.append(_day_name(day))
@@ -363,7 +378,7 @@ def _tier_raw(catalog: Catalog, settings: Settings, boundary_day: int, stats: Ti
     # crash between bundles leaves every copied file marked (hidden in the hot view), the rest hot.
     # Live files imply a current snapshot; an empty table has nothing to copy.
     source = "" if (snapshot := hot.current_snapshot()) is None else str(snapshot.snapshot_id)
-    for bundle in size_bundles(to_copy, target, settings.rewrite_memory_bytes, arrow_row_bytes(hot, to_copy)):
+    for bundle in size_bundles(to_copy, target, memory_bytes, arrow_row_bytes(hot, to_copy)):
         rows = _sorted(read_data_files(hot, [e.data_file for e in bundle]), RAW_EVENTS.name)
         # Keep only markers of hot files still present: the rest were deleted, nothing to exclude.
         marker = sorted((copied & live) | {e.path for e in bundle})
@@ -379,7 +394,7 @@ def _tier_raw(catalog: Catalog, settings: Settings, boundary_day: int, stats: Ti
     crash_point("tier_after_copy_raw_events")
 
     def delete() -> None:
-        table = catalog.load_table(hot.name())
+        table = lake.catalog.load_table(hot.name())
         pending = [e.data_file for e in live_files(table) if e.path in copied]
         if not pending:
             return
@@ -393,27 +408,27 @@ def _tier_raw(catalog: Catalog, settings: Settings, boundary_day: int, stats: Ti
     crash_point("tier_after_delete_raw_events")
 
 
-def tier(settings: Settings, catalog: Catalog | None = None, as_of: datetime | None = None) -> TierStats:
-    """Move everything older than ``settings.hot_retention_days`` from hot to cold.
+def tier(lake: Lakehouse, as_of: datetime | None = None, options: TierOptions | None = None) -> TierStats:
+    """Move everything older than ``options.hot_retention_days`` from hot to cold.
 
     Safe to kill at any point and to re-run: see the module docstring.
 
     Args:
-        settings: trajlake settings (retention, cold location, target file size).
-        catalog: Iceberg catalog; opened from settings by default.
+        lake: the lakehouse.
         as_of: the "now" the retention is measured from; wall clock by default.
+        options: retention and memory; read from the lakehouse's settings by default.
 
     Raises:
         TieringError: the lifecycle lock stayed busy, or hot commits kept conflicting.
     """
     started = time.monotonic()
     as_of = as_of or datetime.now(UTC)
-    boundary_day = _day(as_of - timedelta(days=settings.hot_retention_days))
+    options = options or TierOptions.from_settings(lake.settings)
+    boundary_day = _day(as_of - timedelta(days=options.hot_retention_days))
     stats = TierStats(boundary=_day_name(boundary_day))
-    catalog = catalog or open_catalog(settings)
-    with lifecycle_lock(settings, catalog=catalog):
-        _tier_sessions(catalog, settings, boundary_day, stats)
-        _tier_raw(catalog, settings, boundary_day, stats)
+    with lifecycle_lock(lake):
+        _tier_sessions(lake, boundary_day, stats)
+        _tier_raw(lake, boundary_day, stats, options.rewrite_memory_bytes)
     stats.seconds = time.monotonic() - started
     log.info("tiered before %s: %s", stats.boundary, stats.as_dict())
     return stats

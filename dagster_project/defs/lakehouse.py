@@ -27,9 +27,9 @@ from common.settings import Settings
 from dagster_project.resources import LakehouseResource, transient_retries
 from pipelines.assemble import assemble
 from pipelines.ingest import run_ingest
-from warehouse.catalog import open_catalog
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
-from warehouse.tables import RAW_EVENTS, ensure_table
+from warehouse.tables import RAW_EVENTS
 
 #: Seconds past the idle deadline before an open session counts as stuck (assembly runs at least this often).
 STUCK_GRACE_S = 600
@@ -40,9 +40,9 @@ def _count(settings: Settings, view: str) -> int:
     return int(run_query(settings, f"SELECT count(*) FROM {view}")[1][0][0])
 
 
-def _snapshot_metadata(settings: Settings) -> dict[str, int]:
+def _snapshot_metadata(lake: Lakehouse) -> dict[str, int]:
     """The ``raw_events`` snapshot this run left, so the observer does not report it again."""
-    snapshot = ensure_table(open_catalog(settings), settings, RAW_EVENTS.name).current_snapshot()
+    snapshot = lake.table(RAW_EVENTS.name).current_snapshot()
     return {"snapshot_id": snapshot.snapshot_id} if snapshot is not None else {}
 
 
@@ -67,7 +67,7 @@ def raw_events(context: AssetExecutionContext, lakehouse: LakehouseResource) -> 
             "dead_letter_reasons": MetadataValue.json(stats.reasons),
             "row_count": _count(settings, "events"),
             "dead_letters_total": _count(settings, "dead_letters"),
-            **_snapshot_metadata(settings),
+            **_snapshot_metadata(Lakehouse.open(settings)),
         }
     )
 
@@ -98,7 +98,7 @@ def assembled_trajectories(context: AssetExecutionContext, lakehouse: LakehouseR
     """Incrementally assemble new raw events into trajectories and steps."""
     settings = lakehouse.settings()
     with transient_retries():
-        stats = assemble(settings)
+        stats = assemble(Lakehouse.open(settings))
     context.log.info("assemble: %s", stats.as_dict())
     _, rows = run_query(settings, "SELECT status, count(*) FROM trajectories GROUP BY status ORDER BY 1")
     yield MaterializeResult(

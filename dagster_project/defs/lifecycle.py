@@ -28,9 +28,8 @@ from warehouse.tiering import tier
 )
 def cold_tier(context: AssetExecutionContext, lakehouse: LakehouseResource) -> MaterializeResult:
     """Move data older than the hot retention to the cold tables."""
-    settings = lakehouse.settings()
     with transient_retries():
-        stats = tier(settings)
+        stats = tier(lakehouse.open())
     context.log.info("tier: %s", stats.as_dict())
     return MaterializeResult(
         metadata={
@@ -53,9 +52,8 @@ def cold_tier(context: AssetExecutionContext, lakehouse: LakehouseResource) -> M
 )
 def table_maintenance(context: AssetExecutionContext, lakehouse: LakehouseResource) -> MaterializeResult:
     """Compact small files, expire old snapshots, remove orphan files; report files/bytes per table."""
-    settings = lakehouse.settings()
     with transient_retries():
-        reports = maintain(settings)
+        reports = maintain(lakehouse.open())
     rows = [report.as_dict() for report in reports]
     context.log.info("maintain: %s", rows)
     return MaterializeResult(

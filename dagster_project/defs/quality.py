@@ -33,20 +33,19 @@ from dagster import (
     multiprocess_executor,
 )
 
-from common.settings import Settings
 from dagster_project.resources import LakehouseResource, transient_retries
-from pipelines.export import export_training_set
+from pipelines.export import ExportOptions, export_training_set
 from pipelines.export.select import origin_condition
 from pipelines.report import write_report
 from pipelines.score import index_days, score_all
-from warehouse.sql import open_views
+from warehouse.lakehouse import Lakehouse
 
 QUALITY_GROUP = "quality"
 daily_partitions = DailyPartitionsDefinition(start_date="2026-01-01", timezone="UTC")
 
 
-def _frame(settings: Settings, query: str) -> pl.DataFrame:
-    con = open_views(settings)
+def _frame(lake: Lakehouse, query: str) -> pl.DataFrame:
+    con = lake.views()
     try:
         return pl.DataFrame(con.sql(query).to_arrow_table())
     finally:
@@ -67,10 +66,10 @@ def _distribution(scores: pl.DataFrame, column: str) -> dict[str, float]:
     return {name: round(float(value), 4) for name, value in row.items()}
 
 
-def _cost_metadata(settings: Settings) -> dict[str, float]:
+def _cost_metadata(lake: Lakehouse) -> dict[str, float]:
     """Whole-lakehouse cost figures from the ``costs`` view, as numbers the asset page plots per run."""
     row = _frame(
-        settings,
+        lake,
         "SELECT sum(inference_cost_usd)::DOUBLE AS inference, sum(total_cost_usd)::DOUBLE AS total, "
         "sum(cached_tokens)::BIGINT AS cached, sum(input_tokens)::BIGINT AS inputs, "
         "sum(exportable_sessions)::BIGINT AS exportable FROM costs",
@@ -117,11 +116,11 @@ def _cost_metadata(settings: Settings) -> dict[str, float]:
 )
 def quality_tables(context: AssetExecutionContext, lakehouse: LakehouseResource) -> Iterator[MaterializeResult]:
     """Score every trajectory (skipped when nothing changed since the last run)."""
-    settings = lakehouse.settings()
     with transient_retries():
-        stats = score_all(settings)
+        lake = lakehouse.open()
+        stats = score_all(lake)
     context.log.info("score: %s", stats.as_dict())
-    scores = _frame(settings, "SELECT completion, validity, novelty, quality, exportable, failure_cause FROM scores")
+    scores = _frame(lake, "SELECT completion, validity, novelty, quality, exportable, failure_cause FROM scores")
     causes = dict(scores.group_by("failure_cause").len().sort("failure_cause").iter_rows()) if scores.height else {}
     yield MaterializeResult(
         asset_key="scores",
@@ -135,10 +134,10 @@ def quality_tables(context: AssetExecutionContext, lakehouse: LakehouseResource)
             "validity_distribution": MetadataValue.json(_distribution(scores, "validity")),
             "novelty_distribution": MetadataValue.json(_distribution(scores, "novelty")),
             "failure_causes": MetadataValue.json(causes),
-            **_cost_metadata(settings),
+            **_cost_metadata(lake),
         },
     )
-    flags = _frame(settings, "SELECT flag, flag_class, count(*) AS n FROM flags GROUP BY ALL ORDER BY ALL")
+    flags = _frame(lake, "SELECT flag, flag_class, count(*) AS n FROM flags GROUP BY ALL ORDER BY ALL")
     yield MaterializeResult(
         asset_key="flags",
         metadata={
@@ -146,7 +145,7 @@ def quality_tables(context: AssetExecutionContext, lakehouse: LakehouseResource)
             "flags_by_type": MetadataValue.json({f: int(n) for f, _, n in flags.iter_rows()}),
         },
     )
-    dups = _frame(settings, "SELECT count(*) AS n, count(DISTINCT cluster_id) AS clusters FROM duplicates")
+    dups = _frame(lake, "SELECT count(*) AS n, count(DISTINCT cluster_id) AS clusters FROM duplicates")
     yield MaterializeResult(
         asset_key="duplicates", metadata={"row_count": int(dups["n"][0]), "clusters": int(dups["clusters"][0])}
     )
@@ -155,9 +154,8 @@ def quality_tables(context: AssetExecutionContext, lakehouse: LakehouseResource)
 @asset_check(asset="scores", description="Every score lies in [0, 1] and every session has one row.", blocking=True)
 def scores_in_range(lakehouse: LakehouseResource) -> AssetCheckResult:
     """Scores are probabilities-like values in [0, 1]; no session scored twice."""
-    settings = lakehouse.settings()
     row = _frame(
-        settings,
+        lakehouse.open(),
         "SELECT count(*) AS n, count(DISTINCT session_id) AS sessions, "
         "count(*) FILTER (WHERE NOT (completion BETWEEN 0 AND 1 AND validity BETWEEN 0 AND 1 "
         "AND novelty BETWEEN 0 AND 1 AND quality BETWEEN 0 AND 1)) AS out_of_range FROM scores",
@@ -166,8 +164,8 @@ def scores_in_range(lakehouse: LakehouseResource) -> AssetCheckResult:
     return AssetCheckResult(passed=passed, severity=AssetCheckSeverity.ERROR, metadata=row)
 
 
-def _rate_check(settings: Settings, query: str, limit: float, what: str) -> AssetCheckResult:
-    row = _frame(settings, query).row(0, named=True)
+def _rate_check(lake: Lakehouse, query: str, limit: float, what: str) -> AssetCheckResult:
+    row = _frame(lake, query).row(0, named=True)
     rate = row["hits"] / row["total"] if row["total"] else 0.0
     return AssetCheckResult(
         passed=rate <= limit,
@@ -183,7 +181,7 @@ def flag_rate(lakehouse: LakehouseResource) -> AssetCheckResult:
     """A sudden jump in cheat flags means a broken task pack or a detector regression."""
     settings = lakehouse.settings()
     return _rate_check(
-        settings,
+        Lakehouse.open(settings),
         "SELECT (SELECT count(DISTINCT session_id) FROM flags WHERE flag_class <> 'anomaly') AS hits, "
         "(SELECT count(*) FROM scores) AS total",
         settings.quality_max_flag_rate,
@@ -198,7 +196,7 @@ def duplicate_rate(lakehouse: LakehouseResource) -> AssetCheckResult:
     """Many duplicates mean wasted sandbox time (a policy collapsed, or a task is trivial)."""
     settings = lakehouse.settings()
     return _rate_check(
-        settings,
+        Lakehouse.open(settings),
         "SELECT (SELECT count(*) FROM duplicates WHERE NOT is_representative) AS hits, "
         "(SELECT count(*) FROM scores) AS total",
         settings.quality_max_duplicate_rate,
@@ -206,14 +204,14 @@ def duplicate_rate(lakehouse: LakehouseResource) -> AssetCheckResult:
     )
 
 
-def export_count_result(settings: Settings, day: date, records: int, min_quality: float) -> AssetCheckResult:
+def export_count_result(lake: Lakehouse, day: date, records: int, min_quality: float) -> AssetCheckResult:
     """Records an export wrote for ``day`` against the sessions the lakehouse holds exportable for it.
 
     A difference means sessions were lost or quarantined on the way out (or the selection and
     the scores disagree), so the check fails with both numbers.
     """
     row = _frame(
-        settings,
+        lake,
         "SELECT count(*) AS exportable FROM scores s JOIN trajectories t USING (session_id) "
         f"WHERE s.exportable AND s.quality >= {float(min_quality)!r} "
         f"AND CAST(t.started_at AS DATE) = DATE '{day.isoformat()}' "
@@ -236,7 +234,7 @@ def score_drift(lakehouse: LakehouseResource) -> AssetCheckResult:
     """Compare the mean quality of the two latest days that have scored sessions."""
     settings = lakehouse.settings()
     days = _frame(
-        settings,
+        Lakehouse.open(settings),
         "SELECT CAST(t.started_at AS DATE) AS day, avg(s.quality) AS mean_quality, count(*) AS sessions "
         "FROM scores s JOIN trajectories t USING (session_id) GROUP BY 1 ORDER BY 1 DESC LIMIT 2",
     )
@@ -276,28 +274,34 @@ def training_set(context: AssetExecutionContext, lakehouse: LakehouseResource) -
     settings = lakehouse.settings()
     day = date.fromisoformat(context.partition_key)
     out_dir = settings.home_dir / "exports" / "hf" / day.isoformat()
+    options = ExportOptions.from_settings(settings)
     with transient_retries():
+        lake = Lakehouse.open(settings)
         # the partition's own directory: re-materializing replaces the day's export
-        stats = export_training_set(settings, "hf", out_dir, day=day, force=True)
+        stats = export_training_set(lake, "hf", out_dir, day=day, force=True, options=options)
     return MaterializeResult(
-        check_results=[export_count_result(settings, day, stats.records, settings.quality_min)],
+        check_results=[export_count_result(lake, day, stats.records, options.min_quality)],
         metadata={
             "records": stats.records,
             "out_dir": MetadataValue.path(stats.out_dir),
             "manifest": MetadataValue.path(stats.manifest),
             "files": MetadataValue.json(json.loads(json.dumps(stats.files))),
             "export_id": stats.export_id,
-            **export_report(settings, Path(stats.out_dir), "hf", day.isoformat()),
+            **export_report(lake, Path(stats.out_dir), "hf", day.isoformat(), settings.report_max_sessions),
         },
     )
 
 
-def export_report(settings: Settings, export_dir: Path, fmt: str, day: str) -> dict[str, MetadataValue]:
+def export_report(
+    lake: Lakehouse, export_dir: Path, fmt: str, day: str, max_pages: int | None = None
+) -> dict[str, MetadataValue]:
     """Write the HTML report of an export (``$TRAJLAKE_HOME/reports/<fmt>/<day>``); the metadata linking it.
 
     ``report`` is a ``file://`` link the Dagster UI shows as a link; ``report_path`` the file itself.
+    ``max_pages``: session pages at most (``TRAJLAKE_REPORT_MAX_SESSIONS`` when None).
     """
-    stats = write_report(settings, settings.home_dir / "reports" / fmt / day, export_dir=export_dir)
+    out_dir = lake.home / "reports" / fmt / day
+    stats = write_report(lake, out_dir, export_dir=export_dir, max_pages=max_pages)
     return {"report": MetadataValue.url(stats.index.as_uri()), "report_path": MetadataValue.path(str(stats.index))}
 
 
@@ -313,10 +317,9 @@ def export_report(settings: Settings, export_dir: Path, fmt: str, day: str) -> d
 )
 def session_index(context: AssetExecutionContext, lakehouse: LakehouseResource) -> MaterializeResult:
     """Index the sessions of one day (their facts replace the previous ones)."""
-    settings = lakehouse.settings()
     day = date.fromisoformat(context.partition_key)
     with transient_retries():
-        sessions = index_days(settings, [day])
+        sessions = index_days(lakehouse.open(), [day])
     context.log.info("session_index %s: %d sessions", day, sessions)
     return MaterializeResult(metadata={"sessions": sessions, "day": day.isoformat()})
 

@@ -54,6 +54,7 @@ from pipelines.export.atif import ATIF_VERSION, atif_judgement
 from pipelines.export.conversation import SYSTEM_PROMPT, TOOLS, Conversation, from_calls, from_steps
 from pipelines.export.formats import FORMATS as RECORD_FORMATS
 from pipelines.export.layout import FeatureSketch, card, checkpoint, commit, discard, open_target, read_export
+from pipelines.export.options import ExportOptions
 from pipelines.export.records import to_record, to_records
 from pipelines.export.rl import RL_SCHEMA
 from pipelines.export.select import SPLIT_PERCENT, ExportFilters, _Blobs, _sessions, split_of
@@ -61,8 +62,8 @@ from pipelines.export.trainers import TRAINER_FORMATS, trainer_records
 from pipelines.intake.quarantine import Quarantined, record_quarantine
 from producers.redact import redact_record, redact_value
 from quality import SCORER_VERSION
-from warehouse.catalog import open_catalog
-from warehouse.tables import DUPLICATES, EXPORTS, FLAGS, SCORES, STEPS, TRAJECTORIES, ensure_table
+from warehouse.lakehouse import Lakehouse, as_lakehouse
+from warehouse.tables import DUPLICATES, EXPORTS, FLAGS, SCORES, STEPS, TRAJECTORIES
 
 #: Every export format: the per-session record formats and the trainers' own (verl, skyrl).
 FORMATS = RECORD_FORMATS + TRAINER_FORMATS
@@ -141,10 +142,10 @@ def _nesting(value: Any) -> int:
     return deepest
 
 
-def _snapshot_ids(catalog: Catalog, settings: Settings) -> dict[str, int | None]:
+def _snapshot_ids(lake: Lakehouse) -> dict[str, int | None]:
     ids: dict[str, int | None] = {}
     for spec in (TRAJECTORIES, STEPS, SCORES, FLAGS, DUPLICATES):
-        snapshot = ensure_table(catalog, settings, spec.name).current_snapshot()
+        snapshot = lake.table(spec.name).current_snapshot()
         ids[spec.name] = snapshot.snapshot_id if snapshot else None
     return ids
 
@@ -212,7 +213,7 @@ def _record_line(record: dict[str, Any], sort_keys: bool = False) -> str:
 
 
 def export_training_set(
-    settings: Settings,
+    lake: Lakehouse | Settings,
     fmt: str,
     out_dir: Path | str,
     min_quality: float | None = None,
@@ -223,6 +224,7 @@ def export_training_set(
     filters: ExportFilters | None = None,
     parquet: bool = False,
     progress: Progress | None = None,
+    options: ExportOptions | None = None,
 ) -> ExportStats:
     """Write ``out_dir`` as a Hugging Face dataset (a data file per split, ``README.md``, ``manifest.json``).
 
@@ -230,12 +232,12 @@ def export_training_set(
     export or this one, never a mix, wherever the export is interrupted.
 
     Args:
-        settings: trajlake settings (default threshold).
+        lake: the lakehouse (settings in its place: one is opened from them, with ``catalog``).
         fmt: one of :data:`FORMATS`.
         out_dir: target directory (created); nothing is written outside it and its staging sibling.
-        min_quality: threshold; ``settings.quality_min`` by default.
+        min_quality: threshold; ``options.min_quality`` by default.
         day: only sessions started on this UTC day (the nightly partition).
-        catalog: Iceberg catalog; opened from settings by default.
+        catalog: the catalog to open the lakehouse on when ``lake`` is settings.
         clock: the export time (tests).
         force: export into a directory that holds other things too (they are kept; an earlier export's
             files are replaced whole). An earlier export alone is replaced without it.
@@ -243,6 +245,7 @@ def export_training_set(
             and ``day`` above take precedence when given).
         parquet: write Parquet (``rl`` only: typed columns) instead of JSON lines.
         progress: told of each record written (the total is not known in advance).
+        options: the export's configuration; read from the lakehouse's settings by default.
 
     Returns:
         :class:`ExportStats`; ``quarantined`` counts sessions left out (``quarantine`` table).
@@ -254,7 +257,8 @@ def export_training_set(
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     started = time.monotonic()
-    catalog = catalog or open_catalog(settings)
+    lake = as_lakehouse(lake, catalog)
+    options = options or ExportOptions.from_settings(lake.settings)
     if parquet and fmt != "rl":
         raise ExportError(f"--parquet is for --format rl (typed columns); {fmt} is written as JSON lines")
     filters = filters or ExportFilters()
@@ -262,15 +266,15 @@ def export_training_set(
         filters = replace(
             filters, min_quality=filters.min_quality if min_quality is None else min_quality, day=day or filters.day
         )
-    filters = filters.for_format(fmt, settings.quality_min)
+    filters = filters.for_format(fmt, options.min_quality)
     min_quality, day = filters.min_quality, filters.day
-    target = open_target(out_dir, settings, force)
+    target = open_target(out_dir, lake.locations, force)
     root = target.root
     stats = ExportStats(export_id=uuid.uuid4().hex, format=fmt, out_dir=str(root))
     try:
         try:
             manifest_text, snapshots = _write_export(
-                settings, catalog, fmt, filters, target.staging_fd, stats, clock, parquet, progress
+                lake, options, fmt, filters, target.staging_fd, stats, clock, parquet, progress
             )
             commit(target)
         except BaseException:
@@ -295,7 +299,7 @@ def export_training_set(
         "manifest_sha256": hashlib.sha256(manifest_text.encode()).hexdigest(),
         "source_snapshots": json.dumps(snapshots, sort_keys=True),
     }
-    ensure_table(catalog, settings, EXPORTS.name).append(pa.Table.from_pylist([row], schema=EXPORTS.arrow_schema()))
+    lake.table(EXPORTS.name).append(pa.Table.from_pylist([row], schema=EXPORTS.arrow_schema()))
     stats.seconds = time.monotonic() - started
     return stats
 
@@ -347,8 +351,8 @@ class _SplitFiles:
 
 
 def _write_export(
-    settings: Settings,
-    catalog: Catalog,
+    lake: Lakehouse,
+    options: ExportOptions,
     fmt: str,
     filters: ExportFilters,
     dir_fd: int,
@@ -358,21 +362,24 @@ def _write_export(
     progress: Progress | None = None,
 ) -> tuple[str, dict[str, int | None]]:
     """Write the split files, then the card and the manifest, into the staging directory; returns the manifest."""
-    snapshots = _snapshot_ids(catalog, settings)
-    scoring = _scoring(settings, catalog)
+    from pipelines.score import SCORED_VERSION, scoring_manifest  # the scoring stack only once exporting
+
+    snapshots = _snapshot_ids(lake)
+    scoring = scoring_manifest(lake)
     weights = _flag_weights(scoring)
     quarantined: list[Quarantined] = []
     splits: dict[str, int] = {}
     origins: dict[str, int] = {}
     token_level = segmented = 0
     selection: dict[str, Any] = {}
-    prices = settings.prices
+    prices = lake.prices
     data = _SplitFiles(dir_fd, "data", "parquet" if parquet else "jsonl", parquet)
     # atif: what this lake concluded about each session, beside the trajectories (see pipelines.export.atif)
     scores = _SplitFiles(dir_fd, "scores", "jsonl") if fmt == "atif" else None
     sketches = {"default": FeatureSketch(), "scores": FeatureSketch()}
     try:
-        for session, steps, calls, lookup in _sessions(settings, catalog, filters, weights, report=selection):
+        chosen = _sessions(lake, filters, weights, report=selection, memory_limit=options.memory_limit)
+        for session, steps, calls, lookup in chosen:
             try:
                 records, judgement = _records(fmt, session, steps, calls, lookup, prices)
                 lines = [_record_line(record, sort_keys=fmt == "atif") for record in records]
@@ -412,7 +419,7 @@ def _write_export(
     stats.considered = int(selection.get("considered", 0))
     stats.left_out = {**selection.get("left_out", {}), "quarantined": stats.quarantined}
     if quarantined:
-        record_quarantine(catalog, settings, quarantined, run_id=stats.export_id)
+        record_quarantine(lake.catalog, lake.settings, quarantined, run_id=stats.export_id)
     order = [s for s in SPLIT_PERCENT if s in digests]
     entries = [
         {
@@ -468,7 +475,7 @@ def _write_export(
         "counts": counts,
         # how costs were priced: recorded where the server reported one, else tokens × this table
         "prices": prices.as_json(),
-        "scorer_version": _scorer_version(settings, catalog),
+        "scorer_version": lake.table(SCORES.name).properties.get(SCORED_VERSION, SCORER_VERSION),
         "scoring": scoring,
         "source_snapshots": snapshots,
     }
@@ -532,19 +539,6 @@ class _HashingFile:
         return int(self.handle.tell())
 
 
-def _scoring(settings: Settings, catalog: Catalog) -> dict[str, object]:
-    """Weights, thresholds and the governance table the exported scores were computed with."""
-    from pipelines.score import scoring_manifest
-
-    return scoring_manifest(settings, catalog)
-
-
-def _scorer_version(settings: Settings, catalog: Catalog) -> str:
-    from pipelines.score import SCORED_VERSION
-
-    return ensure_table(catalog, settings, SCORES.name).properties.get(SCORED_VERSION, SCORER_VERSION)
-
-
 __all__ = [
     "ATIF_VERSION",
     "FORMATS",
@@ -557,6 +551,7 @@ __all__ = [
     "Conversation",
     "ExportError",
     "ExportFilters",
+    "ExportOptions",
     "ExportStats",
     "export_training_set",
     "read_export",

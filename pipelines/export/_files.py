@@ -8,10 +8,12 @@ import os
 import re
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from common.settings import Settings
 from pipelines.errors import ExportError
+
+if TYPE_CHECKING:
+    from warehouse.lakehouse import Locations
 
 #: Directories an export never writes into (exactly these), and trees it never writes under.
 _SYSTEM_DIRS = frozenset({"/", "/home", "/root", "/tmp", "/var", "/opt", "/srv", "/mnt", "/media", "/boot"})
@@ -51,20 +53,11 @@ def safe_path(root: Path, name: str) -> Path:
 _TEMPORARY = re.compile(r"\..+\.[0-9a-f]{32}\.tmp")
 
 
-def _local_warehouses(settings: Settings) -> list[Path]:
-    """The lakehouse's own local directories: an export never writes into them."""
-    places = [settings.home_dir]
-    for location in (settings.hot_location, settings.cold_location):
-        if location.startswith("file://"):
-            places.append(Path(location.removeprefix("file://")))
-    return [place.resolve() for place in places]
-
-
 #: The lakehouse's own output directories: the scheduled exports (``exports/``) and their reports (``reports/``).
 OUTPUT_DIRS = ("exports", "reports")
 
 
-def _refused_directory(path: Path, settings: Settings) -> str | None:
+def _refused_directory(path: Path, places: Locations) -> str | None:
     """Why ``path`` (resolved) must not receive an export, or None.
 
     Refused: system directories and trees; the home directory itself; a new directory directly under
@@ -78,10 +71,10 @@ def _refused_directory(path: Path, settings: Settings) -> str | None:
         return "your home directory itself; choose a directory inside it"
     if path.parent == Path("/") and not path.exists():
         return "it would create a new top-level directory"
-    outputs = [settings.home_dir.resolve() / name for name in OUTPUT_DIRS]
+    outputs = [places.home.resolve() / name for name in OUTPUT_DIRS]
     if any(path.is_relative_to(out) and path != out for out in outputs):
         return None
-    for place in _local_warehouses(settings):
+    for place in places.local_directories():
         if path.is_relative_to(place):
             where = outputs[0]
             return f"inside the lakehouse's own directory {place}; choose a directory outside it (or under {where})"
@@ -89,7 +82,7 @@ def _refused_directory(path: Path, settings: Settings) -> str | None:
 
 
 def _open_out_dir(
-    out_dir: Path | str, settings: Settings, error: type[Exception] = ExportError, what: str = "export"
+    out_dir: Path | str, places: Locations, error: type[Exception] = ExportError, what: str = "export"
 ) -> tuple[Path, int]:
     """Create (if needed), open and lock an output directory; returns its resolved path and a descriptor.
 
@@ -98,7 +91,7 @@ def _open_out_dir(
 
     Args:
         out_dir: the directory asked for.
-        settings: where the lakehouse is (never written into).
+        places: where the lakehouse is (never written into).
         error: the exception raised (``ExportError``; the report passes ``ReportError``).
         what: the verb of the refusal (``export``, ``write the report``).
 
@@ -111,7 +104,7 @@ def _open_out_dir(
         resolved = root.resolve(strict=False)
     except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before Python 3.13), a bad name
         raise error(f"--out {root}: cannot resolve the path ({exc})") from None
-    why = _refused_directory(resolved, settings)
+    why = _refused_directory(resolved, places)
     if why:
         raise error(f"refusing to {what} into {resolved}: {why}")
     if resolved.exists() and not resolved.is_dir():

@@ -42,11 +42,13 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from common.settings import Settings
 from pipelines.errors import ExportError
 from pipelines.export._files import _refused_directory
+
+if TYPE_CHECKING:
+    from warehouse.lakehouse import Locations
 
 #: Environment variable naming a :func:`checkpoint` at which the export process kills itself (tests).
 CRASH_ENV = "TRAJLAKE_EXPORT_CRASH_AT"
@@ -138,7 +140,7 @@ def _clear_stale(parent_fd: int, parent: Path, name: str) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def open_target(out_dir: Path | str, settings: Settings, force: bool) -> Target:
+def open_target(out_dir: Path | str, places: Locations, force: bool) -> Target:
     """Check ``out_dir``, lock its parent, clear leftovers of killed exports and open a staging directory.
 
     Raises:
@@ -150,7 +152,7 @@ def open_target(out_dir: Path | str, settings: Settings, force: bool) -> Target:
         root = given.resolve(strict=False)
     except (RuntimeError, OSError) as exc:
         raise ExportError(f"--out {given}: cannot resolve the path ({exc})") from None
-    why = _refused_directory(root, settings)
+    why = _refused_directory(root, places)
     if why:
         raise ExportError(f"refusing to export into {root}: {why}")
     if root.exists() and not root.is_dir():

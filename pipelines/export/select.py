@@ -18,20 +18,19 @@ threshold are by default depends on the format:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from datetime import date, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pyiceberg.catalog import Catalog
-
-from common.settings import Settings
 from pipelines.errors import ExportError
 from pipelines.intake.ownership import has_payload_field
 from pipelines.parts import blob_texts
 from producers.importers.verdicts import SELF_REPORTED
 from quality.failure import EVALUATED_OUTCOMES, OUTCOMES
-from warehouse.sql import open_views
+
+if TYPE_CHECKING:
+    from warehouse.lakehouse import Lakehouse
 
 #: Split shares (percent of task families, by the sha256 of the family name).
 SPLIT_PERCENT = {"train": 80, "validation": 10, "test": 10}
@@ -255,11 +254,23 @@ def left_out(con: Any, filters: ExportFilters) -> dict[str, Any]:
 
 
 class _Blobs:
-    """Model-call content another session emitted (the host stores each text once), looked up and cached."""
+    """Model-call content another session emitted (the host stores each text once), looked up and cached.
 
-    def __init__(self, con: Any, capacity: int = 4096) -> None:
-        self.con, self.capacity = con, capacity
+    The lookup runs on its own connection (a query on the one streaming the sessions would end the
+    stream), opened by ``connect`` on the first lookup: an export whose calls carry their own text opens none.
+    """
+
+    def __init__(self, connect: Callable[[], Any], capacity: int = 4096) -> None:
+        self.connect, self.capacity = connect, capacity
+        self.opened: Any = None
         self.cache: dict[str, str] = {}
+
+    @property
+    def con(self) -> Any:
+        """The lookup's connection (opened now if it was not)."""
+        if self.opened is None:
+            self.opened = self.connect()
+        return self.opened
 
     def __call__(self, refs: Iterable[str]) -> dict[str, str]:
         wanted = list(refs)
@@ -292,26 +303,26 @@ def _split_sql(column: str) -> str:
 
 
 def _sessions(
-    settings: Settings,
-    catalog: Catalog,
+    lake: Lakehouse,
     filters: ExportFilters,
     weights: dict[str, float],
     batch_rows: int = 8192,
     chunk_sessions: int = 4096,
     report: dict[str, Any] | None = None,
+    memory_limit: str = "512MB",
 ) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], _Blobs]]:
     """Chosen sessions in ``session_id`` order with their steps and model calls (text redacted later, per record).
 
     Per chunk of ``chunk_sessions`` session ids, one query streams the session rows, their steps and
     their model calls as one sequence ordered by session id (kind 0, 1, 2 within a session), read in
     Arrow batches: memory is bounded by a chunk, not by the export's size. ``report`` (when given)
-    receives the sessions considered and what each rule left out (:func:`left_out`).
+    receives the sessions considered and what each rule left out (:func:`left_out`); ``memory_limit`` is
+    DuckDB's for the ordering (``TRAJLAKE_EXPORT_MEMORY_LIMIT``).
     """
-    con = open_views(settings, catalog)
-    spill = settings.home_dir / "tmp" / "export"
-    spill.mkdir(mode=0o700, parents=True, exist_ok=True)
+    con = lake.views()
+    spill = lake.scratch("export")
     # past the limit the ordering spills to TRAJLAKE_HOME/tmp/export: an export's memory does not follow its size
-    con.execute(f"SET memory_limit = '{settings.export_memory_limit.strip()}'")
+    con.execute(f"SET memory_limit = '{memory_limit.strip()}'")
     con.execute(f"SET temp_directory = '{spill}'")
     con.execute("SET threads = 2")  # each thread holds its own sort buffers
     where, params = _selection(filters)
@@ -411,7 +422,7 @@ def _sessions(
         f"SELECT min(session_id), max(session_id) FROM (SELECT session_id, (row_number() OVER "
         f"(ORDER BY session_id) - 1) // {int(chunk_sessions)} AS part FROM chosen_rows) GROUP BY part ORDER BY part"
     ).fetchall()
-    lookup = _Blobs(open_views(settings, catalog))  # its own connection: a query here would end a stream
+    lookup = _Blobs(lake.views)
     for low, high in ranges:
         within = "session_id BETWEEN $low AND $high"
         reader = con.sql(

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import duckdb
 
     from common.progress import Progress
-    from common.settings import Settings
+    from warehouse.lakehouse import Lakehouse
 
 __all__ = ["ReportError", "ReportStats", "page_name", "write_report"]
 
@@ -133,7 +133,7 @@ def _check_is_a_report(root: Path, dir_fd: int) -> None:
 
 
 def write_report(
-    settings: Settings,
+    lake: Lakehouse,
     out_dir: Path | str,
     *,
     export_dir: Path | str | None = None,
@@ -143,10 +143,10 @@ def write_report(
     """Write the report into ``out_dir`` (created; an earlier report there is replaced).
 
     Args:
-        settings: trajlake settings (the lakehouse; ``report_max_sessions``).
+        lake: the lakehouse.
         out_dir: the report's directory.
         export_dir: report on the sessions of this export (its directory) instead of the lakehouse.
-        max_pages: session pages at most (default ``TRAJLAKE_REPORT_MAX_SESSIONS``).
+        max_pages: session pages at most (default ``TRAJLAKE_REPORT_MAX_SESSIONS``, from the lakehouse's settings).
         progress: told of each session page written.
 
     Raises:
@@ -156,24 +156,23 @@ def write_report(
     """
     from pipelines.inspect import load_sessions
     from pipelines.report.html import overview_html, session_html
-    from warehouse.sql import open_views
 
     started = time.monotonic()
     generated = datetime.now(UTC)
-    limit = settings.report_max_sessions if max_pages is None else max_pages
+    limit = lake.settings.report_max_sessions if max_pages is None else max_pages
     manifest, ids = (None, None)
     if export_dir is not None:
         manifest, ids = export_sessions(Path(export_dir).expanduser().resolve())
     # where an export may write, a report may (never a system directory, $HOME itself or the
     # lakehouse), with the same exclusive, no-follow files; and only over an earlier report
-    root, root_fd = _open_out_dir(out_dir, settings, ReportError, "write the report")
+    root, root_fd = _open_out_dir(out_dir, lake.locations, ReportError, "write the report")
     pages_fd = -1
     con = None
     try:
         _check_is_a_report(root, root_fd)
         pages_fd = open_subdirectory(root_fd, "sessions")
         _remove_stale_temporaries(pages_fd)
-        con = open_views(settings)
+        con = lake.views()
         define_scope(con, ids)
         scope = f"export {manifest.get('export_id')} ({manifest.get('format')})" if manifest else "the lakehouse"
         data = overview(con, scope, limit)

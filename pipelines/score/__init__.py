@@ -56,6 +56,7 @@ from pipelines.score.record import (
     SCORED_SNAPSHOT,
     SCORED_VERSION,
     SCORED_WATERMARK,
+    ScoreOptions,
     quality_config,
     scoring_manifest,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "SCORED_SNAPSHOT",
     "SCORED_VERSION",
     "SCORED_WATERMARK",
+    "ScoreOptions",
     "ScoreStats",
     "index_days",
     "load_inputs",

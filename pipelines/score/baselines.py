@@ -14,21 +14,20 @@ from datetime import UTC, date, datetime, timedelta
 
 import duckdb
 import polars as pl
-from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from common.settings import Settings
 from pipelines.score.predicates import on_dates, on_days
 from pipelines.score.store import arrow_rows, refresh_view, replace_days
 from quality.anomalies import FEATURES
 from quality.combine import baseline_days, baseline_of, profiles
 from quality.config import QualityConfig
+from warehouse.lakehouse import Lakehouse
 from warehouse.snapshots import day_partitions, live_files
-from warehouse.tables import PROFILES, SESSION_INDEX, ensure_table
+from warehouse.tables import PROFILES, SESSION_INDEX
 
 
 def baselines(
-    settings: Settings, catalog: Catalog, con: duckdb.DuckDBPyConnection, facts: pl.DataFrame, config: QualityConfig
+    lake: Lakehouse, con: duckdb.DuckDBPyConnection, facts: pl.DataFrame, config: QualityConfig
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """:func:`quality.combine.baseline_days` of ``facts``' groups and the stats of those baselines.
 
@@ -45,13 +44,13 @@ def baselines(
     chosen = baseline_days(counts, config.min_profile_sessions)
     chosen = chosen.join(wanted, on=["profile", "day"], how="inner", nulls_equal=True)
     chosen_days = chosen["baseline_day"].unique().to_list()
-    write_profiles(settings, catalog, con, chosen_days, config)
+    write_profiles(lake, con, chosen_days, config)
     rows = con.sql(f"SELECT * FROM profiles WHERE {on_dates(chosen_days)}").pl()
     return chosen, baseline_of(rows.cast({"day": pl.Date}))
 
 
 def write_profiles(
-    settings: Settings, catalog: Catalog, con: duckdb.DuckDBPyConnection, days: list[date | None], config: QualityConfig
+    lake: Lakehouse, con: duckdb.DuckDBPyConnection, days: list[date | None], config: QualityConfig
 ) -> None:
     """Recompute the profiles of those of ``days`` (every profile of each) whose index files changed.
 
@@ -59,8 +58,8 @@ def write_profiles(
     they are still the day's files — no session of the day was indexed, re-indexed or moved since, and
     the scorer is the same — the row holds and the day is not read again.
     """
-    table = ensure_table(catalog, settings, PROFILES.name)
-    prints = index_files(ensure_table(catalog, settings, SESSION_INDEX.name))
+    table = lake.table(PROFILES.name)
+    prints = index_files(lake.table(SESSION_INDEX.name))
     wanted = sorted(set(days), key=lambda d: (d is None, d or date.min))
     held: dict[date | None, set[tuple[str | None, str | None]]] = {}
     for day, files, version in con.sql(
@@ -84,7 +83,7 @@ def write_profiles(
         )
         replace_days(table, arrow_rows(rows, PROFILES, config.scorer_version, datetime.now(UTC)), chunk)
     if stale:
-        refresh_view(con, settings, catalog, PROFILES)
+        refresh_view(con, lake, PROFILES)
 
 
 def index_files(table: Table) -> dict[date | None, str]:

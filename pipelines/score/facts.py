@@ -12,10 +12,8 @@ from datetime import UTC, datetime
 
 import duckdb
 import polars as pl
-from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import And
 
-from common.settings import Settings
 from pipelines.score.inputs import read_inputs, scope_views
 from pipelines.score.predicates import DETECTOR_FLAGS, on_days, whole_days
 from pipelines.score.stats import ScoreStats
@@ -32,15 +30,15 @@ from pipelines.score.store import (
 from quality.config import QualityConfig
 from quality.dedup import session_keys
 from quality.facts import facts_digest, session_facts
-from warehouse.tables import BAND_KEYS, FLAGS, SESSION_INDEX, ensure_table
+from warehouse.lakehouse import Lakehouse
+from warehouse.tables import BAND_KEYS, FLAGS, SESSION_INDEX
 
 #: Stale sessions of one day deleted by id at most; a day with more goes whole (its current facts recomputed too).
 BY_ID_PER_DAY = 10_000
 
 
 def index_sessions(
-    settings: Settings,
-    catalog: Catalog,
+    lake: Lakehouse,
     con: duckdb.DuckDBPyConnection,
     chunk: pl.DataFrame,
     config: QualityConfig,
@@ -58,7 +56,7 @@ def index_sessions(
     run = run or ScoreStats()
     sessions = chunk["session_id"].to_list()
     with run.phase("level1.read"):
-        scope_views(con, sessions, chunk["day"].unique().to_list(), (settings, catalog))
+        scope_views(con, sessions, chunk["day"].unique().to_list(), lake)
         inputs = read_inputs(con)
         assembled = con.sql("SELECT session_id, assembled_at FROM scoped_traj").pl()
     with run.phase("level1.facts"):
@@ -68,32 +66,31 @@ def index_sessions(
         facts = level1.facts.join(assembled, on="session_id", how="left").with_columns(
             pl.lit(facts_digest(config)).alias("config_digest"), session_keys(level1.facts["session_id"])
         )
-        index = ensure_table(catalog, settings, SESSION_INDEX.name)
+        index = lake.table(SESSION_INDEX.name)
         mine = old.filter(pl.col("session_id").is_in(chunk["session_id"].implode()))
         keys = delete_keys(mine)  # flags exist only where an index row does
         replace_sessions(index, arrow_rows(facts, SESSION_INDEX, config.scorer_version, now), keys)
         # their band keys (the old rows found by the keys of the same session ids)
         bands = band_rows(facts)
         old_bands = keys.with_columns(session_keys(keys["session_id"]))
-        band_table = ensure_table(catalog, settings, BAND_KEYS.name)
+        band_table = lake.table(BAND_KEYS.name)
         replace_sessions(band_table, arrow_rows(bands, BAND_KEYS, config.scorer_version, now), old_bands, "session_key")
         # detector flags: replaced for these sessions (anomaly flags belong to level 2)
         flags = level1.cheat_flags.join(facts.select("session_id", "started_at"), on="session_id", how="left")
-        flags_table = ensure_table(catalog, settings, FLAGS.name)
+        flags_table = lake.table(FLAGS.name)
         flag_rows = arrow_rows(flags, FLAGS, config.scorer_version, now)
         replace_sessions(flags_table, flag_rows, keys, extra=DETECTOR_FLAGS)
 
 
-def refresh_index_views(con: duckdb.DuckDBPyConnection, settings: Settings, catalog: Catalog) -> None:
+def refresh_index_views(con: duckdb.DuckDBPyConnection, lake: Lakehouse) -> None:
     """Point the ``session_index`` and ``band_keys`` views at what level 1 wrote: level 2 reads them next."""
-    refresh_view(con, settings, catalog, SESSION_INDEX)
-    refresh_view(con, settings, catalog, BAND_KEYS)
+    refresh_view(con, lake, SESSION_INDEX)
+    refresh_view(con, lake, BAND_KEYS)
 
 
 def make_room(
     con: duckdb.DuckDBPyConnection,
-    settings: Settings,
-    catalog: Catalog,
+    lake: Lakehouse,
     to_index: pl.DataFrame,
     changed: pl.DataFrame,
     everything: bool,
@@ -109,17 +106,15 @@ def make_room(
     """
     if everything:
         for spec in (SESSION_INDEX, BAND_KEYS, FLAGS):
-            clear_table(ensure_table(catalog, settings, spec.name))
+            clear_table(lake.table(spec.name))
         return to_index
-    again = drop_facts(con, settings, catalog, index_positions(con, to_index))
+    again = drop_facts(con, lake, index_positions(con, to_index))
     return pl.concat([to_index, changed.join(again, on="session_id", how="semi")]).sort(
         "started_at", "session_id", nulls_last=True
     )
 
 
-def drop_facts(
-    con: duckdb.DuckDBPyConnection, settings: Settings, catalog: Catalog, positions: pl.DataFrame
-) -> pl.DataFrame:
+def drop_facts(con: duckdb.DuckDBPyConnection, lake: Lakehouse, positions: pl.DataFrame) -> pl.DataFrame:
     """Delete the level-1 rows (index, band keys, detector flags) of the sessions at ``positions``.
 
     A day all of whose index rows go — or more than :data:`BY_ID_PER_DAY` of them — is deleted
@@ -152,7 +147,7 @@ def drop_facts(
         (BAND_KEYS, "session_key", None),
         (FLAGS, "session_id", DETECTOR_FLAGS),
     ):
-        table = ensure_table(catalog, settings, spec.name)
+        table = lake.table(spec.name)
         if whole:
             within = whole_days("started_at", whole)
             delete_and_append(table, None, within if extra is None else And(within, extra))

@@ -12,11 +12,10 @@ from datetime import UTC, date
 import duckdb
 import polars as pl
 import pyarrow as pa
-from pyiceberg.catalog import Catalog
 
-from common.settings import Settings
 from pipelines.score.predicates import instant, on_days
-from warehouse.sql import open_views, register_tiered
+from warehouse.lakehouse import Lakehouse
+from warehouse.sql import register_tiered
 from warehouse.tables import RAW_EVENTS, STEPS, TRAJECTORIES
 
 TRAJECTORY_QUERY = """
@@ -81,17 +80,14 @@ FROM scoped_events WHERE event_type = 'network_request'
 """
 
 
-def load_inputs(
-    settings: Settings, catalog: Catalog | None = None, sessions: list[str] | None = None
-) -> dict[str, pl.DataFrame]:
+def load_inputs(lake: Lakehouse, sessions: list[str] | None = None) -> dict[str, pl.DataFrame]:
     """The input frames (trajectories, steps, file_ops, network, sessions) from the views.
 
     Args:
-        settings: where the lakehouse is.
-        catalog: an open catalog, or None.
+        lake: the lakehouse.
         sessions: only these sessions (None: every session).
     """
-    con = open_views(settings, catalog)
+    con = lake.views()
     try:
         scope_views(con, sessions)
         return read_inputs(con)
@@ -141,7 +137,7 @@ def scope_views(
     con: duckdb.DuckDBPyConnection,
     sessions: list[str] | None,
     days: list[date | None] | None = None,
-    lakehouse: tuple[Settings, Catalog] | None = None,
+    lakehouse: Lakehouse | None = None,
 ) -> None:
     """``scoped_*`` views: the views restricted to ``sessions`` (and, for events and steps, to their days).
 
@@ -162,7 +158,7 @@ def scope_views(
     source = "trajectories"
     if lakehouse is not None and days is not None:
         listed = set(days)
-        register_tiered(con, *lakehouse, TRAJECTORIES, view="within_trajectories", on_days=lambda d: d in listed)
+        register_tiered(con, lakehouse, TRAJECTORIES, view="within_trajectories", on_days=lambda d: d in listed)
         source = "within_trajectories"
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE scoped_traj AS SELECT * FROM {source} "
@@ -193,7 +189,7 @@ def scope_views(
     for view, spec in (("steps", STEPS), ("events", RAW_EVENTS)):
         source = view
         if lakehouse is not None and spanned is not None:
-            register_tiered(con, *lakehouse, spec, view=f"within_{view}", on_days=spanned)
+            register_tiered(con, lakehouse, spec, view=f"within_{view}", on_days=spanned)
             source = f"within_{view}"
         con.execute(
             f"CREATE OR REPLACE TEMP VIEW scoped_{view} AS SELECT * FROM {source} "

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
-
-from pyiceberg.catalog import Catalog
+from dataclasses import dataclass
 
 from common.errors import ConfigError
 from common.settings import Settings
 from quality.config import QualityConfig
-from warehouse.catalog import open_catalog
-from warehouse.tables import SCORES, TRAJECTORIES, ensure_table
+from warehouse.lakehouse import Lakehouse
+from warehouse.tables import SCORES, TRAJECTORIES
 from warehouse.transactions import retry_on_conflict, transaction
 
 log = logging.getLogger("trajlake.score")
@@ -54,14 +53,37 @@ def quality_config(settings: Settings) -> QualityConfig:
         raise ConfigError(f"quality configuration: {exc}") from exc
 
 
-def scoring_manifest(settings: Settings, catalog: Catalog | None = None) -> dict[str, object]:
-    """The scoring configuration the current ``scores`` were computed with (for export manifests).
+@dataclass(frozen=True)
+class ScoreOptions:
+    """What a scoring run reads from the configuration.
 
-    Falls back to the configuration in force now when nothing has been scored yet.
+    Attributes:
+        config: the quality knobs (:func:`quality_config`).
+        chunk_sessions: sessions per chunk of a run (``TRAJLAKE_SCORE_CHUNK_SESSIONS``): memory is bounded by it.
+        watermark_lag_s: how far behind the latest ``assembled_at`` a run looks again, for other machines'
+            clocks (``TRAJLAKE_SCORE_WATERMARK_LAG_S``).
     """
 
-    catalog = catalog or open_catalog(settings)
-    props = ensure_table(catalog, settings, SCORES.name).properties
+    config: QualityConfig
+    chunk_sessions: int = 100_000
+    watermark_lag_s: float = 120.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ScoreOptions:
+        """The options the settings give.
+
+        Raises:
+            ConfigError: the quality configuration is inconsistent.
+        """
+        return cls(quality_config(settings), settings.score_chunk_sessions, settings.score_watermark_lag_s)
+
+
+def scoring_manifest(lake: Lakehouse) -> dict[str, object]:
+    """The scoring configuration the current ``scores`` were computed with (for export manifests).
+
+    Falls back to the configuration in force now (the lakehouse's settings) when nothing has been scored yet.
+    """
+    props = lake.table(SCORES.name).properties
     recorded = props.get(SCORED_CONFIG)
     if recorded:
         try:
@@ -70,23 +92,22 @@ def scoring_manifest(settings: Settings, catalog: Catalog | None = None) -> dict
                 return {**manifest, "digest": props.get(SCORED_DIGEST)}
         except ValueError:
             log.warning("scores table carries an unreadable scoring configuration; reporting the current one")
-    config = quality_config(settings)
+    config = quality_config(lake.settings)
     return {**config.manifest(), "digest": config.digest()}
 
 
-def last_run(settings: Settings, catalog: Catalog) -> tuple[dict[str, str], int | None]:
+def last_run(lake: Lakehouse) -> tuple[dict[str, str], int | None]:
     """What the last run recorded (the ``scores`` table properties) and the current ``trajectories`` snapshot id.
 
     The snapshot id is None while there are no trajectories.
     """
-    snapshot = ensure_table(catalog, settings, TRAJECTORIES.name).current_snapshot()
-    props = ensure_table(catalog, settings, SCORES.name).properties
+    snapshot = lake.table(TRAJECTORIES.name).current_snapshot()
+    props = lake.table(SCORES.name).properties
     return props, snapshot.snapshot_id if snapshot else None
 
 
 def commit_scores(
-    settings: Settings,
-    catalog: Catalog,
+    lake: Lakehouse,
     config: QualityConfig,
     snapshot_id: int | None,
     props: dict[str, str],
@@ -107,7 +128,7 @@ def commit_scores(
         covered[SCORED_WATERMARK] = watermark
     if all(props.get(k) == v for k, v in covered.items()):
         return
-    table = ensure_table(catalog, settings, SCORES.name)
+    table = lake.table(SCORES.name)
 
     def attempt() -> None:
         table.refresh()

@@ -25,7 +25,7 @@ from pipelines.score.baselines import baselines, write_profiles
 from pipelines.score.clusters import update_clusters
 from pipelines.score.context import chunk_facts, novelty_context
 from pipelines.score.facts import drop_facts, index_sessions, make_room, refresh_index_views
-from pipelines.score.record import commit_scores, last_run, quality_config
+from pipelines.score.record import ScoreOptions, commit_scores, last_run
 from pipelines.score.scope import RunScope, Selection, changed_sessions, plan_run, select_sessions, sessions_on_days
 from pipelines.score.stats import ScoreStats
 from pipelines.score.store import NO_POSITIONS, index_positions
@@ -35,23 +35,26 @@ from quality.combine import combine
 from quality.config import QualityConfig
 from quality.facts import facts_digest
 from quality.scoring import finish_scores
-from warehouse.catalog import open_catalog
-from warehouse.locks import job_lock
-from warehouse.sql import open_views
+from warehouse.lakehouse import Lakehouse, as_lakehouse
 
 log = logging.getLogger("trajlake.score")
 
 
 def score_all(
-    settings: Settings, catalog: Catalog | None = None, force: bool = False, progress: Progress | None = None
+    lake: Lakehouse | Settings,
+    catalog: Catalog | None = None,
+    force: bool = False,
+    progress: Progress | None = None,
+    options: ScoreOptions | None = None,
 ) -> ScoreStats:
     """Score the sessions new or changed since the last run (every session when the configuration changed).
 
     Args:
-        settings: trajlake settings (quality knobs, ``score_chunk_sessions``).
-        catalog: Iceberg catalog; opened from settings by default.
+        lake: the lakehouse (settings in its place: one is opened from them, with ``catalog``).
+        catalog: the catalog to open the lakehouse on when ``lake`` is settings.
         force: rescore every session even when nothing changed.
         progress: told of the sessions indexed (level 1), then of the sessions scored (level 2), per chunk.
+        options: the quality knobs and chunk size; read from the lakehouse's settings by default.
 
     Returns:
         :class:`~pipelines.score.stats.ScoreStats` (``skipped`` when the last run already covered
@@ -62,17 +65,17 @@ def score_all(
         LockBusy: another scoring run held the catalog's ``score`` lock for as long as we waited.
         ConfigError: the quality configuration is inconsistent.
     """
-    catalog = catalog or open_catalog(settings)
+    lake = as_lakehouse(lake, catalog)
     # One scoring run at a time across every process and machine sharing the catalog: a
     # second run waits, then finds the scores up to date.
-    with job_lock(settings, catalog, "score"):
-        return _score_all(settings, catalog, force, progress)
+    with lake.lock("score"):
+        return _score_all(lake, options or ScoreOptions.from_settings(lake.settings), force, progress)
 
 
-def _score_all(settings: Settings, catalog: Catalog, force: bool, progress: Progress | None = None) -> ScoreStats:
+def _score_all(lake: Lakehouse, options: ScoreOptions, force: bool, progress: Progress | None = None) -> ScoreStats:
     started = time.monotonic()
-    config = quality_config(settings)
-    props, snapshot_id = last_run(settings, catalog)
+    config = options.config
+    props, snapshot_id = last_run(lake)
     stats = ScoreStats(scorer_version=config.scorer_version, config_digest=config.digest())
     stats.trajectories_snapshot_id = snapshot_id
     # scope: what the last run recorded decides what this one covers
@@ -82,29 +85,29 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool, progress: Prog
         stats.config_digest,
         stats.trajectories_snapshot_id,
         force,
-        settings.score_watermark_lag_s,
+        options.watermark_lag_s,
     )
     stats.mode = scope.mode
     if scope.mode == "skipped":
         stats.skipped = True
         stats.seconds = time.monotonic() - started
         return stats
-    con = open_views(settings, catalog)
+    con = lake.views()
     try:
         with stats.phase("changed"):
             changed = changed_sessions(con, scope.since_us)
         if changed.height == 0 and not scope.full:  # a new snapshot without new trajectories (tiering, compaction)
-            commit_scores(settings, catalog, config, stats.trajectories_snapshot_id, props, scope.watermark)
-            summarize(con, settings, catalog, stats)
+            commit_scores(lake, config, stats.trajectories_snapshot_id, props, scope.watermark)
+            summarize(con, lake, stats)
             stats.seconds = time.monotonic() - started
             return stats
         with stats.phase("changed"):
             selection = select_sessions(con, changed, scope, facts_digest(config), force)
         if scope.full:
-            clear_level2(settings, catalog, con, config)
+            clear_level2(lake, con, config)
         # level 1: the changed sessions' own facts
         with stats.phase("level1"):
-            old, indexed = _level1(settings, catalog, con, scope, selection, config, force, stats, progress)
+            old, indexed = _level1(lake, options, con, scope, selection, force, stats, progress)
         # level 2: every session whose answer the changed ones move, chunk by chunk
         with stats.phase("affected"):
             targets = every_session(con) if scope.full else affected_sessions(con, selection.changed, old, config)
@@ -112,19 +115,17 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool, progress: Prog
         stats.affected_days = targets["day"].n_unique()
         moved = moved_sessions(indexed, old)
         with stats.phase("level2"):
-            for chunk in _chunks(targets, settings.score_chunk_sessions):
-                stats.rescored_sessions += _rescore(
-                    settings, catalog, con, chunk, changed_ids, config, old, moved, stats
-                )
+            for chunk in _chunks(targets, options.chunk_sessions):
+                stats.rescored_sessions += _rescore(lake, con, chunk, changed_ids, config, old, moved, stats)
                 if progress is not None:
                     progress(stats.rescored_sessions, targets.height, "sessions scored")
         with stats.phase("profiles"):
             touched = targets["day"].unique().to_list() if scope.full else touched_days(selection.changed, old)
-            write_profiles(settings, catalog, con, touched, config)
+            write_profiles(lake, con, touched, config)
         # summary: the ``scores`` commit, last, records what the run covered
         with stats.phase("summary"):
-            commit_scores(settings, catalog, config, stats.trajectories_snapshot_id, props, selection.watermark)
-            summarize(con, settings, catalog, stats)
+            commit_scores(lake, config, stats.trajectories_snapshot_id, props, selection.watermark)
+            summarize(con, lake, stats)
     finally:
         con.close()
     stats.seconds = time.monotonic() - started
@@ -140,12 +141,11 @@ def _score_all(settings: Settings, catalog: Catalog, force: bool, progress: Prog
 
 
 def _level1(
-    settings: Settings,
-    catalog: Catalog,
+    lake: Lakehouse,
+    options: ScoreOptions,
     con: duckdb.DuckDBPyConnection,
     scope: RunScope,
     selection: Selection,
-    config: QualityConfig,
     force: bool,
     stats: ScoreStats,
     progress: Progress | None = None,
@@ -159,19 +159,18 @@ def _level1(
     # where changed sessions stood (rows to delete where their start moved); a full run deletes those rows first
     old = NO_POSITIONS if scope.full else index_positions(con, to_index)
     if scope.full:
-        to_index = make_room(con, settings, catalog, to_index, selection.changed, force or selection.current.len() == 0)
-    for chunk in _chunks(to_index, settings.score_chunk_sessions):
-        index_sessions(settings, catalog, con, chunk, config, old, stats)
+        to_index = make_room(con, lake, to_index, selection.changed, force or selection.current.len() == 0)
+    for chunk in _chunks(to_index, options.chunk_sessions):
+        index_sessions(lake, con, chunk, options.config, old, stats)
         stats.changed_sessions += chunk.height
         if progress is not None:
             progress(stats.changed_sessions, to_index.height, "sessions indexed")
-    refresh_index_views(con, settings, catalog)
+    refresh_index_views(con, lake)
     return old, to_index
 
 
 def _rescore(
-    settings: Settings,
-    catalog: Catalog,
+    lake: Lakehouse,
     con: duckdb.DuckDBPyConnection,
     targets: pl.DataFrame,
     changed: set[str] | None,
@@ -191,17 +190,17 @@ def _rescore(
         return 0
     with run.phase("level2.context"):
         context = novelty_context(con, facts, config)
-        groups, group_stats = baselines(settings, catalog, con, facts, config)
+        groups, group_stats = baselines(lake, con, facts, config)
     with run.phase("level2.combine"):
         level2 = combine(facts, context, config, groups, group_stats)
     with run.phase("level2.clusters"):
         clusters = update_clusters(con, facts, level2.scores, changed, config, old, moved, run)
     scores = finish_scores(level2.scores, clusters[1], config)
-    write_level2(settings, catalog, con, facts, scores, level2.anomaly_flags, clusters, old, config, run)
+    write_level2(lake, con, facts, scores, level2.anomaly_flags, clusters, old, config, run)
     return facts.height
 
 
-def index_days(settings: Settings, days: list[date | None], catalog: Catalog | None = None) -> int:
+def index_days(lake: Lakehouse, days: list[date | None], options: ScoreOptions | None = None) -> int:
     """Level 1 for every session started on ``days``: their ``session_index`` rows and detector flags.
 
     The expensive half of a full rescore, independent per day: Dagster runs it as daily partitions
@@ -210,14 +209,13 @@ def index_days(settings: Settings, days: list[date | None], catalog: Catalog | N
     Returns:
         The sessions indexed.
     """
-    catalog = catalog or open_catalog(settings)
-    config = quality_config(settings)
-    con = open_views(settings, catalog)
+    options = options or ScoreOptions.from_settings(lake.settings)
+    con = lake.views()
     try:
         sessions = sessions_on_days(con, days)
-        drop_facts(con, settings, catalog, index_positions(con, sessions))
-        for chunk in _chunks(sessions, settings.score_chunk_sessions):
-            index_sessions(settings, catalog, con, chunk, config, NO_POSITIONS)
+        drop_facts(con, lake, index_positions(con, sessions))
+        for chunk in _chunks(sessions, options.chunk_sessions):
+            index_sessions(lake, con, chunk, options.config, NO_POSITIONS)
         return sessions.height
     finally:
         con.close()

@@ -14,15 +14,14 @@ from datetime import date, datetime
 import duckdb
 import polars as pl
 import pyarrow as pa
-from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, In, IsNull, Or, Reference, literal
 from pyiceberg.table import Table
 
-from common.settings import Settings
 from pipelines.score.predicates import day_terms, on_days, on_times
 from quality.dedup import flat_band_keys
+from warehouse.lakehouse import Lakehouse
 from warehouse.sql import register_table
-from warehouse.tables import TableSpec, ensure_table
+from warehouse.tables import TableSpec
 from warehouse.transactions import retry_on_conflict, transaction
 
 #: ``session_index`` positions of no session (:func:`index_positions`' schema).
@@ -211,6 +210,6 @@ def delete_and_append(
     retry_on_conflict(f"update {table.name()[-1]}", attempt)
 
 
-def refresh_view(con: duckdb.DuckDBPyConnection, settings: Settings, catalog: Catalog, spec: TableSpec) -> None:
+def refresh_view(con: duckdb.DuckDBPyConnection, lake: Lakehouse, spec: TableSpec) -> None:
     """Point ``spec``'s view on ``con`` at the table's current snapshot (after this run wrote it)."""
-    register_table(con, spec.view, ensure_table(catalog, settings, spec.name), spec)
+    register_table(con, spec.view, lake.table(spec.name), spec)

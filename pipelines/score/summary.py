@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import duckdb
-from pyiceberg.catalog import Catalog
 
-from common.settings import Settings
 from pipelines.score.stats import ScoreStats
 from pipelines.score.store import refresh_view
+from warehouse.lakehouse import Lakehouse
 from warehouse.tables import DUPLICATES, FLAGS, SCORES
 
 
-def summarize(con: duckdb.DuckDBPyConnection, settings: Settings, catalog: Catalog, stats: ScoreStats) -> None:
+def summarize(con: duckdb.DuckDBPyConnection, lake: Lakehouse, stats: ScoreStats) -> None:
     """Fill the counters of ``stats`` from the quality tables as they now stand."""
     for spec in (SCORES, FLAGS, DUPLICATES):
-        refresh_view(con, settings, catalog, spec)
+        refresh_view(con, lake, spec)
     row = con.execute("SELECT count(*), count(*) FILTER (WHERE exportable), avg(quality) FROM scores").fetchone()
     if row is not None:
         stats.sessions, stats.exportable = int(row[0]), int(row[1])

@@ -13,10 +13,8 @@ from datetime import UTC, datetime
 
 import duckdb
 import polars as pl
-from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import EqualTo, Not, Or, Reference, literal
 
-from common.settings import Settings
 from pipelines.score.predicates import ANOMALY_FLAGS
 from pipelines.score.stats import ScoreStats
 from pipelines.score.store import (
@@ -31,10 +29,11 @@ from pipelines.score.store import (
 )
 from quality.combine import exportable
 from quality.config import QualityConfig
-from warehouse.tables import DUPLICATES, FLAGS, PROFILES, SCORES, ensure_table
+from warehouse.lakehouse import Lakehouse
+from warehouse.tables import DUPLICATES, FLAGS, PROFILES, SCORES
 
 
-def clear_level2(settings: Settings, catalog: Catalog, con: duckdb.DuckDBPyConnection, config: QualityConfig) -> None:
+def clear_level2(lake: Lakehouse, con: duckdb.DuckDBPyConnection, config: QualityConfig) -> None:
     """Before a full run: empty ``scores``, ``duplicates`` and ``profiles``, and drop flags it recomputes.
 
     Clusters must be rebuilt from empty (see :func:`pipelines.score.clusters.cluster_set`), and rows
@@ -42,19 +41,18 @@ def clear_level2(settings: Settings, catalog: Catalog, con: duckdb.DuckDBPyConne
     scorer version. Readers see partial quality tables until the run ends.
     """
     for spec in (SCORES, DUPLICATES, PROFILES):
-        clear_table(ensure_table(catalog, settings, spec.name))
+        clear_table(lake.table(spec.name))
     stale_flags = Or(
         ANOMALY_FLAGS,
         Not(EqualTo(term=Reference("scorer_version"), value=literal(config.scorer_version))),
     )
-    delete_and_append(ensure_table(catalog, settings, FLAGS.name), None, stale_flags)
+    delete_and_append(lake.table(FLAGS.name), None, stale_flags)
     for spec in (SCORES, FLAGS, DUPLICATES, PROFILES):
-        refresh_view(con, settings, catalog, spec)
+        refresh_view(con, lake, spec)
 
 
 def write_level2(
-    settings: Settings,
-    catalog: Catalog,
+    lake: Lakehouse,
     con: duckdb.DuckDBPyConnection,
     facts: pl.DataFrame,
     scores: pl.DataFrame,
@@ -67,8 +65,7 @@ def write_level2(
     """Replace the chunk's ``scores`` and anomaly ``flags``, and the ``duplicates`` rows its clusters changed.
 
     Args:
-        settings: where the lakehouse is.
-        catalog: the open catalog.
+        lake: the lakehouse.
         con: the run's views (pointed at the new snapshots afterwards).
         facts: the chunk's targets' index rows.
         scores: their final scores (:func:`quality.scoring.finish_scores`).
@@ -102,7 +99,7 @@ def write_level2(
         anomaly_rows = arrow_rows(anomalies, FLAGS, config.scorer_version, now)
         # the targets' rows are on their days, or where a moved session was before this run
         near = facts["day"].unique().to_list() + old["day"].unique().to_list()
-        flags_table = ensure_table(catalog, settings, FLAGS.name)
+        flags_table = lake.table(FLAGS.name)
         replace_sessions(
             flags_table,
             anomaly_rows,
@@ -110,20 +107,20 @@ def write_level2(
             extra=ANOMALY_FLAGS,
         )
     with run.phase("level2.write"), run.phase("level2.write.duplicates"):
-        dup_table = ensure_table(catalog, settings, DUPLICATES.name)
+        dup_table = lake.table(DUPLICATES.name)
         dup_keys = existing_keys(con, "duplicates", dup_ids)
         replace_sessions(dup_table, arrow_rows(dup_rows, DUPLICATES, config.scorer_version, now), dup_keys)
     with run.phase("level2.write"), run.phase("level2.write.scores"):
         # kept: rows read just now
         score_keys = delete_keys(existing_keys(con, "scores", facts["session_id"], near), kept)
         replace_sessions(
-            ensure_table(catalog, settings, SCORES.name),
+            lake.table(SCORES.name),
             arrow_rows(scores, SCORES, config.scorer_version, now),
             score_keys,
         )
     with run.phase("level2.write"):
         for spec in (FLAGS, DUPLICATES, SCORES):
-            refresh_view(con, settings, catalog, spec)
+            refresh_view(con, lake, spec)
 
 
 def score_rows(con: duckdb.DuckDBPyConnection, sessions: pl.DataFrame) -> pl.DataFrame:

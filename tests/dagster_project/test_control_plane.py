@@ -28,6 +28,7 @@ from pipelines.ingest import run_ingest
 from pipelines.score import score_all
 from tests.helpers import AS_OF, BASE_US, day_events, plain, produce, run_check, sample_events, write_raw
 from warehouse.catalog import open_catalog
+from warehouse.lakehouse import Lakehouse
 from warehouse.tables import DEAD_LETTERS, ensure_table
 
 
@@ -121,7 +122,9 @@ def test_export_count_check_compares_the_export_with_the_lakehouse(settings: Set
     assert evaluation.check_name == "export_count" and evaluation.passed
     records = plain(evaluation.metadata)["records"]
     assert records == plain(evaluation.metadata)["exportable"]
-    one_lost = export_count_result(settings, datetime.fromisoformat(day).date(), records - 1, settings.quality_min)
+    one_lost = export_count_result(
+        Lakehouse.open(settings), datetime.fromisoformat(day).date(), records - 1, settings.quality_min
+    )
     assert not one_lost.passed
     # the export's HTML report, linked from the materialization
     metadata = result.asset_materializations_for_node("training_set")[0].metadata

@@ -27,6 +27,14 @@ def test_resource_fields_override_the_environment(tmp_path: Path, monkeypatch: p
     )
 
 
+def test_the_resource_opens_the_lakehouse_its_fields_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("TRAJLAKE_CATALOG_URI", "TRAJLAKE_CATALOG_PROPERTIES", "TRAJLAKE_HOT_WAREHOUSE"):
+        monkeypatch.delenv(name, raising=False)
+    lake = LakehouseResource(home=str(tmp_path / "home"), iceberg=IcebergConfig(namespace="ns")).open()
+    assert lake.namespace == "ns" and lake.home == (tmp_path / "home").resolve()
+    assert {name for _, name in lake.catalog.list_tables("ns")} >= {"raw_events", "trajectories", "scores"}
+
+
 @pytest.mark.parametrize("error", [KafkaUnavailable("broker down"), CommitConflict("lost five races")])
 def test_transient_errors_become_dagster_retries(error: Exception) -> None:
     with pytest.raises(RetryRequested) as raised, transient_retries():

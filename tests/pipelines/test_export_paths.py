@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from common.settings import Settings, load_settings
 from pipelines.export import ExportError
 from pipelines.export._files import _ExclusiveFile, _open_out_dir, _refused_directory
+from warehouse.lakehouse import Locations
 
 
 @pytest.fixture
@@ -23,7 +24,7 @@ def lake(tmp_path: Path) -> Settings:
 
 
 def opened(out: Path | str, settings: Settings) -> Path:
-    root, fd = _open_out_dir(out, settings)
+    root, fd = _open_out_dir(out, Locations.of(settings))
     os.close(fd)
     return root
 
@@ -108,12 +109,14 @@ def test_fuzz_an_export_directory_is_refused_or_safe(links: dict[str, str], data
                 link.symlink_to(resolved_target)
         out = base / "tree" / Path(*path)
         try:
-            root, fd = _open_out_dir(out, settings)
+            root, fd = _open_out_dir(out, Locations.of(settings))
         except ExportError:
             return
         os.close(fd)
         assert root.is_dir()
-        assert _refused_directory(root, settings) is None or root.is_relative_to(base / "home" / "exports")
+        assert _refused_directory(root, Locations.of(settings)) is None or root.is_relative_to(
+            base / "home" / "exports"
+        )
         assert not (root.parent == Path("/") and root.name not in top_level)
     finally:
         for name in set(os.listdir("/")) - top_level:  # never expected; remove so one failure does not leak

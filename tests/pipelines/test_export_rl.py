@@ -239,14 +239,12 @@ def test_llm_session_exports_the_server_token_ids_and_logprobs(tmp_path: Path) -
 @pytest.mark.slow
 def test_chunked_stream_gives_every_session_its_own_steps_and_calls_once(lake: Settings) -> None:
     from pipelines.export.select import _sessions
-    from warehouse.catalog import open_catalog
+    from warehouse.lakehouse import Lakehouse
 
-    catalog = open_catalog(lake)
+    opened = Lakehouse.open(lake)
 
     def stream(chunk: int) -> list[tuple[str, int, int]]:
-        rows = _sessions(
-            lake, catalog, ExportFilters(origins=(), min_quality=0.0), {}, batch_rows=7, chunk_sessions=chunk
-        )
+        rows = _sessions(opened, ExportFilters(origins=(), min_quality=0.0), {}, batch_rows=7, chunk_sessions=chunk)
         return [(s["session_id"], len(steps), len(calls)) for s, steps, calls, _ in rows]
 
     whole, chunked = stream(100_000), stream(3)

@@ -23,6 +23,7 @@ from pipelines.export import FORMATS, ExportFilters, export_training_set
 from pipelines.score import score_all
 from producers.importers import import_trajectory
 from tests.helpers import write_raw
+from warehouse.lakehouse import Lakehouse
 
 EVERY = ExportFilters(min_quality=0.0, outcome="all")
 
@@ -115,10 +116,10 @@ def test_show_and_the_report_hold_no_corpus_secret(lake, tmp_path: Path):
     shown = {}
     for case in cases:
         console = Console(record=True, width=200, file=open("/dev/null", "w"))
-        render_session(console, load_session(settings, sessions[case.id]), full=True)
+        render_session(console, load_session(Lakehouse.open(settings), sessions[case.id]), full=True)
         shown[case.id] = console.export_text()
         console.file.close()
-    write_report(settings, tmp_path / "report", max_pages=len(cases))
+    write_report(Lakehouse.open(settings), tmp_path / "report", max_pages=len(cases))
     report = "\n".join(p.read_text(errors="replace") for p in (tmp_path / "report").rglob("*") if p.is_file())
     report_forms = _forms(report)
     leaked = [

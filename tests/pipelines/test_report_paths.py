@@ -15,6 +15,7 @@ from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
 from pipelines.report import ReportError, write_report
 from tests.helpers import sample_events, write_raw
+from warehouse.lakehouse import Lakehouse
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def test_a_report_over_other_files_is_refused_and_deletes_nothing(lake: Settings
     (site / "sessions" / "about.html").write_text("mine")
     (site / "notes.txt").write_text("mine")
     with pytest.raises(ReportError, match="no report"):
-        write_report(lake, site)
+        write_report(Lakehouse.open(lake), site)
     assert (site / "sessions" / "about.html").read_text() == "mine"
 
 
@@ -45,22 +46,22 @@ def test_a_report_is_refused_where_an_export_is(
     # /proc: a system tree nothing can be written into, should the refusal ever be lost
     target = {"home": home, "lakehouse": lake.home_dir / "hot", "system": Path("/proc/trajlake-report")}[where]
     with pytest.raises(ReportError, match="refusing to write the report"):
-        write_report(lake, target)
+        write_report(Lakehouse.open(lake), target)
 
 
 def test_the_scheduled_places_inside_the_lakehouse_are_allowed(lake: Settings) -> None:
     """The nightly training set writes its report under TRAJLAKE_HOME/reports/<format>/<day> (Dagster)."""
     out = lake.home_dir / "reports" / "hf" / "2026-01-01"
-    write_report(lake, out)
+    write_report(Lakehouse.open(lake), out)
     assert (out / "index.html").is_file()
-    write_report(lake, out)  # the next run replaces its own report
+    write_report(Lakehouse.open(lake), out)  # the next run replaces its own report
     with pytest.raises(ReportError, match="refusing to write the report"):
-        write_report(lake, lake.home_dir / "reports")  # the directory itself is not a report's place
+        write_report(Lakehouse.open(lake), lake.home_dir / "reports")  # the directory itself is not a report's place
 
 
 def test_links_planted_in_a_report_directory_are_never_written_through(lake: Settings, tmp_path: Path) -> None:
     report = tmp_path / "report"
-    stats = write_report(lake, report)
+    stats = write_report(Lakehouse.open(lake), report)
     assert stats.pages > 0
     victim = tmp_path / "victim"
     victim.write_text("untouched")
@@ -70,7 +71,7 @@ def test_links_planted_in_a_report_directory_are_never_written_through(lake: Set
     (report / "index.html").unlink()
     (report / "index.html").symlink_to(victim)
     (report / ".index.html.partial").symlink_to(victim)  # the old temporary name
-    write_report(lake, report)
+    write_report(Lakehouse.open(lake), report)
     assert victim.read_text() == "untouched"
     assert not page.is_symlink() and "<html" in page.read_text()
     # a sessions directory that is a link elsewhere is refused, not followed
@@ -81,5 +82,5 @@ def test_links_planted_in_a_report_directory_are_never_written_through(lake: Set
     other.mkdir()
     (other / "sessions").symlink_to(elsewhere)
     with pytest.raises(ReportError, match="symlink"):
-        write_report(lake, other)
+        write_report(Lakehouse.open(lake), other)
     assert (elsewhere / "keep.html").read_text() == "mine" and os.listdir(elsewhere) == ["keep.html"]

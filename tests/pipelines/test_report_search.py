@@ -27,6 +27,7 @@ from pipelines.report import page_name, write_report
 from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from tests.helpers import write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -66,7 +67,7 @@ def test_an_id_named_like_another_ids_page_gets_its_own() -> None:
 @pytest.mark.slow
 def test_every_session_has_its_own_page_and_is_in_the_index(lake: dict[str, Any], tmp_path: Path) -> None:
     settings: Settings = lake["settings"]
-    stats = write_report(settings, tmp_path / "report", max_pages=10_000)
+    stats = write_report(Lakehouse.open(settings), tmp_path / "report", max_pages=10_000)
     pages = sorted((tmp_path / "report" / "sessions").glob("*.html"))
     titles = Counter(re.search(r"<title>session (.*?)</title>", p.read_text()).group(1) for p in pages)  # type: ignore[union-attr]
     assert stats.sessions == stats.pages == len(pages) == len(titles) and set(titles.values()) == {1}
@@ -79,7 +80,7 @@ def test_every_session_has_its_own_page_and_is_in_the_index(lake: dict[str, Any]
 
 @pytest.mark.slow
 def test_a_small_page_budget_still_indexes_every_session(lake: dict[str, Any], tmp_path: Path) -> None:
-    stats = write_report(lake["settings"], tmp_path / "report", max_pages=5)
+    stats = write_report(Lakehouse.open(lake["settings"]), tmp_path / "report", max_pages=5)
     shards = "".join(p.read_text() for p in (tmp_path / "report" / "sessions").glob("index-*.js"))
     assert stats.pages == 5 < stats.sessions
     assert len(re.findall(r'\["[^"]*",null,', shards)) == stats.sessions - 5  # the rest: indexed, without a page
@@ -116,7 +117,9 @@ def test_a_person_searches_the_report_and_reads_a_flagged_sessions_evidence(
     playwright = pytest.importorskip("playwright.sync_api", reason="playwright (dev extra) is not installed")
     settings: Settings = lake["settings"]
     report = tmp_path / "report"
-    stats = write_report(settings, report, max_pages=20)  # most sessions are reachable by the index only
+    stats = write_report(
+        Lakehouse.open(settings), report, max_pages=20
+    )  # most sessions are reachable by the index only
     _, rows = run_query(
         settings,
         "SELECT f.session_id, f.flag, json_extract_string(f.evidence, '$.commands[0]') FROM flags f "

@@ -24,6 +24,7 @@ from pipelines.score import load_inputs, quality_config, score_all
 from producers.session_generator import synthetic_sessions
 from quality.scoring import score_sessions
 from tests.helpers import BASE_US, DAY_US, write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.sql import open_views
 
 DAYS = 3
@@ -111,7 +112,7 @@ def _assert_equal(left: dict[str, pl.DataFrame], right: dict[str, pl.DataFrame],
 
 def _assert_matches_pure(settings: Settings, stored: dict[str, pl.DataFrame], what: str) -> None:
     """The stored tables equal :func:`score_sessions` over every session at once."""
-    result = score_sessions(**load_inputs(settings), config=quality_config(settings))
+    result = score_sessions(**load_inputs(Lakehouse.open(settings)), config=quality_config(settings))
     pure = result.scores.drop("scorer_version", "config_digest")
     scores = stored["scores"].drop("scorer_version", "config_digest").select(pure.columns).cast(pure.schema)
     assert scores.sort("session_id").equals(pure.sort("session_id")), (
@@ -401,7 +402,7 @@ def test_a_full_rescore_keeps_current_facts_and_leaves_no_stale_row(
     day0 = (BASE_US // DAY_US) * DAY_US
     from datetime import UTC, datetime
 
-    index_days(changed, [datetime.fromtimestamp((day0 + d * DAY_US) / 1e6, UTC).date() for d in (0, 1)])
+    index_days(Lakehouse.open(changed), [datetime.fromtimestamp((day0 + d * DAY_US) / 1e6, UTC).date() for d in (0, 1)])
     late = copy.deepcopy(next(s for s in sessions[30:60] if s[-1]["event_type"] == "session_end"))
     extra = {**late[-2], "event_id": uuid.uuid4().hex, "seq": max(e["seq"] for e in late) + 1}
     write_raw(changed, [extra])

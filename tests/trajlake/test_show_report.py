@@ -29,6 +29,7 @@ from producers.fleet import ListSink, run_fleet
 from producers.fleet.sandbox import bwrap_available
 from producers.importers import import_trajectory
 from tests.helpers import real_runs_dir, write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 REAL = real_runs_dir()
@@ -145,7 +146,7 @@ def test_an_unknown_or_ambiguous_session_is_one_line(lake: dict) -> None:
 
 
 def test_the_report_escapes_everything_and_runs_no_script(lake: dict, tmp_path: Path) -> None:
-    stats = write_report(lake["settings"], tmp_path / "report")
+    stats = write_report(Lakehouse.open(lake["settings"]), tmp_path / "report")
     pages = list((tmp_path / "report").rglob("*.html"))
     assert stats.sessions == len(pages) - 1 and stats.flagged >= len(lake["cheaters"])
     for page in pages:
@@ -162,7 +163,7 @@ def test_a_report_of_one_export_covers_its_sessions(lake: dict, tmp_path: Path) 
     export = export_training_set(
         lake["settings"], "openai", tmp_path / "export", min_quality=0.0, filters=ExportFilters(origins=())
     )
-    stats = write_report(lake["settings"], tmp_path / "report", export_dir=tmp_path / "export")
+    stats = write_report(Lakehouse.open(lake["settings"]), tmp_path / "report", export_dir=tmp_path / "export")
     assert stats.sessions == export.records > 0
     index = (tmp_path / "report" / "index.html").read_text()
     assert f"export {export.export_id}" in index and "format <b>openai</b>" in index
@@ -172,7 +173,7 @@ def test_a_report_of_one_export_covers_its_sessions(lake: dict, tmp_path: Path) 
 def test_a_person_reads_the_evidence_of_a_flagged_session_in_a_browser(lake: dict, tmp_path: Path) -> None:
     playwright = pytest.importorskip("playwright.sync_api", reason="playwright (dev extra) is not installed")
     report = tmp_path / "report"
-    write_report(lake["settings"], report)
+    write_report(Lakehouse.open(lake["settings"]), report)
     shot = Path(os.environ.get("TRAJLAKE_REPORT_SCREENSHOT") or tmp_path / "report.png")
     with playwright.sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
@@ -217,10 +218,9 @@ def test_report_metadata_links_from_dagster(lake: dict, tmp_path: Path) -> None:
     """The nightly training set writes the report of its export and links it from the materialization."""
     from dagster_project.defs.quality import export_report
 
-    export = export_training_set(
-        lake["settings"], "hf", tmp_path / "export", min_quality=0.0, filters=ExportFilters(origins=())
-    )
-    metadata = export_report(lake["settings"], Path(export.out_dir), "hf", "2026-12-02")
+    opened = Lakehouse.open(lake["settings"])
+    export = export_training_set(opened, "hf", tmp_path / "export", min_quality=0.0, filters=ExportFilters(origins=()))
+    metadata = export_report(opened, Path(export.out_dir), "hf", "2026-12-02")
     index = Path(str(metadata["report_path"].value))
     assert index.is_file() and index.name == "index.html"
     assert metadata["report"].value == index.as_uri()

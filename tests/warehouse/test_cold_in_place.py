@@ -19,6 +19,7 @@ from pipelines.assemble import assemble
 from tests.helpers import BASE, BASE_US, day_events, lake_state, tier_split, write_raw
 from warehouse.catalog import open_catalog
 from warehouse.cold import ensure_cold_table
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 from warehouse.sql import open_views
 from warehouse.tables import RAW_EVENTS
@@ -108,7 +109,7 @@ def cold_lake(
         "state": lake_state(settings),
     }
     con.close()
-    tier(settings, as_of=BASE + timedelta(days=30))  # every day is past the hot retention
+    tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))  # every day is past the hot retention
     split = tier_split(settings)
     assert split["hot_events"] == 0 and split["cold_trajectories"] == 18
     return settings, expected

@@ -26,6 +26,7 @@ from pipelines.assemble import assemble
 from tests.helpers import BASE, day_events, one_row, write_raw
 from warehouse.catalog import open_catalog
 from warehouse.cold import ensure_cold_table
+from warehouse.lakehouse import Lakehouse
 from warehouse.sql import open_views
 from warehouse.tables import ensure_table
 from warehouse.tiering import tier
@@ -72,7 +73,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     settings = load_settings(home=tmp_path_factory.mktemp("engines") / "home", catalog_uri=None)
     write_raw(settings, day_events(4, 3), batch_size=300)
     assemble(settings, as_of=BASE + timedelta(days=30))
-    tier(settings, as_of=BASE + timedelta(days=9))
+    tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=9))
     return settings
 
 

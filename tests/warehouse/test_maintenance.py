@@ -19,6 +19,7 @@ from schemas.registry import decode_event, encode_event
 from tests.helpers import BASE, day_events, lake_state, materialized
 from warehouse.catalog import open_catalog
 from warehouse.cold import ensure_cold_table
+from warehouse.lakehouse import Lakehouse
 from warehouse.maintenance import maintain, usage
 from warehouse.snapshots import arrow_row_bytes, live_files, read_data_files
 from warehouse.sql import local_path
@@ -64,7 +65,7 @@ def test_maintain_compacts_expires_and_keeps_incremental_assembly(settings: Sett
     old = time.time() - 7200
     os.utime(stray, (old, old))
 
-    reports = {r.table: r for r in maintain(settings, orphan_min_age=timedelta(hours=1))}
+    reports = {r.table: r for r in maintain(Lakehouse.open(settings), orphan_min_age=timedelta(hours=1))}
 
     report = reports[f"{settings.namespace}.raw_events"]
     assert report.before.files == before.files
@@ -95,7 +96,7 @@ def test_unassembled_files_are_not_compacted(settings: Settings) -> None:
     ingest_like(settings, events[60:], batch_size=20, first_offset=60)
     catalog = open_catalog(settings)
     assembled_at = ensure_table(catalog, settings, "trajectories").properties[ASSEMBLED_SNAPSHOT]
-    reports = {r.table: r for r in maintain(settings, orphan_min_age=timedelta(hours=1))}
+    reports = {r.table: r for r in maintain(Lakehouse.open(settings), orphan_min_age=timedelta(hours=1))}
     assert reports[f"{settings.namespace}.raw_events"].files_rewritten == 3
     raw = catalog.load_table((settings.namespace, RAW_EVENTS.name))
     assert raw.snapshot_by_id(int(assembled_at)) is not None, "expiry dropped assembly's watermark"
@@ -111,8 +112,8 @@ def test_maintain_bounds_cold_files_after_repeated_tiering(settings: Settings) -
     assemble(settings, as_of=BASE + timedelta(days=30))
     before = lake_state(settings)
     for day in range(1, 5):  # one tier run per day: many small cold files per table
-        tier(settings, as_of=BASE + timedelta(days=7 + day))
-    reports = {r.table: r for r in maintain(settings, orphan_min_age=timedelta(0))}
+        tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=7 + day))
+    reports = {r.table: r for r in maintain(Lakehouse.open(settings), orphan_min_age=timedelta(0))}
     for name in ("raw_events", "trajectories", "steps"):
         report = reports[f"{settings.namespace}_cold.{name}"]
         assert report.after.max_files_per_partition <= 1, report.as_dict()
@@ -158,7 +159,7 @@ def test_compaction_and_tiering_work_in_bounded_bundles(settings: Settings) -> N
     target = 3 * largest  # a bundle holds about three of the small files
     with raw.transaction() as tx:
         tx.set_properties({"write.target-file-size-bytes": str(target)})
-    reports = {r.table: r for r in maintain(settings, orphan_min_age=timedelta(hours=1))}
+    reports = {r.table: r for r in maintain(Lakehouse.open(settings), orphan_min_age=timedelta(hours=1))}
     report = reports[f"{settings.namespace}.raw_events"]
     assert report.files_rewritten >= files.num_rows - 1
     assert report.after.files >= 2  # several session ranges, not one partition-sized file
@@ -167,7 +168,7 @@ def test_compaction_and_tiering_work_in_bounded_bundles(settings: Settings) -> N
     hot_files = catalog.load_table(raw.name()).inspect.files().column("file_size_in_bytes").to_pylist()
     assert len(hot_files) >= 2
     settings = settings.model_copy(update={"cold_target_file_bytes": min(hot_files)})  # a bundle per hot file
-    stats = tier(settings, as_of=BASE + timedelta(days=30))
+    stats = tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     cold_raw = ensure_cold_table(catalog, settings, RAW_EVENTS.name)
     assert stats.events_copied == len(day_events(1, 4))
     copies = [
@@ -187,7 +188,9 @@ def test_compaction_is_bounded_in_arrow_memory_and_writes_disjoint_session_range
     files = live_files(raw)
     row_bytes = arrow_row_bytes(raw, files)
     memory = int(row_bytes * max(f.data_file.record_count for f in files) * 3.5)  # about three files a bundle
-    maintain(settings.model_copy(update={"rewrite_memory_bytes": memory}), orphan_min_age=timedelta(hours=1))
+    maintain(
+        Lakehouse.open(settings.model_copy(update={"rewrite_memory_bytes": memory})), orphan_min_age=timedelta(hours=1)
+    )
     after = live_files(catalog.load_table(raw.name()))
     assert 2 <= len(after) <= len(files) // 2, (len(files), len(after))
     # ranges come from sampled quantiles and never split a session: about the bound, not exactly

@@ -12,6 +12,7 @@ import pytest
 
 from common.settings import Settings
 from warehouse.catalog import open_catalog
+from warehouse.lakehouse import Lakehouse
 from warehouse.object_store import FooterCache
 from warehouse.parquet_writer import (
     BLOOM_ENABLED,
@@ -234,7 +235,7 @@ def test_maintain_rewrites_the_cold_files_written_before_bloom_filters(settings:
     (filtered,) = [p for p in _files(cold) if _has_bloom(p)]
     before = sorted(cold.scan(selected_fields=("session_id",)).to_arrow().column("session_id").to_pylist())
 
-    maintain(settings)
+    maintain(Lakehouse.open(settings))
     cold = catalog.load_table(cold.name())
     files = _files(cold)
     assert unfiltered not in files and filtered in files  # only the old file was rewritten

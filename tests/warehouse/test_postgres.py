@@ -20,6 +20,7 @@ from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
 from tests.helpers import BASE, day_events, lake_state, tier_split
 from warehouse.catalog import open_catalog
+from warehouse.lakehouse import Lakehouse
 from warehouse.tables import RAW_EVENTS, ensure_table
 from warehouse.tiering import tier
 
@@ -152,7 +153,7 @@ def test_tiering_and_views_on_postgres(pg_settings: Settings) -> None:
     write_raw(pg_settings, day_events(3, 2), batch_size=300)
     assemble(pg_settings, as_of=BASE + timedelta(days=30))
     before = lake_state(pg_settings)
-    tier(pg_settings, as_of=BASE + timedelta(days=9))
+    tier(Lakehouse.open(pg_settings), as_of=BASE + timedelta(days=9))
     assert lake_state(pg_settings) == before
     assert tier_split(pg_settings)["cold_trajectories"] == 4  # days 0 and 1 of 0..2
     catalog = open_catalog(pg_settings)

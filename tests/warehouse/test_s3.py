@@ -15,6 +15,7 @@ from pipelines.assemble import assemble
 from tests.helpers import BASE, day_events, lake_state, tier_split, write_raw
 from warehouse.catalog import open_catalog
 from warehouse.cold import ensure_cold_table
+from warehouse.lakehouse import Lakehouse
 from warehouse.maintenance import maintain
 from warehouse.query import run_query
 from warehouse.tiering import tier
@@ -73,7 +74,7 @@ def test_tier_and_maintain_on_s3(s3_settings: Settings, s3_client: Any) -> None:
     assemble(settings, as_of=BASE + timedelta(days=30))
     before = lake_state(settings)
     for day in (9, 10):  # two runs: several small cold files to compact
-        tier(settings, as_of=BASE + timedelta(days=day))
+        tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=day))
     assert lake_state(settings) == before
     split = tier_split(settings)
     assert split["cold_events"] > 0 and split["cold_trajectories"] == 6
@@ -89,7 +90,10 @@ def test_tier_and_maintain_on_s3(s3_settings: Settings, s3_client: Any) -> None:
     # Maintenance lists and deletes through the same S3 filesystem: an orphan object goes.
     orphan_key = f"{cold.location().removeprefix(f's3://{BUCKET}/')}/data/orphan.parquet"
     client.put_object(Bucket=BUCKET, Key=orphan_key, Body=b"stray")
-    reports = {r.table: r for r in maintain(load_settings(snapshot_retention_hours=0), orphan_min_age=timedelta(0))}
+    reports = {
+        r.table: r
+        for r in maintain(Lakehouse.open(load_settings(snapshot_retention_hours=0)), orphan_min_age=timedelta(0))
+    }
     cold_raw = reports[f"{settings.namespace}_cold.raw_events"]
     assert cold_raw.orphans_removed >= 1 and cold_raw.after.max_files_per_partition <= 1
     assert "Contents" not in client.list_objects_v2(Bucket=BUCKET, Prefix=orphan_key)

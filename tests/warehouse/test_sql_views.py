@@ -126,6 +126,7 @@ def test_a_view_over_some_days_opens_only_their_files(settings: Settings) -> Non
     """``register_tiered(on_days=…)``: the files of other day partitions are not in the view at all."""
     from datetime import UTC, date, datetime
 
+    from warehouse.lakehouse import Lakehouse
     from warehouse.sql import register_tiered
 
     catalog = open_catalog(settings)
@@ -139,7 +140,9 @@ def test_a_view_over_some_days_opens_only_their_files(settings: Settings) -> Non
             tx.append(rows)
         table = table.refresh()
     con = open_views(settings)
-    register_tiered(con, settings, catalog, RAW_EVENTS, view="some_events", on_days=lambda d: d != date(2026, 1, 2))
+    register_tiered(
+        con, Lakehouse.open(settings, catalog), RAW_EVENTS, view="some_events", on_days=lambda d: d != date(2026, 1, 2)
+    )
     ids = {r[0] for r in con.execute("SELECT event_id FROM some_events").fetchall()}
     assert ids == {f"e{i}" for i in (*range(10), *range(20, 30))}
     text = _view_sql(con, "hot_some_events")

@@ -20,6 +20,7 @@ from producers.session_generator import synthetic_sessions
 from tests.helpers import BASE, BASE_US, day_events, lake_state, one_row, tier_split, write_raw
 from warehouse.catalog import open_catalog
 from warehouse.cold import TIERED_FILES, ensure_cold_table
+from warehouse.lakehouse import Lakehouse
 from warehouse.sql import local_path, open_views
 from warehouse.tables import RAW_EVENTS, TRAJECTORIES, ensure_table
 from warehouse.tiering import tier
@@ -43,8 +44,8 @@ def run_tier_process(as_of: datetime, fault: str | None = None) -> subprocess.Po
         env["TRAJLAKE_FAULT"] = fault
     code = (
         "from datetime import datetime; from common.settings import load_settings; "
-        "from warehouse.tiering import tier; "
-        f"tier(load_settings(), as_of=datetime.fromisoformat('{as_of.isoformat()}'))"
+        "from warehouse.lakehouse import Lakehouse; from warehouse.tiering import tier; "
+        f"tier(Lakehouse.open(load_settings()), as_of=datetime.fromisoformat('{as_of.isoformat()}'))"
     )
     return subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT)
 
@@ -54,7 +55,7 @@ def test_tier_moves_old_days_once_and_keeps_every_row(aged_lake: Settings) -> No
     settings = aged_lake
     before = lake_state(settings)
     assert len(before["events"]) > 100 and len(before["trajectories"]) == 16
-    stats = tier(settings, as_of=BASE + timedelta(days=10))  # boundary: BASE + 3 days
+    stats = tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=10))  # boundary: BASE + 3 days
     assert stats.days_tiered == ["2026-01-01", "2026-01-02", "2026-01-03"]
     assert lake_state(settings) == before
     split = tier_split(settings)
@@ -72,7 +73,7 @@ def test_tier_moves_old_days_once_and_keeps_every_row(aged_lake: Settings) -> No
         sessions = pq.read_table(local_path(task.file.file_path), columns=["session_id"]).column(0).to_pylist()
         assert sessions == sorted(sessions)
     # Idempotent: a second run at the same time moves nothing.
-    again = tier(settings, as_of=BASE + timedelta(days=10))
+    again = tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=10))
     assert again.events_copied == again.sessions_copied == again.event_files_removed == 0
     assert lake_state(settings) == before
 
@@ -86,7 +87,7 @@ def test_open_sessions_and_their_days_stay_hot(settings: Settings) -> None:
     assemble(settings, as_of=BASE + timedelta(hours=1, minutes=1))
     before = lake_state(settings)
     assert ("running",) in {(status,) for _, _, status in before["trajectories"]}
-    stats = tier(settings, as_of=BASE + timedelta(days=30))
+    stats = tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     assert stats.days_deferred == ["2026-01-01"] and stats.days_tiered == ["2026-01-02"]
     split = tier_split(settings)
     assert split["hot_trajectories"] == 1 and split["cold_trajectories"] == 5
@@ -96,13 +97,13 @@ def test_open_sessions_and_their_days_stay_hot(settings: Settings) -> None:
 @pytest.mark.slow
 def test_late_event_in_a_tiered_day_stays_visible(aged_lake: Settings) -> None:
     settings = aged_lake
-    tier(settings, as_of=BASE + timedelta(days=10))
+    tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=10))
     before = len(lake_state(settings)["events"])
     # A session from day 0 (already tiered) arrives late: its events land in a new hot file of that day.
     late = [e for s in synthetic_sessions(1, seed=99, start_us=BASE_US + 3_600_000_000) for e in s]
     write_raw(settings, late)
     assert len(lake_state(settings)["events"]) == before + len(late)
-    stats = tier(settings, as_of=BASE + timedelta(days=10))
+    stats = tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=10))
     # The late session is not assembled yet, so its day waits in hot, still visible.
     assert "2026-01-01" in stats.days_deferred
     con = open_views(settings)
@@ -111,7 +112,7 @@ def test_late_event_in_a_tiered_day_stays_visible(aged_lake: Settings) -> None:
     assert len(lake_state(settings)["events"]) == before + len(late)
     # Once assembled it moves like any other.
     assemble(settings, as_of=BASE + timedelta(days=30))
-    stats = tier(settings, as_of=BASE + timedelta(days=10))
+    stats = tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=10))
     assert stats.days_tiered == ["2026-01-01"] and stats.events_copied == len(late)
     assert len(lake_state(settings)["events"]) == before + len(late)
 
@@ -138,7 +139,7 @@ def test_crash_at_each_phase_never_loses_or_doubles(aged_lake: Settings) -> None
             # Rows copied but not yet deleted from hot: the marker is what keeps them from counting twice.
             cold = ensure_cold_table(open_catalog(settings), settings, RAW_EVENTS.name)
             assert cold.properties.get(TIERED_FILES)
-    tier(settings, as_of=BASE + timedelta(days=12))
+    tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=12))
     assert lake_state(settings) == before
     split = tier_split(settings)
     assert split["hot_trajectories"] == split["hot_events"] == split["hot_steps"] == 0
@@ -169,7 +170,7 @@ def test_random_kills_while_aging_across_the_boundary(aged_lake: Settings, kills
         assert returncode in (0, -signal.SIGKILL), f"iteration {step}: exit {returncode}"
         killed += returncode == -signal.SIGKILL
         assert lake_state(settings) == before, f"iteration {step} (as_of {as_of}, killed at crash point {n})"
-    tier(settings, as_of=BASE + timedelta(days=12))
+    tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=12))
     assert lake_state(settings) == before
     assert tier_split(settings)["hot_trajectories"] == 0
     assert killed >= 1
@@ -224,7 +225,7 @@ def test_cli_tier_maintain_and_tier_views(aged_lake: Settings) -> None:
 
 def _late_event_for_a_tiered_session(settings: Settings) -> tuple[str, dict]:
     """After tiering: one more agent action of a session of day 0 arrives; returns its session and the event."""
-    tier(settings, as_of=BASE + timedelta(days=10))
+    tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=10))
     mine = [e for e in day_events(4, 4) if e["session_id"] == day_events(4, 4)[0]["session_id"]]
     action = next(e for e in reversed(mine) if e["event_type"] == "agent_action")
     late = {**action, "event_id": uuid.uuid4().hex, "seq": max(e["seq"] for e in mine) + 1, "ts": mine[-1]["ts"] - 1}
@@ -263,7 +264,7 @@ def test_late_event_for_a_tiered_session_amends_the_cold_trajectory(aged_lake: S
     assert rows.select(["n_events", "n_steps", "max_seq"]).to_pylist() == [
         {"n_events": n_events + 1, "n_steps": n_steps + 1, "max_seq": max_seq + 1}
     ]
-    stats = tier(settings, as_of=BASE + timedelta(days=10))
+    stats = tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=10))
     assert stats.sessions_amended == 1 and stats.sessions_copied == 0
     after = _session_rows(settings, sid)
     amended = [(n_events + 1, n_steps + 1, max_seq + 1)]
@@ -272,7 +273,7 @@ def test_late_event_for_a_tiered_session_amends_the_cold_trajectory(aged_lake: S
     assert after["cold_steps"] == after["steps"] == before["steps"] + 1
     assert after["events"] == before["events"] + 1
     # Idempotent: the next run amends nothing.
-    assert tier(settings, as_of=BASE + timedelta(days=10)).sessions_amended == 0
+    assert tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=10)).sessions_amended == 0
     assert _session_rows(settings, sid) == after
 
 
@@ -291,7 +292,7 @@ def test_crash_while_amending_a_tiered_session_never_loses_or_doubles(aged_lake:
         assert len(now["union"]) == 1 and now["events"] == before["events"] + 1, fault
         assert now["steps"] in (before["steps"], before["steps"] + 1), fault
         assert {k: [r for r in v if sid not in str(r)] for k, v in lake_state(settings).items()} == others, fault
-    tier(settings, as_of=BASE + timedelta(days=10))
+    tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=10))
     after = _session_rows(settings, sid)
     (n_events, n_steps, max_seq) = before["cold"][0]
     assert after["union"] == after["cold"] == [(n_events + 1, n_steps + 1, max_seq + 1)]

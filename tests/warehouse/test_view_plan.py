@@ -21,6 +21,7 @@ from pipelines.assemble import assemble
 from pipelines.score import score_all
 from tests.helpers import AS_OF, BASE, day_events, one_row, raw_rows, write_raw
 from warehouse.catalog import open_catalog
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 from warehouse.sql import open_views
 from warehouse.tables import RAW_EVENTS, ensure_table
@@ -54,7 +55,7 @@ def lake(settings: Settings) -> Settings:
     write_raw(settings, day_events(4, 3), batch_size=50)
     assemble(settings, as_of=AS_OF)
     score_all(settings)
-    tier(settings, as_of=BASE + timedelta(days=10))
+    tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=10))
     return settings
 
 
