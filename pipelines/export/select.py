@@ -28,7 +28,7 @@ from pyiceberg.catalog import Catalog
 from common.settings import Settings
 from pipelines.errors import ExportError
 from pipelines.intake.ownership import has_payload_field
-from pipelines.parts import blob_texts
+from pipelines.intake.parts import blob_texts
 from producers.importers.verdicts import SELF_REPORTED
 from quality.failure import EVALUATED_OUTCOMES, OUTCOMES
 from warehouse.sql import open_views

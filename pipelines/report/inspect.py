@@ -358,7 +358,7 @@ def _attach_step_costs(detail: SessionDetail) -> None:
 
 def _missing_blobs(con: duckdb.DuckDBPyConnection, calls: list[dict[str, Any]]) -> dict[str, str]:
     """Texts of the content refs ``calls`` use but do not carry (the host emitted them once, in another session)."""
-    from pipelines.parts import blob_texts
+    from pipelines.intake.parts import blob_texts
 
     own = {b["sha256"] for c in calls for b in c.get("blobs") or []}
     wanted = {ref for c in calls for ref in c.get("new_messages") or []}
