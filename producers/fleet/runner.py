@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from producers.fleet.backends import make_fleet
+from producers.fleet.factory import make_fleet
 from producers.fleet.perturb import Perturbation
 from producers.fleet.report import FleetReport, LabelWriter
 from producers.fleet.sandbox import BubblewrapMissing, bwrap_available
