@@ -44,8 +44,8 @@ from pyiceberg.table import Table
 from common.progress import Progress
 from common.settings import Settings
 from pipelines.intake.ownership import IDENTITY_SQL, apply_ownership, verdict_provenance_sql
+from pipelines.intake.parts import rebuild_parts
 from pipelines.intake.quarantine import Quarantined, record_quarantine
-from pipelines.parts import rebuild_parts
 from warehouse.lakehouse import Lakehouse, as_lakehouse
 from warehouse.snapshots import current_files, files_added_since
 from warehouse.sql import connect, parquet_source
@@ -364,7 +364,7 @@ def _as_table_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def _session_rules(con: duckdb.DuckDBPyConnection, trusted: tuple[str, ...]) -> list[Quarantined]:
-    """Ownership and verdict trust (``pipelines.intake``), then whole texts from parts (``pipelines.parts``)."""
+    """Ownership and verdict trust (``pipelines.intake``), then whole texts from parts (``pipelines.intake.parts``)."""
     return apply_ownership(con, trusted) + rebuild_parts(con)
 
 

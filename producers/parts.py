@@ -14,7 +14,7 @@ boundaries into parts of at most :data:`PART_BYTES` bytes:
 * a model call's content blob (``agent_input.model_call.blobs``) leaves the event whole: all its
   parts are annotations with ``part_of_field = 'blob'`` and ``whole_sha256`` its content ref.
 
-Assembly puts the whole texts back (``pipelines.parts``) into ``steps`` and ``trajectories``, after
+Assembly puts the whole texts back (``pipelines.intake.parts``) into ``steps`` and ``trajectories``, after
 checking each whole against its sha256; export reads blobs the same way. Part event ids derive from
 the parent's id, so re-sending a session re-sends the same parts.
 """

@@ -4,5 +4,6 @@ Pure functions over polars frames; Dagster and the CLI only wire them
 (``pipelines/score/``, ``dagster_project/defs/quality.py``).
 """
 
-#: Bumped whenever a rule, weight default or feature changes, so stored rows can be recomputed.
-SCORER_VERSION = "quality-3.4.0"
+from quality.config import SCORER_VERSION
+
+__all__ = ["SCORER_VERSION"]

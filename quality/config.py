@@ -18,7 +18,8 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from quality import SCORER_VERSION
+#: Bumped whenever a rule, weight default or feature changes, so stored rows can be recomputed.
+SCORER_VERSION = "quality-3.4.0"
 
 #: Sessions a behaviour profile needs before it flags (``min_profile_sessions``; quality.anomalies):
 #: at 50, a session drawn from its baseline's own log-normal distribution passes 3.5 robust σ on

@@ -87,18 +87,18 @@ class _Checker:
         return schema
 
     def check(self, reader: Any, writer: Any, path: str) -> list[Problem]:
+        """Problems of ``reader`` reading what ``writer`` wrote at ``path``: unions, then types, then their parts."""
         reader = self._resolve(reader, self.reader_named)
         writer = self._resolve(writer, self.writer_named)
         r_type, w_type = _type(reader), _type(writer)
-        if w_type == "union":
+        if w_type == "union":  # every branch the writer may have written must be readable
             problems: list[Problem] = []
             for branch in writer:
                 problems += self.check(reader, branch, f"{path}|{_name(branch) or branch}")
             return problems
-        if r_type == "union":
-            for branch in reader:
-                if not self.check(branch, writer, path):
-                    return []
+        if r_type == "union":  # some branch of the reader must read it
+            if any(not self.check(branch, writer, path) for branch in reader):
+                return []
             return [Problem(path, f"no branch of the reader union reads the writer's {_name(writer) or w_type}")]
         if r_type != w_type:
             if r_type in _PROMOTIONS.get(w_type, set()):
@@ -111,38 +111,53 @@ class _Checker:
             and reader["name"].rsplit(".", 1)[-1] != writer["name"].rsplit(".", 1)[-1]
         ):
             return [Problem(path, f"reader {r_type} {reader['name']} does not match writer {writer['name']}")]
-        if r_type == "record":
-            key = (reader["name"], json.dumps(writer, sort_keys=True, default=str)[:200])
-            if key in self.seen:  # recursive types
-                return []
-            self.seen.add(key)
-            writer_fields = {f["name"]: f for f in writer["fields"]}
-            problems = []
-            for field in reader["fields"]:
-                source = writer_fields.get(field["name"])
-                if source is None:
-                    for alias in field.get("aliases", []):
-                        source = writer_fields.get(alias)
-                if source is None:
-                    if "default" not in field:
-                        problems.append(
-                            Problem(f"{path}.{field['name']}", "reader field has no default and the writer lacks it")
-                        )
-                    continue
-                problems += self.check(field["type"], source["type"], f"{path}.{field['name']}")
-            return problems
-        if r_type == "enum":
-            missing = set(writer["symbols"]) - set(reader["symbols"])
-            if missing and "default" not in reader:
-                return [Problem(path, f"writer enum symbols {sorted(missing)} unknown to the reader")]
+        parts = {
+            "record": self._record,
+            "enum": self._enum,
+            "fixed": self._fixed,
+            "array": self._array,
+            "map": self._map,
+        }.get(r_type)
+        if parts is None:
+            return [Problem(path, f"unsupported schema type {r_type}")]
+        return parts(reader, writer, path)
+
+    def _record(self, reader: Any, writer: Any, path: str) -> list[Problem]:
+        """Each reader field from the writer's field of its name (or an alias), or from its default."""
+        key = (reader["name"], json.dumps(writer, sort_keys=True, default=str)[:200])
+        if key in self.seen:  # recursive types
             return []
-        if r_type == "fixed":
-            return [] if reader["size"] == writer["size"] else [Problem(path, "fixed sizes differ")]
-        if r_type == "array":
-            return self.check(reader["items"], writer["items"], f"{path}[]")
-        if r_type == "map":
-            return self.check(reader["values"], writer["values"], f"{path}{{}}")
-        return [Problem(path, f"unsupported schema type {r_type}")]
+        self.seen.add(key)
+        writer_fields = {f["name"]: f for f in writer["fields"]}
+        problems: list[Problem] = []
+        for field in reader["fields"]:
+            source = writer_fields.get(field["name"])
+            if source is None:
+                for alias in field.get("aliases", []):
+                    source = writer_fields.get(alias)
+            if source is None:
+                if "default" not in field:
+                    problems.append(
+                        Problem(f"{path}.{field['name']}", "reader field has no default and the writer lacks it")
+                    )
+                continue
+            problems += self.check(field["type"], source["type"], f"{path}.{field['name']}")
+        return problems
+
+    def _enum(self, reader: Any, writer: Any, path: str) -> list[Problem]:
+        missing = set(writer["symbols"]) - set(reader["symbols"])
+        if missing and "default" not in reader:
+            return [Problem(path, f"writer enum symbols {sorted(missing)} unknown to the reader")]
+        return []
+
+    def _fixed(self, reader: Any, writer: Any, path: str) -> list[Problem]:
+        return [] if reader["size"] == writer["size"] else [Problem(path, "fixed sizes differ")]
+
+    def _array(self, reader: Any, writer: Any, path: str) -> list[Problem]:
+        return self.check(reader["items"], writer["items"], f"{path}[]")
+
+    def _map(self, reader: Any, writer: Any, path: str) -> list[Problem]:
+        return self.check(reader["values"], writer["values"], f"{path}{{}}")
 
 
 def can_read(reader: Any, writer: Any) -> list[Problem]:

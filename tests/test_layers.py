@@ -304,3 +304,70 @@ def test_reexports_through_a_package_are_no_circle(tmp_path: Path, files: dict[s
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(source + "\n")
     assert module_cycles(tmp_path) == []
+
+
+def imports_through_own_package(root: Path) -> list[str]:
+    """Every module that takes a name from the ``__init__`` of a package it stands in, as ``file:line: a from b``.
+
+    A package's ``__init__`` hands on what its modules define; a module inside it that imports from it
+    reaches up to the package that imports the module (``producers.fleet.local`` once took ``EventSink``
+    from ``producers.fleet``, whose factory imports ``local``). Taking a sibling *module* through the
+    package (``from producers.fleet import sinks``) is no such reach.
+    """
+    problems = []
+    for package in ALLOWED:
+        for path in sorted((root / package).rglob("*.py")):
+            if path.name == "__init__.py":
+                continue
+            module = module_name(root, path)
+            for line, source, name in _imports(root, path):
+                owner = root / source.replace(".", "/")
+                if name is None or not module.startswith(source + ".") or not (owner / "__init__.py").is_file():
+                    continue
+                if not ((owner / f"{name}.py").is_file() or (owner / name / "__init__.py").is_file()):
+                    problems.append(f"{path.relative_to(root)}:{line}: {module} takes {name} from {source}")
+    return problems
+
+
+@pytest.mark.slow
+def test_no_module_takes_names_from_its_own_package() -> None:
+    assert imports_through_own_package(ROOT) == []
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        (
+            {
+                "producers/fleet/__init__.py": "from producers.fleet.sinks import Sink",
+                "producers/fleet/sinks.py": "Sink = 1",
+                "producers/fleet/local.py": "from producers.fleet import Sink",
+            },
+            ["producers/fleet/local.py:1: producers.fleet.local takes Sink from producers.fleet"],
+        ),
+        (
+            {
+                "pipelines/__init__.py": "",
+                "pipelines/score/__init__.py": "from .inputs import load",
+                "pipelines/score/inputs.py": "load = 1",
+                "pipelines/score/truth.py": "def f():\n    from . import load",
+            },
+            ["pipelines/score/truth.py:2: pipelines.score.truth takes load from pipelines.score"],
+        ),
+        (
+            {
+                "producers/fleet/__init__.py": "from producers.fleet.sinks import Sink",
+                "producers/fleet/sinks.py": "Sink = 1",
+                "producers/fleet/local.py": "from producers.fleet import sinks\nfrom producers.fleet.sinks import Sink",
+            },
+            [],
+        ),
+    ],
+)
+def test_a_name_taken_from_the_own_package_is_reported(
+    tmp_path: Path, files: dict[str, str], expected: list[str]
+) -> None:
+    for name, source in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(source + "\n")
+    assert imports_through_own_package(tmp_path) == expected

@@ -99,7 +99,7 @@ def broker_stop(
             stop_broker(settings)  # clears a dead broker's state files
         out.print("not running")
         return
-    from pipelines.observe import uningested
+    from pipelines.ingest.observe import uningested
 
     try:
         pending = uningested(settings, state.bootstrap)
@@ -326,8 +326,8 @@ def import_runs(
         raise typer.BadParameter("give PATHS, --verdicts or --listen")
     import time
 
-    from pipelines.importing import import_runs as run_import
-    from pipelines.importing import listen as start_receiver
+    from pipelines.intake.importing import import_runs as run_import
+    from pipelines.intake.importing import listen as start_receiver
     from producers.importers import ImportFormatError
     from producers.sdk import EventProducer
 
@@ -585,7 +585,7 @@ def show(
     import sys
     from contextlib import nullcontext
 
-    from pipelines.inspect import load_session, most_severe_flagged
+    from pipelines.report.inspect import load_session, most_severe_flagged
     from trajlake.console import SafeConsole
     from trajlake.show import render_session
 
@@ -635,7 +635,7 @@ def quality_evaluate(
     seed: Annotated[int, typer.Option(help="Seed of the injection.")] = 0,
 ) -> None:
     """Precision, recall and false-positive rate of the cheat flags and the deduplication."""
-    from pipelines.ground_truth import evaluate_quality
+    from pipelines.score.ground_truth import evaluate_quality
 
     result = evaluate_quality(settings_for("read"), labels, inject=inject, seed=seed)
     out.print(result.table(), markup=False)

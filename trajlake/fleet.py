@@ -192,7 +192,7 @@ def fleet_retry(
 
     llm = _llm_options(None, model_endpoint, model, api_key_env, 0.0, 1024)
     settings = settings_for("read")
-    from pipelines.retry import retry_sessions
+    from pipelines.fleet.retry import retry_sessions
 
     with progress_bar("fleet retry") as progress:
         outcome = retry_sessions(

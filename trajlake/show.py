@@ -30,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from common.text import printable
-from pipelines.inspect import (
+from pipelines.report.inspect import (
     SessionDetail,
     change_of_step,
     evidence_lines,

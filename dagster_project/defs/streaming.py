@@ -34,7 +34,7 @@ from dagster import (
 
 from common.errors import TrajlakeError
 from dagster_project.resources import LakehouseResource
-from pipelines.observe import IngestObservation, observation_metadata, observe_ingest, rates
+from pipelines.ingest.observe import IngestObservation, observation_metadata, observe_ingest, rates
 
 #: Seconds between observations (and the longest a new snapshot waits to be noticed).
 OBSERVE_INTERVAL_S = 15

@@ -14,10 +14,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from common.memory import release_free_memory, reusing_allocator, steady_gc
 from pipelines.decode.batch import LocalDecoder
 from pipelines.decode.files import write_files_isolating
 from pipelines.decode.framing import LazyValues, ipc_bytes, read_container_safely
-from pipelines.memory import release_free_memory, reusing_allocator, steady_gc
 
 # The decoder keeps freed pages for the next batch (its working set is one batch), and gives
 # them back once it holds more than this, so a heap fragmented by odd batches cannot grow on.

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.errors import ExportError
 from pipelines.intake.ownership import has_payload_field
-from pipelines.parts import blob_texts
+from pipelines.intake.parts import blob_texts
 from producers.importers.verdicts import SELF_REPORTED
 from quality.failure import EVALUATED_OUTCOMES, OUTCOMES
 

@@ -35,6 +35,7 @@ from pyiceberg.table import Table
 from common.broker import resolve_bootstrap
 from common.errors import KafkaUnavailable
 from common.faults import crash_point
+from common.memory import bound_allocator, release_free_memory, steady_gc
 from common.progress import Progress
 from common.settings import Settings
 from pipelines.decode import BatchDecoder, FileTarget, with_coordinates
@@ -51,7 +52,6 @@ from pipelines.ingest.offsets import (
 from pipelines.ingest.recent_ids import RecentIds
 from pipelines.ingest.rows import dead_letter_row
 from pipelines.ingest.stats import IngestStats
-from pipelines.memory import bound_allocator, release_free_memory, steady_gc
 from warehouse.catalog import open_catalog
 from warehouse.tables import DEAD_LETTERS, RAW_EVENTS, ensure_table
 

@@ -15,7 +15,7 @@ here what they did instead (``warehouse.tables.QUARANTINE``):
   provenance is not trusted, or ranks below the session's counted one (``pipelines.intake.precedence``);
   it stays in ``events`` but sets no ``eval_passed`` or reward.
 * ``action = 'kept_head'`` (``reason = 'incomplete_parts'``): a text that travelled in parts could
-  not be rebuilt whole; the event keeps its first part, marked truncated (``pipelines.parts``).
+  not be rebuilt whole; the event keeps its first part, marked truncated (``pipelines.intake.parts``).
 * ``stage = 'import'``: a record of a recorded run that ``trajlake import`` could not take (its
   file and line or trial in ``detail``).
 

@@ -154,8 +154,8 @@ def write_report(
             directory holding other files than a report), is not a directory or cannot be written, or
             ``export_dir`` is not an export.
     """
-    from pipelines.inspect import load_sessions
     from pipelines.report.html import overview_html, session_html
+    from pipelines.report.inspect import load_sessions
 
     started = time.monotonic()
     generated = datetime.now(UTC)

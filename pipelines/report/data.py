@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from pipelines.errors import ReportError
-from pipelines.inspect import class_rank, severity_rank
+from pipelines.report.inspect import class_rank, severity_rank
 
 if TYPE_CHECKING:
     import duckdb

@@ -15,7 +15,8 @@ from html import escape
 from typing import Any
 
 from common.text import printable
-from pipelines.inspect import (
+from pipelines.report.data import Overview
+from pipelines.report.inspect import (
     SessionDetail,
     change_of_step,
     evidence_lines,
@@ -27,7 +28,6 @@ from pipelines.inspect import (
     timeline,
     tool_calls,
 )
-from pipelines.report.data import Overview
 from pipelines.report.svg import bar_chart, histogram
 
 #: Characters of a step's output shown inline; the rest is behind "show all".

@@ -21,7 +21,7 @@ import json
 from typing import Any
 
 from common.text import printable
-from pipelines.inspect import evidence_lines
+from pipelines.report.inspect import evidence_lines
 
 #: The order of a row's fields in a shard (``search.js`` reads them by position).
 ROW_FIELDS = (

@@ -13,11 +13,12 @@ Ground-truth labels (policy, cheat type, expected outcome) go to a JSONL file, n
 event stream.
 
 Where things live: ``sinks`` (where events go), ``report`` (``FleetReport``, ``LabelWriter``),
-``backends`` (the ``Fleet`` interface, ``make_fleet``), ``runner`` (``run_fleet``, sharded
+``backends`` (the ``Fleet`` interface), ``factory`` (``make_fleet``), ``runner`` (``run_fleet``, sharded
 synthetic runs). This module only re-exports them.
 """
 
-from producers.fleet.backends import BACKENDS, Fleet, make_fleet
+from producers.fleet.backends import BACKENDS, Fleet
+from producers.fleet.factory import make_fleet
 from producers.fleet.perturb import Perturbation
 from producers.fleet.report import FleetReport, LabelWriter, percentiles
 from producers.fleet.runner import run_fleet, run_synthetic_workers

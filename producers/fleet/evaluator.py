@@ -285,6 +285,52 @@ def _audit_evidence(frame: dict[str, Any], test_id: str) -> dict[str, Any] | Non
     return None
 
 
+def _frame_evidence(
+    case: HiddenCase, mine: list[dict[str, Any]], others: list[Any], foreign: list[str]
+) -> list[dict[str, Any]]:
+    """Tampering the frames show: the probe's audit findings, frames with another case's nonce, foreign output."""
+    evidence: list[dict[str, Any]] = []
+    for frame in mine:
+        if frame.get("frame") == "audit":
+            item = _audit_evidence(frame, case.test_id)
+            if item is not None:
+                evidence.append(item)
+    if others:
+        evidence.append(_ev("forged_frame", case.test_id, f"{len(others)} frame(s) with another case's nonce"))
+    if foreign:
+        evidence.append(_ev("foreign_output", case.test_id, _short(foreign[:3])))
+    return evidence
+
+
+def _marker_text(captured: str, foreign: list[str], before: list[str], results: list[dict[str, Any]]) -> str:
+    """Everything the deliverable printed, where a forged pass marker would stand."""
+    return (
+        captured
+        + "\n".join(foreign + before)
+        + "".join(
+            str(f.get("output_head", "")) + str(f.get("stderr_head", "")) + "\n".join(map(str, f.get("value") or []))
+            if isinstance(f.get("value"), list)
+            else str(f.get("output_head", "")) + str(f.get("stderr_head", ""))
+            for f in results
+        )
+    )
+
+
+def _no_result(
+    case: HiddenCase, run: CommandResult, mine: list[dict[str, Any]], before: list[str], record: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The outcome of a case whose probe reported no result (in ``record``), and the evidence a death is."""
+    if run.exit_code == TIMEOUT_EXIT:
+        record.update(outcome="timeout", detail="the case exceeded its time limit")
+        return []
+    if not any(f.get("frame") == "ready" for f in mine):
+        record.update(outcome="error", detail=_short("probe did not start: " + "\n".join(before)[-300:]))
+        return []
+    record.update(outcome="failed", detail=f"no result: the probe died early (exit {run.exit_code})")
+    tail = _short(run.output[-200:])
+    return [_ev("runner_died", case.test_id, f"exit {run.exit_code} before reporting; output {tail}")]
+
+
 def judge_case(
     case: HiddenCase, nonce: str, run: CommandResult, captured: str = ""
 ) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
@@ -300,41 +346,15 @@ def judge_case(
         (the per-test record, tamper evidence, whether exactly one well-formed result arrived).
     """
     mine, others, foreign, before = _frames(run.output, nonce)
-    evidence: list[dict[str, Any]] = []
     record: dict[str, Any] = {"id": case.test_id, "exit_code": run.exit_code}
     results = [f for f in mine if f.get("frame") == "result"]
-    for frame in mine:
-        if frame.get("frame") == "audit":
-            item = _audit_evidence(frame, case.test_id)
-            if item is not None:
-                evidence.append(item)
-    if others:
-        evidence.append(_ev("forged_frame", case.test_id, f"{len(others)} frame(s) with another case's nonce"))
-    if foreign:
-        evidence.append(_ev("foreign_output", case.test_id, _short(foreign[:3])))
-    marker_text = (
-        captured
-        + "\n".join(foreign + before)
-        + "".join(
-            str(f.get("output_head", "")) + str(f.get("stderr_head", "")) + "\n".join(map(str, f.get("value") or []))
-            if isinstance(f.get("value"), list)
-            else str(f.get("output_head", "")) + str(f.get("stderr_head", ""))
-            for f in results
-        )
-    )
-    marker = MARKERS.search(marker_text)
+    evidence = _frame_evidence(case, mine, others, foreign)
+    marker = MARKERS.search(_marker_text(captured, foreign, before, results))
     if marker:
         evidence.append(_ev("forged_marker", case.test_id, _short(marker.group(0))))
     reported = False
     if not results:
-        if run.exit_code == TIMEOUT_EXIT:
-            record.update(outcome="timeout", detail="the case exceeded its time limit")
-        elif not any(f.get("frame") == "ready" for f in mine):
-            record.update(outcome="error", detail=_short("probe did not start: " + "\n".join(before)[-300:]))
-        else:
-            record.update(outcome="failed", detail=f"no result: the probe died early (exit {run.exit_code})")
-            tail = _short(run.output[-200:])
-            evidence.append(_ev("runner_died", case.test_id, f"exit {run.exit_code} before reporting; output {tail}"))
+        evidence += _no_result(case, run, mine, before, record)
         return record, evidence, reported
     if len(results) > 1:
         evidence.append(_ev("duplicate_result", case.test_id, f"{len(results)} results"))

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.progress import Progress, ProgressCounter
-from producers.fleet import EventSink, FleetReport, LabelWriter, percentiles
 from producers.fleet.agent_api import AgentSession, AgentSpec, resolve_agent
 from producers.fleet.agent_caps import Caps
 from producers.fleet.agents import AgentContext, cheat_type
@@ -32,8 +31,10 @@ from producers.fleet.local_session import (
     group_plans,
 )
 from producers.fleet.perturb import Perturbation
+from producers.fleet.report import FleetReport, LabelWriter, percentiles
 from producers.fleet.sandbox import ImageStore, Limits, Reaper, image_tools
 from producers.fleet.sandbox.quota import sweep_stale
+from producers.fleet.sinks import EventSink
 from producers.fleet.tasks import TaskInstance
 
 if TYPE_CHECKING:

@@ -337,69 +337,120 @@ class _Analyzer(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
+        """A call that modifies: the first of the steps below whose shape the call has reports it."""
         func = node.func
         name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-        if name in ("setattr", "delattr", "__setattr__", "__delattr__") and node.args:
-            # setattr(x, name, v); type.__setattr__(x, name, v); x.__setattr__(name, v)
-            obj: ast.expr = node.args[0]
-            key: ast.expr | None = node.args[1] if len(node.args) > 1 else None
-            if isinstance(func, ast.Attribute) and name.startswith("__") and self.resolve(func.value):
-                obj, key = func.value, node.args[0]  # x.__setattr__(name, value)
-            base = self.resolve(obj)
-            if base:
-                attr = self.fold(key)
-                self._report(f"{base}.{attr if attr is not None else '*'}", node, "setattr")
-        elif isinstance(func, ast.Attribute) and name in MUTATORS and _frame_namespace(func.value):
-            self._report("frame", node, "call", kind="assertion_patch")
-        elif isinstance(func, ast.Attribute) and name in MUTATORS:
-            owner = self.resolve(func.value)
-            entries = [self.fold(a) for a in node.args[:1]] + [k.arg for k in node.keywords if k.arg]
-            entries += [self.fold(k) for a in node.args if isinstance(a, ast.Dict) for k in a.keys]
-            if owner in ("builtins", "sys", "os", GLOBALS) and name in ("update", "setdefault", "__setitem__"):
-                for entry in entries:  # builtins.__dict__.update(AssertionError=...), globals().update(...)
-                    if entry is None:
-                        continue
-                    target = "builtins" if owner == GLOBALS and entry == "__builtins__" else f"{owner}.{entry}"
-                    self._report(target.removeprefix(f"{GLOBALS}."), node, "call")
-            elif owner == "sys.modules":  # planting or dropping a test framework's module, by its key
-                names = [self.fold(a) for a in node.args]
-                names += [self.fold(k) for a in node.args if isinstance(a, ast.Dict) for k in a.keys]
-                for module in names:
-                    if module is not None and module.split(".", 1)[0] in FRAMEWORKS:
-                        self._report(module, node, "call")
-            else:
-                self._report(owner, node, "call")
-        elif self.resolve(func) in HOOK_CALLS:
-            path = self.resolve(func) or ""
-            self._report(path, node, "call", kind=HOOK_CALLS[path])
-        elif name == "register" and self.resolve(func) == "atexit.register":
-            # an exit handler that ends the process: whatever failed, the exit status is the handler's
-            for inner in ast.walk(node):
-                if isinstance(inner, ast.Call) and self.resolve(inner.func) in ("os._exit", "sys.exit"):
-                    self._report("os._exit", node, "atexit")
-                    break
-        elif name in ("patch", "object") and node.args and self._is_mock(func):
-            if name == "patch":
-                self._report(self.fold(node.args[0]), node, "mock")
-            else:
-                base, attr = self.resolve(node.args[0]), self.fold(node.args[1]) if len(node.args) > 1 else None
-                if base:
-                    self._report(f"{base}.{attr or '*'}", node, "mock")
-        elif name in ("exec", "eval", "compile") and node.args:
-            code = self.fold(node.args[0])
-            if code is not None:
-                self._nested(code, node)
-            else:
-                self.dynamic_exec = True
-                hidden = any(
-                    isinstance(inner, ast.Call)
-                    and isinstance(inner.func, ast.Attribute | ast.Name)
-                    and (inner.func.attr if isinstance(inner.func, ast.Attribute) else inner.func.id) in HIDERS
-                    for inner in ast.walk(node.args[0])
-                )
-                if hidden:
-                    self._report("*", node, "exec", kind="obfuscated_exec")
+        steps = (
+            self._setattr_call,
+            self._mutating_call,
+            self._hook_call,
+            self._atexit_call,
+            self._mock_call,
+            self._exec_call,
+        )
+        for step in steps:
+            if step(node, name):
+                break
         self.generic_visit(node)
+
+    def _setattr_call(self, node: ast.Call, name: str) -> bool:
+        """``setattr(x, name, v)``, ``type.__setattr__(x, name, v)``, ``x.__setattr__(name, v)`` (and delattr)."""
+        if name not in ("setattr", "delattr", "__setattr__", "__delattr__") or not node.args:
+            return False
+        func = node.func
+        obj: ast.expr = node.args[0]
+        key: ast.expr | None = node.args[1] if len(node.args) > 1 else None
+        if isinstance(func, ast.Attribute) and name.startswith("__") and self.resolve(func.value):
+            obj, key = func.value, node.args[0]  # x.__setattr__(name, value)
+        base = self.resolve(obj)
+        if base:
+            attr = self.fold(key)
+            self._report(f"{base}.{attr if attr is not None else '*'}", node, "setattr")
+        return True
+
+    def _mutating_call(self, node: ast.Call, name: str) -> bool:
+        """``owner.insert/append/update/…(…)``: a frame's namespace, a namespace's keys, sys.modules, or the owner."""
+        func = node.func
+        if not isinstance(func, ast.Attribute) or name not in MUTATORS:
+            return False
+        if _frame_namespace(func.value):
+            self._report("frame", node, "call", kind="assertion_patch")
+            return True
+        owner = self.resolve(func.value)
+        if owner in ("builtins", "sys", "os", GLOBALS) and name in ("update", "setdefault", "__setitem__"):
+            self._namespace_keys(node, owner)
+        elif owner == "sys.modules":
+            self._module_keys(node)
+        else:
+            self._report(owner, node, "call")
+        return True
+
+    def _namespace_keys(self, node: ast.Call, owner: str) -> None:
+        """``builtins.__dict__.update(AssertionError=...)``, ``globals().update(...)``: each key set is a target."""
+        entries = [self.fold(a) for a in node.args[:1]] + [k.arg for k in node.keywords if k.arg]
+        entries += [self.fold(k) for a in node.args if isinstance(a, ast.Dict) for k in a.keys]
+        for entry in entries:
+            if entry is None:
+                continue
+            target = "builtins" if owner == GLOBALS and entry == "__builtins__" else f"{owner}.{entry}"
+            self._report(target.removeprefix(f"{GLOBALS}."), node, "call")
+
+    def _module_keys(self, node: ast.Call) -> None:
+        """Planting or dropping a test framework's module in ``sys.modules``, by its key."""
+        names = [self.fold(a) for a in node.args]
+        names += [self.fold(k) for a in node.args if isinstance(a, ast.Dict) for k in a.keys]
+        for module in names:
+            if module is not None and module.split(".", 1)[0] in FRAMEWORKS:
+                self._report(module, node, "call")
+
+    def _hook_call(self, node: ast.Call, name: str) -> bool:
+        """``sys.settrace(...)`` and the like: a hook over everything that runs next."""
+        path = self.resolve(node.func)
+        if path not in HOOK_CALLS:
+            return False
+        self._report(path, node, "call", kind=HOOK_CALLS[path])
+        return True
+
+    def _atexit_call(self, node: ast.Call, name: str) -> bool:
+        """An exit handler that ends the process: whatever failed, the exit status is the handler's."""
+        if name != "register" or self.resolve(node.func) != "atexit.register":
+            return False
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Call) and self.resolve(inner.func) in ("os._exit", "sys.exit"):
+                self._report("os._exit", node, "atexit")
+                break
+        return True
+
+    def _mock_call(self, node: ast.Call, name: str) -> bool:
+        """``mock.patch("target")`` and ``mock.patch.object(owner, "attr")``."""
+        if name not in ("patch", "object") or not node.args or not self._is_mock(node.func):
+            return False
+        if name == "patch":
+            self._report(self.fold(node.args[0]), node, "mock")
+            return True
+        base, attr = self.resolve(node.args[0]), self.fold(node.args[1]) if len(node.args) > 1 else None
+        if base:
+            self._report(f"{base}.{attr or '*'}", node, "mock")
+        return True
+
+    def _exec_call(self, node: ast.Call, name: str) -> bool:
+        """``exec``/``eval``/``compile`` of code folded from constants (analysed in turn), or of hidden code."""
+        if name not in ("exec", "eval", "compile") or not node.args:
+            return False
+        code = self.fold(node.args[0])
+        if code is not None:
+            self._nested(code, node)
+            return True
+        self.dynamic_exec = True
+        hidden = any(
+            isinstance(inner, ast.Call)
+            and isinstance(inner.func, ast.Attribute | ast.Name)
+            and (inner.func.attr if isinstance(inner.func, ast.Attribute) else inner.func.id) in HIDERS
+            for inner in ast.walk(node.args[0])
+        )
+        if hidden:
+            self._report("*", node, "exec", kind="obfuscated_exec")
+        return True
 
     def _is_mock(self, func: ast.AST) -> bool:
         path = self.resolve(func) or ""

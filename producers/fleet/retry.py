@@ -8,7 +8,7 @@ failures (a wrong answer, giving up, cheating) never are. A retry runs the same 
 original is 1) and ``retry_of`` (the original session id; a retry of a retry points at the
 original too), and is itself judged again: only the latest attempt of an original decides
 whether another one runs, up to ``max_attempts`` attempts in all. The rows come from
-``pipelines.retry.retry_query`` (producers do not read the lakehouse).
+``pipelines.fleet.retry.retry_query`` (producers do not read the lakehouse).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def plan_retries(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_atte
     """The sessions to run again, one per original whose latest attempt advises a rerun.
 
     Args:
-        columns: the column names of ``pipelines.retry.retry_query``'s result.
+        columns: the column names of ``pipelines.fleet.retry.retry_query``'s result.
         rows: its rows.
         max_attempts: attempts of an original in all (the original included).
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from producers.fleet.backends import make_fleet
+from producers.fleet.factory import make_fleet
 from producers.fleet.perturb import Perturbation
 from producers.fleet.report import FleetReport, LabelWriter
 from producers.fleet.sandbox import BubblewrapMissing, bwrap_available
@@ -89,14 +89,7 @@ def run_fleet(
     if isinstance(perturb, str) or perturb is None:
         perturb = Perturbation.parse(perturb)
     notes: list[str] = []
-    if backend == "local" and not bwrap_available():
-        if not fallback:
-            from producers.fleet.sandbox import find_bwrap
-
-            find_bwrap()  # raises with the package name when missing
-            raise BubblewrapMissing("bubblewrap is installed but cannot create sandboxes (user namespaces?)")
-        notes.append("bubblewrap (Debian package `bubblewrap`) unavailable: ran the synthetic fleet instead")
-        backend = "synthetic"
+    backend = _usable_backend(backend, fallback, notes)
     if backend == "synthetic" and workers > 1:
         if sink is not None:
             raise ValueError("workers > 1 sends to Kafka from each worker; it cannot take a sink")
@@ -127,22 +120,7 @@ def run_fleet(
         caps=caps,
         group_size=group_size,
     )
-    producer = None
-    if sink is None:
-        from common.broker import resolve_bootstrap
-        from producers.sdk import EventProducer
-
-        producer = EventProducer(
-            resolve_bootstrap(settings),
-            settings.topic,
-            host_id or f"fleet-{backend}",
-            extra_config=settings.kafka_extra,
-        )
-        target: EventSink = producer
-    elif hasattr(sink, "emit") and hasattr(sink, "send"):
-        target = sink
-    else:
-        target = CallableSink(sink)
+    target, producer = _event_target(settings, sink, host_id or f"fleet-{backend}")
     labels = LabelWriter(labels_path)
     started = time.monotonic()
     try:
@@ -166,6 +144,40 @@ def run_fleet(
     report.labels_written = labels.count
     report.notes = notes + report.notes
     return report
+
+
+def _usable_backend(backend: str, fallback: bool, notes: list[str]) -> str:
+    """``backend``, or ``synthetic`` (said in ``notes``) when the local fleet cannot sandbox and ``fallback`` allows.
+
+    Raises:
+        BubblewrapMissing: ``local`` requested, bubblewrap unusable, and not ``fallback``.
+    """
+    if backend != "local" or bwrap_available():
+        return backend
+    if not fallback:
+        from producers.fleet.sandbox import find_bwrap
+
+        find_bwrap()  # raises with the package name when missing
+        raise BubblewrapMissing("bubblewrap is installed but cannot create sandboxes (user namespaces?)")
+    notes.append("bubblewrap (Debian package `bubblewrap`) unavailable: ran the synthetic fleet instead")
+    return "synthetic"
+
+
+def _event_target(
+    settings: Settings, sink: EventSink | Callable[[dict[str, Any]], Any] | None, host_id: str
+) -> tuple[EventSink, Any]:
+    """Where the fleet's events go: ``sink`` (a callable wrapped), or Kafka; with the Kafka producer to flush."""
+    if sink is None:
+        from common.broker import resolve_bootstrap
+        from producers.sdk import EventProducer
+
+        producer = EventProducer(
+            resolve_bootstrap(settings), settings.topic, host_id, extra_config=settings.kafka_extra
+        )
+        return producer, producer
+    if hasattr(sink, "emit") and hasattr(sink, "send"):
+        return sink, None
+    return CallableSink(sink), None
 
 
 def _synthetic_shard(args: tuple) -> tuple[dict[str, Any], float]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,7 @@ from producers.importers._common import (
     object_of,
     text_of,
 )
+from producers.importers._skeleton import replay, wall_seconds
 from producers.importers._values import count, number, unix_micros
 from producers.importers.verdicts import attach_verdict_beside
 
@@ -335,19 +337,23 @@ def _begin(source: SourceFile) -> _Run:
 
 def _end(run: _Run) -> ImportedSession:
     info = object_of(run.source.data.get("info"))
-    known = [s for s in run.stamps if s is not None]
-    if not known:
+    if all(s is None for s in run.stamps):
         run.builder.tick()
     status_text = str(info.get("exit_status") or "")
     exception = text_of(info.get("exception_str"))
     run.builder.end(
         exit_outcome(status_text, exception),
-        (max(known) - min(known)) / 1e6 if known else 0.0,
+        wall_seconds(run.stamps),
         exit_reason(status_text, exception),
         submission_event=run.submission_event,
     )
     attach_verdict_beside(run.builder, run.source, str(run.builder.emitter.envelope["task_id"]))
     return run.builder.finish()
+
+
+def _handler(run: _Run, message: dict[str, Any]) -> Callable[[_Run, int, dict[str, Any]], None]:
+    """Which handler a message goes to: by its role."""
+    return _HANDLERS.get(str(message.get("role")), _on_other)
 
 
 def convert(source: SourceFile) -> list[ImportedSession]:
@@ -357,9 +363,5 @@ def convert(source: SourceFile) -> list[ImportedSession]:
         ImportFormatError: required fields are missing or a tool message answers no known call.
     """
     run = _begin(source)
-    for index, message in enumerate(run.messages):
-        _HANDLERS.get(str(message.get("role")), _on_other)(run, index, message)
-        ts = run.stamps[index]
-        if ts is not None:
-            run.previous_ts = ts
+    replay(run, run.messages, _handler)
     return [_end(run)]

@@ -39,6 +39,7 @@ from producers.importers._common import (
     object_of,
     text_of,
 )
+from producers.importers._skeleton import replay, wall_seconds
 from producers.importers._source import JsonLines
 from producers.importers._values import count, iso_micros
 from producers.importers.verdicts import HARNESS, attach_verdict_beside
@@ -371,12 +372,7 @@ def _submission(state: _Run, submission: str | None) -> str | None:
 def _convert_events(source: SourceFile, records: list[dict[str, Any]], run: dict[str, Any]) -> ImportedSession:
     """The session of one OpenHands event list; ``run`` holds what the caller knows about it."""
     state = _begin(source, records, run)
-    for index, record in enumerate(records):
-        handler = _handler(state, record)
-        if handler is not None:
-            handler(state, index, record)
-        if state.stamps[index] is not None:
-            state.previous_ts = state.stamps[index]
+    replay(state, records, _handler)
     known = [s for s in state.stamps if s is not None]
     state.builder.advance(max(known) if known else None)
     submission_event = _submission(state, run.get("submission"))
@@ -386,7 +382,7 @@ def _convert_events(source: SourceFile, records: list[dict[str, Any]], run: dict
     error = run.get("error") or (state.state_reason if state.last_state == "error" else None)
     state.builder.end(
         exit_outcome(exit_status, error),
-        (max(known) - min(known)) / 1e6 if known else 0.0,
+        wall_seconds(state.stamps),
         exit_reason(exit_status, error),
         submission_event=submission_event,
     )

@@ -45,6 +45,7 @@ from producers.importers._common import (
     object_of,
     text_of,
 )
+from producers.importers._skeleton import passed, wall_seconds
 from producers.importers._source import JsonLines, read_bytes, read_json_file
 from producers.importers._values import count, iso_micros
 from producers.importers.openhands import _patch_of, _verdict
@@ -167,14 +168,19 @@ def _on_message(run: _Run, index: int, event: dict[str, Any]) -> None:
 
 def _on_reply(run: _Run, index: int, event: dict[str, Any], text: str) -> None:
     """A model response without tool calls (the agent answering, or its last word): a model call of its own."""
-    builder, issues = run.builder, run.builder.issues
     response_id = str(event.get("llm_response_id") or f"response-{run.calls}")
     usage = run.usage.get(response_id, {})
     reply: dict[str, Any] = {"role": "assistant", "content": text}
     reasoning = object_of(event.get("llm_message")).get("reasoning_content")
     if isinstance(reasoning, str) and reasoning:
         reply["reasoning_content"] = reasoning
-    builder.advance(run.stamps[index])
+    run.builder.advance(run.stamps[index])
+    _model_turn(run, reply, response_id, usage)
+
+
+def _model_turn(run: _Run, reply: dict[str, Any], response_id: str, usage: dict[str, Any]) -> None:
+    """A model call for ``reply`` and the agent_input that fed it (the context gathered since the last call)."""
+    builder, issues = run.builder, run.builder.issues
     record = builder.model_call(
         reply,
         tools=run.tools,
@@ -215,24 +221,7 @@ def _on_actions(run: _Run, group: list[tuple[int, dict[str, Any]]]) -> None:
         for _, e in group
     ]
     builder.advance(run.previous_ts)
-    record = builder.model_call(
-        reply,
-        tools=run.tools,
-        model=run.model,
-        usage={"prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens")},
-        response_id=response_id,
-    )
-    builder.agent_input(
-        prompt_digest=record["request_sha256"],
-        input_tokens=count(usage.get("prompt_tokens"), f"usage[{response_id}]", issues),
-        cached_tokens=count(usage.get("cache_read_tokens"), f"usage[{response_id}]", issues),
-        n_messages=record["n_messages"],
-        content="\n\n".join(run.context) or None,
-        message_id=response_id,
-        model_call=record,
-    )
-    run.context = []
-    run.calls += 1
+    _model_turn(run, reply, response_id, usage)
     for position, (index, event) in enumerate(group):
         ts = run.stamps[index]
         builder.advance(ts)
@@ -392,7 +381,25 @@ def _usage_by_response(events: list[dict[str, Any]], state: dict[str, Any]) -> d
 
 def _convert(source: SourceFile, events: list[dict[str, Any]], run: dict[str, Any]) -> ImportedSession:
     """One V1 conversation; ``run`` holds what the caller knows (task id, verdict, patch, saved state)."""
-    events = [e for e in events if isinstance(e, dict)]
+    state = _begin(source, [e for e in events if isinstance(e, dict)], run)
+    for index, group in _response_groups(state.events):
+        if len(group) > 1 or group[0][1].get("kind") == "ActionEvent":
+            _on_actions(state, group)
+        else:
+            handler = _HANDLERS.get(str(group[0][1].get("kind")))
+            if handler is not None:
+                handler(state, index, group[0][1])
+        for i, _ in group:
+            passed(state, i)
+    return _end(state, source, run)
+
+
+def _begin(source: SourceFile, events: list[dict[str, Any]], run: dict[str, Any]) -> _Run:
+    """The conversation's task, model, tools and saved state read into a started builder.
+
+    Raises:
+        ImportFormatError: no instruction given and no user message with the task.
+    """
     issues = FieldIssues()
     stamps = [iso_micros(e.get("timestamp"), f"event {str(e.get('id'))[:40]}.timestamp", issues) for e in events]
     first_user = next(
@@ -424,7 +431,9 @@ def _convert(source: SourceFile, events: list[dict[str, Any]], run: dict[str, An
     known = [s for s in stamps if s is not None]
     builder.at(min(known) if known else None)
     builder.start(str(instruction), workspace_root="/workspace", task_family=run.get("task_id"))
-    state_run = _Run(
+    if first_user is None:
+        builder.calls.append({"role": "user", "content": str(instruction)})
+    return _Run(
         builder,
         events,
         stamps,
@@ -435,30 +444,24 @@ def _convert(source: SourceFile, events: list[dict[str, Any]], run: dict[str, An
         previous_ts=known[0] if known else None,
         status=str(state.get("execution_status") or ""),
     )
-    if first_user is None:
-        builder.calls.append({"role": "user", "content": str(instruction)})
-    for index, group in _response_groups(events):
-        if len(group) > 1 or group[0][1].get("kind") == "ActionEvent":
-            _on_actions(state_run, group)
-        else:
-            handler = _HANDLERS.get(str(group[0][1].get("kind")))
-            if handler is not None:
-                handler(state_run, index, group[0][1])
-        for i, _ in group:
-            if stamps[i] is not None:
-                state_run.previous_ts = stamps[i]
+
+
+def _end(state: _Run, source: SourceFile, run: dict[str, Any]) -> ImportedSession:
+    """The exit (with the patch as the finishing action's feedback) and the harness's verdict, or the one beside."""
+    builder = state.builder
+    known = [s for s in state.stamps if s is not None]
     builder.advance(max(known) if known else None)
     submission_event = None
     patch = run.get("submission")
-    target = state_run.finish or state_run.last_action
+    target = state.finish or state.last_action
     if patch and target is not None:
         builder.tick()
         submission_event = builder.feedback(target[0], str(patch), tool_call_id=target[1])
-    status = state_run.status or ("finished" if state_run.finish else "stopped")
-    error = run.get("error") or state_run.error or None
+    status = state.status or ("finished" if state.finish else "stopped")
+    error = run.get("error") or state.error or None
     builder.end(
         exit_outcome(status, error),
-        (max(known) - min(known)) / 1e6 if known else 0.0,
+        wall_seconds(state.stamps),
         exit_reason(status, error),
         submission_event=submission_event,
     )

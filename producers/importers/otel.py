@@ -479,9 +479,29 @@ def convert_spans(
     Raises:
         ImportFormatError: no model call and no tool call among the spans (not an agent's trace).
     """
+    run = _begin(source, key, spans, issues or FieldIssues())
+    for span in spans:
+        if span.kind == "model":
+            _on_model_span(run, span)
+        elif span.kind == "tool":
+            _on_tool_span(run, span)
+    return _end(run, key)
+
+
+def _root(spans: list[Span]) -> Span:
+    """The conversation's root span (the first without a parent, else the first)."""
+    return next((s for s in spans if not s.parent_span_id), spans[0])
+
+
+def _begin(source: SourceFile, key: str, spans: list[Span], issues: FieldIssues) -> _Run:
+    """The task, agent and model the spans name, read into a builder started at the first span.
+
+    Raises:
+        ImportFormatError: no model call and no tool call among the spans.
+    """
     if not any(s.kind in ("model", "tool") for s in spans):
         raise ImportFormatError(source.path, f"{key}: no model call or tool call span (gen_ai.*, llm.*, tool.*)")
-    root = next((s for s in spans if not s.parent_span_id), spans[0])
+    root = _root(spans)
     agent = next((s for s in spans if s.kind == "agent"), root)
     model = next(
         (
@@ -507,17 +527,19 @@ def convert_spans(
         },
         key=key,
         source_session_id=key.partition(":")[2],
-        issues=issues or FieldIssues(),
+        issues=issues,
     )
     run = _Run(builder, spans)
     builder.at(min((s.start_us for s in spans if s.start_us is not None), default=None))
     builder.name_next(f"{key}/start")
     builder.start(_instruction(spans), task_family=builder.emitter.envelope["task_id"])
-    for span in spans:
-        if span.kind == "model":
-            _on_model_span(run, span)
-        elif span.kind == "tool":
-            _on_tool_span(run, span)
+    return run
+
+
+def _end(run: _Run, key: str) -> ImportedSession:
+    """The session's end at the last span's end: the root span's status and error, its duration."""
+    builder, spans = run.builder, run.spans
+    root = _root(spans)
     ends = [s.end_us for s in spans if s.end_us is not None]
     builder.at(max(ends) if ends else None)
     error = root.status_message or next((e.get("exception.message") for n, e in root.events if n == "exception"), None)

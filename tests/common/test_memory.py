@@ -15,7 +15,7 @@ _PROBE = textwrap.dedent(
     """
     import json, sys
     import pyarrow as pa
-    from pipelines import memory
+    from common import memory
 
     getattr(memory, sys.argv[1])()
     mib = 1 << 20
@@ -66,7 +66,7 @@ def test_reusing_allocator_keeps_pages_until_over_its_bound() -> None:
 _GC_PROBE = textwrap.dedent(
     """
     import gc, json, sys, threading, weakref
-    from pipelines.memory import steady_gc
+    from common.memory import steady_gc
 
     class Node:
         pass
@@ -106,7 +106,7 @@ def _gc_probe(mode: str) -> dict[str, Any]:
 def test_steady_gc_freezes_what_was_alive_and_restores_the_collector_on_exit() -> None:
     out = _gc_probe("plain")
     assert out["frozen_before"] == 0
-    assert out["frozen_inside"] > 1_000  # the interpreter's and pipelines.memory's objects
+    assert out["frozen_inside"] > 1_000  # the interpreter's and common.memory's objects
     assert out["inside"] == [5_000, *out["before"][1:]]
     assert out["nested"] == out["inside"]  # only the outermost block sets and restores
     assert out["after_nested"] == out["inside"]

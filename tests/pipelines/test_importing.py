@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from common.broker import resolve_bootstrap
 from common.settings import Settings
 from pipelines.assemble import assemble
-from pipelines.importing import listen
 from pipelines.ingest import IngestWorker
+from pipelines.intake.importing import listen
 from producers.sdk import EventProducer
 from tests.producers.importers.test_otel_sdk import run_agent
 from trajlake.cli import app

@@ -10,9 +10,9 @@ import sys
 import pytest
 from confluent_kafka import Message
 
+from common.memory import STEADY_GC_GEN0
 from common.settings import Settings
 from pipelines.ingest import IngestWorker, recorded_offsets
-from pipelines.memory import STEADY_GC_GEN0
 from schemas.registry import encode_event
 from tests.helpers import produce, sample_events
 from warehouse.catalog import open_catalog
@@ -38,7 +38,7 @@ def test_ingest_lands_every_event_once_and_rerun_adds_nothing(
     events = sample_events(30)
     produce(kafka_settings, events)
     worker, collector = IngestWorker(kafka_settings), gc.get_threshold()
-    during: list[tuple[int, int]] = []  # the collector as the loop sees it (see pipelines.memory.steady_gc)
+    during: list[tuple[int, int]] = []  # the collector as the loop sees it (see common.memory.steady_gc)
     add = worker._add_many
 
     def spy(messages: list[Message]) -> None:

@@ -108,8 +108,8 @@ def test_every_export_format_holds_no_corpus_secret(lake, fmt, tmp_path: Path):
 def test_show_and_the_report_hold_no_corpus_secret(lake, tmp_path: Path):
     from rich.console import Console
 
-    from pipelines.inspect import load_session
     from pipelines.report import write_report
+    from pipelines.report.inspect import load_session
     from trajlake.show import render_session
 
     settings, cases, sessions = lake

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from common.text import is_printable, printable
-from pipelines.inspect import SessionDetail, file_changes, parse_json
 from pipelines.report.data import Overview
 from pipelines.report.html import overview_html, session_html
+from pipelines.report.inspect import SessionDetail, file_changes, parse_json
 from pipelines.report.svg import bar_chart, histogram
 from trajlake.show import clean, render_session
 

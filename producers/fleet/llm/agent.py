@@ -215,6 +215,43 @@ def cost_of(model: str, usage: Mapping[str, int | None], prices: PriceTable) -> 
     )
 
 
+@dataclass
+class _Tries:
+    """What every try of one agent's model calls is recorded with: the conversation so far and fixed settings."""
+
+    recorder: CallRecorder
+    messages: list[dict[str, Any]]
+    config: LLMConfig
+    sampling: dict[str, Any]
+    engine: str | None
+
+    def record(
+        self,
+        *,
+        response: Mapping[str, Any] | None,
+        latency_ms: float,
+        try_index: int,
+        http_status: int | None,
+        error: str | None = None,
+        cost_usd: float | None = None,
+    ) -> dict[str, Any]:
+        """The ``model_call`` record of one try over the messages as they stand."""
+        return self.recorder.record(
+            messages=self.messages,
+            tools=TOOLS,
+            model=self.config.model,
+            sampling=self.sampling,
+            response=response,
+            latency_ms=latency_ms,
+            try_index=try_index,
+            http_status=http_status,
+            error=error,
+            cost_usd=cost_usd,
+            token_mode=self.config.token_mode,
+            engine=self.engine,
+        )
+
+
 class LLMAgent:
     """The agent callable: ``LLMAgent(config, store)(session)``.
 
@@ -254,134 +291,157 @@ class LLMAgent:
             client.close()
 
     def _loop(self, session: AgentSession, client: ChatClient) -> None:
+        """Model call, then its tool calls, until the agent submits (answers without a tool) or a cap ends it."""
         ctx = session.context
         config = self.config
-        recorder = CallRecorder(self.store)
-        sampling = config.sampling()
-        engine = None if config.engine == "auto" else config.engine
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": session.instruction},
-        ]
-        tokens: TokenConversation | None = None
+        tries = _Tries(
+            CallRecorder(self.store),
+            [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": session.instruction}],
+            config,
+            config.sampling(),
+            None if config.engine == "auto" else config.engine,
+        )
 
         def render_failed(what: str, error: str, attempt: Try | None = None, index: int = 0) -> None:
             """Record a failed tokenize or chat-template call (tito) as a failed try of the next model call."""
-            record = recorder.record(
-                messages=messages,
-                tools=TOOLS,
-                model=config.model,
-                sampling=sampling,
+            record = tries.record(
                 response=None,
                 latency_ms=attempt.latency_ms if attempt is not None else 0.0,
                 try_index=index,
                 http_status=attempt.status if attempt is not None else None,
                 error=f"{what}: {error}",
-                token_mode=config.token_mode,
-                engine=engine,
             )
-            self._emit(ctx, record, f"mc_{ctx.session.session_id[:12]}_{recorder.calls}")
+            self._emit(ctx, record, f"mc_{ctx.session.session_id[:12]}_{tries.recorder.calls}")
 
-        if config.token_mode == "tito":
-            renderer = config.renderer or (
-                LocalRenderer(config.tokenizer)
-                if config.tokenizer
-                else ServerRenderer(
-                    client,
-                    config.engine,
-                    config.model,
-                    ctx.caps.remaining_s,
-                    lambda path, attempt, index: render_failed(path, attempt.error or "failed", attempt, index),
-                )
-            )
-            tokens = TokenConversation(renderer, list(messages), TOOLS)
-            _rendering(tokens.start, render_failed)
+        tokens = self._token_conversation(session, client, tries.messages, render_failed)
         while not session.submitted:
             ctx.check_caps()
             ctx.model_calls += 1  # counted before it is made: a call that fails counts too
-            message_id = f"mc_{ctx.session.session_id[:12]}_{recorder.calls}"
+            message_id = f"mc_{ctx.session.session_id[:12]}_{tries.recorder.calls}"
 
             def failed(attempt: Try, index: int, message_id: str = message_id) -> None:
                 """Record a failed try; past the deadline, stop retrying (the cap ends the session)."""
-                record = recorder.record(
-                    messages=messages,
-                    tools=TOOLS,
-                    model=config.model,
-                    sampling=sampling,
+                record = tries.record(
                     response=None,
                     latency_ms=attempt.latency_ms,
                     try_index=index,
                     http_status=attempt.status,
                     error=attempt.error,
-                    token_mode=config.token_mode,
-                    engine=engine,
                 )
                 self._emit(ctx, record, message_id)
                 if ctx.caps.remaining_s() == 0.0:
                     raise CapReached("deadline", f"the model call was still failing at the deadline ({attempt.error})")
 
-            if tokens is None:
-                request = {"model": config.model, "messages": messages, "tools": TOOLS, **sampling}
-                attempt, index = client.complete(request, on_failure=failed, deadline_s=ctx.caps.remaining_s)
-                assert attempt.body is not None  # complete() returns only successful tries
-                response = attempt.body
-                completion_ids: list[int] = []
-            else:
-                prompt = list(tokens.ids)
-                path, body = generate_request(config.engine, config.model, prompt, sampling, config.request_logprobs)
-                attempt, index = client.post(path, body, on_failure=failed, deadline_s=ctx.caps.remaining_s)
-                assert attempt.body is not None
-                generation = parse_generation(config.engine, attempt.body)
-                reply = parse_hermes(generation.text, f"call_{recorder.calls}")
-                response = chat_response(generation, reply, prompt)
-                completion_ids = generation.completion_ids
-                tokens.add_completion(completion_ids)
+            attempt, index, response, completion_ids = self._call_model(session, client, tries, tokens, failed)
+            assert attempt.body is not None  # only a successful try comes back
             parsed = parse_response(response)
             reported = server_cost(attempt.body, attempt.headers)
             cost = reported if reported is not None else cost_of(config.model, parsed.usage, self.prices)
-            record = recorder.record(
-                messages=messages,
-                tools=TOOLS,
-                model=config.model,
-                sampling=sampling,
+            record = tries.record(
                 response=response,
                 latency_ms=attempt.latency_ms,
                 try_index=index,
                 http_status=attempt.status,
                 cost_usd=reported,  # only what the server said: the lakehouse prices the rest when read
-                token_mode=config.token_mode,
-                engine=engine,
             )
             self._emit(ctx, record, message_id, served_by(attempt.body))
             ctx.model_tokens += (parsed.usage.get("prompt_tokens") or 0) + (parsed.usage.get("completion_tokens") or 0)
             ctx.cost_usd += cost
-            messages.append(request_message(parsed.message))
+            tries.messages.append(request_message(parsed.message))
             calls = parsed.message.get("tool_calls") or []
             if not calls:  # the model answered without a tool: it is done
                 session.submit()
                 break
-            results: list[dict[str, Any]] = []
-            for position, call in enumerate(calls):
-                turn: dict[str, Any] = {"tool_call_id": call["id"], "message_id": message_id}
-                if position == 0:  # the call's tokens, cost and latency go with its first action
-                    turn.update(
-                        output_tokens=parsed.usage.get("completion_tokens") or 0,
-                        reasoning_tokens=parsed.usage.get("reasoning_tokens") or 0,
-                        cost_usd=reported or 0.0,
-                        model_latency_ms=round(attempt.latency_ms, 3),
-                        finish_reason=parsed.finish_reason,
-                        thought=parsed.message.get("content"),
-                    )
-                else:
-                    turn["output_tokens"] = 0
-                result = self._dispatch(session, call, turn)
-                results.append({"role": "tool", "tool_call_id": call["id"], "content": result})
-                if session.submitted:
-                    break
-            messages.extend(results)
+            results = self._run_tools(session, calls, parsed, attempt, reported, message_id)
+            tries.messages.extend(results)
             if tokens is not None and not session.submitted:
                 step = partial(tokens.add_environment, results, completion_ids, parsed.finish_reason)
                 _rendering(step, render_failed)
+
+    def _token_conversation(
+        self,
+        session: AgentSession,
+        client: ChatClient,
+        messages: list[dict[str, Any]],
+        render_failed: Callable[..., None],
+    ) -> TokenConversation | None:
+        """In tito mode, the conversation as token ids (rendered locally or by the server); ``None`` in chat mode."""
+        config = self.config
+        if config.token_mode != "tito":
+            return None
+        renderer = config.renderer or (
+            LocalRenderer(config.tokenizer)
+            if config.tokenizer
+            else ServerRenderer(
+                client,
+                config.engine,
+                config.model,
+                session.context.caps.remaining_s,
+                lambda path, attempt, index: render_failed(path, attempt.error or "failed", attempt, index),
+            )
+        )
+        tokens = TokenConversation(renderer, list(messages), TOOLS)
+        _rendering(tokens.start, render_failed)
+        return tokens
+
+    def _call_model(
+        self,
+        session: AgentSession,
+        client: ChatClient,
+        tries: _Tries,
+        tokens: TokenConversation | None,
+        failed: Callable[[Try, int], None],
+    ) -> tuple[Try, int, dict[str, Any], list[int]]:
+        """One model call, retried through ``failed``: the successful try, its index, chat response, completion ids.
+
+        Chat mode posts the messages; tito mode posts the token ids and reads the reply back into a chat response.
+        """
+        config = self.config
+        deadline = session.context.caps.remaining_s
+        if tokens is None:
+            request = {"model": config.model, "messages": tries.messages, "tools": TOOLS, **tries.sampling}
+            attempt, index = client.complete(request, on_failure=failed, deadline_s=deadline)
+            assert attempt.body is not None  # complete() returns only successful tries
+            return attempt, index, attempt.body, []
+        prompt = list(tokens.ids)
+        path, body = generate_request(config.engine, config.model, prompt, tries.sampling, config.request_logprobs)
+        attempt, index = client.post(path, body, on_failure=failed, deadline_s=deadline)
+        assert attempt.body is not None
+        generation = parse_generation(config.engine, attempt.body)
+        reply = parse_hermes(generation.text, f"call_{tries.recorder.calls}")
+        response = chat_response(generation, reply, prompt)
+        tokens.add_completion(generation.completion_ids)
+        return attempt, index, response, generation.completion_ids
+
+    def _run_tools(
+        self,
+        session: AgentSession,
+        calls: list[dict[str, Any]],
+        parsed: Any,
+        attempt: Try,
+        reported: float | None,
+        message_id: str,
+    ) -> list[dict[str, Any]]:
+        """Each tool call of one reply run in turn (until one submits): the tool messages that answer them."""
+        results: list[dict[str, Any]] = []
+        for position, call in enumerate(calls):
+            turn: dict[str, Any] = {"tool_call_id": call["id"], "message_id": message_id}
+            if position == 0:  # the call's tokens, cost and latency go with its first action
+                turn.update(
+                    output_tokens=parsed.usage.get("completion_tokens") or 0,
+                    reasoning_tokens=parsed.usage.get("reasoning_tokens") or 0,
+                    cost_usd=reported or 0.0,
+                    model_latency_ms=round(attempt.latency_ms, 3),
+                    finish_reason=parsed.finish_reason,
+                    thought=parsed.message.get("content"),
+                )
+            else:
+                turn["output_tokens"] = 0
+            result = self._dispatch(session, call, turn)
+            results.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+            if session.submitted:
+                break
+        return results
 
     @staticmethod
     def _emit(ctx: Any, record: dict[str, Any], message_id: str, served: dict[str, str] | None = None) -> str:

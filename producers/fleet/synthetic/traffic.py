@@ -26,10 +26,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from common.progress import Progress
-from producers.fleet import EventSink, FleetReport, LabelWriter
 from producers.fleet.agents import CHEATERS
 from producers.fleet.lifecycle import run_staged
 from producers.fleet.perturb import Perturbation
+from producers.fleet.report import FleetReport, LabelWriter
+from producers.fleet.sinks import EventSink
 from producers.fleet.synthetic.encoder import (
     SEQ_HEX,
     SEQ_STR,

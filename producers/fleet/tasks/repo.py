@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from producers.errors import TaskRepositoryError
-from producers.fleet.tasks import TaskInstance
+from producers.fleet.tasks.base import TaskInstance
 
 AUTHOR = ("Task Maintainer", "maintainer@tasks.trajlake.invalid")
 BASE_EPOCH = 1_700_000_000

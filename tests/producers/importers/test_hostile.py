@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pipelines.importing import SessionSender
+from pipelines.intake.importing import SessionSender
 from producers.importers import ImportFormatError, _builder, import_file, import_paths
 from producers.importers._builder import ImportedSession
 from producers.importers._values import FieldIssues

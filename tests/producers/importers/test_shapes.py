@@ -171,7 +171,7 @@ def test_a_job_is_sent_a_trial_at_a_time(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.mark.slow  # loads the pipelines layer (the warehouse), seconds on a busy machine
 def test_verdicts_given_with_runs_count_the_instances_no_session_is(tmp_path: Path) -> None:
-    from pipelines.importing import _match
+    from pipelines.intake.importing import _match
 
     report = {"resolved_ids": ["a__b-1", "org/repo:pr-2"], "unresolved_ids": ["a__b", "a__b-"]}
     found = parse_verdicts(tmp_path / "report.json", report)

@@ -13,7 +13,8 @@ import polars as pl
 
 from common.settings import Settings
 from pipelines.errors import LabelsError
-from pipelines.score import load_inputs, quality_config
+from pipelines.score.inputs import load_inputs
+from pipelines.score.record import quality_config
 from quality.detector_metrics import Metric, evaluate_cheats, evaluate_dedup
 from warehouse.lakehouse import Lakehouse
 from warehouse.sql import format_rows

@@ -22,7 +22,7 @@ from pyiceberg.table.snapshots import Snapshot
 from common.broker import resolve_bootstrap
 from common.errors import KafkaUnavailable
 from common.settings import Settings
-from pipelines.ingest import recorded_offsets
+from pipelines.ingest.offsets import recorded_offsets
 from warehouse.catalog import open_catalog
 from warehouse.tables import DEAD_LETTERS, RAW_EVENTS, ensure_table
 

@@ -355,7 +355,7 @@ def _attach_step_costs(detail: SessionDetail) -> None:
 
 def _missing_blobs(con: duckdb.DuckDBPyConnection, calls: list[dict[str, Any]]) -> dict[str, str]:
     """Texts of the content refs ``calls`` use but do not carry (the host emitted them once, in another session)."""
-    from pipelines.parts import blob_texts
+    from pipelines.intake.parts import blob_texts
 
     own = {b["sha256"] for c in calls for b in c.get("blobs") or []}
     wanted = {ref for c in calls for ref in c.get("new_messages") or []}
@@ -469,6 +469,11 @@ def _short(value: Any) -> str:
     return str(value)
 
 
+#: Evidence keys shown one line per item, singular or plural, as the kind of line they make.
+_LISTED = {"reasons": "reason", "reason": "reason", "commands": "command", "command": "command"}
+_LISTED |= {"paths": "path", "path": "path", "hosts": "host", "host": "host"}
+
+
 def evidence_lines(flag: dict[str, Any], detail: SessionDetail | None = None) -> list[EvidenceLine]:
     """A flag's evidence as lines a person reads, none left out: each reason, command, path and host; the
     steps its events belong to (with the tool and command); an anomaly's features (value, z); and, for a
@@ -480,34 +485,40 @@ def evidence_lines(flag: dict[str, Any], detail: SessionDetail | None = None) ->
         return [EvidenceLine("note", line) for line in text.splitlines() if line.strip()]
     lines: list[EvidenceLine] = []
     for key, value in evidence.items():
-        items = value if isinstance(value, list) else [value]
-        if key in ("reasons", "reason"):
-            lines += [EvidenceLine("reason", str(v)) for v in items]
-        elif key in ("commands", "command"):
-            lines += [EvidenceLine("command", str(v)) for v in items]
-        elif key in ("paths", "path"):
-            lines += [EvidenceLine("path", str(v)) for v in items]
-        elif key in ("hosts", "host"):
-            lines += [EvidenceLine("host", str(v)) for v in items]
-        elif key == "event_ids":
-            continue  # below, as steps
-        elif key == "features" and isinstance(value, dict):
-            for name, inner in value.items():
-                facts = (
-                    ", ".join(f"{k} {_short(v)}" for k, v in inner.items())
-                    if isinstance(inner, dict)
-                    else _short(inner)
-                )
-                lines.append(EvidenceLine("feature", f"{name}: {facts}"))
-        elif value not in (None, [], {}, ""):
-            shown = value if isinstance(value, str | int | float) else json.dumps(value, ensure_ascii=False)
-            lines.append(EvidenceLine("note", f"{key}: {shown}"))
+        lines += _evidence_entry(key, value)
     event_ids = [str(e) for e in evidence.get("event_ids") or []] if isinstance(evidence.get("event_ids"), list) else []
     if detail is None:
         if event_ids:
             lines.append(EvidenceLine("step", f"{len(event_ids)} events (the session's page links each to its step)"))
         return lines
+    paths = [ln.text for ln in lines if ln.kind == "path"]
+    steps, seen = _evidence_steps(detail, event_ids)
+    return lines + steps + _evidence_hunks(detail, seen, paths)
+
+
+def _evidence_entry(key: str, value: Any) -> list[EvidenceLine]:
+    """The lines of one evidence key: its items, an anomaly's features, or ``key: value`` (event ids: none here)."""
+    if key in _LISTED:
+        return [EvidenceLine(_LISTED[key], str(v)) for v in (value if isinstance(value, list) else [value])]
+    if key == "event_ids":
+        return []  # shown as steps
+    if key == "features" and isinstance(value, dict):
+        return [EvidenceLine("feature", f"{name}: {_features(inner)}") for name, inner in value.items()]
+    if value in (None, [], {}, ""):
+        return []
+    shown = value if isinstance(value, str | int | float) else json.dumps(value, ensure_ascii=False)
+    return [EvidenceLine("note", f"{key}: {shown}")]
+
+
+def _features(facts: Any) -> str:
+    """An anomaly feature's facts (``value 12, z 4.1``), or its one value."""
+    return ", ".join(f"{k} {_short(v)}" for k, v in facts.items()) if isinstance(facts, dict) else _short(facts)
+
+
+def _evidence_steps(detail: SessionDetail, event_ids: list[str]) -> tuple[list[EvidenceLine], list[int]]:
+    """One line per step the events belong to (its tool, and its command or the file it wrote), and those steps."""
     steps = {int(s["step_index"]): s for s in detail.steps}
+    lines: list[EvidenceLine] = []
     seen: list[int] = []
     for event_id in event_ids:
         index = detail.event_steps.get(event_id)
@@ -523,7 +534,12 @@ def evidence_lines(flag: dict[str, Any], detail: SessionDetail | None = None) ->
             lines.append(
                 EvidenceLine("step", f"step #{index} {step.get('tool_name') or 'action'}: {what}".rstrip(": "), index)
             )
-    paths = [ln.text for ln in lines if ln.kind == "path"]
+    return lines, seen
+
+
+def _evidence_hunks(detail: SessionDetail, seen: list[int], paths: list[str]) -> list[EvidenceLine]:
+    """The diff hunks of the session's writes in those steps or to those paths."""
+    lines: list[EvidenceLine] = []
     for change in detail.changes:
         hit = change.step_index in seen or any(p == change.path or p.endswith("/" + change.path) for p in paths)
         if hit:
