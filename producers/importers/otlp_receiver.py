@@ -307,8 +307,8 @@ class OtlpReceiver:
     ) -> None:
         if not token and not credentials and not is_loopback(host):
             raise ConfigError(
-                f"the OTLP receiver serves {host} (not loopback) only with credentials: "
-                "set TRAJLAKE_OTLP_TOKENS_FILE or TRAJLAKE_OTLP_TOKEN, or listen on 127.0.0.1"
+                f"the OTLP receiver serves {host} (not loopback) only with a bearer token: "
+                "set TRAJLAKE_OTLP_TOKEN or TRAJLAKE_OTLP_TOKENS_FILE (a token per client), or listen on 127.0.0.1"
             )
         self.token, self.max_body_bytes = token or None, max_body_bytes
         # client name -> token; the single token is one client of its own
