@@ -285,6 +285,13 @@ class Settings(BaseSettings):
         "report's search index.",
     )
 
+    otlp_tokens_file: Path | None = Field(
+        None,
+        description="TRAJLAKE_OTLP_TOKENS_FILE: the OTLP clients `trajlake import --listen` accepts, one NAME:TOKEN "
+        "a line (mode 600): each request is the client whose bearer token it carries, and a conversation belongs "
+        "to the client that opened it (another client's spans under its id are quarantined). With "
+        "TRAJLAKE_OTLP_TOKEN as well, that token is the client `default`.",
+    )
     otlp_token: str | None = Field(
         None,
         min_length=16,

@@ -43,7 +43,8 @@ from pyiceberg.table import Table
 
 from common.progress import Progress
 from common.settings import Settings
-from pipelines.intake.ownership import IDENTITY_SQL, apply_ownership, verdict_provenance_sql
+from pipelines.intake.admission import admit, set_door_key
+from pipelines.intake.ownership import IDENTITY_SQL, verdict_provenance_sql
 from pipelines.intake.parts import rebuild_parts
 from pipelines.intake.quarantine import Quarantined, record_quarantine
 from warehouse.lakehouse import Lakehouse, as_lakehouse
@@ -364,8 +365,8 @@ def _as_table_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def _session_rules(con: duckdb.DuckDBPyConnection, trusted: tuple[str, ...]) -> list[Quarantined]:
-    """Ownership and verdict trust (``pipelines.intake``), then whole texts from parts (``pipelines.intake.parts``)."""
-    return apply_ownership(con, trusted) + rebuild_parts(con)
+    """The admission gate (``pipelines.intake.admission``), then whole texts from parts (``pipelines.intake.parts``)."""
+    return admit(con, trusted) + rebuild_parts(con)
 
 
 def _compute(
@@ -570,6 +571,7 @@ def _assemble(
     con.execute(f"SET memory_limit = '{options.memory_limit}'")
     con.execute(f"SET temp_directory = '{spill}'")
     con.execute("SET preserve_insertion_order = false")
+    set_door_key(con, lake.settings.home_dir)  # the admission gate verifies the verdicts door's signature
     # Sessions touched by new files, plus open sessions whose idle deadline may have passed.
     con.execute("CREATE TEMP TABLE affected (session_id VARCHAR)")
     if new_files:

@@ -1,4 +1,5 @@
-"""Admission's cost on one chunk: this checkout's ``apply_ownership`` vs another ref's, same events, same process.
+"""Admission's cost on one chunk: this checkout's ``apply_ownership`` vs another ref's, same events, same process;
+also this checkout's whole gate (``pipelines.intake.admission.admit``: signature, ownership, origins, token strings).
 
 Usage: ``.venv/bin/python scripts/admission_ab.py [SESSIONS] [REF]`` (defaults: 2000 sessions, ``main``).
 Prints the best of nine runs of each, twice, alternating. The other ref's module is read with
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from datetime import UTC, datetime
@@ -20,6 +22,7 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.ingest.rows import event_row
+from pipelines.intake.admission import admit, set_door_key
 from pipelines.intake.ownership import apply_ownership
 from schemas.registry import decode_event, encode_event
 from tests.helpers import sample_events
@@ -48,7 +51,9 @@ def main() -> None:
     con = duckdb.connect()
     con.register("src", pa.Table.from_pylist(rows, schema=RAW_EVENTS.arrow_schema()))
     trusted = ("fleet_evaluator", "harness_report", "harbor_verifier")
-    candidates = [(ref, _other(ref).apply_ownership), ("this checkout", apply_ownership)]
+    with tempfile.TemporaryDirectory() as home:
+        set_door_key(con, Path(home))
+    candidates = [(ref, _other(ref).apply_ownership), ("this checkout", apply_ownership), ("the whole gate", admit)]
     for name, function in candidates * 2:
         best = float("inf")
         for _ in range(9):

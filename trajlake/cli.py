@@ -329,6 +329,7 @@ def import_runs(
     from pipelines.intake.importing import import_runs as run_import
     from pipelines.intake.importing import listen as start_receiver
     from producers.importers import ImportFormatError
+    from producers.importers.otlp_receiver import read_credentials
     from producers.sdk import EventProducer
 
     settings = settings_for("read" if verdicts is not None and not paths else "any")
@@ -342,6 +343,8 @@ def import_runs(
                     f"{_visible(s.position)}: session {s.session_id}, {s.steps} steps", markup=False, highlight=False
                 ),
                 token=settings.otlp_token,
+                credentials=read_credentials(settings.otlp_tokens_file) if settings.otlp_tokens_file else None,
+                settings=settings,
             )
             out.print(f"receiving OTLP/HTTP traces at {receiver.endpoint} (Ctrl-C to stop)", markup=False)
             try:

@@ -1,10 +1,12 @@
 """Intake: the rules of trust every way in passes through before anything is assembled.
 
-Who a session belongs to (``ownership``: by arrival), whose verdict counts (``precedence``; ``verdicts``
+The gate itself (``admission``: at the door and at assembly, every rule applied in one place); who a
+session belongs to (``ownership``: by arrival), whose verdict counts (``precedence``; ``verdicts``
 attaches harness reports later), and where whatever a rule set aside is recorded (``quarantine``). This module
 only hands those names on.
 """
 
+from pipelines.intake.admission import Admitted, Door, admit, admit_session, admit_verdict, door_key
 from pipelines.intake.ownership import (
     ARRIVAL_SQL,
     IDENTITY_SQL,
@@ -18,6 +20,12 @@ from pipelines.intake.quarantine import DETAIL_CHARS, Quarantined, quarantine_ro
 from pipelines.intake.verdicts import Attached, attach_verdicts, run_id
 
 __all__ = [
+    "Admitted",
+    "Door",
+    "admit",
+    "admit_session",
+    "admit_verdict",
+    "door_key",
     "ARRIVAL_SQL",
     "DETAIL_CHARS",
     "IDENTITY_SQL",

@@ -17,6 +17,7 @@ from typing import Any
 from common.errors import ConfigError, TrajlakeError
 from common.progress import Progress
 from common.settings import Settings
+from pipelines.intake.admission import Door, admit_session, check_sizes
 from pipelines.intake.quarantine import Quarantined, record_quarantine
 from pipelines.intake.verdicts import Attached, attach_verdicts, run_id
 from producers.importers import ImportedSession, ImportReport, import_paths
@@ -25,27 +26,61 @@ from producers.sdk import EventProducer
 from warehouse.catalog import open_catalog
 
 
+def import_door(session: ImportedSession) -> Door:
+    """The door of ``trajlake import``: the session's format is its origin."""
+    return Door("import", format=session.framework)
+
+
+def otlp_door(session: ImportedSession) -> Door:
+    """The OTLP receiver's door: the client the receiver authenticated (stamped on every event it converted)."""
+    first = session.events[0] if session.events else {}
+    return Door("otlp", client=str((first.get("extra") or {}).get("otlp_client") or "anonymous"))
+
+
 @dataclass
 class SessionSender:
-    """Sends sessions whole: every event encoded first, then all produced (keyed by session id).
+    """Sends sessions whole through the admission gate: admitted, every event encoded, then all produced.
 
     Args:
-        producer: the Kafka producer (its redaction is off: importers redact before splitting texts).
+        producer: the Kafka producer (its redaction is off: the importers redact before splitting texts, and
+            the gate checks again, ``pipelines.intake.admission``).
+        door: the door a session came through (:func:`import_door`, :func:`otlp_door`).
+        max_event_bytes: the largest encoded event a session may have (``TRAJLAKE_MAX_EVENT_BYTES``).
     """
 
     producer: EventProducer
+    door: Callable[[ImportedSession], Door] = import_door
+    max_event_bytes: int = 1 << 20
     failed: list[tuple[ImportedSession, str]] = field(default_factory=list)
     sent: set[str] = field(default_factory=set)
+    #: What the gate recorded (flags and refusals), for the quarantine table.
+    records: list[Quarantined] = field(default_factory=list)
+    refused: set[str] = field(default_factory=set)
 
     def __call__(self, session: ImportedSession) -> None:
+        admitted = admit_session(session.events, self.door(session))
+        self.records += admitted.records
+        if admitted.refused is not None:
+            self._refuse(session, admitted.records[-1])
+            return
+        session.events = admitted.events
         try:
             encoded = [(event, self.producer.encode(event)) for event in session.events]
         except TrajlakeError as exc:
             self.failed.append((session, " ".join(str(exc).split())))
             return
+        too_large = check_sizes(session.session_id, [value for _, value in encoded], self.max_event_bytes)
+        if too_large is not None:
+            self.records.append(too_large)
+            self._refuse(session, too_large)
+            return
         for event, value in encoded:
             self.producer.send(event["session_id"], event["event_id"], value)
         self.sent.add(session.session_id)
+
+    def _refuse(self, session: ImportedSession, record: Quarantined) -> None:
+        self.refused.add(session.session_id)
+        self.failed.append((session, f"refused at admission ({record.reason}): {record.detail}"))
 
 
 @dataclass
@@ -58,6 +93,9 @@ class ImportRun:
     #: With runs and ``--verdicts``: every instance the verdict files judge, and those no imported session has.
     verdict_instances: list[str] = field(default_factory=list)
     unmatched_verdicts: list[str] = field(default_factory=list)
+    #: What the admission gate recorded (origins it restamped, sessions it refused), and those sessions' ids.
+    admission: list[Quarantined] = field(default_factory=list)
+    refused: set[str] = field(default_factory=set)
 
     def quarantine_records(self) -> list[Quarantined]:
         """Everything set aside, as quarantine rows (``stage = 'import'``)."""
@@ -71,7 +109,12 @@ class ImportRun:
             )
             for q in self.report.quarantined
         ]
-        records += [Quarantined(sid, "import", "unencodable_session", "skipped", why) for sid, why in self.failed]
+        records += [
+            Quarantined(sid, "import", "unencodable_session", "skipped", why)
+            for sid, why in self.failed
+            if sid not in self.refused
+        ]
+        records += self.admission
         if self.attached is not None:
             records += self.attached.quarantine_records()
         return records
@@ -98,7 +141,7 @@ def import_runs(
     ``progress`` is told of each path imported.
     """
     run = ImportRun()
-    sender = SessionSender(producer)
+    sender = SessionSender(producer, import_door, settings.max_event_bytes)
     if paths:
         files = read_verdicts(verdicts)[0] if verdicts is not None else []
         tasks: set[str] = set()
@@ -115,6 +158,7 @@ def import_runs(
     elif verdicts is not None:
         run.attached = attach_verdicts(settings, verdicts, producer.emit)
     run.failed = [(session.session_id, why) for session, why in sender.failed]
+    run.admission, run.refused = sender.records, sender.refused
     failed = {sid for sid, _ in run.failed}
     run.report.summaries = [s for s in run.report.summaries if s.session_id not in failed]
     producer.flush()
@@ -141,11 +185,18 @@ def listen(
     producer: EventProducer,
     on_session: Callable[[ImportedSession], Any] | None = None,
     token: str | None = None,
+    *,
+    credentials: dict[str, str] | None = None,
+    settings: Settings | None = None,
 ) -> Any:
     """An OTLP/HTTP receiver on ``address`` (``host:port``) sending each conversation to Kafka; started, not joined.
 
     Args:
-        token: the bearer token every request must carry; required for a non-loopback host.
+        token: the bearer token every request must carry (one client); required for a non-loopback host
+            unless ``credentials`` are given.
+        credentials: client name -> token (``TRAJLAKE_OTLP_TOKENS_FILE``): each request is the client whose
+            token it carries, and a conversation belongs to the client that opened it.
+        settings: where the gate's quarantine rows go (origins restamped, sessions refused); None: not recorded.
 
     Raises:
         ConfigError: ``address`` is not ``host:port``, or is not loopback and no token was given.
@@ -156,16 +207,19 @@ def listen(
     host = host.removeprefix("[").removesuffix("]")  # [::1]:4318
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"--listen wants host:port, got {address!r}")
-    sender = SessionSender(producer)
+    sender = SessionSender(producer, otlp_door, settings.max_event_bytes if settings else 1 << 20)
 
     def send(session: ImportedSession) -> None:
         sender(session)
         producer.flush()
+        records, sender.records = sender.records, []
+        if records and settings is not None:
+            record_quarantine(open_catalog(settings), settings, records, run_id())
         if on_session is not None:
             on_session(session)
 
     try:
-        receiver = OtlpReceiver(send, host, int(port), token=token)
+        receiver = OtlpReceiver(send, host, int(port), token=token, credentials=credentials)
     except OSError as exc:  # address in use, not this machine's, not resolvable
         raise ConfigError(f"--listen {address}: cannot listen there ({exc.strerror or exc})") from None
     return receiver.start()

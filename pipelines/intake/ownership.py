@@ -3,8 +3,9 @@
 **The identity a door authenticated.** Every way in stamps who sent an event: the Kafka door (a sandbox
 host, the producer SDK) its ``host_id``; ``trajlake import`` the kind of source
 (``extra['source_kind'] = 'import'``) and the sha256 of the recorded file (``extra['source_sha256']``);
-verdict files ``source_kind = 'verdicts'``; the OTLP receiver the fingerprint of the client credential
-that posted the spans (``extra['otlp_client']``). The identity is all of these together.
+verdict files ``source_kind = 'verdicts'`` (signed: :mod:`pipelines.intake.admission` verifies it first); the
+OTLP receiver the client that posted the spans (``extra['otlp_client']``: ``client:<name>`` of its credential,
+or a fingerprint of what it carried when no credentials are configured). The identity is all of these together.
 
 **Ownership by arrival.** A session belongs to the identity of its first *admitted* event: the first
 in the order events were taken into the lakehouse (``ingested_at``, then the record's Kafka topic,

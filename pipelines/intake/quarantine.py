@@ -14,6 +14,11 @@ here what they did instead (``warehouse.tables.QUARANTINE``):
 * ``action = 'not_counted'`` (``reason = 'untrusted_verdict'`` or ``'lower_verdict'``): a verdict whose
   provenance is not trusted, or ranks below the session's counted one (``pipelines.intake.precedence``);
   it stays in ``events`` but sets no ``eval_passed`` or reward.
+* ``reason = 'unverified_door'`` (``excluded``): an evaluation claiming the verdicts door without its
+  signature; ``'origin_mismatch'`` (``flagged``): a declared origin the door does not allow, recorded as
+  the door's; ``'secret_in_token_strings'`` (``skipped``): a model call's tokens spell a secret, the
+  session stays out; at the door (``stage = 'import'``) ``'oversized_event'``, ``'unredacted_secret'``
+  (``skipped``) and ``'redacted_at_gate'`` (``redacted``) (``pipelines.intake.admission``).
 * ``action = 'kept_head'`` (``reason = 'incomplete_parts'``): a text that travelled in parts could
   not be rebuilt whole; the event keeps its first part, marked truncated (``pipelines.intake.parts``).
 * ``stage = 'import'``: a record of a recorded run that ``trajlake import`` could not take (its

@@ -5,7 +5,8 @@ A harness report often arrives after the runs: this finds the sessions each verd
 or a prefix of an id matches nothing) and sends
 one ``evaluation`` per session (``producers.importers.verdicts.verdict_event``): provenance from the
 report (``harness_report``, ``harbor_verifier``), host ``verdicts``, an id derived from the session
-and the verdict, so attaching the same report twice changes nothing. Assembly counts it when its
+and the verdict, so attaching the same report twice changes nothing; signed with the installation's door
+key (``pipelines.intake.admission``), so no other sender can speak for this door. Assembly counts it when its
 provenance is trusted (``pipelines.intake.ownership``).
 
 A verdict on an instance no session has is reported and kept in the quarantine table
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from common.settings import Settings
+from pipelines.intake.admission import admit_verdict, door_key
 from pipelines.intake.quarantine import Quarantined
 from producers.importers.verdicts import Verdict, read_verdicts, verdict_event
 from producers.sdk import Event
@@ -107,6 +109,7 @@ def attach_verdicts(settings: Settings, path: Path | str, sink: Callable[[Event]
         record = dict(zip(columns, row, strict=True))
         sessions.setdefault(str(record["task_id"]), []).append(record)
     sent: set[tuple[str, str]] = set()
+    key = door_key(settings.home_dir)
     for instance, verdict in sorted(verdicts.items()):
         targets = sessions.get(instance, [])
         if not targets:
@@ -120,7 +123,8 @@ def attach_verdicts(settings: Settings, path: Path | str, sink: Callable[[Event]
                 continue
             sent.add((session["session_id"], verdict.instance_id))
             ts = _micros(session["last_event_at"]) + 1000
-            sink(verdict_event(session, verdict, seq=int(session["max_seq"] or 0) + 1, ts=ts))
+            event = verdict_event(session, verdict, seq=int(session["max_seq"] or 0) + 1, ts=ts)
+            sink(admit_verdict(event, key))  # signed: the one door that may judge a session it does not own
             result.attached.append((instance, session["session_id"], verdict.passed))
     return result
 

@@ -13,10 +13,12 @@ once) and only the new events are new. Conversations are kept ``retain_s`` after
 for that; memory is bounded by ``max_spans`` buffered spans (the oldest conversations are sent
 early when it is reached).
 
-A conversation belongs to the client credential that opened it (the first to post its spans):
-every event the receiver sends carries the credential's fingerprint (``extra['otlp_client']``,
-never the secret), part of the identity the lakehouse's admission stage checks
-(``pipelines.intake.ownership``). Spans another client posts under the same conversation id are
+A conversation belongs to the client credential that opened it (the first to post its spans).
+With a credentials file (``TRAJLAKE_OTLP_TOKENS_FILE``: client name -> token) each request is authenticated
+as one named client, ``extra['otlp_client'] = 'client:<name>'`` (the single ``TRAJLAKE_OTLP_TOKEN`` is the
+client ``default``); with none (loopback only) the client is a fingerprint of whatever credential the request
+carries, never the secret. It is part of the identity the lakehouse's admission stage checks
+(``pipelines.intake.admission``). Spans another client posts under the same conversation id are
 kept apart and sent only after the opener's session, so the opener is admitted first and the
 other client's events are quarantined, never merged into its session.
 
@@ -36,11 +38,13 @@ import hmac
 import ipaddress
 import json
 import logging
+import os
+import re
 import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -199,6 +203,10 @@ def _inflate(data: bytes, wbits: int, limit: int, members: bool) -> bytes:
 
 #: ``extra['otlp_client']`` of spans posted without a credential.
 ANONYMOUS = "anonymous"
+#: ``extra['otlp_client']`` of an authenticated client: this prefix and its name in the credentials.
+CLIENT_PREFIX = "client:"
+#: The client name of the single ``TRAJLAKE_OTLP_TOKEN``.
+DEFAULT_CLIENT = "default"
 
 
 def client_id(authorization: str | None) -> str:
@@ -206,6 +214,53 @@ def client_id(authorization: str | None) -> str:
     if not authorization or not authorization.strip():
         return ANONYMOUS
     return "credential:" + hashlib.sha256(authorization.strip().encode()).hexdigest()[:16]
+
+
+_CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+#: Shortest token a credentials file may hold (as ``TRAJLAKE_OTLP_TOKEN``).
+MIN_TOKEN_CHARS = 16
+
+
+def read_credentials(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The OTLP clients of a credentials file: one ``NAME:TOKEN`` a line (``#`` starts a comment).
+
+    Names are letters, digits, ``.``, ``_``, ``-`` (up to 64); each token at least 16 printable characters
+    and used by one client only. The file must be readable by its owner alone (as ssh asks of a key).
+
+    Raises:
+        ConfigError: the file is missing, readable by others, or a line is not a sound credential.
+    """
+    where = os.fspath(path)
+    try:
+        mode = os.stat(where).st_mode
+        with open(where, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"OTLP credentials file {where}: cannot read it ({exc})") from None
+    if mode & 0o077:
+        raise ConfigError(f"OTLP credentials file {where} is readable by others: chmod 600 it")
+    clients: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, token = line.partition(":")
+        name, token = name.strip(), token.strip()
+        if not sep or not _CLIENT_NAME.fullmatch(name):
+            raise ConfigError(f"OTLP credentials file {where}, line {number}: want NAME:TOKEN with a plain name")
+        if len(token) < MIN_TOKEN_CHARS or not token.isprintable() or any(c.isspace() for c in token):
+            raise ConfigError(
+                f"OTLP credentials file {where}, line {number}: the token of {name} is not "
+                f"{MIN_TOKEN_CHARS}+ printable characters without spaces"
+            )
+        if name in clients:
+            raise ConfigError(f"OTLP credentials file {where}, line {number}: client {name} appears twice")
+        if token in clients.values():
+            raise ConfigError(f"OTLP credentials file {where}, line {number}: {name} shares a token with another")
+        clients[name] = token
+    if not clients:
+        raise ConfigError(f"OTLP credentials file {where} names no client")
+    return clients
 
 
 @dataclass
@@ -227,12 +282,14 @@ class OtlpReceiver:
         idle_s: a conversation without a root span is sent after this long without new spans.
         retain_s: how long a sent conversation is kept for late spans.
         max_spans: spans buffered at most.
-        token: the bearer token every request must carry (``Authorization: Bearer …``); required when
-            ``host`` is not a loopback address.
+        token: the bearer token every request must carry (``Authorization: Bearer …``), one client named
+            ``default``; this or ``credentials`` is required when ``host`` is not a loopback address.
+        credentials: client name -> bearer token (``TRAJLAKE_OTLP_TOKENS_FILE``): a request is the client whose
+            token it carries (``extra['otlp_client'] = 'client:<name>'``), any other is refused (401).
         max_body_bytes: largest request body, compressed and inflated.
 
     Raises:
-        ConfigError: ``host`` is not loopback and no token was given.
+        ConfigError: ``host`` is not loopback and no token was given; two clients share a token.
     """
 
     def __init__(
@@ -246,13 +303,20 @@ class OtlpReceiver:
         max_spans: int = 1_000_000,
         token: str | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
+        credentials: Mapping[str, str] | None = None,
     ) -> None:
-        if not token and not is_loopback(host):
+        if not token and not credentials and not is_loopback(host):
             raise ConfigError(
                 f"the OTLP receiver serves {host} (not loopback) only with a bearer token: "
-                "set TRAJLAKE_OTLP_TOKEN, or listen on 127.0.0.1"
+                "set TRAJLAKE_OTLP_TOKEN or TRAJLAKE_OTLP_TOKENS_FILE (a token per client), or listen on 127.0.0.1"
             )
         self.token, self.max_body_bytes = token or None, max_body_bytes
+        # client name -> token; the single token is one client of its own
+        self.credentials: dict[str, str] = dict(credentials or {})
+        if token and DEFAULT_CLIENT not in self.credentials:
+            self.credentials[DEFAULT_CLIENT] = token
+        if len(set(self.credentials.values())) != len(self.credentials):
+            raise ConfigError("two OTLP clients share one token: give each client its own")
         self.send, self.settle_s, self.idle_s, self.retain_s, self.max_spans = (
             send,
             settle_s,
@@ -337,17 +401,25 @@ class OtlpReceiver:
         self.errors.append(message)
         log.warning("%s", message)
 
-    def _authorized(self, request: BaseHTTPRequestHandler) -> bool:
-        if self.token is None:
-            return True
-        scheme, _, given = (request.headers.get("Authorization") or "").strip().partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token.encode())
+    def _client(self, request: BaseHTTPRequestHandler) -> str | None:
+        """Who posted ``request``: ``client:<name>`` of the credential its bearer token matches (None: no
+        match), or, with no credentials configured (loopback only), a fingerprint of what it carries."""
+        authorization = request.headers.get("Authorization")
+        if not self.credentials:
+            return client_id(authorization)
+        scheme, _, given = (authorization or "").strip().partition(" ")
+        found: str | None = None
+        for name, token in self.credentials.items():  # every credential compared: the time tells nothing
+            if hmac.compare_digest(given.strip().encode(), token.encode()) and scheme.lower() == "bearer":
+                found = name
+        return None if found is None else CLIENT_PREFIX + found
 
     def _handle(self, request: BaseHTTPRequestHandler) -> None:
         try:
             if request.path.rstrip("/") != "/v1/traces":
                 raise _Refused(404, "only /v1/traces is served")
-            if not self._authorized(request):
+            client = self._client(request)
+            if client is None:
                 raise _Refused(401, "a valid bearer token is required")
             body = read_body(request.rfile, request.headers, self.max_body_bytes)
             body = inflate(body, request.headers.get("Content-Encoding") or "", self.max_body_bytes)
@@ -361,7 +433,7 @@ class OtlpReceiver:
             request.close_connection = True  # the body may be unread: the connection cannot be reused
             request.send_error(refused.status, _printable(refused.reason))
             return
-        self.receive(spans, client_id(request.headers.get("Authorization")))
+        self.receive(spans, client)
         protobuf = content_type == "application/x-protobuf"
         payload = b"" if protobuf else b"{}"
         request.send_response(200)

@@ -33,7 +33,7 @@ import ahocorasick_rs
 from producers.redact.formats import REDACTED, TOKEN_PREFIXES
 from producers.redact.structured import redact_value
 from producers.redact.text import active_layers, key_block_spans, may_join_secret, redact_text
-from producers.redact.tokens import drop_token_ids, has_token_ids
+from producers.redact.tokens import drop_token_ids, has_token_ids, redact_tokens
 from producers.redact.values import MIN_SECRET_VALUE_LEN, merge_spans, replace_spans
 
 # What is kept of a field's previous value: its last line, at most this long.
@@ -67,6 +67,15 @@ def _leaves(value: Any, path: Path, out: list[Path]) -> None:
     elif isinstance(value, list):
         for index, item in enumerate(value):
             _leaves(item, (*path, index), out)
+
+
+#: The field the token strings of a session's model calls are remembered under (their joined text).
+_TOKENS: Path = ("payload", "model_call", "completion_tokens_text")
+
+
+def _is_token_string(path: Path) -> bool:
+    """Whether ``path`` is one token of a model call's ``completion_tokens_text``."""
+    return len(path) >= 2 and path[-2] == "completion_tokens_text"
 
 
 def _changed_ranges(before: str, after: str) -> list[tuple[int, int]]:
@@ -103,19 +112,53 @@ class SessionRedactor:
         raw: dict[Path, str] = {}
         for path in leaves:
             text = _get(event, path)
-            if not text:
+            if not text or _is_token_string(path):
+                # a token is no text of its own: the call's token strings are redacted as the text they
+                # spell (``tokens``); a token ending in a vendor prefix would otherwise be redacted alone
+                # and leave the rest of the secret unrecognisable in the joined text
                 continue
             raw[path] = text
             spans = self._boundary_spans(path, text) + self._learned_spans(text)
             if spans:
                 _set(streamed, path, replace_spans(text, merge_spans(spans), REDACTED))
+        joined = self._stream_tokens(event, streamed)
         redacted = redact_value(streamed)
+        if joined is not None:
+            self._remember_tokens(joined, redacted)
         for path, text in raw.items():
             out = _get(redacted, path)
             self._remember(path, text, isinstance(out, str) and out.endswith(REDACTED))
             if isinstance(out, str) and out != text and REDACTED in out:
                 self._learn(removed_values(text, out))
         return self._token_ids(event, redacted)
+
+    def _stream_tokens(self, event: dict[str, Any], streamed: dict[str, Any]) -> str | None:
+        """A model call's token strings as one text of the session: what straddles two calls or was learned.
+
+        Returns the text the tokens spell (None when the event has none); ``streamed`` gets the tokens with
+        the spans the session's earlier events tell of replaced.
+        """
+        payload = event.get("payload")
+        call = payload.get("model_call") if isinstance(payload, dict) else None
+        if not isinstance(call, dict):
+            return None
+        tokens = call.get("completion_tokens_text")
+        if not isinstance(tokens, list) or not tokens or not all(type(t) is str for t in tokens):
+            return None
+        joined = "".join(tokens)
+        spans = self._boundary_spans(_TOKENS, joined) + self._learned_spans(joined)
+        if spans:
+            masked = redact_tokens(tokens, lambda text: replace_spans(text, merge_spans(spans), REDACTED))
+            if masked is not None:
+                streamed["payload"]["model_call"] = drop_token_ids({**call, "completion_tokens_text": masked})
+        return joined
+
+    def _remember_tokens(self, joined: str, redacted: dict[str, Any]) -> None:
+        call = redacted["payload"]["model_call"]
+        out = "".join(t for t in call.get("completion_tokens_text") or [] if type(t) is str)
+        self._remember(_TOKENS, joined, out.endswith(REDACTED))
+        if out != joined and REDACTED in out:
+            self._learn(removed_values(joined, out))
 
     def _learned_spans(self, text: str) -> list[tuple[int, int]]:
         automaton = self._learned_automaton

@@ -233,6 +233,10 @@ def test_assembly_takes_the_declared_origin_within_its_vocabulary(tmp_path: Path
         extra.pop("origin", None)
         if declared[sid] is not None:
             extra["origin"] = declared[sid]
+        if sid == ids[0]:
+            extra["source_kind"] = "import"  # the import door's identity (pipelines.intake.admission)
+        if sid == ids[1]:
+            extra["otlp_client"] = "client:a"  # the OTLP door's
         if sid == ids[3]:
             extra.pop("backend", None)  # declared nothing at all: another SDK host
         if sid == ids[4] and event["event_type"] == "session_start":
@@ -247,6 +251,8 @@ def test_assembly_takes_the_declared_origin_within_its_vocabulary(tmp_path: Path
         ids[3]: "sdk",
         ids[4]: "synthetic",  # no declaration: its backend says it (events written before origins)
     }
+    _, flagged = run_query(settings, "SELECT session_id, reason, action FROM quarantine")
+    assert flagged == [(ids[2], "origin_mismatch", "flagged")]  # a declaration the door does not allow
 
 
 def test_origin_option_vocabulary() -> None:

@@ -78,3 +78,20 @@ def test_a_non_loopback_address_without_a_token_is_refused_in_one_line(tmp_path:
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "TRAJLAKE_OTLP_TOKEN" in errors[0], result.stderr
     assert time.monotonic() - started < 60
+
+
+def test_a_credentials_file_others_can_read_is_refused_in_one_line(tmp_path: Path, tansu_broker: str) -> None:
+    """``TRAJLAKE_OTLP_TOKENS_FILE`` reaches the receiver: a file readable by others stops it before it listens."""
+    clients = tmp_path / "otlp-clients"
+    clients.write_text("alpha:" + "a" * 20 + "\n")
+    clients.chmod(0o644)
+    result = subprocess.run(
+        [sys.executable, "-m", "trajlake.cli", "import", "--listen", "0.0.0.0:0"],
+        env={**_env(tmp_path, tansu_broker), "TRAJLAKE_OTLP_TOKENS_FILE": str(clients)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "readable by others" in errors[0] and "aaaa" not in result.stderr, result.stderr

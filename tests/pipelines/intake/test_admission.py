@@ -28,6 +28,7 @@ from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
 from pipelines.ingest import IngestWorker
 from pipelines.intake import PRECEDENCE, outranks, rank
+from pipelines.intake.admission import admit_verdict, door_key
 from producers.importers._builder import ImportedSession
 from producers.importers.otel import Span, spans_from_proto
 from producers.importers.otlp_receiver import OtlpReceiver, client_id
@@ -98,6 +99,12 @@ def interleavings(draw: st.DrawFn) -> dict:
     return {"host": host, "provenance": provenance, "intruder": intruder, "batches": batches}
 
 
+def _delivered(lake: Settings, batch: list[dict]) -> list[dict]:
+    """``batch`` as its doors send it: the verdicts door signs with the lake's key."""
+    key = door_key(lake.home_dir)
+    return [admit_verdict(e, key) if e["host_id"] == "verdicts" else e for e in batch]
+
+
 def _expected_alone(home: Path, events: list[dict]) -> list[tuple]:
     alone = _lake(home)
     write_raw(alone, events)
@@ -141,7 +148,7 @@ def test_every_interleaving_of_two_identities_keeps_the_first_admitted_as_owner(
         home = Path(tmp)
         lake = _lake(home / "lake")
         for batch in case["batches"]:
-            write_raw(lake, batch)
+            write_raw(lake, _delivered(lake, batch))
             assemble(lake, as_of=AS_OF)  # after every batch: an owned session is never reassigned later
         check_invariants(lake, case, case["batches"][0][0], home / "alone")
 
@@ -170,9 +177,9 @@ def test_every_interleaving_through_the_broker_keeps_the_first_admitted_as_owner
                 host: EventProducer(broker, lake.topic, host_id=host, redact=False) for host in ("real", case["host"])
             }
             for batch in case["batches"]:
-                for event in batch:
+                for event, sent in zip(batch, _delivered(lake, batch), strict=True):
                     producer = producers[case["host"] if event in case["intruder"] else "real"]
-                    producer.emit(event)
+                    producer.emit(sent)
                     producer.flush()  # one at a time: the broker's log order is the drawn order
                 IngestWorker(lake).run(until_idle=1)
                 assemble(lake, as_of=AS_OF)

@@ -11,6 +11,7 @@ import pytest
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
+from pipelines.intake.admission import admit_verdict, door_key
 from pipelines.intake.verdicts import attach_verdicts
 from producers.importers import import_trajectory
 from tests.helpers import AS_OF, sample_events, write_raw
@@ -263,7 +264,7 @@ def test_a_late_harness_report_is_attached_once_and_unknown_instances_are_report
 
 @pytest.mark.slow
 @pytest.mark.parametrize("provenance", ["harness_report", "harbor_verifier"])
-@pytest.mark.parametrize("door", ["verdicts", "another-host"])
+@pytest.mark.parametrize("door", ["verdicts", "forged-verdicts", "another-host"])
 def test_a_harness_verdict_never_replaces_the_fleet_evaluators(tmp_path: Path, provenance: str, door: str) -> None:
     """The probe of issue 42: false/0.44 from the fleet evaluator stays, whoever claims a harness report."""
     sid, fleet = _failed_fleet_session()
@@ -272,11 +273,13 @@ def test_a_harness_verdict_never_replaces_the_fleet_evaluators(tmp_path: Path, p
         **own,
         "event_id": uuid.uuid4().hex,
         "seq": max(e["seq"] for e in fleet) + 1,
-        "host_id": door,
-        "extra": {"source_kind": "verdicts"} if door == "verdicts" else {},
+        "host_id": door.removeprefix("forged-"),
+        "extra": {"source_kind": "verdicts"} if door.endswith("verdicts") else {},
         "payload": {**own["payload"], "passed": True, "reward": 1.0, "provenance": provenance},
     }
     alone, attacked = _lake(tmp_path / "alone"), _lake(tmp_path / "attacked")
+    if door == "verdicts":  # the real door signs with the installation's key; a forger on the wire cannot
+        late = admit_verdict(late, door_key(attacked.home_dir))
     write_raw(alone, fleet)
     write_raw(attacked, [*fleet, late])
     for settings in (alone, attacked):
@@ -284,5 +287,5 @@ def test_a_harness_verdict_never_replaces_the_fleet_evaluators(tmp_path: Path, p
     row = _row(attacked, sid)
     assert (row["eval_passed"], row["verdict_provenance"]) == (False, "fleet_evaluator")
     assert row == _row(alone, sid)
-    reason = "lower_verdict" if door == "verdicts" else "foreign_producer"
+    reason = {"verdicts": "lower_verdict", "forged-verdicts": "unverified_door"}.get(door, "foreign_producer")
     assert [r[1] for r in _quarantine(attacked)] == [reason]
