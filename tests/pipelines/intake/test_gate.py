@@ -23,7 +23,6 @@ from hypothesis import strategies as st
 from common.errors import ConfigError
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from pipelines.importing import SessionSender, otlp_door
 from pipelines.intake.admission import (
     Door,
     admit_session,
@@ -32,6 +31,7 @@ from pipelines.intake.admission import (
     door_key,
     verify_mac,
 )
+from pipelines.intake.importing import SessionSender, otlp_door
 from producers.importers import import_trajectory
 from producers.importers._builder import ImportedSession
 from producers.importers._values import FieldIssues
