@@ -104,15 +104,25 @@ def redact_json_text(text: str) -> str:
 def _redact_json_text(text: str, depth: int) -> str:
     if not text or not may_contain_secret(text):
         return text
-    stripped = text.strip()
-    if depth <= MAX_DEPTH and stripped[:1] in ("{", "[") and stripped[-1:] in ("}", "]"):
+    first, last = _ends(text)
+    if depth <= MAX_DEPTH and first in ("{", "[") and last in ("}", "]"):
         try:
-            parsed = json.loads(stripped)
+            parsed = json.loads(text.strip())
             redacted = _redact_parsed(parsed, depth)
             return text if redacted == parsed else json.dumps(redacted, ensure_ascii=False)
         except (ValueError, RecursionError, _TooDeep):
             pass  # not JSON, or too deep to walk: the text rules keep valid JSON valid
     return redact_text(text)
+
+
+def _ends(text: str) -> tuple[str, str]:
+    """The first and the last character of ``text.strip()`` (``""`` when blank), without the stripped copy."""
+    start, end = 0, len(text)
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return (text[start], text[end - 1]) if start < end else ("", "")
 
 
 _CONTAINERS = (dict, list, tuple)
