@@ -10,7 +10,8 @@ Then two bounds of streamed import: a Harbor job of ``JOB_TRIALS`` trials (each 
 ATIF run with its verifier's result) imported as ``trajlake import`` does — each session encoded and
 let go before the next trial is read — gives its peak RSS above the baseline per trial at two job
 sizes (bounded memory: the larger job's peak is about the smaller's); and a run whose one tool
-output is a single line of ``LINE_MB`` MB gives its peak RSS above the baseline per MB of that line.
+output is a single line of ``LINE_MB`` MB gives its peak RSS above the baseline per MB of that line
+(also with redaction off, and when one more model call follows, whose request sends the line again).
 """
 
 from __future__ import annotations
@@ -116,9 +117,12 @@ def _baseline_rss() -> int:
     return rss
 
 
-def _stream_in_child(path: str, queue: Any) -> None:
+def _stream_in_child(path: str, queue: Any, redact: bool = True) -> None:
     from producers.importers import import_paths
+    from producers.importers._builder import REDACT
     from schemas.registry import encode_event
+
+    REDACT.set(redact)
 
     sessions = 0
 
@@ -135,10 +139,10 @@ def _stream_in_child(path: str, queue: Any) -> None:
     queue.put((seconds, rss, sessions, len(report.quarantined)))
 
 
-def _measure_stream(path: Path) -> tuple[float, int, int, int]:
+def _measure_stream(path: Path, redact: bool = True) -> tuple[float, int, int, int]:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    child = context.Process(target=_stream_in_child, args=(str(path), queue))
+    child = context.Process(target=_stream_in_child, args=(str(path), queue, redact))
     child.start()
     result = queue.get(timeout=3600)
     child.join()
@@ -160,15 +164,17 @@ def harbor_job(directory: Path, trials: int) -> Path:
     return job
 
 
-def large_line_run(megabytes: float) -> dict[str, Any]:
-    """A mini-swe-agent 2.x run of one turn whose tool output is a single line of ``megabytes`` MB."""
-    run = recorded_run(4000)
-    for message in run["messages"]:
-        if message["role"] == "tool":
-            line = "x" * int(megabytes * 1e6)
-            message["content"] = f"<returncode>0</returncode>\n<output>\n{line}</output>"
-            message["extra"]["raw_output"] = line
-            break
+def large_line_run(megabytes: float, answered: bool = False) -> dict[str, Any]:
+    """A mini-swe-agent 2.x run of one turn whose tool output is a single line of ``megabytes`` MB.
+
+    With ``answered``, the run goes on for one more turn: the next model call carries the output as a
+    blob of its request (the output is then sent twice, as the observation and as what the model saw).
+    """
+    run = recorded_run(4000 if not answered else 7000)
+    tools = [message for message in run["messages"] if message["role"] == "tool"]
+    line = "x" * int(megabytes * 1e6)
+    tools[0]["content"] = f"<returncode>0</returncode>\n<output>\n{line}</output>"
+    tools[0]["extra"]["raw_output"] = line
     return run
 
 
@@ -185,6 +191,9 @@ def bench_streaming(trials: tuple[int, ...] = JOB_TRIALS, line_mb: float = LINE_
         path = Path(directory) / "large-line.traj.json"
         path.write_text(json.dumps(large_line_run(line_mb)))
         line_seconds, line_rss, _, _ = _measure_stream(path)
+        _, plain_rss, _, _ = _measure_stream(path, redact=False)
+        path.write_text(json.dumps(large_line_run(line_mb, answered=True)))
+        _, answered_rss, _, _ = _measure_stream(path)
     print(f"streamed import; importer peak RSS with nothing imported: {base_rss / 1e6:.0f} MB")
     print(f"{'trials':>7} {'sessions':>8} {'seconds':>8} {'peak RSS MB':>11} {'(RSS-base) KiB/trial':>21}")
     for count, sessions, seconds, rss in jobs:
@@ -197,11 +206,21 @@ def bench_streaming(trials: tuple[int, ...] = JOB_TRIALS, line_mb: float = LINE_
         "baseline)"
     )
     per_mb = (line_rss - base_rss) / 1e6 / line_mb
+    plain_per_mb = (plain_rss - base_rss) / 1e6 / line_mb
+    answered_per_mb = (answered_rss - base_rss) / 1e6 / line_mb
     print(
         f"one {line_mb:.0f} MB line: {line_seconds:.2f} s, peak RSS {line_rss / 1e6:.0f} MB, "
-        f"{per_mb:.1f} MB above the baseline per MB of the line"
+        f"{per_mb:.1f} MB above the baseline per MB of the line (redaction off: {plain_per_mb:.1f}; "
+        f"the line answered by one more model call, which sends it again as a blob: {answered_per_mb:.1f})"
     )
-    return {"jobs": jobs, "job_ratio": ratio, "line_rss_per_mb": per_mb, "base_rss": base_rss}
+    return {
+        "jobs": jobs,
+        "job_ratio": ratio,
+        "line_rss_per_mb": per_mb,
+        "line_rss_per_mb_unredacted": plain_per_mb,
+        "line_rss_per_mb_answered": answered_per_mb,
+        "base_rss": base_rss,
+    }
 
 
 def _load_only(queue: Any) -> None:

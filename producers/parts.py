@@ -45,19 +45,47 @@ SPLITTABLE: dict[str, tuple[str, ...]] = {
 BLOB_FIELD = "blob"
 
 
+#: Characters encoded at a time when a long text is measured or hashed (no encoded copy of the whole).
+CHUNK_CHARS = 1 << 18
+
+
+def utf8_len(text: str, errors: str = "strict") -> int:
+    """``len(text.encode("utf-8", errors))`` without the encoded copy (ASCII text: its length)."""
+    if text.isascii():
+        return len(text)
+    if len(text) <= CHUNK_CHARS:
+        return len(text.encode("utf-8", errors))
+    return sum(len(text[i : i + CHUNK_CHARS].encode("utf-8", errors)) for i in range(0, len(text), CHUNK_CHARS))
+
+
+def text_sha256(text: str) -> str:
+    """The hex sha256 of ``text``'s UTF-8 bytes, encoded a slice at a time."""
+    digest = hashlib.sha256()
+    for i in range(0, len(text), CHUNK_CHARS):
+        digest.update(text[i : i + CHUNK_CHARS].encode())
+    return digest.hexdigest()
+
+
 def split_utf8(text: str, part_bytes: int = PART_BYTES) -> list[str]:
-    """``text`` in pieces of at most ``part_bytes`` UTF-8 bytes, cut between characters; joined, exactly ``text``."""
-    data = text.encode()
-    if len(data) <= part_bytes:
-        return [text]
+    """``text`` in pieces of at most ``part_bytes`` UTF-8 bytes, cut between characters; joined, exactly ``text``.
+
+    Each piece is the longest run of characters that fits; only one piece's worth is encoded at a time
+    (ASCII text is sliced as it is), so splitting a large text costs its pieces and no second copy.
+    """
+    if text.isascii():
+        return [text[i : i + part_bytes] for i in range(0, len(text), part_bytes)] or [text]
     pieces = []
     start = 0
-    while start < len(data):
-        end = min(start + part_bytes, len(data))
-        while end < len(data) and (data[end] & 0xC0) == 0x80:  # never inside a multi-byte character
-            end -= 1
-        pieces.append(data[start:end].decode())
-        start = end
+    while start < len(text):
+        window = text[start : start + part_bytes]  # at least part_bytes bytes, unless it is the rest
+        data = window.encode()
+        if len(data) > part_bytes:
+            end = part_bytes
+            while (data[end] & 0xC0) == 0x80:  # never inside a multi-byte character
+                end -= 1
+            window = data[:end].decode()
+        pieces.append(window)
+        start += len(window)
     return pieces
 
 
@@ -68,7 +96,7 @@ def _text_bytes(value: Any) -> int:
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            total += len(item.encode())
+            total += utf8_len(item)
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
@@ -122,7 +150,7 @@ def split_event(
         parts += [_part_event(event, BLOB_FIELD, i, len(pieces), p, whole) for i, p in enumerate(pieces)]
         call = payload["model_call"]
         call["blobs"] = [b for b in call["blobs"] if b is not blob]
-        size -= len(blob["text"].encode())
+        size -= utf8_len(blob["text"])
     candidates = sorted(
         (name for name in SPLITTABLE.get(kind, ()) if isinstance(payload.get(name), str)),
         key=lambda name: -len(payload[name]),
@@ -134,8 +162,8 @@ def split_event(
         pieces = split_utf8(text, part_bytes)
         if len(pieces) == 1:
             continue
-        data_size = len(text.encode())
-        whole = hashlib.sha256(text.encode()).hexdigest()
+        data_size = utf8_len(text)
+        whole = text_sha256(text)
         payload[name] = pieces[0]
         field = f"{kind}.{name}"
         split_fields.append(field)
@@ -143,7 +171,7 @@ def split_event(
         if kind == "env_feedback" and name == "output":
             payload["output_bytes"] = max(int(payload.get("output_bytes") or 0), data_size)
             payload["output_ref"] = {"uri": f"parts:{whole}", "size_bytes": data_size, "sha256": whole}
-        size -= data_size - len(pieces[0].encode())
+        size -= data_size - utf8_len(pieces[0])
     if split_fields:
         event["extra"] = {**(event.get("extra") or {}), "parts_of": ",".join(split_fields)}
     return [event, *parts]
@@ -168,4 +196,22 @@ def split_session(events: Iterable[dict[str, Any]], budget: int = EVENT_TEXT_BUD
     out: list[dict[str, Any]] = []
     for event in events:
         out.extend(split_event(event, budget))
-    return [e if e["seq"] == i else {**e, "seq": i} for i, e in enumerate(out)]
+    return _renumbered(out)
+
+
+def split_session_consuming(events: list[dict[str, Any]], budget: int = EVENT_TEXT_BUDGET) -> list[dict[str, Any]]:
+    """:func:`split_session`, emptying ``events`` as it goes: each event is let go once its parts are made.
+
+    The last event is split first. A model call's blob repeats the tool output of an event before it,
+    whose text the record being imported still holds: the blob, split first, goes before the output's
+    parts are made, so the two never add up to a third copy of the text.
+    """
+    pieces: list[list[dict[str, Any]]] = []
+    while events:
+        pieces.append(split_event(events.pop(), budget))
+    pieces.reverse()
+    return _renumbered([event for piece in pieces for event in piece])
+
+
+def _renumbered(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e if e["seq"] == i else {**e, "seq": i} for i, e in enumerate(events)]

@@ -19,14 +19,14 @@ import hashlib
 import itertools
 import json
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
 from producers.importers._source import SourceFile
 from producers.importers._values import FieldIssues, conform_event
-from producers.parts import split_session
+from producers.parts import split_session_consuming, text_sha256, utf8_len
 from producers.redact import redact_session
 from producers.sdk import Event, SessionEmitter
 from schemas import typed
@@ -111,7 +111,7 @@ def canonical(value: Any) -> str:
 
 def digest(value: Any) -> str:
     """sha256 of a value's canonical JSON (sorted keys), e.g. of a run's configuration."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+    return text_sha256(json.dumps(value, sort_keys=True, default=str))
 
 
 class CallLog:
@@ -134,7 +134,7 @@ class CallLog:
 
     def _ref(self, value: Any) -> str:
         text = canonical(value)
-        ref = hashlib.sha256(text.encode()).hexdigest()
+        ref = text_sha256(text)
         if ref not in self._emitted:
             self._emitted.add(ref)
             self._pending.append({"sha256": ref, "text": text})
@@ -157,7 +157,7 @@ class CallLog:
         For formats that record each call's whole request (OTel spans): a request that rewrote the
         history is recorded whole (its delta base is empty).
         """
-        refs = [hashlib.sha256(canonical(m).encode()).hexdigest() for m in messages]
+        refs = [text_sha256(canonical(m)) for m in messages]
         known = len(self._refs)
         if refs[:known] != self._refs:
             self._refs, self._hash, self._base = [], hashlib.sha256(), 0
@@ -250,6 +250,14 @@ def _int_or_none(value: Any) -> int | None:
 
 
 @dataclass
+class _Clock:
+    """The time of the next event and the id it is given instead of its position (if any)."""
+
+    now: int
+    fixed_id: str | None = None
+
+
+@dataclass
 class RunBuilder:
     """Emits one imported session through ``SessionEmitter`` into a list, with deterministic ids and time.
 
@@ -279,12 +287,13 @@ class RunBuilder:
         self.calls = CallLog()
         self._namespace = namespace
         counter = itertools.count()
-        self._now = SYNTHETIC_EPOCH_US
-        self._fixed_id: str | None = None
+        # the emitter's clock and ids read this, not the builder: no reference cycle keeps a finished
+        # builder (and the record it read) alive until the garbage collector runs
+        clock = self._clock = _Clock(SYNTHETIC_EPOCH_US)
 
         def new_id() -> str:
-            if self._fixed_id is not None:
-                fixed, self._fixed_id = self._fixed_id, None
+            if clock.fixed_id is not None:
+                fixed, clock.fixed_id = clock.fixed_id, None
                 return fixed
             return uuid.uuid5(namespace, f"{prefix}event/{next(counter)}").hex
 
@@ -295,7 +304,7 @@ class RunBuilder:
         self.emitter = SessionEmitter(
             self.events.append,
             session_id=uuid.uuid5(namespace, f"{prefix}session").hex,
-            clock=lambda: self._now,
+            clock=lambda: clock.now,
             id_factory=new_id,
             host_id="importer",
             image_name=f"imported/{self.framework}",
@@ -305,7 +314,7 @@ class RunBuilder:
 
     def name_next(self, label: str) -> None:
         """Give the next event an id derived from ``label`` instead of its position (a span id, a verdict)."""
-        self._fixed_id = uuid.uuid5(self._namespace, label).hex
+        self._clock.fixed_id = uuid.uuid5(self._namespace, label).hex
 
     @property
     def session_id(self) -> str:
@@ -315,12 +324,12 @@ class RunBuilder:
     @property
     def now(self) -> int:
         """The time the next event gets (micros)."""
-        return self._now
+        return self._clock.now
 
     def at(self, ts_us: int | None) -> None:
         """Set the time of the next events; never moves backwards, so ``seq`` order and time agree."""
         if ts_us is not None:
-            self._now = max(self._now, ts_us) if self.events else ts_us
+            self._clock.now = max(self._clock.now, ts_us) if self.events else ts_us
 
     def advance(self, ts_us: int | None) -> None:
         """Move to a recorded time, or one synthetic tick on when the format has none here."""
@@ -331,7 +340,7 @@ class RunBuilder:
 
     def tick(self, seconds: float = 0.0) -> None:
         """Advance the synthetic clock by ``seconds`` plus one tick."""
-        self._now += int(min(max(seconds, 0.0), 1e9) * 1_000_000) + SYNTHETIC_TICK_US
+        self._clock.now += int(min(max(seconds, 0.0), 1e9) * 1_000_000) + SYNTHETIC_TICK_US
 
     def group(self, group_id: str | None, attempt: int | None) -> None:
         """Put the run in the rollout group its record names (``group_id``, ``attempt``): every event carries it."""
@@ -489,7 +498,7 @@ class RunBuilder:
             elided: the format itself already elided part of the output (what the agent saw was cut).
             full_bytes: size of the complete output when the format records it (else the text's size).
         """
-        size = len(output.encode("utf-8", "surrogatepass"))
+        size = utf8_len(output, "surrogatepass")
         payload: typed.EnvFeedback = {
             "tool_call_id": tool_call_id or "",
             "output": output,
@@ -538,7 +547,7 @@ class RunBuilder:
         """
         self.tick()
         key = [verdict.instance_id, verdict.passed, verdict.reward, verdict.provenance, verdict.details]
-        self._fixed_id = uuid.uuid5(self._namespace, f"evaluation/{digest(key)}").hex
+        self._clock.fixed_id = uuid.uuid5(self._namespace, f"evaluation/{digest(key)}").hex
         payload: typed.Evaluation = {
             "passed": verdict.passed,
             "tests_total": verdict.tests_total,
@@ -558,6 +567,7 @@ class RunBuilder:
         The fields that had to be set aside are listed in ``session_end``'s ``extra['set_aside']``.
         """
         conformed = [conform_event(event, self.issues) for event in self.events]
+        self.events.clear()  # from here each event is held once: its texts go as soon as their parts are made
         if self.issues:
             for event in reversed(conformed):
                 if event["event_type"] == "session_end":
@@ -565,5 +575,13 @@ class RunBuilder:
                     break
         redact = REDACT.get()
         # the session-level pass: a secret split across two events of the run is caught as in the fleet
-        events = split_session(redact_session(conformed) if redact else iter(conformed))
+        redacted = list(redact_session(_drained(conformed)) if redact else _drained(conformed))
+        events = split_session_consuming(redacted)
         return ImportedSession(self.session_id, self.framework, events, self.issues, position or self.source.position)
+
+
+def _drained(events: list[Event]) -> Iterator[Event]:
+    """The events of ``events`` in order, each removed from the list as it is handed on."""
+    events.reverse()
+    while events:
+        yield events.pop()

@@ -104,8 +104,11 @@ class FieldIssues:
 
 def safe_text(value: str, where: str, issues: FieldIssues) -> str:
     """``value`` with unpaired surrogates replaced by U+FFFD (they cannot be UTF-8)."""
+    if value.isascii():
+        return value  # (no encoded copy of a large text just to look)
     try:
-        value.encode("utf-8")
+        for start in range(0, len(value), 1 << 18):
+            value[start : start + (1 << 18)].encode("utf-8")
     except UnicodeEncodeError:
         issues.add(where, "unpaired surrogate replaced")
         return "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in value)

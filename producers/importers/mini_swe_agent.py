@@ -42,6 +42,7 @@ from producers.importers._common import (
 from producers.importers._skeleton import replay, wall_seconds
 from producers.importers._values import count, number, unix_micros
 from producers.importers.verdicts import attach_verdict_beside
+from producers.parts import utf8_len
 
 FRAMEWORK = "mini-swe-agent"
 _RETURNCODE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
@@ -91,15 +92,26 @@ class _Run:
     carried_tokens: int = 0
 
 
-def _tool_output(content: str) -> tuple[str, int | None, bool]:
-    """(output text, return code, elided?) from an observation's ``<returncode>…<output>…`` content."""
+def _tool_output(content: str, raw_output: Any = None) -> tuple[str, int | None, bool]:
+    """(output text, return code, elided?) from an observation's ``<returncode>…<output>…`` content.
+
+    When the message's ``raw_output`` is that output exactly, it is the output itself (no second copy
+    of a large text).
+    """
     code_match = _RETURNCODE.search(content)
     output_match = _OUTPUT.search(content)
-    if output_match:
+    if output_match and _is_span(raw_output, content, *output_match.span(1)):
+        output = raw_output
+    elif output_match:
         output = output_match.group(1)
     else:  # warning + head/tail form: keep what the model saw, minus the return-code tag
         output = _RETURNCODE.sub("", content, count=1).strip("\n")
     return output, int(code_match.group(1)) if code_match else None, any(tag in content for tag in _ELIDED)
+
+
+def _is_span(value: Any, text: str, start: int, end: int) -> bool:
+    """Whether ``value`` is the string ``text[start:end]`` (compared in place)."""
+    return isinstance(value, str) and len(value) == end - start and text.startswith(value, start)
 
 
 def _thought(message: dict[str, Any]) -> str:
@@ -204,10 +216,10 @@ def _answer(run: _Run, pending: _Pending, index: int, message: dict[str, Any], c
     extra = object_of(message.get("extra"))
     ts = run.stamps[index]
     run.builder.advance(ts)
-    output, code, elided = _tool_output(content)
+    raw_output = extra.get("raw_output")
+    output, code, elided = _tool_output(content, raw_output)
     if isinstance(extra.get("returncode"), int) and not isinstance(extra.get("returncode"), bool):
         code = extra["returncode"]
-    raw_output = extra.get("raw_output")
     failure = text_of(extra.get("exception_info")) or ("command timed out" if _TIMEOUT.match(content) else None)
     return run.builder.feedback(
         pending.action_id,
@@ -216,7 +228,7 @@ def _answer(run: _Run, pending: _Pending, index: int, message: dict[str, Any], c
         exit_code=code,
         duration_ms=(ts - pending.ts) / 1000 if ts is not None else 0.0,
         elided=elided,
-        full_bytes=len(raw_output.encode()) if isinstance(raw_output, str) else None,
+        full_bytes=utf8_len(raw_output) if isinstance(raw_output, str) else None,
         failure_reason=failure,
     )
 

@@ -221,17 +221,23 @@ def detect_format(path: Path | str) -> str:
 
 
 def _records(source: SourceFile, module: ModuleType) -> Iterator[SourceFile | ImportFormatError]:
-    """The records of a source the format converts one at a time (lines of JSON Lines), or the source itself."""
+    """The records of a source the format converts one at a time (lines of JSON Lines), or the source itself.
+
+    The source itself is handed over, not kept: once converted, the parsed file goes before its sessions leave.
+    """
     if isinstance(source.data, JsonLines):
         if module is openhands_v1 and not openhands_v1._is_v1_output(source.data.first):
-            yield source  # one conversation's events, one per line
-            return
+            return _handed_over([source])  # one conversation's events, one per line
         if module is otel:
-            yield source
-            return
-        yield from source.data.records()
-    else:
-        yield source
+            return _handed_over([source])
+        return source.data.records()
+    return _handed_over([source])
+
+
+def _handed_over(items: list[SourceFile]) -> Iterator[SourceFile]:
+    """The items of ``items``, each removed as it is handed on (the iterator keeps none of them)."""
+    while items:
+        yield items.pop(0)
 
 
 def _convert_record(module: ModuleType, record: SourceFile) -> list[ImportedSession]:
@@ -294,28 +300,31 @@ def _iter_source(source: SourceFile, format: str) -> Iterator[Item]:
     lines = isinstance(source.data, JsonLines)
     sessions = 0
     first_problem: Quarantined | None = None
-    for record in _records(source, module):
+    path, records = source.path, _records(source, module)
+    del source  # a converted record is let go before its sessions leave (a large run: its texts are parts now)
+    for record in records:
         if isinstance(record, ImportFormatError):
             problem = Quarantined(record.path, record.position, record.reason)
             first_problem = first_problem or problem
             yield problem
             continue
+        position = record.position
         try:
             converted = _convert_record(module, record)
         except ImportFormatError as exc:
             if not lines:
                 raise
-            problem = Quarantined(exc.path, record.position, exc.reason)
+            problem = Quarantined(exc.path, position, exc.reason)
             first_problem = first_problem or problem
             yield problem
             continue
-        for session in converted:
+        finally:
+            del record
+        while converted:
             sessions += 1
-            yield session
+            yield converted.pop(0)
     if lines and not sessions and first_problem is not None:
-        raise ImportFormatError(
-            source.path, f"no record could be imported ({first_problem.position}: {first_problem.reason})"
-        )
+        raise ImportFormatError(path, f"no record could be imported ({first_problem.position}: {first_problem.reason})")
 
 
 def _first(data: Any) -> Any:
@@ -361,7 +370,9 @@ def _iter_directory(path: Path, format: str) -> Iterator[Item]:
                 source = read_source(child)
                 if format == "auto" and parse_verdicts(child, source.data) is not None:
                     continue  # a report: read beside the runs it judges
-                yield from _iter_source(source, format)
+                sessions = _iter_source(source, format)
+                del source  # held by the conversion only, which lets it go once converted
+                yield from sessions
             except ImportFormatError as exc:
                 if "unknown trajectory format" in exc.reason or "does not fit" in exc.reason:
                     yield Skipped(str(child), exc.reason)

@@ -31,6 +31,7 @@ from typing import Any
 import ahocorasick_rs
 
 from producers.redact.formats import REDACTED, TOKEN_PREFIXES
+from producers.redact.scan import find_matches
 from producers.redact.structured import redact_value
 from producers.redact.text import active_layers, key_block_spans, may_join_secret, redact_text
 from producers.redact.tokens import drop_token_ids, has_token_ids, redact_tokens
@@ -96,6 +97,7 @@ class SessionRedactor:
         # secret inside a later model call's messages, where the text around it does not tell)
         self._learned: dict[str, None] = {}
         self._learned_automaton: ahocorasick_rs.AhoCorasick | None = None
+        self._learned_longest = 0
 
     def redact_event(self, event: dict[str, Any]) -> dict[str, Any]:
         """The event with every secret redacted, those it shares with earlier events of the session included.
@@ -164,7 +166,7 @@ class SessionRedactor:
         automaton = self._learned_automaton
         if automaton is None:
             return []
-        return [(start, end) for _, start, end in automaton.find_matches_as_indexes(text)]
+        return [(start, end) for _, start, end in find_matches(automaton, text, self._learned_longest)]
 
     def _learn(self, values: list[str]) -> None:
         fresh = [v for v in values if len(v) >= MIN_SECRET_VALUE_LEN and v not in self._learned]
@@ -177,6 +179,7 @@ class SessionRedactor:
                 self._learned[escaped] = None
         while len(self._learned) > MAX_LEARNED:
             self._learned.pop(next(iter(self._learned)))
+        self._learned_longest = max(map(len, self._learned))
         self._learned_automaton = ahocorasick_rs.AhoCorasick(
             list(self._learned), matchkind=ahocorasick_rs.MATCHKIND_LEFTMOST_LONGEST
         )

@@ -20,17 +20,16 @@ from producers.redact.decode import ESCAPE, decode_all, has_escape
 from producers.redact.formats import REDACTED
 from producers.redact.names import literal_is_secret, name_strength
 from producers.redact.text import (
-    AUTOMATON,
     CASED_TRIGGERS,
     LOWER_TRIGGERS,
     MAX_ENCODED_RUNS,
     active_layers,
     bare_body_spans,
     encoded_runs,
-    lower_ascii,
     may_contain_secret,
     redact_text,
-    run_hides_secret,
+    run_at_hides_secret,
+    trigger_matches,
 )
 from producers.redact.tokens import drop_token_ids, has_token_ids, is_model_call, redact_tokens
 from producers.redact.values import GAPS, _values_lock, generation, may_hold_injected, registered_variants
@@ -38,6 +37,9 @@ from producers.redact.vendor import vendor_spans
 
 # What a vectorized pre-check looks for besides triggers: a run that may be encoded (base64, hex, key bodies).
 _RUN_OR_BODY = r"[A-Za-z0-9+/_-]{20,}"
+
+# Strings longer than this are pre-checked one by one (:func:`may_contain_secret`), not joined with the others.
+LONG_STRING = 1 << 20
 
 # Values nested deeper are not walked: JSON text that deep is redacted by the text rules (which keep it
 # valid JSON), a Python value that deep is refused (``RedactionError``); never a RecursionError, never a leak.
@@ -102,15 +104,25 @@ def redact_json_text(text: str) -> str:
 def _redact_json_text(text: str, depth: int) -> str:
     if not text or not may_contain_secret(text):
         return text
-    stripped = text.strip()
-    if depth <= MAX_DEPTH and stripped[:1] in ("{", "[") and stripped[-1:] in ("}", "]"):
+    first, last = _ends(text)
+    if depth <= MAX_DEPTH and first in ("{", "[") and last in ("}", "]"):
         try:
-            parsed = json.loads(stripped)
+            parsed = json.loads(text.strip())
             redacted = _redact_parsed(parsed, depth)
             return text if redacted == parsed else json.dumps(redacted, ensure_ascii=False)
         except (ValueError, RecursionError, _TooDeep):
             pass  # not JSON, or too deep to walk: the text rules keep valid JSON valid
     return redact_text(text)
+
+
+def _ends(text: str) -> tuple[str, str]:
+    """The first and the last character of ``text.strip()`` (``""`` when blank), without the stripped copy."""
+    start, end = 0, len(text)
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return (text[start], text[end - 1]) if start < end else ("", "")
 
 
 _CONTAINERS = (dict, list, tuple)
@@ -158,7 +170,9 @@ def _encoded_positions(joined: str) -> list[int]:
     """Where in ``joined`` an encoded run decodes to text that may hold a secret, or a bare key body starts."""
     current = generation()
     positions = [
-        m.start() for m in encoded_runs(joined, 4 * MAX_ENCODED_RUNS) if run_hides_secret(m.group(0), 0, current)
+        m.start()
+        for m in encoded_runs(joined, 4 * MAX_ENCODED_RUNS)
+        if run_at_hides_secret(joined, m.start(), m.end(), 0, current)
     ]
     positions += [start for start, _ in bare_body_spans(joined)]
     positions += [start for start, _ in vendor_spans(joined, limit=4 * MAX_ENCODED_RUNS)]
@@ -185,20 +199,24 @@ def redact_value(value: Any) -> Any:
     """
     strings: list[str] = []
     key_hit = _collect(value, strings)
+    # a long string (a 24 MB tool output) is judged on its own, where it is: no joined copy of it
+    long_suspects = {id(text) for text in strings if len(text) > LONG_STRING and may_contain_secret(text)}
+    if any(len(text) > LONG_STRING for text in strings):
+        strings = [text for text in strings if len(text) <= LONG_STRING]
     joined = "\x00".join(strings)  # no trigger contains NUL: a match lies within one string
-    positions = [start for _, start, _ in AUTOMATON.find_matches_as_indexes(lower_ascii(joined))]
+    positions = [start for _, start, _ in trigger_matches(joined)]
     positions += _encoded_positions(joined)
     suspects: set[int] | None = None
     if any(trigger in joined for trigger, _ in CASED_TRIGGERS) or may_hold_injected(joined):
         pass  # rare: every string is looked at
     elif not positions:
-        if not key_hit:
+        if not key_hit and not long_suspects:
             return value
-        suspects = set()
+        suspects = long_suspects
     else:
         # the strings holding a trigger, found from match positions without scanning each string again
         starts = list(itertools.accumulate((len(text) + 1 for text in strings), initial=0))
-        suspects = {id(strings[bisect.bisect_right(starts, start) - 1]) for start in positions}
+        suspects = {id(strings[bisect.bisect_right(starts, start) - 1]) for start in positions} | long_suspects
     try:
         return _redact_parsed(value, 0, suspects)
     except (_TooDeep, RecursionError) as exc:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import contextlib
 import functools
 import re
 import string
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import ahocorasick_rs
 
@@ -24,8 +25,9 @@ from producers.redact.decode import decode_all, decoded_spans, has_escape
 from producers.redact.detector import detector_spans
 from producers.redact.formats import REDACTED, RULE_SPECS, RULES, XML_RULE
 from producers.redact.names import is_code, literal_is_secret, name_strength
+from producers.redact.scan import find_matches
 from producers.redact.values import generation, injected_spans, may_hold_injected, merge_spans, replace_spans
-from producers.redact.vendor import has_vendor_token, vendor_spans
+from producers.redact.vendor import MAX_CACHED_RUN, has_vendor_token, vendor_spans
 
 # Names that say secret contain one of these; each occurrence anchors a look for ``NAME<sep>value``.
 NAME_STEMS = (
@@ -46,7 +48,6 @@ _LINE_HEAD = re.compile(r"(?:^|\n|\r|\\n|\\r)[ \t]*(?:-[ \t]+)?(?:(?:export|set|
 # The rest of a line, for a line's value (YAML ``password: two words&3``), without a trailing comment.
 _REST_OF_LINE = re.compile(r"[^\r\n\\]*(?:\\(?![nrt])[^\r\n\\]*)*")
 _KEY_CHARS = frozenset(string.ascii_letters + string.digits + "_.-")
-_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 # Every rule needs one of these literals, so most strings cost one Aho-Corasick pass.
 TRIGGERS: tuple[str, ...] = tuple(sorted({t for triggers, _, _, _ in RULE_SPECS for t in triggers} | set(NAME_STEMS)))
@@ -54,6 +55,7 @@ TRIGGERS: tuple[str, ...] = tuple(sorted({t for triggers, _, _, _ in RULE_SPECS 
 COMMAND_TRIGGERS = tuple(sorted(f"{command} " for command in COMMANDS))
 LOWER_TRIGGERS = [t for t in TRIGGERS if t == t.lower()] + ["private key"] + list(COMMAND_TRIGGERS)
 AUTOMATON = ahocorasick_rs.AhoCorasick(LOWER_TRIGGERS)
+LONGEST_TRIGGER = max(len(t) for t in LOWER_TRIGGERS)
 _TRIGGER_RULES = [
     frozenset(i for i, (triggers, _, _, _) in enumerate(RULE_SPECS) if t in triggers) for t in LOWER_TRIGGERS
 ]
@@ -133,6 +135,8 @@ _ENCODED_FORM = re.compile(r"[A-Za-z0-9+/]{20,}={0,2}|[A-Za-z0-9_-]{20,}={0,2}|(
 _LONG_BASE64 = re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{64}")
 # Bound on the runs decoded per string (minified code can hold thousands of long words).
 MAX_ENCODED_RUNS = 64
+# Characters of a long run decoded at a time (a multiple of 4 and of 2: base64 and hex pieces).
+DECODE_CHUNK = 1 << 16
 MAX_LAYERS = 2
 _HEX = re.compile(r"[0-9a-fA-F]+")
 
@@ -141,7 +145,7 @@ def encoded_runs(text: str, limit: int) -> Iterator[re.Match[str]]:
     """The first ``limit`` runs of ``text`` that may be base64, URL-safe base64 or hex (20+ characters)."""
     count = 0
     for match in _UNION_RUN.finditer(text):
-        if _ENCODED_FORM.fullmatch(match.group(0)):
+        if _ENCODED_FORM.fullmatch(text, match.start(), match.end()):
             yield match
             count += 1
             if count >= limit:
@@ -211,9 +215,53 @@ def run_hides_secret(run: str, layer: int, values_generation: int) -> bool:
     return decoded is not None and _redact(decoded, layer + 1) != decoded
 
 
+def run_at_hides_secret(text: str, start: int, end: int, layer: int, values_generation: int) -> bool:
+    """:func:`run_hides_secret` of ``text[start:end]``; a run longer than ``MAX_CACHED_RUN`` is judged uncached
+    and decoded piece by piece (a 24 MB run is neither copied nor kept by the cache, and random bytes stop
+    the decoding at their first piece)."""
+    if end - start <= MAX_CACHED_RUN:
+        return run_hides_secret(text[start:end], layer, values_generation)
+    if _PREFIXED.fullmatch(text, start, end) is not None and prefixed_token(text[start:end]):
+        return True
+    decoded = _decode_long_run(text, start, end)
+    return decoded is not None and _redact(decoded, layer + 1) != decoded
+
+
+def _decode_long_run(text: str, start: int, end: int) -> str | None:
+    """:func:`decode_run` of ``text[start:end]``, decoded :data:`DECODE_CHUNK` characters at a time."""
+    decode: Callable[[str], bytes]
+    stop, pad = end, 0
+    if (end - start) % 2 == 0 and _HEX.fullmatch(text, start, end):
+        decode = bytes.fromhex
+    else:
+        while stop > start and text[stop - 1] == "=":
+            stop -= 1
+        pad = -(stop - start) % 4
+        urlsafe = text.find("-", start, stop) >= 0 or text.find("_", start, stop) >= 0
+        decode = base64.urlsafe_b64decode if urlsafe else functools.partial(base64.b64decode, validate=True)
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    pieces: list[str] = []
+    for position in range(start, stop, DECODE_CHUNK):
+        last = position + DECODE_CHUNK >= stop
+        chunk = text[position : min(position + DECODE_CHUNK, stop)] + ("=" * pad if last else "")
+        try:
+            decoded = utf8.decode(decode(chunk), final=last)
+        except (binascii.Error, ValueError):  # UnicodeDecodeError is a ValueError
+            return None
+        if not decoded.replace("\n", "").replace("\t", "").replace("\r", "").isprintable():
+            return None
+        pieces.append(decoded)
+    whole = "".join(pieces)
+    return whole if len(whole) >= 8 else None
+
+
 def _encoded_spans(text: str, layer: int) -> list[tuple[int, int]]:
     current = generation()
-    return [m.span() for m in encoded_runs(text, MAX_ENCODED_RUNS) if run_hides_secret(m.group(0), layer, current)]
+    return [
+        m.span()
+        for m in encoded_runs(text, MAX_ENCODED_RUNS)
+        if run_at_hides_secret(text, m.start(), m.end(), layer, current)
+    ]
 
 
 # -- NAME=value ------------------------------------------------------------------------------------------------
@@ -272,23 +320,22 @@ def _name_spans(text: str, stems: list[int]) -> list[tuple[int, int]]:
 # -- the pipeline -----------------------------------------------------------------------------------------------
 
 
-def lower_ascii(text: str) -> str:
-    """``text`` lower-cased with every position kept (a few non-ASCII characters lower-case to two)."""
-    low = text.lower()
-    return low if len(low) == len(text) else text.translate(_ASCII_LOWER)
+def trigger_matches(text: str, overlapping: bool = False) -> list[tuple[int, int, int]]:
+    """(trigger index, start, end) of the trigger words in ``text``, case-insensitively (long texts in windows)."""
+    return find_matches(AUTOMATON, text, LONGEST_TRIGGER, lower=True, overlapping=overlapping)
 
 
 def may_join_secret(text: str) -> bool:
     """The pre-check for two events' boundary (a name in one, its value in the next; a token cut in two):
     trigger words, a vendor-shaped run or a registered value (cheaper than :func:`may_contain_secret`)."""
-    if AUTOMATON.find_matches_as_indexes(lower_ascii(text)) or any(t in text for t, _ in CASED_TRIGGERS):
+    if trigger_matches(text) or any(t in text for t, _ in CASED_TRIGGERS):
         return True
     return may_hold_injected(text) or has_vendor_token(text)
 
 
 def may_contain_secret(text: str) -> bool:
     """A cheap pre-check: False only when no layer can find anything in ``text``."""
-    if AUTOMATON.find_matches_as_indexes(lower_ascii(text)) or any(t in text for t, _ in CASED_TRIGGERS):
+    if trigger_matches(text) or any(t in text for t, _ in CASED_TRIGGERS):
         return True
     if may_hold_injected(text):
         return True
@@ -343,7 +390,7 @@ def _redact(text: str, layer: int = 0, open_block: bool = False) -> str:
     stems: list[int] = []
     key_block = open_block
     command = False
-    for index, start, _ in AUTOMATON.find_matches_as_indexes(lower_ascii(text), overlapping=True):
+    for index, start, _ in trigger_matches(text, overlapping=True):
         rules |= _TRIGGER_RULES[index]
         if _TRIGGER_IS_STEM[index]:
             stems.append(start)

@@ -23,6 +23,8 @@ from collections.abc import Iterable
 
 import ahocorasick_rs
 
+from producers.redact.scan import find_matches
+
 # Bound on remembered values: a host registers one set per sandbox; the oldest are forgotten first.
 MAX_SECRET_VALUES = 4096
 # Shorter values would match ordinary text; the fleet's tokens are 32 hex digits.
@@ -38,7 +40,7 @@ _URL_SAFE = str.maketrans("+/", "-_")
 _values_lock = threading.Lock()
 _secret_values: OrderedDict[str, None] = OrderedDict()
 # One automaton over every variant of the registered values, rebuilt when they change.
-_automaton: tuple[ahocorasick_rs.AhoCorasick, list[bool]] | None = None
+_automaton: tuple[ahocorasick_rs.AhoCorasick, list[bool], int] | None = None
 # Bumped whenever the registered values change: caches of verdicts that depend on them key on it.
 _generation = 0
 
@@ -99,8 +101,8 @@ def registered_variants() -> list[str]:
     return sorted({v for value in values for v in variants(value)})
 
 
-def _injected() -> tuple[ahocorasick_rs.AhoCorasick, list[bool]] | None:
-    """The automaton over all variants, and per pattern whether it may match across whitespace."""
+def _injected() -> tuple[ahocorasick_rs.AhoCorasick, list[bool], int] | None:
+    """The automaton over all variants, per pattern whether it may match across whitespace, the longest's length."""
     global _automaton
     if not _secret_values:
         return None
@@ -114,7 +116,7 @@ def _injected() -> tuple[ahocorasick_rs.AhoCorasick, list[bool]] | None:
             if patterns:
                 # leftmost-longest: a value containing another is removed whole
                 built = ahocorasick_rs.AhoCorasick(list(patterns), matchkind=ahocorasick_rs.MATCHKIND_LEFTMOST_LONGEST)
-                automaton = (built, list(patterns.values()))
+                automaton = (built, list(patterns.values()), max(map(len, patterns)))
             _automaton = automaton
     return automaton
 
@@ -124,11 +126,11 @@ def injected_spans(text: str) -> list[tuple[int, int]]:
     found = _injected()
     if found is None or not text:
         return []
-    automaton, foldable = found
-    spans = [(start, end) for _, start, end in automaton.find_matches_as_indexes(text)]
+    automaton, foldable, longest = found
+    spans = [(start, end) for _, start, end in find_matches(automaton, text, longest)]
     compact = GAPS.sub("", text)
     if len(compact) != len(text):
-        hits = [(s, e) for index, s, e in automaton.find_matches_as_indexes(compact) if foldable[index]]
+        hits = [(s, e) for index, s, e in find_matches(automaton, compact, longest) if foldable[index]]
         if hits:
             kept: list[int] = []  # the position in ``text`` of each character of ``compact``
             position = 0
@@ -145,14 +147,14 @@ def may_hold_injected(text: str) -> bool:
     found = _injected()
     if found is None:
         return False
-    automaton = found[0]
-    if automaton.find_matches_as_indexes(text):
+    automaton, _, longest = found
+    if find_matches(automaton, text, longest):
         return True
     # removes at least what GAPS does (a pre-check may over-approximate), at C speed
     compact = "".join(text.split())
     if "\\" in compact:
         compact = _ESCAPES.sub("", compact)
-    return bool(automaton.find_matches_as_indexes(compact))
+    return bool(find_matches(automaton, compact, longest))
 
 
 def merge_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -107,6 +107,9 @@ def glued_token(run: str) -> bool:
 
 # Maximal runs that may be a vendor token: letters, digits, ``_``, ``-`` and ``.``, 20+ characters.
 TOKEN_RUN = re.compile(r"(?<![A-Za-z0-9_.-])[A-Za-z0-9][A-Za-z0-9_.-]{19,}")
+#: Runs longer than this are judged without the cache (it keeps its keys) and, when their shape already
+#: rules them out, without a copy: a 24 MB line of one run is looked at where it is.
+MAX_CACHED_RUN = 4096
 
 
 def vendor_spans(text: str, limit: int = 256) -> list[tuple[int, int]]:
@@ -115,22 +118,40 @@ def vendor_spans(text: str, limit: int = 256) -> list[tuple[int, int]]:
     for count, match in enumerate(TOKEN_RUN.finditer(text)):
         if count >= limit:
             break
-        run = match.group(0)
-        if vendor_token(run) or _glued(run, text, match.start()):
-            start, end = match.span()
-            stripped = run.rstrip("._-")
-            spans.append((start, end - (len(run) - len(stripped))))
+        start, end = match.span()
+        if _vendor_run(text, start, end) or _glued(text, start, end):
+            while end > start and text[end - 1] in "._-":
+                end -= 1
+            spans.append((start, end))
     return spans
 
 
-def _glued(run: str, text: str, start: int) -> bool:
+def _vendor_run(text: str, start: int, end: int) -> bool:
+    """:func:`vendor_token` of ``text[start:end]``; a long run is copied only when its shape may be a token's."""
+    if end - start <= MAX_CACHED_RUN:
+        return vendor_token(text[start:end])
+    while start < end and text[start] in "._-":
+        start += 1
+    while end > start and text[end - 1] in "._-":
+        end -= 1
+    if text.find(".", start, end) >= 0:
+        if text.count(".", start, end) > 5:
+            return False  # more than six dotted parts
+    else:
+        separator = _PARTS.search(text, start, end)
+        if separator is None or not _LABEL.fullmatch(text, start, separator.start()):
+            return False  # one part, or a first part that is no label
+    return bool(vendor_token.__wrapped__(text[start:end]))
+
+
+def _glued(text: str, start: int, end: int) -> bool:
     """A run of letters and digits only (not part of a base64 blob) that is a glued label and body."""
-    if len(run) < 44 or not run[:1].isupper() or GLUED.fullmatch(run) is None:
+    if end - start < 44 or not text[start].isupper() or GLUED.fullmatch(text, start, end) is None:
         return False
     if start > 0 and text[start - 1] in "+/=":
         return False
-    after = start + len(run)
-    return (after >= len(text) or text[after] not in "+/") and glued_token(run)
+    # the label's digit is within the first 7 characters, and the body is judged on its first 64
+    return (end >= len(text) or text[end] not in "+/") and glued_token(text[start : min(end, start + 71)])
 
 
 def has_vendor_token(text: str) -> bool:
