@@ -24,6 +24,16 @@ prompt + completion; ``extra_fields``/``env_metrics`` ``segment`` = the index of
 followed, never re-tokenized. Where some calls recorded no ids, each call that did is its own
 record. A session without token ids cannot be a trainer record (message-level servers): it is
 left out with the reason ``no_token_ids``.
+
+Each record is also a row of the trainer's own prompt dataset, so an export's split file (verl's
+``RLHFDataset``: ``data.train_files=DIR/data/train.jsonl``) or the export directory (SkyRL's
+``PromptDataset``: ``data.train_data=["DIR:train"]``, loaded with ``datasets.load_dataset(DIR)``)
+loads as it is: ``prompt`` — the messages the session began with, system and user turns through
+the first user turn, ``role`` and ``content`` only (what both render with the tokenizer's chat
+template to filter overlong prompts and to start a new rollout) — and ``data_source``
+(``trajlake/<task family>``, the key both trainers group metrics and pick reward functions by).
+SkyRL's ``TrajectoryOutput`` is a dataclass that takes its own fields only: the record's other
+columns are exactly those fields; ``PromptDataset`` hands them to the environment as its extras.
 """
 
 from __future__ import annotations
@@ -131,6 +141,27 @@ def samples(conversation: Conversation) -> list[Sample]:
     return out
 
 
+def task_prompt(conversation: Conversation) -> list[dict[str, Any]]:
+    """The messages the session began with (system turns, then the first user turn), ``role`` and ``content``.
+
+    Raises:
+        RecordError: ``no_prompt``: the conversation does not begin with a user turn (after system turns).
+    """
+    prompt: list[dict[str, Any]] = []
+    for m in conversation.messages:
+        if m["role"] not in ("system", "user"):
+            break
+        prompt.append({"role": m["role"], "content": m["content"] if m["content"] is not None else ""})
+        if m["role"] == "user":
+            return prompt
+    raise RecordError("no_prompt", "the conversation does not begin with a user turn: no prompt to load")
+
+
+def _prompt_columns(rl: dict[str, Any], conversation: Conversation) -> dict[str, Any]:
+    """The columns verl's ``RLHFDataset`` and SkyRL's ``PromptDataset`` read from a row."""
+    return {"prompt": task_prompt(conversation), "data_source": f"trajlake/{rl.get('task_family') or 'unknown'}"}
+
+
 def _extra(rl: dict[str, Any]) -> dict[str, Any]:
     keep = (
         "session_id",
@@ -153,12 +184,14 @@ def verl_records(session: dict[str, Any], conversation: Conversation) -> list[di
     """verl ``AgentLoopOutput`` records of one session.
 
     Raises:
-        RecordError: ``no_reward`` (never evaluated), ``no_token_ids``.
+        RecordError: ``no_reward`` (never evaluated), ``no_token_ids``, ``no_prompt``.
     """
     rl = rl_records(session, conversation)[-1]  # the episode's reward, and how it ended (its last record)
     extra = _extra(rl)
+    prompt = _prompt_columns(rl, conversation)
     return [
         {
+            **prompt,
             "prompt_ids": s.prompt_ids,
             "response_ids": s.response_ids,
             "response_mask": s.mask,
@@ -181,15 +214,17 @@ def skyrl_records(session: dict[str, Any], conversation: Conversation) -> list[d
     """SkyRL ``TrajectoryOutput`` records of one session.
 
     Raises:
-        RecordError: ``no_reward`` (never evaluated), ``no_token_ids``.
+        RecordError: ``no_reward`` (never evaluated), ``no_token_ids``, ``no_prompt``.
     """
     rl = rl_records(session, conversation)[-1]  # the episode's reward, and how it ended (its last record)
     extra = _extra(rl)
+    prompt = _prompt_columns(rl, conversation)
     out = []
     for s in samples(conversation):
         episode_stop = rl["stop_reason"] if s.last else "terminal"  # a cap truncates the episode's last part only
         out.append(
             {
+                **prompt,
                 "prompt_ids": s.prompt_ids,
                 "response_ids": s.response_ids,
                 "loss_mask": s.mask,

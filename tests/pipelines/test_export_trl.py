@@ -26,6 +26,8 @@ MISSING = [name for name in ("torch", "transformers", "trl", "tokenizers") if im
 
 pytestmark = [
     pytest.mark.slow,
+    # the lakehouse fixture (real sandbox sessions) and six CPU steps: minutes on two loaded cores
+    pytest.mark.timeout(1800),
     pytest.mark.skipif(bool(MISSING), reason=f"{', '.join(MISSING)} not installed (pip install -e '.[train]')"),
 ]
 
@@ -119,6 +121,7 @@ def test_trl_sft_trainer_fine_tunes_on_the_export_unchanged(
         max_length=8192,
         report_to="none",
         save_strategy="no",
+        gradient_checkpointing=False,  # TRL turns it on by default; a two-layer model only pays its recompute
         use_cpu=True,
         dataloader_num_workers=0,
         seed=7,

@@ -211,9 +211,8 @@ def test_a_model_call_cap_truncates_and_a_failed_tokenize_call_is_an_event_again
 
     sink = ListSink()
     regex = {"structured_outputs": {"regex": TOOL_CALL}}
-    llm = LLMConfig(
-        vllm_server, "tiny", max_tokens=64, timeout_s=600, extra_body=regex, token_mode="tito", engine="vllm"
-    )
+    endpoint = f"{vllm_server}/v1"  # the OpenAI base URL (the agent finds /tokenize beside it)
+    llm = LLMConfig(endpoint, "tiny", max_tokens=64, timeout_s=600, extra_body=regex, token_mode="tito", engine="vllm")
     run_fleet(
         settings, "local", sessions=1, sink=sink, agent="llm", llm=llm, caps=Caps(max_model_calls=2), timeout_s=1200
     )
@@ -226,7 +225,7 @@ def test_a_model_call_cap_truncates_and_a_failed_tokenize_call_is_an_event_again
     assert stop_reason(end, conversation) == "truncated:max_model_calls"
     # a model name the server does not serve: its /tokenize answers 404 before any generation
     sink = ListSink()
-    llm = LLMConfig(vllm_server, "not-served", timeout_s=600, token_mode="tito", engine="vllm", max_retries=0)
+    llm = LLMConfig(endpoint, "not-served", timeout_s=600, token_mode="tito", engine="vllm", max_retries=0)
     run_fleet(settings, "local", sessions=1, sink=sink, agent="llm", llm=llm, timeout_s=1200)
     failed = [e["payload"]["model_call"] for e in sink.events if e["event_type"] == "agent_input"]
     assert [(c["status"], c["http_status"]) for c in failed] == [("error", 404)]
