@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import bench_home, cli_env, encoded_events, produce_encoded
+from benchmarks.ingest_profile import print_stage_table, stage_table
 from common.settings import Settings
 
 CHILD = Path(__file__).with_name("ingest_child.py")
@@ -41,6 +42,10 @@ HERE = Path(__file__).resolve().parents[1]
 GUARD_FLOOR = 0.19
 GUARD_EVENTS = 200_000
 GUARD_ROUNDS = 5
+#: The child's CPU figures a profile's stages are laid over (``<name>_cpu_s``).
+MEASURED = ("worker", "decoder", "kafka_threads")
+#: py-spy's sampling rate for ``--profile`` (samples per second).
+PROFILE_RATE = 250
 
 
 @dataclass
@@ -64,40 +69,43 @@ class Run:
         return self.events / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def run_child(
-    settings: Settings, checkout: Path, mode: str, argument: float, label: str, profile: Path | None = None
-) -> Run:
-    """Run one child under ``checkout`` on ``settings``' broker and topic, in a fresh home and a new group."""
-    home = Path(tempfile.mkdtemp(prefix=f"trajlake-ab-{label}-"))
-    try:
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_") and k != "PYTHONPATH"},
-            **cli_env(settings),
-            "TRAJLAKE_HOME": str(home),
-            "TRAJLAKE_CONSUMER_GROUP": f"ab-{label}-{uuid.uuid4().hex[:8]}",
-            "PYTHONPATH": str(checkout),
-        }
-        command = [sys.executable, "-P", str(CHILD), mode, str(argument)]
-        if profile is not None:
-            # py-spy samples the worker and (--subprocesses) its decoder; its own CPU is not the child's.
-            py_spy = Path(sys.executable).with_name("py-spy")
-            command = [str(py_spy), "record", "--subprocesses", "--format", "raw", "--rate", "250", "-o", str(profile)]
-            command += ["--", sys.executable, "-P", str(CHILD), mode, str(argument)]
-        with (home / "stderr.log").open("wb") as stderr:
-            child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=stderr)
-            assert child.stdout is not None
-            out = child.stdout.read()
-            _, status, usage = os.wait4(child.pid, 0)
-            child.returncode = os.waitstatus_to_exitcode(status)
-        if child.returncode != 0:
-            tail = (home / "stderr.log").read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"{label} {mode} child exited {child.returncode}: {tail}")
-        result = json.loads([line for line in out.decode().splitlines() if line.startswith("{")][-1])
-        # What the child logged (a batch decoded record by record after a timeout, commit retries):
-        # kept with the run, since it explains an outlier.
-        notes = [line for line in (home / "stderr.log").read_text(errors="replace").splitlines() if line.strip()]
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
+def _child_env(settings: Settings, checkout: Path, home: Path, group: str, **extra: str) -> dict[str, str]:
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRAJLAKE_") and k != "PYTHONPATH"},
+        **cli_env(settings),
+        "TRAJLAKE_HOME": str(home),
+        "TRAJLAKE_CONSUMER_GROUP": group,
+        "PYTHONPATH": str(checkout),
+        **extra,
+    }
+
+
+def _start_child(
+    env: dict[str, str], mode: str, argument: float, stderr_path: Path, profile: Path | None = None
+) -> tuple[subprocess.Popen[bytes], Any]:
+    command = [sys.executable, "-P", str(CHILD), mode, str(argument)]
+    if profile is not None:
+        # py-spy samples the worker and (--subprocesses) its decoder; its own CPU is not the child's.
+        py_spy = Path(sys.executable).with_name("py-spy")
+        command = [str(py_spy), "record", "--subprocesses", "--format", "raw", "--rate", str(PROFILE_RATE)]
+        command += ["-o", str(profile), "--", sys.executable, "-P", str(CHILD), mode, str(argument)]
+    stderr = stderr_path.open("wb")
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=stderr), stderr
+
+
+def _finish_child(child: subprocess.Popen[bytes], stderr: Any, stderr_path: Path, label: str, mode: str) -> Run:
+    assert child.stdout is not None
+    out = child.stdout.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    stderr.close()
+    if child.returncode != 0:
+        tail = stderr_path.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{label} {mode} child exited {child.returncode}: {tail}")
+    result = json.loads([line for line in out.decode().splitlines() if line.startswith("{")][-1])
+    # What the child logged (a batch decoded record by record after a timeout, commit retries):
+    # kept with the run, since it explains an outlier.
+    notes = [line for line in stderr_path.read_text(errors="replace").splitlines() if line.strip()]
     events = int(result["events"])
     if result.get("dead_letters"):
         raise RuntimeError(f"{label}: {result['dead_letters']} dead letters on a clean backlog")
@@ -112,11 +120,55 @@ def run_child(
             **{
                 k: v
                 for k, v in result.items()
-                if k in ("batches", "phases", "worker_cpu_s", "decoder_cpu_s", "worker_gc_s", "worker_gc_collections")
+                if k
+                in (
+                    "batches",
+                    "phases",
+                    "worker_cpu_s",
+                    "decoder_cpu_s",
+                    "worker_gc_s",
+                    "worker_gc_collections",
+                    "kafka_threads_cpu_s",
+                    "worker_sys_s",
+                    "worker_faults",
+                    "decoder_sys_s",
+                    "decoder_faults",
+                    "first_at",
+                    "last_at",
+                )
             },
             "notes": notes[-5:],
         },
     )
+
+
+def run_child(
+    settings: Settings, checkout: Path, mode: str, argument: float, label: str, profile: Path | None = None
+) -> Run:
+    """Run one child under ``checkout`` on ``settings``' broker and topic, in a fresh home and a new group."""
+    home = Path(tempfile.mkdtemp(prefix=f"trajlake-ab-{label}-"))
+    try:
+        env = _child_env(settings, checkout, home, f"ab-{label}-{uuid.uuid4().hex[:8]}")
+        child, stderr = _start_child(env, mode, argument, home / "stderr.log", profile)
+        return _finish_child(child, stderr, home / "stderr.log", label, mode)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def run_group(settings: Settings, workers: int, namespace: str, until_idle: float = 1.0) -> list[Run]:
+    """``workers`` ingest children of this tree at once, in one consumer group, into ``settings``' home.
+
+    They share the home (one catalog) and write ``namespace``, so what they landed together can be
+    checked for duplicates and loss afterwards.
+    """
+    group = f"scale-{namespace}-{uuid.uuid4().hex[:8]}"
+    env = _child_env(settings, HERE, settings.home_dir, group, TRAJLAKE_NAMESPACE=namespace)
+    logs = [settings.home_dir / f"{namespace}-{i}.log" for i in range(workers)]
+    started = [_start_child(env, "ingest", until_idle, log) for log in logs]
+    return [
+        _finish_child(child, stderr, log, f"{namespace}-{i}", "ingest")
+        for i, ((child, stderr), log) in enumerate(zip(started, logs, strict=True))
+    ]
 
 
 def _median(runs: list[Run], attribute: str) -> float:
@@ -134,7 +186,16 @@ def _line(run: Run) -> str:
         if "worker_gc_s" in run.extra:
             gc_us = run.extra["worker_gc_s"] / run.events * 1e6
             line += f"; worker's garbage collector {gc_us:.2f} µs in {run.extra['worker_gc_collections']} collections"
+        if "worker_faults" in run.extra:
+            line += "; system µs, page faults per event: " + ", ".join(
+                f"{k} {run.extra[f'{k}_sys_s'] / run.events * 1e6:.2f}, {run.extra[f'{k}_faults'] / run.events:.2f}"
+                for k in ("worker", "decoder")
+            )
+        if "kafka_threads_cpu_s" in run.extra:
+            line += f"; librdkafka threads {run.extra['kafka_threads_cpu_s'] / run.events * 1e6:.2f} µs"
         line += ")"
+    elif "kafka_threads_cpu_s" in run.extra:
+        line += f"  (librdkafka threads {run.extra['kafka_threads_cpu_s'] / run.events * 1e6:.2f} µs)"
     for note in run.extra.get("notes", []):
         line += f"\n      {run.label} logged: {note[:200]}"
     return line
@@ -193,7 +254,11 @@ def bench_ingest_ab(
         if profile_dir is not None:
             profile_dir.mkdir(parents=True, exist_ok=True)
             for label in labels:
-                run_child(settings, checkouts[label], "ingest", until_idle, label, profile_dir / f"{label}.txt")
+                stacks = profile_dir / f"{label}.txt"
+                run = run_child(settings, checkouts[label], "ingest", until_idle, label, stacks)
+                print(_line(run), flush=True)
+                measured = {k: run.extra.get(f"{k}_cpu_s", 0.0) / run.events * 1e6 for k in MEASURED}
+                print_stage_table(stage_table(stacks, run.events, measured), f"{label} under py-spy")
     summaries = {label: _summary(label, rs) for label, rs in runs.items() if rs}
     a, b = labels[0], labels[1]
     result: dict[str, Any] = {"events": events, "rounds": rounds, "summaries": summaries}
@@ -220,6 +285,27 @@ def bench_ingest_ab(
     return result
 
 
+def against_consume_only(
+    settings: Settings, events: int, rounds: int, until_idle: float = 1.0
+) -> tuple[list[Run], list[Run]]:
+    """``rounds`` pairs of this tree's ingest and the consume-only loop on ``settings``' backlog (order alternating)."""
+    ingest: list[Run] = []
+    consume: list[Run] = []
+    for round_ in range(rounds):
+        pair = ("ingest", "consume") if round_ % 2 == 0 else ("consume", "ingest")
+        for mode in pair:
+            if mode == "ingest":
+                run = run_child(settings, HERE, "ingest", until_idle, "ingest")
+                if run.events != events:
+                    raise RuntimeError(f"ingest landed {run.events} of {events} events")
+                ingest.append(run)
+            else:
+                run = run_child(settings, HERE, "consume", events, "consume-only")
+                consume.append(run)
+            print(_line(run), flush=True)
+    return ingest, consume
+
+
 def bench_ingest_guard(
     events: int = GUARD_EVENTS, rounds: int = GUARD_ROUNDS, floor: float = GUARD_FLOOR, until_idle: float = 1.0
 ) -> dict[str, Any]:
@@ -230,22 +316,9 @@ def bench_ingest_guard(
     CPU per event the Kafka client alone costs. The machine's speed cancels; ingest's own cost
     per event does not.
     """
-    ingest: list[Run] = []
-    consume: list[Run] = []
     with bench_home() as settings:
         produce_encoded(settings, encoded_events(events))
-        for round_ in range(rounds):
-            pair = ("ingest", "consume") if round_ % 2 == 0 else ("consume", "ingest")
-            for mode in pair:
-                if mode == "ingest":
-                    run = run_child(settings, HERE, "ingest", until_idle, "ingest")
-                    if run.events != events:
-                        raise RuntimeError(f"ingest landed {run.events} of {events} events")
-                    ingest.append(run)
-                else:
-                    run = run_child(settings, HERE, "consume", events, "consume-only")
-                    consume.append(run)
-                print(_line(run), flush=True)
+        ingest, consume = against_consume_only(settings, events, rounds, until_idle)
     ratios = [c.cpu_us_per_event / i.cpu_us_per_event for i, c in zip(ingest, consume, strict=True)]
     ratio = statistics.median(ratios)
     result = {
