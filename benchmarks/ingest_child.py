@@ -16,7 +16,9 @@ environment the driver sets. It prints one JSON line:
 * ingest only: ``worker_cpu_s`` and ``decoder_cpu_s``, the CPU of each of the two processes after
   set-up, the worker's phase timings where the checkout records them, and ``worker_gc_s`` /
   ``worker_gc_collections``: the CPU the worker process's cyclic garbage collector took over
-  ``run()`` (thread CPU of the collecting thread, from ``gc.callbacks``), and how many collections.
+  ``run()`` (thread CPU of the collecting thread, from ``gc.callbacks``), and how many collections;
+* ``kafka_threads_cpu_s``: the part of the measured CPU that librdkafka's own threads took
+  (read from ``/proc`` while they run: they have no Python stack for a profiler to sample).
 
 Modes: ``ingest`` (one worker, ``--until-idle``) and ``consume`` (a plain consumer with the
 worker's own consumer settings that reads every record's value and drops it: the floor any
@@ -31,6 +33,7 @@ import json
 import os
 import resource
 import sys
+import threading
 import time
 from typing import Any
 
@@ -73,6 +76,18 @@ def _process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _process_faults(pid: int) -> tuple[float, int]:
+    """System CPU seconds and minor page faults of a running process, from ``/proc/<pid>/stat``."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return int(fields[12]) / os.sysconf("SC_CLK_TCK"), int(fields[7])
+
+
+def _decoder_pid(worker: Any) -> int | None:
+    child = getattr(getattr(getattr(worker, "decoder", None), "_decoder", None), "_process", None)
+    return getattr(child, "pid", None)
+
+
 def _decoder_started(worker: Any) -> float:
     """Wait until the worker's decoder process has finished starting; its CPU so far (0 if none is found).
 
@@ -85,6 +100,51 @@ def _decoder_started(worker: Any) -> float:
         return 0.0
     conn.poll(120)
     return _process_cpu(child.pid)
+
+
+class _KafkaThreads:
+    """CPU of librdkafka's own threads (named ``rdk:…``) in this process, read from ``/proc`` every 0.25 s.
+
+    They have no Python frame, so a sampling profiler of Python stacks never sees them; they end
+    when the consumer closes, so they are read while they run and the last reading of each counts.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[int, float] = {}
+        self._start: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _read(self) -> dict[int, float]:
+        out: dict[int, float] = {}
+        tick = os.sysconf("SC_CLK_TCK")
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as stat:
+                    text = stat.read()
+            except OSError:
+                continue
+            name, rest = text.split("(", 1)[1].rsplit(")", 1)
+            if name.startswith("rdk:"):
+                fields = rest.split()
+                out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+        return out
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.25):
+            self._seen.update(self._read())
+
+    def start(self) -> None:
+        self._start = self._read()
+        self._seen.update(self._start)
+        self._thread.start()
+
+    def stop(self) -> float:
+        """CPU seconds the threads used since :meth:`start`."""
+        self._stop.set()
+        self._thread.join()
+        self._seen.update(self._read())
+        return sum(self._seen.values()) - sum(self._start.values())
 
 
 class _CollectorTimer:
@@ -113,10 +173,17 @@ def run_ingest(until_idle: float) -> dict[str, Any]:
     decoder_before = _decoder_started(worker)
     collector = _CollectorTimer()
     gc.callbacks.append(collector)
+    decoder_pid = _decoder_pid(worker)
+    decoder_sys_before, decoder_faults_before = _process_faults(decoder_pid) if decoder_pid else (0.0, 0)
+    kafka_threads = _KafkaThreads()
+    kafka_threads.start()
+    self_before = resource.getrusage(resource.RUSAGE_SELF)
     cpu_before = _cpu_self()
     stats = worker.run(until_idle=until_idle)  # returns once the decoder process has exited (and is reaped)
     gc.callbacks.remove(collector)
+    kafka_threads_cpu = kafka_threads.stop()
     worker_cpu, decoder = _cpu_self() - cpu_before, resource.getrusage(resource.RUSAGE_CHILDREN)
+    self_after = resource.getrusage(resource.RUSAGE_SELF)
     decoder_cpu = decoder.ru_utime + decoder.ru_stime - decoder_before
     catalog = importlib.import_module("warehouse.catalog").open_catalog(settings)
     table = catalog.load_table((settings.namespace, "raw_events"))
@@ -132,7 +199,13 @@ def run_ingest(until_idle: float) -> dict[str, Any]:
         "worker_cpu_s": worker_cpu,
         "decoder_cpu_s": decoder_cpu,
         "worker_gc_s": collector.seconds,
+        "kafka_threads_cpu_s": kafka_threads_cpu,
         "worker_gc_collections": collector.collections,
+        # system time and minor page faults of each process over the same span
+        "worker_sys_s": self_after.ru_stime - self_before.ru_stime,
+        "worker_faults": self_after.ru_minflt - self_before.ru_minflt,
+        "decoder_sys_s": decoder.ru_stime - decoder_sys_before,
+        "decoder_faults": decoder.ru_minflt - decoder_faults_before,
         "first_at": probe.first_at,
         "last_at": last_ms / 1000,
         "phases": None
@@ -151,6 +224,8 @@ def run_consume(expected: int) -> dict[str, Any]:
     consumer.subscribe([settings.topic])
     seen = n_bytes = 0
     first_at: float | None = None
+    kafka_threads = _KafkaThreads()
+    kafka_threads.start()
     cpu_before = _cpu_self()
     deadline = time.monotonic() + 120 + expected / 2000
     try:
@@ -163,6 +238,7 @@ def run_consume(expected: int) -> dict[str, Any]:
                     n_bytes += len(message.value() or b"")
                     seen += 1
         last_at, cpu = time.time(), _cpu_self() - cpu_before
+        kafka_threads_cpu = kafka_threads.stop()
     finally:
         consumer.close()
     return {
@@ -170,6 +246,7 @@ def run_consume(expected: int) -> dict[str, Any]:
         "bytes": n_bytes,
         "cpu_before_s": cpu_before,
         "cpu_s": cpu,
+        "kafka_threads_cpu_s": kafka_threads_cpu,
         "first_at": first_at,
         "last_at": last_at,
     }
