@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from concurrent.futures import Future
 
 import pytest
 
@@ -37,11 +38,18 @@ def _visible(settings: Settings, event_id: str) -> bool:
 
 
 @pytest.mark.slow
-def test_follow_commits_after_its_linger_while_records_keep_arriving(kafka_settings: Settings) -> None:
-    # Batches that never fill and never age out: only the follower's linger can commit one
-    # (records arrive all the time, so no poll comes back empty either).
+def test_follow_makes_events_queryable_with_no_full_batch_while_records_arrive(kafka_settings: Settings) -> None:
+    # Batches that never fill and never age out: the linger, or a poll that comes back empty
+    # (on a loaded host one can, between the stream's sends), commits them. The policy itself,
+    # that only the linger cuts a batch while records flow, is the next test's.
     settings = kafka_settings.model_copy(
-        update={"ingest_max_rows": 10_000_000, "ingest_max_bytes": 1 << 40, "ingest_max_seconds": 3600.0}
+        update={
+            "ingest_max_rows": 10_000_000,
+            "ingest_max_bytes": 1 << 40,
+            "ingest_max_seconds": 3600.0,
+            # Fetches answered every ~10 ms: a poll (0.1 s) comes back empty only in a gap of the stream.
+            "kafka_extra": {**kafka_settings.kafka_extra, "fetch.wait.max.ms": "10", "fetch.min.bytes": "1"},
+        }
     )
     worker = IngestWorker(settings, follow=True)
     stop, sent = threading.Event(), list[str]()
@@ -73,3 +81,37 @@ def test_follow_commits_after_its_linger_while_records_keep_arriving(kafka_setti
         producer.join(60)
         worker.stop()
         ingest.join(60)
+
+
+def _close(worker: IngestWorker) -> None:
+    worker._decoding.shutdown()
+    worker._committer.shutdown()
+    worker.consumer.close()
+    worker.decoder.close()
+
+
+@pytest.mark.slow
+def test_only_a_follower_cuts_a_batch_at_its_linger_and_only_once_the_commit_before_is_done(
+    kafka_settings: Settings,
+) -> None:
+    settings = kafka_settings.model_copy(update={"ingest_max_seconds": 3600.0, "ingest_follow_linger_seconds": 0.5})
+    follower, catching_up = IngestWorker(settings, follow=True), IngestWorker(settings)
+    try:
+        for worker in (follower, catching_up):
+            assert not worker._batch_full()  # nothing to commit
+            worker._batch.ends.append(100)  # one record of 100 bytes...
+            worker._batch.started = time.monotonic() - 0.1
+            assert not worker._batch_full()  # ...younger than the linger
+            worker._batch.started = time.monotonic() - 1.0
+        assert follower._batch_full() and not catching_up._batch_full()
+        committing: Future[dict[int, int]] = Future()
+        follower._inflight = committing
+        assert not follower._batch_full()  # the batch grows while the one before commits
+        committing.set_result({})
+        assert follower._batch_full()
+        follower._inflight = None
+        catching_up._batch.started = time.monotonic() - 3600
+        assert catching_up._batch_full()  # the batch-mode bound still holds
+    finally:
+        _close(follower)
+        _close(catching_up)
