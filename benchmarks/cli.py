@@ -158,7 +158,7 @@ def bench_freshness_cmd(
     rate: Annotated[float, typer.Option(help="Events per second sent (the demo's rate).")] = 2_000.0,
     seconds: Annotated[float, typer.Option(help="Seconds of traffic per run.")] = 60.0,
     scale: Annotated[float, typer.Option(help="A second run at this many times the rate (1: none).")] = 10.0,
-    poll: Annotated[float, typer.Option(help="Seconds between polls of the events view.")] = 0.2,
+    poll: Annotated[float, typer.Option(help="Seconds between looks at the catalog's pointers.")] = 0.05,
 ) -> None:
     """``ingest --follow``: send → visible in the events view (p50/p95/max) vs send → Kafka consumer."""
     from benchmarks.ingest import bench_freshness
