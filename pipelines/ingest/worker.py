@@ -102,6 +102,7 @@ class IngestWorker:
         self._decoding = ThreadPoolExecutor(1, thread_name_prefix="trajlake-decode")
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="trajlake-commit")
         self._inflight: Future[dict[int, int]] | None = None
+        self._decoded: Future[tuple[dict[int, int], pa.Table | Written, pa.Table]] | None = None  # the last batch's
         self._dead_pending: dict[int, int] = {}  # offsets committed to raw_events but not yet to dead_letters
         self._dead_synced = time.monotonic()
         self._writer: tuple[tuple[object, ...], TableMetadata] | None = None  # see _writer_metadata
@@ -189,8 +190,9 @@ class IngestWorker:
 
         Following, a batch is old enough after ``ingest_follow_linger_seconds`` (not
         ``ingest_max_seconds``) so that an event is queryable about a second after it is sent,
-        but only once the batch before it is committed: the cadence is then one commit
-        after another, never more than the catalog sustains, and the batch grows while it waits.
+        but only once the batch before it is decoded: it is then decoded while that one
+        commits, the cadence is one commit after another, never more than the catalog
+        sustains, and the batch grows while it waits.
         """
         batch = self._batch
         if not batch.ends:
@@ -203,7 +205,7 @@ class IngestWorker:
         return (
             self.follow
             and age >= self.settings.ingest_follow_linger_seconds
-            and (self._inflight is None or self._inflight.done())
+            and (self._decoded is None or self._decoded.done())
         )
 
     def _add(self, message: Message) -> None:
@@ -382,7 +384,7 @@ class IngestWorker:
         batch = self._batch
         if batch.ends:
             self._batch = Batch()
-            decoding = self._decoding.submit(self._decode, batch)
+            decoding = self._decoded = self._decoding.submit(self._decode, batch)
             self._wait_inflight()
             self._inflight = self._committer.submit(self._process, batch, decoding)
         if wait:

@@ -7,11 +7,12 @@ import time
 import uuid
 from concurrent.futures import Future
 
+import pyarrow as pa
 import pytest
 
 from common.broker import resolve_bootstrap
 from common.settings import Settings
-from pipelines.ingest import IngestWorker
+from pipelines.ingest import IngestWorker, Written
 from producers.sdk import EventProducer
 from tests.helpers import sample_events
 from warehouse.query import run_query
@@ -91,7 +92,7 @@ def _close(worker: IngestWorker) -> None:
 
 
 @pytest.mark.slow
-def test_only_a_follower_cuts_a_batch_at_its_linger_and_only_once_the_commit_before_is_done(
+def test_only_a_follower_cuts_a_batch_at_its_linger_and_only_once_the_one_before_is_decoded(
     kafka_settings: Settings,
 ) -> None:
     settings = kafka_settings.model_copy(update={"ingest_max_seconds": 3600.0, "ingest_follow_linger_seconds": 0.5})
@@ -104,12 +105,12 @@ def test_only_a_follower_cuts_a_batch_at_its_linger_and_only_once_the_commit_bef
             assert not worker._batch_full()  # ...younger than the linger
             worker._batch.started = time.monotonic() - 1.0
         assert follower._batch_full() and not catching_up._batch_full()
-        committing: Future[dict[int, int]] = Future()
-        follower._inflight = committing
-        assert not follower._batch_full()  # the batch grows while the one before commits
-        committing.set_result({})
+        decoding: Future[tuple[dict[int, int], pa.Table | Written, pa.Table]] = Future()
+        follower._decoded = decoding
+        assert not follower._batch_full()  # the batch grows while the one before is decoded
+        decoding.set_result(({}, pa.table({}), pa.table({})))
         assert follower._batch_full()
-        follower._inflight = None
+        follower._decoded = None
         catching_up._batch.started = time.monotonic() - 3600
         assert catching_up._batch_full()  # the batch-mode bound still holds
     finally:
