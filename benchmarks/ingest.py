@@ -260,40 +260,70 @@ def bench_scaleout(events: int = 300_000, home: Path | None = None) -> dict[str,
 
 
 def _watch_events(settings: Settings, out: str, stop: Any, seen_count: Any, poll_s: float) -> None:
-    """In a process of its own: poll the ``events`` view as ``trajlake sql`` opens it, stamping new events.
+    """In a process of its own: read the ``events`` view as ``trajlake sql`` opens it, stamping new events.
 
-    Every ``poll_s`` it reads the catalog's pointers (one SQLite query); when a table has moved
-    it opens the locked views the way a ``trajlake sql`` query does (the cached view plan while
-    the catalog still points where it was made, else through the catalog, which saves a new
-    plan), then reads the event ids it has not seen. An event is stamped with the moment the
-    round's catalog state was current (``time.monotonic()``, one clock for every process): the
-    round's start if no table moved while the views opened, else the end of the opening, so
-    the stamp is never earlier than the event became visible. Writes
-    ``out`` (Parquet: event_id, visible_at) and, per round, how long opening the views took.
+    A thread reads the catalog's pointers every ``poll_s`` (one SQLite query) and notes when it
+    first saw each table's metadata file. Whenever a table has moved, the loop opens the locked
+    views the way a ``trajlake sql`` query does (the cached view plan while the catalog still
+    points where it was made, else through the catalog, which saves a new plan) and reads the
+    event ids it has not seen. An event is stamped (``time.monotonic()``, one clock for every
+    process) with the moment the catalog was first seen pointing at the ``raw_events`` metadata
+    file those views read (the plan names it): a query started then would have found the event.
+    When the plan does not say, or the file was never seen, the end of the opening stands in,
+    so the stamp is never earlier than the event became visible. Writes ``out`` (Parquet:
+    event_id, visible_at) and, per round, how long opening the views took.
     """
+    import json
+    import os
+    import threading
+
     import pyarrow.parquet as pq
 
     from warehouse.sql import open_views
-    from warehouse.view_plan import catalog_pointers, open_planned_views
+    from warehouse.view_plan import catalog_pointers, open_planned_views, plan_path
 
+    first_seen: dict[str, float] = {}
+    pointers: dict[tuple[str, str], str] = {}
+
+    def watch() -> None:
+        nonlocal pointers
+        while not stop.is_set():
+            seen_at = time.monotonic()
+            with contextlib.suppress(Exception):
+                pointers = catalog_pointers(settings)
+                for location in pointers.values():
+                    first_seen.setdefault(location, seen_at)
+            time.sleep(poll_s)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     visible: dict[str, float] = {}
     next_offset: dict[int, int] = {}
     opening: list[float] = []
     last: dict[tuple[str, str], str] | None = None
+    raw_key = [settings.namespace, RAW_EVENTS.name]
     while not stop.is_set():
-        started = time.monotonic()
-        before = catalog_pointers(settings)
-        if before == last:  # no table moved: a query now sees what the last round saw
-            time.sleep(max(0.0, poll_s - (time.monotonic() - started)))
+        if pointers == last:  # no table moved: a query now sees what the last round saw
+            time.sleep(poll_s)
             continue
-        last = before
-        con = open_planned_views(settings) or open_views(settings, locked=True, save_plan=True)
+        last = pointers
+        started, started_wall = time.monotonic(), time.time()
+        con = open_planned_views(settings)
+        replayed = con is not None
+        if con is None:
+            con = open_views(settings, locked=True, save_plan=True)
         opened = time.monotonic()
         opening.append(opened - started)
-        # The views read the tables as the catalog pointed at some moment while they opened. If
-        # no pointer moved meanwhile, that state was already current when the round began, and a
-        # query started then would have seen it; if one moved, only the end of the opening is sure.
-        stamp = started if catalog_pointers(settings) == before else opened
+        stamp = opened
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            path = plan_path(settings)
+            # The plan just replayed, or the one this opening saved: the metadata files these
+            # views read (a plan older than the opening, when saving failed, says nothing).
+            if replayed or os.stat(path).st_mtime >= started_wall:
+                tables = json.loads(path.read_text())["body"]["tables"]
+                read = [location for ns, name, location in tables if [ns, name] == raw_key]
+                if read:
+                    stamp = min(first_seen.get(read[0], opened), opened)
         # Visibility is a prefix of each partition (batches commit in offset order), so files
         # wholly below every partition's next unseen offset are skipped by their statistics.
         low = min(next_offset.get(p, 0) for p in range(settings.topic_partitions))
@@ -304,7 +334,7 @@ def _watch_events(settings: Settings, out: str, stop: Any, seen_count: Any, poll
                 next_offset[partition] = max(next_offset.get(partition, 0), offset + 1)
         con.close()
         seen_count.value = len(visible)
-        time.sleep(max(0.0, poll_s - (time.monotonic() - started)))
+    watcher.join()
     table = pa.table({"event_id": list(visible), "visible_at": list(visible.values())})
     pq.write_table(table.replace_schema_metadata({"opening": ",".join(f"{x:.4f}" for x in opening)}), out)
 
