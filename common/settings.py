@@ -102,6 +102,12 @@ class Settings(BaseSettings):
         16 << 20, ge=1024, description="bytes of one ingest batch at most (bounds ingest memory: ~1 GB peak)."
     )
     ingest_max_seconds: float = Field(5.0, gt=0, description="seconds an ingest batch collects records at most.")
+    ingest_follow_linger_seconds: float = Field(
+        0.5,
+        gt=0,
+        description="TRAJLAKE_INGEST_FOLLOW_LINGER_SECONDS: `ingest --follow` commits a batch once its first "
+        "record is this old (or the commit before it ends, if later), so events are queryable within ~2 s.",
+    )
     max_event_bytes: int = Field(
         1 << 20, ge=1024, description="TRAJLAKE_MAX_EVENT_BYTES: larger records are dead-lettered."
     )

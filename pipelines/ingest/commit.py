@@ -56,11 +56,20 @@ log = logging.getLogger("trajlake.ingest")
 # table state; for ingest that replay would bypass the offset filter (a zombie's
 # stale rows would land after all), so ingest's tables turn it off and the
 # worker's own loop re-reads the offsets on every attempt.
-_NO_LIBRARY_RETRY = {"commit.retry.num-retries": "0"}
+# Every append adds a manifest, and every commit rewrites the manifest list naming all of
+# them (and every query plans through all of them): at a follower's cadence of a commit a
+# second, a fast append's table has thousands within the hour and each commit costs more
+# than the last. A merging append folds them into one once 100 have gathered.
+_NO_LIBRARY_RETRY = {
+    "commit.retry.num-retries": "0",
+    "commit.manifest-merge.enabled": "true",
+    "commit.manifest.min-count-to-merge": "100",
+}
 
 
 def disable_library_retries(table: Table) -> Table:
-    """Make ``table`` surface commit conflicts to the caller instead of re-applying the append.
+    """Make ``table`` surface commit conflicts to the caller instead of re-applying the append
+    (and merge its manifests once 100 have gathered, see ``_NO_LIBRARY_RETRY``).
 
     Raises:
         CommitConflict: the property could not be set (the table keeps changing under us).

@@ -31,6 +31,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 from confluent_kafka.admin import AdminClient
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
 
 from common.broker import resolve_bootstrap
 from common.errors import KafkaUnavailable
@@ -76,13 +77,15 @@ class IngestWorker:
         catalog: Iceberg catalog; opened from settings by default.
         bootstrap: Kafka bootstrap; resolved from settings by default.
         follow: the worker will tail the topic for good (``run()`` without ``until_idle``),
-            so its consumer fetches politely (:func:`consumer_config`).
+            so its consumer fetches politely (:func:`consumer_config`) and it commits a batch
+            after a short linger (``ingest_follow_linger_seconds``, see :meth:`_batch_full`).
     """
 
     def __init__(
         self, settings: Settings, catalog: Catalog | None = None, bootstrap: str | None = None, follow: bool = False
     ) -> None:
         self.settings = settings
+        self.follow = follow
         self.topic = settings.topic
         self.catalog = catalog or open_catalog(settings)
         self.raw_table = disable_library_retries(ensure_table(self.catalog, settings, RAW_EVENTS.name))
@@ -107,8 +110,10 @@ class IngestWorker:
         self._decoding = ThreadPoolExecutor(1, thread_name_prefix="trajlake-decode")
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="trajlake-commit")
         self._inflight: Future[dict[int, int]] | None = None
+        self._decoded: Future[tuple[dict[int, int], pa.Table | Written, pa.Table]] | None = None  # the last batch's
         self._dead_pending: dict[int, int] = {}  # offsets committed to raw_events but not yet to dead_letters
         self._dead_synced = time.monotonic()
+        self._writer: tuple[tuple[object, ...], TableMetadata] | None = None  # see _writer_metadata
 
     # -- offsets -----------------------------------------------------------------
 
@@ -189,11 +194,26 @@ class IngestWorker:
     # -- batching ----------------------------------------------------------------
 
     def _batch_full(self) -> bool:
+        """Whether to hand the batch on now: it is full (rows, bytes), or old enough.
+
+        Following, a batch is old enough after ``ingest_follow_linger_seconds`` (not
+        ``ingest_max_seconds``) so that an event is queryable about a second after it is sent,
+        but only once the batch before it is decoded: it is then decoded while that one
+        commits, the cadence is one commit after another, never more than the catalog
+        sustains, and the batch grows while it waits.
+        """
         batch = self._batch
-        return bool(batch.ends) and (
-            len(batch.ends) >= self.settings.ingest_max_rows
-            or batch.n_bytes >= self.settings.ingest_max_bytes
-            or time.monotonic() - batch.started >= self.settings.ingest_max_seconds
+        if not batch.ends:
+            return False
+        if len(batch.ends) >= self.settings.ingest_max_rows or batch.n_bytes >= self.settings.ingest_max_bytes:
+            return True
+        age = time.monotonic() - batch.started
+        if age >= self.settings.ingest_max_seconds:
+            return True
+        return (
+            self.follow
+            and age >= self.settings.ingest_follow_linger_seconds
+            and (self._decoded is None or self._decoded.done())
         )
 
     def _add(self, message: Message) -> None:
@@ -225,7 +245,7 @@ class IngestWorker:
         if write:
             table = self.raw_table
             target = FileTarget(
-                writer_metadata(table.metadata),
+                self._writer_metadata(table.metadata),
                 dict(table.io.properties),
                 self.topic,
                 partitions,
@@ -250,6 +270,23 @@ class IngestWorker:
             dead_letter_row(batch, index, self.topic, exc.reason, str(exc), now) for index, exc in decoded.dead
         ]
         return events, pa.Table.from_pylist(dead_rows, schema=self.dead_schema)
+
+    def _writer_metadata(self, metadata: TableMetadata) -> TableMetadata:
+        """What the decoder process needs of ``metadata`` to write data files, in objects of its own.
+
+        The request is pickled on another thread while the commit thread works on the table,
+        and pyiceberg's schemas and specs fill caches in their ``__dict__`` as they are used: a
+        pickle of the table's own objects can meet a dictionary that changes size ("dictionary
+        changed size during iteration", then a request that never arrives and a 10 s stall,
+        frequent at a follower's commit cadence). So the schema and spec come from a table
+        loaded for this alone (again only when they change), and only the properties, a dict
+        pyiceberg replaces rather than changes, are taken from ``metadata``.
+        """
+        key = (metadata.location, metadata.current_schema_id, metadata.default_spec_id, metadata.last_column_id)
+        if self._writer is None or self._writer[0] != key:
+            own = self.catalog.load_table(self.raw_table.name()).metadata
+            self._writer = (key, writer_metadata(own))
+        return self._writer[1].model_copy(update={"properties": dict(metadata.properties)})
 
     # -- committing ----------------------------------------------------------------
 
@@ -355,7 +392,7 @@ class IngestWorker:
         batch = self._batch
         if batch.ends:
             self._batch = Batch()
-            decoding = self._decoding.submit(self._decode, batch)
+            decoding = self._decoded = self._decoding.submit(self._decode, batch)
             self._wait_inflight()
             self._inflight = self._committer.submit(self._process, batch, decoding)
         if wait:
@@ -419,10 +456,13 @@ class IngestWorker:
         self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
         last_message = time.monotonic()
         read = 0
+        # A poll waits its whole timeout unless 10,000 records arrive: following, it must not
+        # hold a batch much past its linger.
+        timeout = min(0.2, self.settings.ingest_follow_linger_seconds / 5) if self.follow else 0.2
         try:
             while not self._stop:
                 polled = time.perf_counter()
-                messages = self.consumer.consume(num_messages=10_000, timeout=0.2)
+                messages = self.consumer.consume(num_messages=10_000, timeout=timeout)
                 self._add_many(messages)
                 self.stats.timings.consume_s += time.perf_counter() - polled
                 if messages:
