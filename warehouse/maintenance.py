@@ -476,8 +476,12 @@ def _raw_events_eligibility(lake: Lakehouse, raw: Table, pending: set[str]) -> C
     )
 
 
-def tidy_tables(lake: Lakehouse, names: tuple[str, ...], older_than: datetime, min_files: int) -> list[TableReport]:
-    """A writer's own upkeep of the hot tables ``names``: compact their small files, expire old snapshots.
+def tidy_tables(
+    lake: Lakehouse, names: tuple[str, ...], older_than: datetime, min_files: int | None
+) -> list[TableReport]:
+    """A writer's own upkeep of the hot tables ``names``: expire old snapshots, compact small files.
+
+    ``min_files`` None: no compaction, only the expiry.
 
     What :func:`maintain` does to them, bounded to what a streaming writer (``ingest --follow``)
     leaves behind, and safe beside it: under the lifecycle lock, taken without waiting (a
@@ -504,9 +508,10 @@ def tidy_tables(lake: Lakehouse, names: tuple[str, ...], older_than: datetime, m
             eligible: Callable[[LiveFile], bool] = lambda _: True  # noqa: E731
             if cold_raw is not None and name == RAW_EVENTS.name:
                 eligible = _raw_events_eligibility(lake, table, tiered_files(cold_raw))
-            report.files_rewritten, report.files_written = compact_table(
-                lake.catalog, table, min_files, eligible, lake.settings.rewrite_memory_bytes
-            )
+            if min_files is not None:
+                report.files_rewritten, report.files_written = compact_table(
+                    lake.catalog, table, min_files, eligible, lake.settings.rewrite_memory_bytes
+                )
 
             def expire(name: str = name, report: TableReport = report) -> None:
                 current = lake.catalog.load_table((lake.namespace, name))

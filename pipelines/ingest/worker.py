@@ -376,15 +376,17 @@ class IngestWorker:
         return next_offsets
 
     def _upkeep(self) -> None:
-        """Following, every ``ingest_follow_upkeep_seconds``: compact the small files this worker's
-        commits left and expire raw_events' and dead_letters' snapshots older than
-        ``ingest_follow_retention_seconds`` (:func:`~warehouse.maintenance.tidy_tables`).
+        """Following, every ``ingest_follow_upkeep_seconds``: expire raw_events' and dead_letters'
+        snapshots older than ``ingest_follow_retention_seconds``, and with ``ingest_follow_compact``
+        compact the small files this worker's commits left (:func:`~warehouse.maintenance.tidy_tables`).
 
         A commit a second adds a data file, a snapshot and ~0.8 kB of table metadata that every
         later commit rewrites; left to a nightly ``trajlake maintain`` that is ~150k snapshots and
         a 100 MB metadata file a day. It runs on the commit thread after a batch's commits, so it
         never races this worker's own commits (a peer's commit that wins is re-planned against),
-        and the main thread goes on consuming meanwhile. Offsets survive expiry: they are in the
+        and the main thread goes on consuming meanwhile; but the next commit waits for the round,
+        which is why compaction, a rewrite of every small file of the day's partition, is opt-in
+        (docs/performance.md, "Freshness"). Offsets survive expiry: they are in the
         table properties as well as in snapshot summaries (:func:`recorded_offsets`). A round
         that cannot run (lock held by ``maintain``/``tier``, conflicts) is logged and skipped.
         """
@@ -398,9 +400,8 @@ class IngestWorker:
         try:
             if self._lake is None:
                 self._lake = Lakehouse.open(self.settings, self.catalog)
-            reports = tidy_tables(
-                self._lake, (RAW_EVENTS.name, DEAD_LETTERS.name), older_than, self.settings.compact_min_files
-            )
+            compact = self.settings.compact_min_files if self.settings.ingest_follow_compact else None
+            reports = tidy_tables(self._lake, (RAW_EVENTS.name, DEAD_LETTERS.name), older_than, compact)
         except (WarehouseError, OSError) as exc:  # lock busy, conflicts, storage: the next round tries again
             upkeep.skipped += 1
             log.warning("table upkeep skipped: %s", exc)

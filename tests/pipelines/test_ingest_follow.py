@@ -128,6 +128,7 @@ def test_a_follower_keeps_its_snapshots_bounded_and_every_event_lands_once(kafka
             "ingest_follow_linger_seconds": 0.1,
             "ingest_follow_upkeep_seconds": 1.0,
             "ingest_follow_retention_seconds": 0.0,
+            "ingest_follow_compact": True,
             "compact_min_files": 2,
             "ingest_dedupe_window": 0,
         }
