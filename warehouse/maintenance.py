@@ -501,14 +501,14 @@ def tidy_tables(
     """
     reports: list[TableReport] = []
     with lifecycle_lock(lake, wait_s=0.0):
-        cold_raw = lake.cold_table(RAW_EVENTS.name) if RAW_EVENTS.name in names else None
+        cold_raw = lake.cold_table(RAW_EVENTS.name) if RAW_EVENTS.name in names and min_files is not None else None
         for name in names:
             table = lake.table(name)
             report = TableReport(".".join(table.name()))
-            eligible: Callable[[LiveFile], bool] = lambda _: True  # noqa: E731
-            if cold_raw is not None and name == RAW_EVENTS.name:
-                eligible = _raw_events_eligibility(lake, table, tiered_files(cold_raw))
             if min_files is not None:
+                eligible: Callable[[LiveFile], bool] = lambda _: True  # noqa: E731
+                if cold_raw is not None and name == RAW_EVENTS.name:
+                    eligible = _raw_events_eligibility(lake, table, tiered_files(cold_raw))
                 report.files_rewritten, report.files_written = compact_table(
                     lake.catalog, table, min_files, eligible, lake.settings.rewrite_memory_bytes
                 )
