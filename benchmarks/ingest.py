@@ -33,6 +33,7 @@ from producers.sdk import EventProducer
 from schemas.errors import DecodeError
 from schemas.registry import decode_event
 from warehouse.catalog import open_catalog
+from warehouse.snapshots import live_files
 from warehouse.tables import RAW_EVENTS, ensure_table
 
 
@@ -473,6 +474,12 @@ def _freshness_run(rate: float, seconds: float, poll_s: float) -> dict[str, Any]
         window = (wall_start * 1000, (wall_start + send_seconds) * 1000)
         commits = [s for s in table.snapshots() if s.summary is not None and window[0] <= s.timestamp_ms <= window[1]]
         data_files = sum(int(s.summary.get("added-data-files") or 0) for s in commits if s.summary is not None)
+        # What the follower left: its upkeep (TRAJLAKE_INGEST_FOLLOW_UPKEEP_SECONDS) bounds these.
+        left = {
+            "raw_events_snapshots_at_end": len(table.snapshots()),
+            "raw_events_metadata_bytes_at_end": len(table.io.new_input(table.metadata_location)),
+            "raw_events_live_files_at_end": sum(1 for _ in live_files(table)),
+        }
         visible_rows = pq.read_table(visible_file)
         delivered_rows = pq.read_table(delivered_file)
     index = {r[1]: j for j, r in enumerate(records) if j >= warm_up}
@@ -512,6 +519,7 @@ def _freshness_run(rate: float, seconds: float, poll_s: float) -> dict[str, Any]
         "raw_events_commits_per_s": len(commits) / send_seconds,
         "data_files_per_hour": data_files / send_seconds * 3600,
         "view_open_p50_s": float(np.percentile(opening, 50)) if opening else float("nan"),
+        **left,
     }
 
 

@@ -108,6 +108,23 @@ class Settings(BaseSettings):
         description="TRAJLAKE_INGEST_FOLLOW_LINGER_SECONDS: `ingest --follow` commits a batch once its first "
         "record is this old (or the commit before it ends, if later), so events are queryable within ~2 s.",
     )
+    ingest_follow_upkeep_seconds: float = Field(
+        300.0,
+        ge=0,
+        description="TRAJLAKE_INGEST_FOLLOW_UPKEEP_SECONDS: `ingest --follow` expires raw_events' and "
+        "dead_letters' old snapshots this often, between two commits; 0 leaves it to `trajlake maintain`.",
+    )
+    ingest_follow_compact: bool = Field(
+        False,
+        description="TRAJLAKE_INGEST_FOLLOW_COMPACT: a follower's upkeep also compacts its small files; off by "
+        "default: the rewrite holds the next commit back (p95 freshness 1.6 s -> 5.1 s with 20 s rounds).",
+    )
+    ingest_follow_retention_seconds: float = Field(
+        3600.0,
+        ge=0,
+        description="TRAJLAKE_INGEST_FOLLOW_RETENTION_SECONDS: a follower's upkeep expires raw_events' and "
+        "dead_letters' snapshots older than this (never the current one, nor assembly's watermark and later).",
+    )
     max_event_bytes: int = Field(
         1 << 20, ge=1024, description="TRAJLAKE_MAX_EVENT_BYTES: larger records are dead-lettered."
     )

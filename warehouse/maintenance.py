@@ -474,3 +474,50 @@ def _raw_events_eligibility(lake: Lakehouse, raw: Table, pending: set[str]) -> C
     return lambda entry: (
         entry.path not in pending and entry.sequence_number is not None and entry.sequence_number <= watermark
     )
+
+
+def tidy_tables(
+    lake: Lakehouse, names: tuple[str, ...], older_than: datetime, min_files: int | None
+) -> list[TableReport]:
+    """A writer's own upkeep of the hot tables ``names``: expire old snapshots, compact small files.
+
+    ``min_files`` None: no compaction, only the expiry.
+
+    What :func:`maintain` does to them, bounded to what a streaming writer (``ingest --follow``)
+    leaves behind, and safe beside it: under the lifecycle lock, taken without waiting (a
+    running ``trajlake maintain`` or ``tier`` does the same work, so this round is skipped),
+    with the same rules: raw_events files not yet assembled or awaiting tier deletion are not
+    rewritten, assembly's watermark snapshot and its descendants are not expired, and the
+    current snapshot never is. Neither step deletes a file: a reader holding an older snapshot
+    still finds its files until orphan removal, which waits ``TRAJLAKE_ORPHAN_MIN_AGE_HOURS``.
+    Each commit re-plans from the table's state on a conflict (:func:`retry_on_conflict`).
+
+    Returns:
+        One report per table (files rewritten and written, snapshots expired, snapshots left).
+
+    Raises:
+        TieringError: another lifecycle job holds the lock (nothing was done).
+        CommitConflict: concurrent commits kept conflicting.
+    """
+    reports: list[TableReport] = []
+    with lifecycle_lock(lake, wait_s=0.0):
+        cold_raw = lake.cold_table(RAW_EVENTS.name) if RAW_EVENTS.name in names and min_files is not None else None
+        for name in names:
+            table = lake.table(name)
+            report = TableReport(".".join(table.name()))
+            if min_files is not None:
+                eligible: Callable[[LiveFile], bool] = lambda _: True  # noqa: E731
+                if cold_raw is not None and name == RAW_EVENTS.name:
+                    eligible = _raw_events_eligibility(lake, table, tiered_files(cold_raw))
+                report.files_rewritten, report.files_written = compact_table(
+                    lake.catalog, table, min_files, eligible, lake.settings.rewrite_memory_bytes
+                )
+
+            def expire(name: str = name, report: TableReport = report) -> None:
+                current = lake.catalog.load_table((lake.namespace, name))
+                report.snapshots_expired = expire_snapshots(current, older_than, protected_snapshots(lake, current))
+
+            retry_on_conflict(f"expire snapshots of {name}", expire)
+            report.after.snapshots = len(lake.catalog.load_table((lake.namespace, name)).snapshots())
+            reports.append(report)
+    return reports

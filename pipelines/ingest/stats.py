@@ -30,6 +30,19 @@ class IngestTimings:
 
 
 @dataclass
+class IngestUpkeep:
+    """What a follower's own table upkeep did (``TRAJLAKE_INGEST_FOLLOW_UPKEEP_SECONDS``), summed over its rounds."""
+
+    rounds: int = 0  # rounds that ran
+    skipped: int = 0  # rounds skipped: the lifecycle lock was held, or commits kept conflicting
+    files_rewritten: int = 0  # small data files compacted away
+    files_written: int = 0  # data files the compactions wrote
+    snapshots_expired: int = 0
+    snapshots_left: int = 0  # raw_events' snapshots after the latest round
+    seconds: float = 0.0  # time the rounds took (the commit thread's, between two commits)
+
+
+@dataclass
 class IngestStats:
     """What one ingest run did."""
 
@@ -48,10 +61,11 @@ class IngestStats:
     seconds: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
     timings: IngestTimings = field(default_factory=IngestTimings)  # not in as_dict(): reports keep their keys
+    upkeep: IngestUpkeep = field(default_factory=IngestUpkeep)  # not in as_dict() either
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict for printing and asset metadata (the counts; phase timings are in ``timings``)."""
-        return {name: value for name, value in self.__dict__.items() if name != "timings"}
+        return {name: value for name, value in self.__dict__.items() if name not in ("timings", "upkeep")}
 
     def describe_resets(self) -> list[str]:
         """One human line per detected reset or gap."""

@@ -23,7 +23,7 @@ import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -54,6 +54,9 @@ from pipelines.ingest.recent_ids import RecentIds
 from pipelines.ingest.rows import dead_letter_row
 from pipelines.ingest.stats import IngestStats
 from warehouse.catalog import open_catalog
+from warehouse.errors import WarehouseError
+from warehouse.lakehouse import Lakehouse
+from warehouse.maintenance import tidy_tables
 from warehouse.tables import DEAD_LETTERS, RAW_EVENTS, ensure_table
 
 log = logging.getLogger("trajlake.ingest")
@@ -114,6 +117,8 @@ class IngestWorker:
         self._dead_pending: dict[int, int] = {}  # offsets committed to raw_events but not yet to dead_letters
         self._dead_synced = time.monotonic()
         self._writer: tuple[tuple[object, ...], TableMetadata] | None = None  # see _writer_metadata
+        self._upkept = time.monotonic()  # when the last upkeep round ran (see _upkeep)
+        self._lake: Lakehouse | None = None
 
     # -- offsets -----------------------------------------------------------------
 
@@ -367,7 +372,58 @@ class IngestWorker:
         del good, dead
         release_free_memory(above=WORKER_RETAINED_BYTES)
         self.stats.timings.last_commit_at = time.perf_counter()
+        self._upkeep()
         return next_offsets
+
+    def _upkeep(self) -> None:
+        """Following, every ``ingest_follow_upkeep_seconds``: expire raw_events' and dead_letters'
+        snapshots older than ``ingest_follow_retention_seconds``, and with ``ingest_follow_compact``
+        compact the small files this worker's commits left (:func:`~warehouse.maintenance.tidy_tables`).
+
+        A commit a second adds a data file, a snapshot and ~0.8 kB of table metadata that every
+        later commit rewrites; left to a nightly ``trajlake maintain`` that is ~150k snapshots and
+        a 100 MB metadata file a day. It runs on the commit thread after a batch's commits, so it
+        never races this worker's own commits (a peer's commit that wins is re-planned against),
+        and the main thread goes on consuming meanwhile; but the next commit waits for the round,
+        which is why compaction, a rewrite of every small file of the day's partition, is opt-in
+        (docs/performance.md, "Freshness"). Offsets survive expiry: they are in the
+        table properties as well as in snapshot summaries (:func:`recorded_offsets`). A round
+        that cannot run (lock held by ``maintain``/``tier``, conflicts) is logged and skipped.
+        """
+        interval = self.settings.ingest_follow_upkeep_seconds
+        if not self.follow or interval <= 0 or time.monotonic() - self._upkept < interval:
+            return
+        started = time.monotonic()
+        self._upkept = started
+        upkeep = self.stats.upkeep
+        older_than = datetime.now(UTC) - timedelta(seconds=self.settings.ingest_follow_retention_seconds)
+        try:
+            if self._lake is None:
+                self._lake = Lakehouse.open(self.settings, self.catalog)
+            compact = self.settings.compact_min_files if self.settings.ingest_follow_compact else None
+            reports = tidy_tables(self._lake, (RAW_EVENTS.name, DEAD_LETTERS.name), older_than, compact)
+        except (WarehouseError, OSError) as exc:  # lock busy, conflicts, storage: the next round tries again
+            upkeep.skipped += 1
+            log.warning("table upkeep skipped: %s", exc)
+            return
+        finally:
+            upkeep.seconds += time.monotonic() - started
+        upkeep.rounds += 1
+        for report in reports:
+            upkeep.files_rewritten += report.files_rewritten
+            upkeep.files_written += report.files_written
+            upkeep.snapshots_expired += report.snapshots_expired
+        upkeep.snapshots_left = reports[0].after.snapshots
+        self._refresh_tables()
+        log.info(
+            "table upkeep in %.1f s: %s",
+            time.monotonic() - started,
+            "; ".join(
+                f"{r.table}: {r.files_rewritten} files compacted into {r.files_written}, "
+                f"{r.snapshots_expired} snapshots expired, {r.after.snapshots} left"
+                for r in reports
+            ),
+        )
 
     def _commit_dead(self, dead: pa.Table) -> None:
         """Commit dead letters with the offsets of every batch processed since the last such commit."""

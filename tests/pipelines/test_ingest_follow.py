@@ -116,3 +116,62 @@ def test_only_a_follower_cuts_a_batch_at_its_linger_and_only_once_the_one_before
     finally:
         _close(follower)
         _close(catching_up)
+
+
+@pytest.mark.slow
+def test_a_follower_keeps_its_snapshots_bounded_and_every_event_lands_once(kafka_settings: Settings) -> None:
+    # Upkeep after every commit that is a second past the last round, keeping no old snapshot,
+    # compacting any two small files; no recent-id window, so only the recorded offsets (which
+    # must survive the expiry of the snapshots that carried them) keep a restart exactly once.
+    settings = kafka_settings.model_copy(
+        update={
+            "ingest_follow_linger_seconds": 0.1,
+            "ingest_follow_upkeep_seconds": 1.0,
+            "ingest_follow_retention_seconds": 0.0,
+            "ingest_follow_compact": True,
+            "compact_min_files": 2,
+            "ingest_dedupe_window": 0,
+        }
+    )
+    worker = IngestWorker(settings, follow=True)
+    stop, sent = threading.Event(), list[str]()
+    producer = threading.Thread(target=_stream, args=(settings, stop, sent))
+    ingest = threading.Thread(target=worker.run)
+    ingest.start()
+    producer.start()
+    try:
+        deadline = time.monotonic() + 120
+        while worker.stats.upkeep.rounds < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        stop.set()
+        producer.join(60)
+        deadline = time.monotonic() + 60
+        while not _visible(settings, sent[-1]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        producer.join(60)
+        worker.stop()
+        ingest.join(60)
+    upkeep = worker.stats.upkeep
+    assert upkeep.rounds >= 3, upkeep
+    assert upkeep.files_rewritten > upkeep.files_written > 0, upkeep  # small files were compacted
+    assert upkeep.snapshots_expired > 0 and upkeep.snapshots_left == 1, upkeep  # only the current one stays
+    raw = worker.raw_table.refresh()
+    assert len(raw.snapshots()) < worker.stats.batches  # without upkeep: one snapshot per batch
+    total, distinct = run_query(settings, "SELECT count(*), count(DISTINCT event_id) FROM events")[1][0]
+    assert total == distinct == len(sent)
+
+    # A restart resumes from the offsets the expired snapshots carried (kept in the table's
+    # properties): the events sent since land, none of the earlier ones a second time.
+    late = EventProducer(resolve_bootstrap(settings), settings.topic, "follow-host")
+    for event in sample_events(1)[:10]:
+        fresh = {**event, "event_id": uuid.uuid4().hex}
+        late.emit(fresh)
+        sent.append(fresh["event_id"])
+    late.flush(30)
+    restarted = IngestWorker(settings)
+    restarted.run(until_idle=2.0)
+    assert restarted.stats.events == 10
+    total, distinct = run_query(settings, "SELECT count(*), count(DISTINCT event_id) FROM events")[1][0]
+    assert total == distinct == len(sent)

@@ -20,7 +20,7 @@ from tests.helpers import BASE, day_events, lake_state, materialized
 from warehouse.catalog import open_catalog
 from warehouse.cold import ensure_cold_table
 from warehouse.lakehouse import Lakehouse
-from warehouse.maintenance import maintain, usage
+from warehouse.maintenance import maintain, tidy_tables, usage
 from warehouse.snapshots import arrow_row_bytes, live_files, read_data_files
 from warehouse.sql import local_path
 from warehouse.tables import RAW_EVENTS, ensure_table
@@ -203,3 +203,28 @@ def test_compaction_is_bounded_in_arrow_memory_and_writes_disjoint_session_range
             assert where.setdefault(session, entry.path) == entry.path
     assert len(where) == 40
     assert lake_state(settings) == before
+
+
+def test_a_followers_upkeep_expires_but_keeps_offsets_and_assemblys_watermark(settings: Settings) -> None:
+    # What `ingest --follow` runs between commits by default: expiry only, no compaction.
+    settings = load_settings()
+    events = day_events(1, 4)
+    ingest_like(settings, events[:60], batch_size=20)
+    assemble(settings, as_of=BASE + timedelta(days=30))
+    ingest_like(settings, events[60:], batch_size=20, first_offset=60)
+    catalog = open_catalog(settings)
+    raw = catalog.load_table((settings.namespace, RAW_EVENTS.name))
+    offsets, files, snapshots = recorded_offsets(raw, TOPIC), usage(raw).files, len(raw.snapshots())
+    assembled_at = int(ensure_table(catalog, settings, "trajectories").properties[ASSEMBLED_SNAPSHOT])
+
+    reports = tidy_tables(Lakehouse.open(settings), (RAW_EVENTS.name,), datetime.now(UTC), None)
+
+    raw = catalog.load_table(raw.name())
+    kept = {s.snapshot_id for s in raw.snapshots()}
+    assert reports[0].snapshots_expired == snapshots - len(kept) > 0
+    assert reports[0].files_rewritten == 0 and usage(raw).files == files
+    # Only the watermark and what came after it are left: what assembly reads next.
+    assert assembled_at in kept and len(kept) == 1 + -(-(len(events) - 60) // 20)
+    assert recorded_offsets(raw, TOPIC) == offsets
+    stats = assemble(settings, as_of=BASE + timedelta(days=30))
+    assert not stats.full_rebuild and stats.new_files == len(kept) - 1
