@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
 from common.settings import Settings
+from warehouse.errors import WarehouseError
 from warehouse.parquet_writer import BLOOM_ENABLED, ROW_GROUP_LIMIT
 from warehouse.tables import RAW_EVENTS, STEPS, TABLES, TRAJECTORIES, ensure_table
 from warehouse.transactions import transaction
@@ -45,6 +47,25 @@ def ensure_cold_table(catalog: Catalog, settings: Settings, name: str) -> Table:
     # The namespace location decides where new tables go, in SQL and REST catalogs alike.
     catalog.create_namespace_if_not_exists(namespace, {"location": location})
     table = ensure_table(catalog, cold_settings(settings), name)
+    for _ in range(_PROPERTY_ATTEMPTS):
+        wanted = _wanted_properties(table, settings, name)
+        if all(table.properties.get(k) == v for k, v in wanted.items()):
+            return table
+        try:
+            with transaction(table) as tx:
+                tx.set_properties(wanted)
+        except CommitFailedException:  # another process (opening the lakehouse too) changed it first: look again
+            pass
+        table = catalog.load_table(table.name())
+    raise WarehouseError(f"could not set the cold properties of {'.'.join(table.name())}: other processes kept racing")
+
+
+#: Tries at setting a cold table's properties while other processes commit to it.
+_PROPERTY_ATTEMPTS = 8
+
+
+def _wanted_properties(table: Table, settings: Settings, name: str) -> dict[str, str]:
+    """The properties the cold table of ``name`` should have (file size, row groups, the session Bloom filter)."""
     wanted = {
         "write.target-file-size-bytes": str(settings.cold_target_file_bytes),
         ROW_GROUP_LIMIT: str(settings.cold_row_group_rows),
@@ -58,11 +79,7 @@ def ensure_cold_table(catalog: Catalog, settings: Settings, name: str) -> Table:
         if table.properties.get(bloom) != "true" and snapshot is not None:
             # The files already there were written without it: maintenance rewrites them.
             wanted[FILTERS_SINCE] = str((snapshot.sequence_number or 0) + 1)
-    if any(table.properties.get(k) != v for k, v in wanted.items()):
-        with transaction(table) as tx:
-            tx.set_properties(wanted)
-        table = catalog.load_table(table.name())
-    return table
+    return wanted
 
 
 def tiered_files(cold_raw: Table) -> set[str]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ from warehouse.locks import job_lock
 from warehouse.object_store import ObjectStores
 from warehouse.sql import open_views
 from warehouse.tables import TABLES, ensure_table
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -112,11 +115,25 @@ class Lakehouse:
                 ensure_table(lake.catalog, settings, name)
             for name in TIERED_TABLES:
                 ensure_cold_table(lake.catalog, settings, name)
-            try:
-                lake.catalog.update_namespace_properties(lake.namespace, updates={LAYOUT: layout})
-            except NotImplementedError:  # a catalog without namespace properties: every opening checks
-                pass
+            lake._record_layout(layout)
         return lake
+
+    def _record_layout(self, layout: str) -> None:
+        """Record ``layout`` on the namespace: a cache of "every table is current", never needed for correctness.
+
+        Two processes opening a new lakehouse at once both write it; the catalog may refuse the second
+        insert (SQL: a unique key). What counts is that some opening recorded it; otherwise the next
+        opening checks every table again.
+        """
+        try:
+            self.catalog.update_namespace_properties(self.namespace, updates={LAYOUT: layout})
+        except NotImplementedError:  # a catalog without namespace properties: every opening checks
+            return
+        except Exception as exc:  # any refusal of this cache write leaves the tables as they were made
+            if self._recorded_layout() != layout:
+                log.info(
+                    "the table layout was not recorded on %s (%s): the next opening checks again", self.namespace, exc
+                )
 
     def _recorded_layout(self) -> str | None:
         try:
