@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from producers.sdk import EventProducer
 from producers.session_generator import synthetic_sessions
 from schemas.registry import decode_event, encode_event
 from warehouse.catalog import open_catalog
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 from warehouse.sql import open_views
 from warehouse.tables import RAW_EVENTS, ensure_table
@@ -172,3 +174,31 @@ def hold_everything(worker: IngestWorker, expected: int, timeout: float = 60) ->
         for message in worker.consumer.consume(num_messages=1000, timeout=0.5):
             if message.error() is None:
                 worker._add(message)
+
+
+def _open_at(settings: Settings, barrier: Any, errors: Any) -> None:
+    barrier.wait(timeout=60)
+    try:
+        Lakehouse.open(settings)
+    except BaseException as exc:  # reported to the parent
+        errors.put(f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def open_lakehouse_at_once(settings: Settings, openers: int) -> list[str]:
+    """Open the lakehouse of ``settings`` from ``openers`` forked processes released at one moment.
+
+    Returns what each failed opening raised (empty when all opened it).
+    """
+    context = multiprocessing.get_context("fork")
+    barrier, errors = context.Barrier(openers), context.Queue()
+    processes = [context.Process(target=_open_at, args=(settings, barrier, errors)) for _ in range(openers)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    failures += [f"opener exited {p.exitcode}" for p in processes if p.exitcode != 0 and not failures]
+    return failures

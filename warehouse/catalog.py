@@ -15,14 +15,18 @@ when the properties do not: ``AWS_ENDPOINT_URL``, ``AWS_REGION``/``AWS_DEFAULT_R
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import NamespaceAlreadyExistsError
 from pyiceberg.exceptions import ValidationError as IcebergValidationError
 from pyiceberg.io import InputFile
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.typedef import Properties
+from sqlalchemy.exc import DatabaseError, IntegrityError
 
 from common.errors import CorruptMetadata
 from common.settings import Settings
@@ -69,6 +73,46 @@ def open_catalog(settings: Settings) -> Catalog:
         uri = settings.catalog_uri or f"sqlite:///{settings.catalog_file}"
         if uri.startswith("sqlite"):
             props.setdefault("init_catalog_tables", "true")
-        catalog = SqlCatalog(settings.catalog_name, uri=uri, warehouse=settings.hot_location, **props)
-    catalog.create_namespace_if_not_exists(settings.namespace)
+        catalog = _sql_catalog(settings.catalog_name, uri=uri, warehouse=settings.hot_location, **props)
+    ensure_namespace(catalog, settings.namespace)
     return catalog
+
+
+#: Tries at opening a SQL catalog whose own tables another process is creating at the same moment.
+_CATALOG_OPEN_ATTEMPTS = 5
+
+
+def _sql_catalog(name: str, **properties: str) -> SqlCatalog:
+    """pyiceberg's SQL catalog, tolerant of another process creating the catalog's tables at the same moment.
+
+    On a new home every first command creates ``iceberg_tables`` and ``iceberg_namespace_properties``:
+    pyiceberg probes for them, then creates them, so two commands started together can both probe before
+    either creates, and the later ``CREATE TABLE`` fails ("already exists", or a unique key of the
+    database's own catalog). Opening again then finds the tables made.
+    """
+    for attempt in range(_CATALOG_OPEN_ATTEMPTS):
+        try:
+            return SqlCatalog(name, **properties)
+        except DatabaseError as exc:
+            message = str(exc.orig).lower()
+            if attempt + 1 == _CATALOG_OPEN_ATTEMPTS or not ("already exists" in message or "unique" in message):
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")  # the last attempt returns or raises
+
+
+def ensure_namespace(catalog: Catalog, namespace: str, properties: Properties | None = None) -> None:
+    """Create ``namespace`` with ``properties`` unless it exists, safe against another process doing the same.
+
+    pyiceberg's ``create_namespace_if_not_exists`` looks, then inserts: in a SQL catalog two processes
+    opening one new lakehouse at once can both look before either inserts, and the later insert hits the
+    namespace's unique key (an ``IntegrityError``, not ``NamespaceAlreadyExistsError``). Either way the
+    namespace is there afterwards, which is all an opener needs.
+    """
+    if catalog.namespace_exists(namespace):
+        return
+    try:
+        catalog.create_namespace(namespace, properties or {})
+    except (NamespaceAlreadyExistsError, IntegrityError):
+        if not catalog.namespace_exists(namespace):  # the insert failed for some other reason
+            raise

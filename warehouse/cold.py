@@ -15,6 +15,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
 from common.settings import Settings
+from warehouse.catalog import ensure_namespace
 from warehouse.errors import WarehouseError
 from warehouse.parquet_writer import BLOOM_ENABLED, ROW_GROUP_LIMIT
 from warehouse.tables import RAW_EVENTS, STEPS, TABLES, TRAJECTORIES, ensure_table
@@ -45,7 +46,7 @@ def ensure_cold_table(catalog: Catalog, settings: Settings, name: str) -> Table:
     namespace = cold_namespace(settings)
     location = f"{settings.cold_location.rstrip('/')}/{namespace}"
     # The namespace location decides where new tables go, in SQL and REST catalogs alike.
-    catalog.create_namespace_if_not_exists(namespace, {"location": location})
+    ensure_namespace(catalog, namespace, {"location": location})
     table = ensure_table(catalog, cold_settings(settings), name)
     for _ in range(_PROPERTY_ATTEMPTS):
         wanted = _wanted_properties(table, settings, name)

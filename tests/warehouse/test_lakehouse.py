@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sqlalchemy.exc import IntegrityError
 
 from common.settings import Settings, load_settings
-from tests.helpers import raw_rows
-from warehouse.catalog import open_catalog
+from tests.helpers import open_lakehouse_at_once, raw_rows
+from warehouse.catalog import ensure_namespace, open_catalog
 from warehouse.cold import TIERED_TABLES
 from warehouse.errors import UnknownTable
 from warehouse.lakehouse import Lakehouse, Locations
@@ -95,3 +96,45 @@ def test_an_opening_after_the_tables_are_made_loads_none_until_the_definitions_c
     lake.catalog.update_namespace_properties(settings.namespace, updates={LAYOUT: "an older trajlake"})
     Lakehouse.open(settings)  # definitions changed since: every table is made or evolved again
     assert SCORES.name in {name for _, name in lake.catalog.list_tables(settings.namespace)}
+
+
+@pytest.mark.parametrize("properties", [None, {"location": "file:///elsewhere"}])
+def test_a_namespace_another_opener_inserted_between_look_and_insert_is_taken_as_made(
+    settings: Settings, properties: dict[str, str] | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes opening one new lakehouse: both look, neither sees the namespace, one inserts first."""
+    catalog = open_catalog(settings)
+    ensure_namespace(catalog, "raced", properties)  # the other opener's insert
+    real = catalog.namespace_exists
+    stale = [False, False]  # this opener's looks (ours, then pyiceberg's own) came before that insert
+
+    def look(namespace: str) -> bool:
+        return stale.pop() if stale else real(namespace)
+
+    monkeypatch.setattr(catalog, "namespace_exists", look)
+    ensure_namespace(catalog, "raced", properties)  # the unique key refuses the insert: not an error
+    assert not stale and catalog.namespace_exists("raced")
+
+
+def test_a_namespace_insert_failing_for_another_reason_is_raised(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    catalog = open_catalog(settings)
+
+    def refuse(namespace: str, properties: dict[str, str]) -> None:
+        raise IntegrityError("INSERT", {}, Exception("NOT NULL constraint failed"))
+
+    monkeypatch.setattr(catalog, "namespace_exists", lambda namespace: False)
+    monkeypatch.setattr(catalog, "create_namespace", refuse)
+    with pytest.raises(IntegrityError):
+        ensure_namespace(catalog, "broken")
+
+
+@pytest.mark.slow
+def test_processes_opening_one_new_lakehouse_at_the_same_moment_all_open_it(tmp_path: Path) -> None:
+    """Every opener of a new home creates the catalog's tables, namespaces, tables and cold properties at once."""
+    for round_ in range(3):
+        settings = load_settings(home=tmp_path / f"home{round_}")
+        assert open_lakehouse_at_once(settings, openers=4) == []
+        lake = Lakehouse.open(settings)
+        assert {name for _, name in lake.catalog.list_tables(lake.cold_namespace)} == set(TIERED_TABLES)

@@ -18,7 +18,7 @@ import pytest
 
 from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
-from tests.helpers import BASE, day_events, lake_state, tier_split
+from tests.helpers import BASE, day_events, lake_state, open_lakehouse_at_once, tier_split
 from warehouse.catalog import open_catalog
 from warehouse.lakehouse import Lakehouse
 from warehouse.tables import RAW_EVENTS, ensure_table
@@ -89,6 +89,14 @@ def pg_settings(settings: Settings, postgres_uri: str, monkeypatch: pytest.Monke
     monkeypatch.setenv("TRAJLAKE_CATALOG_URI", postgres_uri)
     monkeypatch.setenv("TRAJLAKE_NAMESPACE", f"t_{settings.topic.replace('-', '_')}")
     return load_settings()
+
+
+@pytest.mark.slow
+def test_machines_opening_one_new_namespace_at_once_on_postgres_all_open_it(pg_settings: Settings) -> None:
+    """Namespaces, tables and cold properties made by four openers at once: unique keys refuse all but one."""
+    assert open_lakehouse_at_once(pg_settings, openers=4) == []
+    lake = Lakehouse.open(pg_settings)
+    assert {name for _, name in lake.catalog.list_tables(lake.namespace)} >= {RAW_EVENTS.name}
 
 
 WRITER = """
