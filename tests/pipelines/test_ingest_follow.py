@@ -5,7 +5,9 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 
 import pyarrow as pa
 import pytest
@@ -33,6 +35,33 @@ def _stream(settings: Settings, stop: threading.Event, sent: list[str]) -> None:
     producer.flush(30)
 
 
+@contextmanager
+def _following(
+    settings: Settings,
+) -> Iterator[tuple[IngestWorker, list[str], threading.Thread, Callable[[], None]]]:
+    """A following worker and a producer thread streaming to it.
+
+    Yields the worker, the event ids sent so far, the producer thread and a call that stops sending.
+    """
+    worker = IngestWorker(settings, follow=True)
+    stop, sent = threading.Event(), list[str]()
+    producer = threading.Thread(target=_stream, args=(settings, stop, sent))
+    ingest = threading.Thread(target=worker.run)
+    ingest.start()
+    producer.start()
+
+    def stop_sending() -> None:
+        stop.set()
+        producer.join(60)
+
+    try:
+        yield worker, sent, producer, stop_sending
+    finally:
+        stop_sending()
+        worker.stop()
+        ingest.join(60)
+
+
 def _visible(settings: Settings, event_id: str) -> bool:
     """Whether ``trajlake sql``'s path (its process, the cached view plan) finds ``event_id`` in ``events``."""
     return run_query(settings, f"SELECT count(*) FROM events WHERE event_id = '{event_id}'")[1] == [(1,)]
@@ -52,13 +81,7 @@ def test_follow_makes_events_queryable_with_no_full_batch_while_records_arrive(k
             "kafka_extra": {**kafka_settings.kafka_extra, "fetch.wait.max.ms": "10", "fetch.min.bytes": "1"},
         }
     )
-    worker = IngestWorker(settings, follow=True)
-    stop, sent = threading.Event(), list[str]()
-    producer = threading.Thread(target=_stream, args=(settings, stop, sent))
-    ingest = threading.Thread(target=worker.run)
-    ingest.start()
-    producer.start()
-    try:
+    with _following(settings) as (worker, sent, producer, stop_sending):
         deadline = time.monotonic() + 60  # the group join, then a generous bound
         while not sent and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -69,19 +92,13 @@ def test_follow_makes_events_queryable_with_no_full_batch_while_records_arrive(k
             time.sleep(0.5)
         assert _visible(settings, first), "the first event was not queryable within 60 s"
         assert producer.is_alive() and worker.stats.batches >= 1
-        stop.set()
-        producer.join(60)
+        stop_sending()
         # The rest lands too, without stopping the worker: every event sent, exactly once.
         deadline = time.monotonic() + 60
         while not _visible(settings, sent[-1]) and time.monotonic() < deadline:
             time.sleep(0.5)
         total, distinct = run_query(settings, "SELECT count(*), count(DISTINCT event_id) FROM events")[1][0]
         assert total == distinct == len(sent)
-    finally:
-        stop.set()
-        producer.join(60)
-        worker.stop()
-        ingest.join(60)
 
 
 def _close(worker: IngestWorker) -> None:
@@ -133,26 +150,14 @@ def test_a_follower_keeps_its_snapshots_bounded_and_every_event_lands_once(kafka
             "ingest_dedupe_window": 0,
         }
     )
-    worker = IngestWorker(settings, follow=True)
-    stop, sent = threading.Event(), list[str]()
-    producer = threading.Thread(target=_stream, args=(settings, stop, sent))
-    ingest = threading.Thread(target=worker.run)
-    ingest.start()
-    producer.start()
-    try:
+    with _following(settings) as (worker, sent, producer, stop_sending):
         deadline = time.monotonic() + 120
         while worker.stats.upkeep.rounds < 3 and time.monotonic() < deadline:
             time.sleep(0.2)
-        stop.set()
-        producer.join(60)
+        stop_sending()
         deadline = time.monotonic() + 60
         while not _visible(settings, sent[-1]) and time.monotonic() < deadline:
             time.sleep(0.5)
-    finally:
-        stop.set()
-        producer.join(60)
-        worker.stop()
-        ingest.join(60)
     upkeep = worker.stats.upkeep
     assert upkeep.rounds >= 3, upkeep
     assert upkeep.files_rewritten > upkeep.files_written > 0, upkeep  # small files were compacted
