@@ -330,7 +330,8 @@ _SCORE_CHILD = """
 import json
 from common.settings import load_settings
 from pipelines.score import score_all
-print(json.dumps(score_all(load_settings(), force={force}).as_dict(), default=str))
+from warehouse.lakehouse import Lakehouse
+print(json.dumps(score_all(Lakehouse.open(load_settings()), force={force}).as_dict(), default=str))
 """
 
 

@@ -293,8 +293,8 @@ def run_judgement(
                 for sid in {e["session_id"] for e in imported}:
                     population[sid], cheat_of[sid], policy_of[sid] = "imported", None, "real run"
     _write_raw(settings, events)
-    assemble(settings, as_of=datetime.now(UTC) + timedelta(days=1))
-    score_all(settings)
+    assemble(Lakehouse.open(settings), as_of=datetime.now(UTC) + timedelta(days=1))
+    score_all(Lakehouse.open(settings))
 
     _, rows = run_query(settings, "SELECT session_id, flag, flag_class, evidence FROM flags")
     flags: dict[str, list[tuple[str, str, str]]] = defaultdict(list)
