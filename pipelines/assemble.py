@@ -639,7 +639,7 @@ def _assemble(
                 "SELECT session_id FROM affected WHERE chunk = $chunk", {"chunk": chunk}
             ).fetchall()
         ]
-        record_quarantine(lake.catalog, lake.settings, records, run_id, replace_stage="assemble", recomputed=recomputed)
+        record_quarantine(lake, records, run_id, replace_stage="assemble", recomputed=recomputed)
         last = chunk == stats.chunks - 1
         _replace_sessions(con, trajectories, trajectory_rows, properties if last else {}, chunk)
         stats.trajectories_written += trajectory_rows.num_rows

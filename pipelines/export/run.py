@@ -387,7 +387,7 @@ def _write_export(
     stats.considered = int(selection.get("considered", 0))
     stats.left_out = {**selection.get("left_out", {}), "quarantined": stats.quarantined}
     if quarantined:
-        record_quarantine(lake.catalog, lake.settings, quarantined, run_id=stats.export_id)
+        record_quarantine(lake, quarantined, run_id=stats.export_id)
     order = [s for s in SPLIT_PERCENT if s in digests]
     entries = [
         {

@@ -252,16 +252,16 @@ def test_a_late_harness_report_is_attached_once_and_unknown_instances_are_report
     flat.write_text(json.dumps({"patch_successfully_applied": True, "resolved": True, "tests_status": {}}))
     report.write_text(json.dumps({"resolved_ids": ["acme/widgets:pr-999"], "unresolved_ids": []}))
     sent: list[dict] = []
-    first = attach_verdicts(settings, tmp_path / "eval", sent.append)
+    first = attach_verdicts(Lakehouse.open(settings), tmp_path / "eval", sent.append)
     assert [(i, s, p) for i, s, p in first.attached] == [("acme__widgets-102", sid, True)]
-    second = attach_verdicts(settings, tmp_path / "eval", sent.append)
+    second = attach_verdicts(Lakehouse.open(settings), tmp_path / "eval", sent.append)
     assert [e["event_id"] for e in sent[:1]] == [e["event_id"] for e in sent[1:]]  # the same event again
     write_raw(settings, sent)
     assemble(Lakehouse.open(settings), as_of=AS_OF)
     row = _row(settings, sid)
     assert (row["eval_passed"], row["reward"], row["verdict_provenance"]) == (True, 1.0, "harness_report")
     assert row["max_seq"] == len(events)  # the verdict follows the session's last event
-    unknown = attach_verdicts(settings, report, sent.append)
+    unknown = attach_verdicts(Lakehouse.open(settings), report, sent.append)
     assert [v.instance_id for v in unknown.unknown] == ["acme/widgets:pr-999"] and not unknown.attached
     assert second.files == 1 and unknown.quarantine_records()[0].reason == "unknown_instance"
 
