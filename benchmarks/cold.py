@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from benchmarks.harness import BASE_US, Figure, bench_home, cli_env, encoded_events, print_figures
-from common.settings import Settings, load_settings
+from common.settings import load_settings
 from pipelines.decode import BatchDecoder, with_coordinates
 from warehouse.catalog import open_catalog
 from warehouse.lakehouse import Lakehouse
@@ -49,13 +49,13 @@ def _free_port() -> int:
         return port
 
 
-def load_cold_events(settings: Settings, events: int, start: int = 0, per_day: int = 250_000) -> list[list[str]]:
+def load_cold_events(lake: Lakehouse, events: int, start: int = 0, per_day: int = 250_000) -> list[list[str]]:
     """Append ``events`` synthetic events to the cold ``raw_events`` table, ``per_day`` to a day partition.
 
     Days continue after the ``start`` events already loaded; each day's rows are sorted by
     session as tiering writes them. Returns five session ids per loaded day (lookup targets).
     """
-    cold = Lakehouse.open(settings).cold_table(RAW_EVENTS.name)
+    cold = lake.cold_table(RAW_EVENTS.name)
     schema = RAW_EVENTS.arrow_schema()
     now = datetime.now(UTC)
     sessions: list[list[str]] = []
@@ -216,9 +216,10 @@ def bench_cold(
             measured: dict[int, dict[str, Any]] = {}
             loaded = 0
             first_day: list[str] = []
+            lake = Lakehouse.open(settings)
             full: dict[str, Any] = {}
             for size in (events, larger):
-                sessions = load_cold_events(settings, size - loaded, start=loaded, per_day=per_day)
+                sessions = load_cold_events(lake, size - loaded, start=loaded, per_day=per_day)
                 first_day = first_day or sessions[0]
                 loaded = size
                 # The same sessions and the same day at both sizes: only the tier around them grows.

@@ -39,7 +39,6 @@ import pyarrow.compute as pc
 from benchmarks.harness import BASE_US, Figure, bench_home, cli_env, print_figures, tree_rss_bytes
 from benchmarks.quality import _CHEATS, _TOOLS, _VERBS
 from common.errors import ConfigError
-from common.settings import Settings
 from warehouse.lakehouse import Lakehouse
 from warehouse.tables import SCORES, STEPS, TRAJECTORIES
 
@@ -111,7 +110,7 @@ class HistoryWriter:
     ``batch`` (sessions generated and appended at a time).
     """
 
-    settings: Settings
+    lake: Lakehouse
     seed: int = 0
     batch: int = 100_000
     sessions: int = 0
@@ -123,9 +122,8 @@ class HistoryWriter:
     _pool: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        lake = Lakehouse.open(self.settings)
-        self._trajectories = lake.table(TRAJECTORIES.name)
-        self._steps = lake.table(STEPS.name)
+        self._trajectories = self.lake.table(TRAJECTORIES.name)
+        self._steps = self.lake.table(STEPS.name)
         self._vocab = _vocabulary()
         rng = np.random.default_rng(self.seed)
         n = np.clip(rng.lognormal(np.log(12), 0.5, _POOL).astype(np.int64), 2, 120)
@@ -330,7 +328,8 @@ _SCORE_CHILD = """
 import json
 from common.settings import load_settings
 from pipelines.score import score_all
-print(json.dumps(score_all(load_settings(), force={force}).as_dict(), default=str))
+from warehouse.lakehouse import Lakehouse
+print(json.dumps(score_all(Lakehouse.open(load_settings()), force={force}).as_dict(), default=str))
 """
 
 
@@ -366,7 +365,7 @@ class ScoreRun:
         }
 
 
-def score_child(settings: Settings, force: bool = False) -> ScoreRun:
+def score_child(lake: Lakehouse, force: bool = False) -> ScoreRun:
     """Run ``score_all`` (what ``trajlake score [--force]`` runs) in a fresh child process and measure it.
 
     The child prints its :class:`~pipelines.score.ScoreStats` as JSON; the parent samples the RSS of
@@ -379,7 +378,7 @@ def score_child(settings: Settings, force: bool = False) -> ScoreRun:
         started = time.perf_counter()
         child = subprocess.Popen(
             [sys.executable, "-c", _SCORE_CHILD.format(force=force)],
-            env={**os.environ, **cli_env(settings), "PYTHONPATH": str(_ROOT)},
+            env={**os.environ, **cli_env(lake.settings), "PYTHONPATH": str(_ROOT)},
             cwd=_ROOT,
             stdout=stdout,
             stderr=stderr,
@@ -394,7 +393,7 @@ def score_child(settings: Settings, force: bool = False) -> ScoreRun:
         if child.returncode != 0:
             raise RuntimeError(f"score child exited {child.returncode}: {stderr.read()[-2000:]}")
         stats = json.loads(stdout.read().strip().splitlines()[-1])
-    scores = Lakehouse.open(settings).table(SCORES.name)
+    scores = lake.table(SCORES.name)
     rows = scores.scan(selected_fields=("session_id",)).to_arrow()
     return ScoreRun(
         wall_s=seconds,
@@ -435,13 +434,14 @@ def bench_incremental(
     runs: list[dict[str, Any]] = []
     rescore: ScoreRun | None = None
     with bench_home(home, kafka=False) as settings:
-        writer = HistoryWriter(settings, seed=seed, batch=batch)
+        lake = Lakehouse.open(settings)
+        writer = HistoryWriter(lake, seed=seed, batch=batch)
         for size in sizes:
             writer.write(max(0, size - writer.sessions))
             h = writer.sessions
-            catch_up = score_child(settings)
+            catch_up = score_child(lake)
             new_day, _ = writer.write_day(day)
-            run = score_child(settings)
+            run = score_child(lake)
             runs.append(
                 {
                     "history": h,
@@ -451,7 +451,7 @@ def bench_incremental(
                 }
             )
         if force:
-            rescore = score_child(settings, force=True)
+            rescore = score_child(lake, force=True)
         writer_rate = writer.sessions / writer.seconds if writer.seconds else 0.0
     first, last = runs[0], runs[-1]
     figures = [Figure("history writer", writer_rate, 50_000, "sessions/s")]

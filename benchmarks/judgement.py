@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from common.settings import Settings, load_settings
+from common.settings import load_settings
 from pipelines.assemble import assemble
 from pipelines.ingest import event_row
 from pipelines.score import score_all
@@ -140,9 +140,9 @@ def false_flag_chance(n: int, threshold: float = 3.5, trials: int = 20_000, seed
     return float((np.abs(fresh - median) / sigma > threshold).any(axis=1).mean())
 
 
-def _write_raw(settings: Settings, events: list[dict[str, Any]], batch: int = 5000) -> None:
+def _write_raw(lake: Lakehouse, events: list[dict[str, Any]], batch: int = 5000) -> None:
     """Events straight into raw_events through the wire encoding (what ingest would land)."""
-    table = Lakehouse.open(settings).table(RAW_EVENTS.name)
+    table = lake.table(RAW_EVENTS.name)
     schema = RAW_EVENTS.arrow_schema()
     now = datetime.now(UTC)
     for start in range(0, len(events), batch):
@@ -292,9 +292,10 @@ def run_judgement(
                 events.extend(imported)
                 for sid in {e["session_id"] for e in imported}:
                     population[sid], cheat_of[sid], policy_of[sid] = "imported", None, "real run"
-    _write_raw(settings, events)
-    assemble(settings, as_of=datetime.now(UTC) + timedelta(days=1))
-    score_all(settings)
+    lake = Lakehouse.open(settings)
+    _write_raw(lake, events)
+    assemble(lake, as_of=datetime.now(UTC) + timedelta(days=1))
+    score_all(lake)
 
     _, rows = run_query(settings, "SELECT session_id, flag, flag_class, evidence FROM flags")
     flags: dict[str, list[tuple[str, str, str]]] = defaultdict(list)

@@ -18,15 +18,14 @@ from benchmarks.harness import (
     print_figures,
     timed,
 )
-from common.settings import Settings
 from pipelines.decode import BatchDecoder, with_coordinates
 from warehouse.lakehouse import Lakehouse
 from warehouse.tables import RAW_EVENTS
 
 
-def load_raw_events(settings: Settings, events: int, batch_rows: int = 250_000) -> int:
+def load_raw_events(lake: Lakehouse, events: int, batch_rows: int = 250_000) -> int:
     """Append ``events`` synthetic events to raw_events in large batches (data for query benchmarks)."""
-    table = Lakehouse.open(settings).table(RAW_EVENTS.name)
+    table = lake.table(RAW_EVENTS.name)
     schema = RAW_EVENTS.arrow_schema()
     now = datetime.now(UTC)
     written = 0
@@ -61,11 +60,11 @@ def bench_query(events: int = 1_000_000, home: Path | None = None) -> dict[str, 
 
     from warehouse.maintenance import maintain
     from warehouse.snapshots import current_files
-    from warehouse.sql import open_views
 
     with bench_home(home, kafka=False) as settings:
-        load_raw_events(settings, events)
-        con = open_views(settings)
+        lake = Lakehouse.open(settings)
+        load_raw_events(lake, events)
+        con = lake.views()
         sampled = con.execute("SELECT session_id FROM events USING SAMPLE 1 ROWS").fetchone()
         if sampled is None:
             raise RuntimeError("the events view is empty after loading raw events")
@@ -74,7 +73,7 @@ def bench_query(events: int = 1_000_000, home: Path | None = None) -> dict[str, 
         lookup = f"SELECT * FROM events WHERE session_id = '{session_id}' ORDER BY seq"
 
         def paths() -> list[str]:
-            table = Lakehouse.open(settings).table(RAW_EVENTS.name)
+            table = lake.table(RAW_EVENTS.name)
             return [path.removeprefix("file://") for path in current_files(table).paths]
 
         files = paths()
@@ -89,10 +88,10 @@ def bench_query(events: int = 1_000_000, home: Path | None = None) -> dict[str, 
         # The layout queries meet in steady state: after `trajlake maintain` has compacted the
         # ingest batches' files into sorted, disjoint session ranges.
         started = time.perf_counter()
-        maintain(Lakehouse.open(settings))
+        maintain(lake)
         maintain_s = time.perf_counter() - started
         compacted = paths()
-        con = open_views(settings)
+        con = lake.views()
         agg_s = timed(lambda: con.execute(aggregate).fetchall())
         lookup_s = timed(lambda: con.execute(lookup).fetchall())
         # Last: at 10M events a full scan holds ~12 GB of Arrow (the ingested files are still on
@@ -139,12 +138,11 @@ def bench_assemble(events: int = 10_000_000, home: Path | None = None) -> dict[s
     with bench_home(home, kafka=False) as settings:
         for size in (small, events):
             namespace = f"assemble_{size}"
-            load_raw_events(settings.model_copy(update={"namespace": namespace}), size)
+            lake = Lakehouse.open(settings.model_copy(update={"namespace": namespace}))
+            load_raw_events(lake, size)
             env = cli_env(settings, TRAJLAKE_NAMESPACE=namespace)
             peak, seconds = child_peak_rss(["assemble"], env)
-            trajectories = run_query(
-                settings.model_copy(update={"namespace": namespace}), "SELECT count(*) FROM trajectories"
-            )[1][0][0]
+            trajectories = run_query(lake.settings, "SELECT count(*) FROM trajectories")[1][0][0]
             measured[size] = (peak, seconds, trajectories)
     (small_rss, small_s, _), (big_rss, big_s, sessions) = measured[small], measured[events]
     figures = [

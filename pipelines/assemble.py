@@ -36,7 +36,6 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import In, Reference
 from pyiceberg.expressions.literals import literal
 from pyiceberg.table import Table
@@ -47,7 +46,7 @@ from pipelines.intake.admission import admit, set_door_key
 from pipelines.intake.ownership import IDENTITY_SQL, verdict_provenance_sql
 from pipelines.intake.parts import rebuild_parts
 from pipelines.intake.quarantine import Quarantined, record_quarantine
-from warehouse.lakehouse import Lakehouse, as_lakehouse
+from warehouse.lakehouse import Lakehouse
 from warehouse.snapshots import current_files, files_added_since
 from warehouse.sql import connect, parquet_source
 from warehouse.tables import RAW_EVENTS, STEPS, TRAJECTORIES
@@ -514,8 +513,7 @@ class AssembleOptions:
 
 
 def assemble(
-    lake: Lakehouse | Settings,
-    catalog: Catalog | None = None,
+    lake: Lakehouse,
     as_of: datetime | None = None,
     full: bool = False,
     progress: Progress | None = None,
@@ -524,8 +522,7 @@ def assemble(
     """Bring ``trajectories`` and ``steps`` up to date with ``raw_events``.
 
     Args:
-        lake: the lakehouse (settings in its place: one is opened from them, with ``catalog``).
-        catalog: the catalog to open the lakehouse on when ``lake`` is settings.
+        lake: the lakehouse.
         as_of: the "now" for idle-timeout decisions; wall clock by default.
         full: recompute every session instead of the new ones.
         progress: told of the sessions assembled after each chunk.
@@ -538,7 +535,6 @@ def assemble(
         LockBusy: another assembly held the lock for as long as we waited.
         CommitConflict: a commit kept conflicting with concurrent writers.
     """
-    lake = as_lakehouse(lake, catalog)
     with lake.lock("assemble"):
         return _assemble(lake, options or AssembleOptions.from_settings(lake.settings), as_of, full, progress)
 
@@ -643,7 +639,7 @@ def _assemble(
                 "SELECT session_id FROM affected WHERE chunk = $chunk", {"chunk": chunk}
             ).fetchall()
         ]
-        record_quarantine(lake.catalog, lake.settings, records, run_id, replace_stage="assemble", recomputed=recomputed)
+        record_quarantine(lake, records, run_id, replace_stage="assemble", recomputed=recomputed)
         last = chunk == stats.chunks - 1
         _replace_sessions(con, trajectories, trajectory_rows, properties if last else {}, chunk)
         stats.trajectories_written += trajectory_rows.num_rows

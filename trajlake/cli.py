@@ -640,7 +640,7 @@ def quality_evaluate(
     """Precision, recall and false-positive rate of the cheat flags and the deduplication."""
     from pipelines.score.ground_truth import evaluate_quality
 
-    result = evaluate_quality(settings_for("read"), labels, inject=inject, seed=seed)
+    result = evaluate_quality(open_lakehouse(settings_for("read")), labels, inject=inject, seed=seed)
     out.print(result.table(), markup=False)
 
 

@@ -207,8 +207,3 @@ class Lakehouse:
             The connection; the caller closes it.
         """
         return open_views(self.settings, self.catalog, locked=locked, save_plan=save_plan, tables=self)
-
-
-def as_lakehouse(lake: Lakehouse | Settings, catalog: Catalog | None = None) -> Lakehouse:
-    """``lake``, or a lakehouse opened from the settings given in its place (callers not yet converted)."""
-    return lake if isinstance(lake, Lakehouse) else Lakehouse.open(lake, catalog)

@@ -98,7 +98,7 @@ def assembled_trajectories(context: AssetExecutionContext, lakehouse: LakehouseR
     """Incrementally assemble new raw events into trajectories and steps."""
     settings = lakehouse.settings()
     with transient_retries():
-        stats = assemble(Lakehouse.open(settings))
+        stats = assemble(lakehouse.open())
     context.log.info("assemble: %s", stats.as_dict())
     _, rows = run_query(settings, "SELECT status, count(*) FROM trajectories GROUP BY status ORDER BY 1")
     yield MaterializeResult(

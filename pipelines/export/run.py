@@ -16,11 +16,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyiceberg.catalog import Catalog
 
 from common.prices import PriceTable
 from common.progress import Progress
-from common.settings import Settings
 from pipelines.errors import ExportError, RecordError
 from pipelines.export._files import _ExclusiveFile, _write_file, open_subdirectory
 from pipelines.export.atif import atif_judgement
@@ -35,7 +33,7 @@ from pipelines.export.trainers import TRAINER_FORMATS, trainer_records
 from pipelines.intake.quarantine import Quarantined, record_quarantine
 from producers.redact import redact_record, redact_value
 from quality import SCORER_VERSION
-from warehouse.lakehouse import Lakehouse, as_lakehouse
+from warehouse.lakehouse import Lakehouse
 from warehouse.tables import DUPLICATES, EXPORTS, FLAGS, SCORES, STEPS, TRAJECTORIES
 
 #: Every export format: the per-session record formats and the trainers' own (verl, skyrl).
@@ -186,12 +184,11 @@ def _record_line(record: dict[str, Any], sort_keys: bool = False) -> str:
 
 
 def export_training_set(
-    lake: Lakehouse | Settings,
+    lake: Lakehouse,
     fmt: str,
     out_dir: Path | str,
     min_quality: float | None = None,
     day: date | None = None,
-    catalog: Catalog | None = None,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     force: bool = False,
     filters: ExportFilters | None = None,
@@ -205,12 +202,11 @@ def export_training_set(
     export or this one, never a mix, wherever the export is interrupted.
 
     Args:
-        lake: the lakehouse (settings in its place: one is opened from them, with ``catalog``).
+        lake: the lakehouse.
         fmt: one of :data:`FORMATS`.
         out_dir: target directory (created); nothing is written outside it and its staging sibling.
         min_quality: threshold; ``options.min_quality`` by default.
         day: only sessions started on this UTC day (the nightly partition).
-        catalog: the catalog to open the lakehouse on when ``lake`` is settings.
         clock: the export time (tests).
         force: export into a directory that holds other things too (they are kept; an earlier export's
             files are replaced whole). An earlier export alone is replaced without it.
@@ -230,7 +226,6 @@ def export_training_set(
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     started = time.monotonic()
-    lake = as_lakehouse(lake, catalog)
     options = options or ExportOptions.from_settings(lake.settings)
     if parquet and fmt != "rl":
         raise ExportError(f"--parquet is for --format rl (typed columns); {fmt} is written as JSON lines")
@@ -392,7 +387,7 @@ def _write_export(
     stats.considered = int(selection.get("considered", 0))
     stats.left_out = {**selection.get("left_out", {}), "quarantined": stats.quarantined}
     if quarantined:
-        record_quarantine(lake.catalog, lake.settings, quarantined, run_id=stats.export_id)
+        record_quarantine(lake, quarantined, run_id=stats.export_id)
     order = [s for s in SPLIT_PERCENT if s in digests]
     entries = [
         {

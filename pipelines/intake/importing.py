@@ -23,7 +23,7 @@ from pipelines.intake.verdicts import Attached, attach_verdicts, run_id
 from producers.importers import ImportedSession, ImportReport, import_paths
 from producers.importers.verdicts import VerdictFile, instance_alias, read_verdicts, with_verdicts
 from producers.sdk import EventProducer
-from warehouse.catalog import open_catalog
+from warehouse.lakehouse import Lakehouse
 
 
 def import_door(session: ImportedSession) -> Door:
@@ -156,7 +156,7 @@ def import_runs(
         if verdicts is not None:
             run.verdict_instances, run.unmatched_verdicts = _match(files, tasks)
     elif verdicts is not None:
-        run.attached = attach_verdicts(settings, verdicts, producer.emit)
+        run.attached = attach_verdicts(Lakehouse.open(settings), verdicts, producer.emit)
     run.failed = [(session.session_id, why) for session, why in sender.failed]
     run.admission, run.refused = sender.records, sender.refused
     failed = {sid for sid, _ in run.failed}
@@ -164,7 +164,7 @@ def import_runs(
     producer.flush()
     records = run.quarantine_records()
     if records:
-        record_quarantine(open_catalog(settings), settings, records, run_id())
+        record_quarantine(Lakehouse.open(settings), records, run_id())
     return run
 
 
@@ -214,7 +214,7 @@ def listen(
         producer.flush()
         records, sender.records = sender.records, []
         if records and settings is not None:
-            record_quarantine(open_catalog(settings), settings, records, run_id())
+            record_quarantine(Lakehouse.open(settings), records, run_id())
         if on_session is not None:
             on_session(session)
 

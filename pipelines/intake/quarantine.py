@@ -35,14 +35,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
-from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import And, EqualTo, In, Reference
 from pyiceberg.expressions.literals import literal
 
-from common.settings import Settings
+from warehouse.lakehouse import Lakehouse
 from warehouse.snapshots import current_files
 from warehouse.sql import connect, parquet_source
-from warehouse.tables import QUARANTINE, ensure_table
+from warehouse.tables import QUARANTINE
 from warehouse.transactions import retry_on_conflict, transaction
 
 #: Longest ``detail`` kept (error messages can quote whole values).
@@ -81,8 +80,7 @@ def quarantine_rows(records: Iterable[Quarantined], run_id: str, now: datetime |
 
 
 def record_quarantine(
-    catalog: Catalog,
-    settings: Settings,
+    lake: Lakehouse,
     records: list[Quarantined],
     run_id: str,
     replace_stage: str | None = None,
@@ -96,7 +94,7 @@ def record_quarantine(
     recomputed = recomputed or []
 
     def attempt() -> None:
-        table = ensure_table(catalog, settings, QUARANTINE.name)
+        table = lake.table(QUARANTINE.name)
         stale: list[str] = []
         files = current_files(table).paths
         if replace_stage and recomputed and files:

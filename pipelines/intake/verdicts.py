@@ -24,12 +24,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from common.settings import Settings
 from pipelines.intake.admission import admit_verdict, door_key
 from pipelines.intake.quarantine import Quarantined
 from producers.importers.verdicts import Verdict, read_verdicts, verdict_event
 from producers.sdk import Event
-from warehouse.sql import open_views
+from warehouse.lakehouse import Lakehouse
 
 _SESSIONS_SQL = """
 SELECT session_id, task_id, task_family, task_type, sandbox_id, image_name, image_version, agent_name,
@@ -77,11 +76,11 @@ def _micros(value: Any) -> int:
     return int(value or 0)
 
 
-def attach_verdicts(settings: Settings, path: Path | str, sink: Callable[[Event], Any]) -> Attached:
+def attach_verdicts(lake: Lakehouse, path: Path | str, sink: Callable[[Event], Any]) -> Attached:
     """Send an evaluation to every assembled session a verdict under ``path`` is about.
 
     Args:
-        settings: where the lakehouse is (the sessions are looked up in ``trajectories``).
+        lake: the lakehouse (the sessions are looked up in ``trajectories``).
         path: a verdict file or a directory of them.
         sink: receives each evaluation event (``EventProducer.emit``).
 
@@ -97,7 +96,7 @@ def attach_verdicts(settings: Settings, path: Path | str, sink: Callable[[Event]
             verdicts.setdefault(instance, verdict)
     if not verdicts:
         return result
-    con = open_views(settings)
+    con = lake.views()
     try:
         cursor = con.execute(_SESSIONS_SQL, {"ids": sorted(verdicts)})
         columns = [d[0] for d in cursor.description or []]
@@ -109,7 +108,7 @@ def attach_verdicts(settings: Settings, path: Path | str, sink: Callable[[Event]
         record = dict(zip(columns, row, strict=True))
         sessions.setdefault(str(record["task_id"]), []).append(record)
     sent: set[tuple[str, str]] = set()
-    key = door_key(settings.home_dir)
+    key = door_key(lake.home)
     for instance, verdict in sorted(verdicts.items()):
         targets = sessions.get(instance, [])
         if not targets:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import polars as pl
 
-from common.settings import Settings
 from pipelines.errors import LabelsError
 from pipelines.score.inputs import load_inputs
 from pipelines.score.record import quality_config
@@ -55,14 +54,13 @@ def read_labels(path: Path) -> pl.DataFrame:
     return labels.select("session_id", pl.col("cheat_type").cast(pl.Utf8))
 
 
-def evaluate_quality(settings: Settings, labels_path: Path, inject: int = 500, seed: int = 0) -> EvaluationReport:
+def evaluate_quality(lake: Lakehouse, labels_path: Path, inject: int = 500, seed: int = 0) -> EvaluationReport:
     """Compare stored flags with labels, and measure dedup on ``inject`` injected near-duplicates.
 
     Raises:
         LabelsError: unreadable labels, or none of the labelled sessions has been scored.
     """
     labels = read_labels(Path(labels_path))
-    lake = Lakehouse.open(settings)
     con = lake.views()
     try:
         flags = pl.DataFrame(con.sql("SELECT session_id, flag, flag_class FROM flags").to_arrow_table())
@@ -77,5 +75,7 @@ def evaluate_quality(settings: Settings, labels_path: Path, inject: int = 500, s
     metrics = evaluate_cheats(flags, matched)
     if inject > 0:
         inputs = load_inputs(lake)
-        metrics.append(evaluate_dedup(inputs["trajectories"], inputs["steps"], inject, seed, quality_config(settings)))
+        metrics.append(
+            evaluate_dedup(inputs["trajectories"], inputs["steps"], inject, seed, quality_config(lake.settings))
+        )
     return EvaluationReport(metrics, labels.height, matched.height)

@@ -16,10 +16,8 @@ from datetime import date
 
 import duckdb
 import polars as pl
-from pyiceberg.catalog import Catalog
 
 from common.progress import Progress
-from common.settings import Settings
 from pipelines.score.affected import affected_sessions, every_session, moved_sessions, touched_days
 from pipelines.score.baselines import baselines, write_profiles
 from pipelines.score.clusters import update_clusters
@@ -35,14 +33,13 @@ from quality.combine import combine
 from quality.config import QualityConfig
 from quality.facts import facts_digest
 from quality.scoring import finish_scores
-from warehouse.lakehouse import Lakehouse, as_lakehouse
+from warehouse.lakehouse import Lakehouse
 
 log = logging.getLogger("trajlake.score")
 
 
 def score_all(
-    lake: Lakehouse | Settings,
-    catalog: Catalog | None = None,
+    lake: Lakehouse,
     force: bool = False,
     progress: Progress | None = None,
     options: ScoreOptions | None = None,
@@ -50,8 +47,7 @@ def score_all(
     """Score the sessions new or changed since the last run (every session when the configuration changed).
 
     Args:
-        lake: the lakehouse (settings in its place: one is opened from them, with ``catalog``).
-        catalog: the catalog to open the lakehouse on when ``lake`` is settings.
+        lake: the lakehouse.
         force: rescore every session even when nothing changed.
         progress: told of the sessions indexed (level 1), then of the sessions scored (level 2), per chunk.
         options: the quality knobs and chunk size; read from the lakehouse's settings by default.
@@ -65,7 +61,6 @@ def score_all(
         LockBusy: another scoring run held the catalog's ``score`` lock for as long as we waited.
         ConfigError: the quality configuration is inconsistent.
     """
-    lake = as_lakehouse(lake, catalog)
     # One scoring run at a time across every process and machine sharing the catalog: a
     # second run waits, then finds the scores up to date.
     with lake.lock("score"):

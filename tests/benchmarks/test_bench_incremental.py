@@ -11,8 +11,8 @@ import pytest
 from benchmarks.harness import BASE_US, bench_home
 from benchmarks.incremental import SPACING_US, HistoryWriter, bench_incremental, parse_sizes
 from common.errors import ConfigError
-from warehouse.catalog import open_catalog
-from warehouse.tables import STEPS, TRAJECTORIES, ensure_table
+from warehouse.lakehouse import Lakehouse
+from warehouse.tables import STEPS, TRAJECTORIES
 
 BASE = datetime.fromtimestamp(BASE_US / 1e6, UTC)
 
@@ -26,12 +26,12 @@ def test_parse_sizes() -> None:
 
 def test_history_writer_fills_real_tables_by_day(tmp_path: Path) -> None:
     with bench_home(tmp_path, kafka=False) as settings:
-        writer = HistoryWriter(settings, seed=3, batch=700)
+        lake = Lakehouse.open(settings)
+        writer = HistoryWriter(lake, seed=3, batch=700)
         writer.write(1_500)  # three batches
         day, _ = writer.write_day(300)
-        catalog = open_catalog(settings)
-        trajectories = ensure_table(catalog, settings, TRAJECTORIES.name)
-        steps = ensure_table(catalog, settings, STEPS.name)
+        trajectories = lake.table(TRAJECTORIES.name)
+        steps = lake.table(STEPS.name)
         t = pl.DataFrame(trajectories.scan().to_arrow()).sort("session_id")
         s = pl.DataFrame(steps.scan().to_arrow())
         partitions = {str(row["partition"]) for row in trajectories.inspect.files().to_pylist()}

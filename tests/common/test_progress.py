@@ -25,6 +25,7 @@ from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from producers.importers import import_paths
 from tests.helpers import AS_OF, real_runs_dir, sample_events, write_raw
+from warehouse.lakehouse import Lakehouse
 
 ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
@@ -77,13 +78,13 @@ def test_synthetic_fleet_reports_every_session(settings: Settings) -> None:
 def test_assembly_scoring_and_export_report_their_units(settings: Settings, tmp_path: Path) -> None:
     write_raw(settings, sample_events(30))
     assembled, scored, exported = Recorder(), Recorder(), Recorder()
-    stats = assemble(settings, as_of=AS_OF, progress=assembled)
+    stats = assemble(Lakehouse.open(settings), as_of=AS_OF, progress=assembled)
     assert assembled.rising("sessions")[-1] == stats.sessions == 30
-    score_stats = score_all(settings, progress=scored)
+    score_stats = score_all(Lakehouse.open(settings), progress=scored)
     assert scored.rising("sessions indexed")[-1] == score_stats.changed_sessions
     assert scored.rising("sessions scored")[-1] == score_stats.rescored_sessions > 0
     export = export_training_set(
-        settings, "openai", tmp_path / "out", min_quality=0.0, progress=exported, filters=ALL_ORIGINS
+        Lakehouse.open(settings), "openai", tmp_path / "out", min_quality=0.0, progress=exported, filters=ALL_ORIGINS
     )
     assert exported.rising("records") == list(range(1, export.records + 1))
 

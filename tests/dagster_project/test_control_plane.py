@@ -61,7 +61,7 @@ def _broken_lakehouse(settings: Settings) -> None:
     # Assembled as of just after the traffic: the open session is still within its idle deadline then,
     # and nothing assembled it since, although its last event is months old now.
     last = max(e["ts"] for e in events)
-    assemble(settings, as_of=datetime.fromtimestamp(last / 1e6, UTC) + timedelta(seconds=1))
+    assemble(Lakehouse.open(settings), as_of=datetime.fromtimestamp(last / 1e6, UTC) + timedelta(seconds=1))
 
 
 def _dead_letters(settings: Settings, n: int) -> None:
@@ -77,7 +77,7 @@ def _dead_letters(settings: Settings, n: int) -> None:
 @pytest.mark.slow
 def test_lakehouse_checks_pass_on_a_healthy_lakehouse(settings: Settings) -> None:
     write_raw(settings, sample_events(6))
-    assemble(settings, as_of=AS_OF)
+    assemble(Lakehouse.open(settings), as_of=AS_OF)
     lakehouse = _lakehouse(settings)
     for check in (dead_letter_rate, sequence_gaps, stuck_sessions):
         result = run_check(check, lakehouse=lakehouse)
@@ -100,8 +100,8 @@ def test_lakehouse_checks_fail_on_gaps_stuck_sessions_and_dead_letters(settings:
 @pytest.mark.slow
 def test_score_drift_check_fails_past_its_limit(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     write_raw(settings, day_events(2, 8), batch_size=2000)
-    assemble(settings, as_of=AS_OF)
-    score_all(settings)
+    assemble(Lakehouse.open(settings), as_of=AS_OF)
+    score_all(Lakehouse.open(settings))
     monkeypatch.setenv("TRAJLAKE_MAX_SCORE_DRIFT", "1.0")
     relaxed = run_check(score_drift, lakehouse=_lakehouse(settings))
     assert relaxed.passed and plain(relaxed.metadata)["latest_day"] == "2026-01-02"
@@ -114,8 +114,8 @@ def test_score_drift_check_fails_past_its_limit(settings: Settings, monkeypatch:
 @pytest.mark.slow
 def test_export_count_check_compares_the_export_with_the_lakehouse(settings: Settings) -> None:
     write_raw(settings, sample_events(12))
-    assemble(settings, as_of=AS_OF)
-    score_all(settings)
+    assemble(Lakehouse.open(settings), as_of=AS_OF)
+    score_all(Lakehouse.open(settings))
     day = datetime.fromtimestamp(BASE_US / 1e6, UTC).date().isoformat()
     result = materialize([training_set], resources={"lakehouse": _lakehouse(settings)}, partition_key=day)
     evaluation = next(iter(result.get_asset_check_evaluations()))

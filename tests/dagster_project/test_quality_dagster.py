@@ -15,6 +15,7 @@ from dagster_project.resources import LakehouseResource
 from pipelines.assemble import assemble
 from producers.fleet import run_fleet
 from tests.helpers import plain, write_raw
+from warehouse.lakehouse import Lakehouse
 
 
 def test_quality_definitions_snapshot() -> None:
@@ -55,7 +56,7 @@ def test_quality_assets_and_checks_materialize(tmp_path: Path) -> None:
         start_us=1_767_225_600_000_000 + 3_600_000_000,
     )  # 2026-01-01 01:00 UTC
     write_raw(settings, events, batch_size=5000)
-    assemble(settings)
+    assemble(Lakehouse.open(settings))
     resources = {"lakehouse": LakehouseResource(home=str(settings.home))}
     result = materialize([quality_tables, scores_in_range, flag_rate, duplicate_rate], resources=resources)
     assert result.success

@@ -17,6 +17,7 @@ from pipelines.assemble import assemble
 from pipelines.score import score_all
 from producers.session_generator import synthetic_sessions
 from tests.helpers import BASE, BASE_US, DAY_US, write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.sql import open_views
 
 DAYS = 3
@@ -57,8 +58,8 @@ def test_day_partitions_in_parallel_then_combine_equal_one_full_rescore(
     for day in range(DAYS):
         events = synthetic_sessions(40, seed=day, start_us=BASE_US + day * DAY_US + 3_600_000_000)
         write_raw(settings, [e for s in events for e in s])
-    assemble(settings)
-    assert score_all(settings).mode == "full"
+    assemble(Lakehouse.open(settings))
+    assert score_all(Lakehouse.open(settings)).mode == "full"
 
     # a configuration change the facts depend on (the LSH bands): every session must be indexed again
     monkeypatch.setenv("TRAJLAKE_DEDUP_ROWS", "7")
@@ -76,13 +77,13 @@ def test_day_partitions_in_parallel_then_combine_equal_one_full_rescore(
     for run in runs:
         output = run.communicate(timeout=300)[0]
         assert run.returncode == 0, output.decode(errors="replace")[-3000:]
-    combined = score_all(changed)
+    combined = score_all(Lakehouse.open(changed))
     assert combined.mode == "full" and combined.changed_sessions == 0  # the partitions did level 1
     assert combined.rescored_sessions == DAYS * 40
     parallel = _tables(changed)
     assert parallel["session_index"].height == DAYS * 40
 
-    single = score_all(changed, force=True)  # one run, level 1 included
+    single = score_all(Lakehouse.open(changed), force=True)  # one run, level 1 included
     assert single.changed_sessions == DAYS * 40
     one_run = _tables(changed)
     for name in QUERIES:

@@ -25,6 +25,7 @@ from pipelines.assemble import assemble
 from tests.helpers import lake_state, raw_rows, sample_events, tier_split, write_raw
 from warehouse.catalog import open_catalog
 from warehouse.errors import LockBusy
+from warehouse.lakehouse import Lakehouse
 from warehouse.locks import job_lock
 from warehouse.query import run_query
 from warehouse.tables import RAW_EVENTS, ensure_table
@@ -213,4 +214,4 @@ def test_assemble_waits_for_the_lock_then_finds_nothing_new(lake: Settings) -> N
     assert proc.returncode == 0, err
     _, rows = run_query(lake, "SELECT count(*), count(DISTINCT session_id) FROM trajectories")
     assert rows[0] == (SESSIONS, SESSIONS)
-    assert assemble(lake).sessions == 0
+    assert assemble(Lakehouse.open(lake)).sessions == 0

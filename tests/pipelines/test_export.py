@@ -20,6 +20,7 @@ from pipelines.score import score_all
 from producers.fleet import run_fleet
 from tests.helpers import write_raw
 from trajlake.cli import app
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
@@ -39,8 +40,8 @@ def scored(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, Path]:
         if event["event_type"] == "session_start":
             event["payload"]["instruction"] += " export OPENAI_API_KEY=sk-abcdefghijklmnopqrstuvwx0123"
     write_raw(settings, events, batch_size=5000)
-    assemble(settings)
-    stats = score_all(settings)
+    assemble(Lakehouse.open(settings))
+    stats = score_all(Lakehouse.open(settings))
     assert stats.sessions == 60 and stats.exportable > 0
     return settings, labels
 
@@ -52,15 +53,15 @@ def test_scoring_tables_and_rescoring(scored: tuple[Settings, Path]) -> None:
     assert rows[0] == (60, True, True)
     _, rows = run_query(settings, "SELECT count(DISTINCT session_id) FROM flags WHERE flag_class <> 'anomaly'")
     assert rows[0][0] > 0
-    assert score_all(settings).skipped
-    again = score_all(settings, force=True)
+    assert score_all(Lakehouse.open(settings)).skipped
+    again = score_all(Lakehouse.open(settings), force=True)
     assert not again.skipped and run_query(settings, "SELECT count(*) FROM scores")[1][0][0] == 60
 
 
 @pytest.mark.parametrize("fmt", TRAINER_FORMATS)
 def test_trainer_formats_leave_out_sessions_without_token_ids(scored: tuple[Settings, Path], tmp_path: Path, fmt: str):
     settings, _ = scored
-    stats = export_training_set(settings, fmt, tmp_path / "out", filters=ALL_ORIGINS)
+    stats = export_training_set(Lakehouse.open(settings), fmt, tmp_path / "out", filters=ALL_ORIGINS)
     # like rl: every evaluated policy session neither security-flagged nor a shadowed duplicate
     _, rows = run_query(
         settings,
@@ -74,7 +75,7 @@ def test_trainer_formats_leave_out_sessions_without_token_ids(scored: tuple[Sett
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f not in TRAINER_FORMATS])
 def test_export_loads_and_manifest_matches(scored: tuple[Settings, Path], tmp_path: Path, fmt: str) -> None:
     settings, _ = scored
-    stats = export_training_set(settings, fmt, tmp_path / "out", filters=ALL_ORIGINS)
+    stats = export_training_set(Lakehouse.open(settings), fmt, tmp_path / "out", filters=ALL_ORIGINS)
     # SFT formats: exactly the exportable sessions (verified successes); rl: every evaluated policy
     # session; atif: every ended one (neither flagged for security nor a shadowed duplicate)
     chosen = {
@@ -126,7 +127,7 @@ def test_hf_export_loads_with_datasets_offline(
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     datasets = pytest.importorskip("datasets")
     settings, _ = scored
-    stats = export_training_set(settings, "hf", tmp_path / "hf_out", filters=ALL_ORIGINS)
+    stats = export_training_set(Lakehouse.open(settings), "hf", tmp_path / "hf_out", filters=ALL_ORIGINS)
     # the directory alone: its card names the split files and declares the features
     splits = datasets.load_dataset(str(tmp_path / "hf_out"), cache_dir=str(tmp_path / "cache"))
     manifest = json.loads((tmp_path / "hf_out" / "manifest.json").read_text())
@@ -181,8 +182,8 @@ def small_lake(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     home = tmp_path_factory.mktemp("export-paths") / "home"
     settings = load_settings(home=home, topic="unused", kafka_bootstrap=None, catalog_uri=None)
     write_raw(settings, sample_events(6, seed=3))
-    assemble(settings)
-    score_all(settings)
+    assemble(Lakehouse.open(settings))
+    score_all(Lakehouse.open(settings))
     return settings
 
 

@@ -30,6 +30,7 @@ from producers.fleet.llm import LLMConfig
 from producers.fleet.llm.testing import FakeOpenAIServer, solver_script
 from producers.fleet.tasks import task_for
 from tests.helpers import write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,8 +57,8 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         events += sink.events
     run_fleet(settings, backend="synthetic", sessions=20, seed=37, sink=events.append)
     write_raw(settings, events, batch_size=5000)
-    assemble(settings)
-    score_all(settings)
+    assemble(Lakehouse.open(settings))
+    score_all(Lakehouse.open(settings))
     return settings
 
 
@@ -83,7 +84,7 @@ def test_a_default_export_is_a_dataset_of_real_sessions_ending_on_the_agents_tur
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     out = tmp_path / "sft"
-    stats = export_training_set(lake, "hf", out)
+    stats = export_training_set(Lakehouse.open(lake), "hf", out)
     records = read_export(out)
     assert stats.records == len(records) > 0
     # every record has an origin, none synthetic; the synthetic sessions are counted under their own reason
@@ -130,7 +131,7 @@ def test_every_format_is_a_dataset_with_origin_and_rl_tools_as_a_list(lake: Sett
     every = ExportFilters(origins=(), min_quality=0.0, outcome="all")
     for fmt in ("openai", "sharegpt", "rl", "verl", "skyrl", "atif"):
         out = tmp_path / fmt
-        stats = export_training_set(lake, fmt, out, filters=every)
+        stats = export_training_set(Lakehouse.open(lake), fmt, out, filters=every)
         loaded = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "cache"))
         assert sum(len(d) for d in loaded.values()) == stats.records > 0, fmt
         records = read_export(out)
@@ -242,7 +243,7 @@ def test_assembly_takes_the_declared_origin_within_its_vocabulary(tmp_path: Path
         if sid == ids[4] and event["event_type"] == "session_start":
             extra["backend"] = "synthetic"  # as the synthetic fleet's events say, origin or not
     write_raw(settings, events)
-    assemble(settings)
+    assemble(Lakehouse.open(settings))
     _, rows = run_query(settings, "SELECT session_id, origin FROM trajectories")
     assert dict(rows) == {
         ids[0]: "import:swe-agent",

@@ -25,6 +25,7 @@ from producers.fleet.sandbox import bwrap_available
 from producers.fleet.tasks import task_for
 from producers.importers import import_trajectory
 from tests.helpers import real_runs_dir, write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
@@ -102,8 +103,8 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, dict[str, 
     imported = import_trajectory(DJANGO)
     kinds["imported"] = {e["session_id"] for e in imported}
     write_raw(settings, events + imported, batch_size=5000)
-    assemble(settings)
-    score_all(settings)
+    assemble(Lakehouse.open(settings))
+    score_all(Lakehouse.open(settings))
     return settings, kinds, responses
 
 
@@ -147,7 +148,7 @@ def test_default_sft_export_holds_only_verified_successes_and_rl_every_evaluated
 ) -> None:
     settings, kinds, _ = lake
     for fmt in ("hf", "openai", "sharegpt"):
-        stats = export_training_set(settings, fmt, tmp_path / fmt, filters=ALL_ORIGINS)
+        stats = export_training_set(Lakehouse.open(settings), fmt, tmp_path / fmt, filters=ALL_ORIGINS)
         records = read_export(tmp_path / fmt)
         exported = {r["session_id"] for r in records}
         assert exported == _eligible(settings, ("success",), settings.quality_min) and exported
@@ -157,7 +158,7 @@ def test_default_sft_export_holds_only_verified_successes_and_rl_every_evaluated
         assert manifest["filters"]["outcome"] == "success" and stats.records == len(records)
         assert left["outcome"]["agent_crash"] == 1 and left["outcome"]["infrastructure"] == 1
         assert left["outcome"]["failure"] >= 3
-    export_training_set(settings, "rl", tmp_path / "rl", filters=ALL_ORIGINS)
+    export_training_set(Lakehouse.open(settings), "rl", tmp_path / "rl", filters=ALL_ORIGINS)
     rl = read_export(tmp_path / "rl")
     sessions = {r["session_id"] for r in rl}
     assert sessions == _eligible(settings, ("success", "failure"))
@@ -168,7 +169,7 @@ def test_default_sft_export_holds_only_verified_successes_and_rl_every_evaluated
     assert set(manifest["counts"]["left_out"]["outcome"]) == {"agent_crash", "infrastructure"}
     assert manifest["counts"]["left_out"]["security_flag"] >= 1
     failures = export_training_set(
-        settings, "hf", tmp_path / "fail", filters=ExportFilters(origins=(), outcome="failure")
+        Lakehouse.open(settings), "hf", tmp_path / "fail", filters=ExportFilters(origins=(), outcome="failure")
     )
     assert failures.records > 0
     assert {r["outcome"] for r in read_export(tmp_path / "fail")} == {"failure"}
@@ -179,7 +180,7 @@ def test_reasoning_session_exports_segments_equal_to_what_the_server_returned(
     lake: tuple[Settings, dict[str, set[str]], list[bytes]], tmp_path: Path
 ) -> None:
     settings, kinds, raw = lake
-    export_training_set(settings, "rl", tmp_path / "rl", filters=ALL_ORIGINS)
+    export_training_set(Lakehouse.open(settings), "rl", tmp_path / "rl", filters=ALL_ORIGINS)
     (session_id,) = kinds["reasoner"]
     segments = sorted(
         (r for r in read_export(tmp_path / "rl") if r["session_id"] == session_id),
@@ -209,7 +210,7 @@ def test_reasoning_session_exports_segments_equal_to_what_the_server_returned(
     server_lp = [e["logprob"] for r in responses for e in r["choices"][0]["logprobs"]["content"]]
     assert json.dumps(logprobs) == json.dumps(server_lp)
     # the reasoning is kept with each assistant turn of the conversation
-    hf = export_training_set(settings, "hf", tmp_path / "hf", filters=ALL_ORIGINS)
+    hf = export_training_set(Lakehouse.open(settings), "hf", tmp_path / "hf", filters=ALL_ORIGINS)
     assert hf.records
     (record,) = [r for r in read_export(tmp_path / "hf") if r["session_id"] == session_id]
     thoughts = [m["reasoning_content"] for m in record["messages"] if m["role"] == "assistant"]
@@ -231,8 +232,10 @@ def test_token_and_cost_totals_agree_across_trajectories_costs_every_format_and_
     totals = {r[0]: dict(zip(columns[1:], r[1:], strict=True)) for r in rows}
     every = ExportFilters(origins=(), min_quality=0.0, outcome="all")
     for fmt in ("hf", "openai", "sharegpt", "atif"):
-        export_training_set(settings, fmt, tmp_path / fmt, filters=every)
-    export_training_set(settings, "rl", tmp_path / "rl", filters=ExportFilters(origins=(), min_quality=0.0))
+        export_training_set(Lakehouse.open(settings), fmt, tmp_path / fmt, filters=every)
+    export_training_set(
+        Lakehouse.open(settings), "rl", tmp_path / "rl", filters=ExportFilters(origins=(), min_quality=0.0)
+    )
     seen: dict[str, int] = {}
     for fmt in ("hf", "openai", "sharegpt", "rl"):
         for record in read_export(tmp_path / fmt):
@@ -291,15 +294,15 @@ def test_atif_export_import_export_is_byte_stable_for_fleet_llm_and_imported_ses
 ) -> None:
     settings, kinds, _ = lake
     every = ExportFilters(origins=(), min_quality=0.0, outcome="all")
-    export_training_set(settings, "atif", tmp_path / "a", filters=every)
+    export_training_set(Lakehouse.open(settings), "atif", tmp_path / "a", filters=every)
     first = _lines(tmp_path / "a")
     assert set(first) == set().union(*kinds.values()) - kinds["cheater"]  # security-flagged: never exported
     again = _lake(tmp_path / "again")
     imported = [event for path in sorted((tmp_path / "a" / "data").iterdir()) for event in import_trajectory(path)]
     write_raw(again, imported, batch_size=5000)
-    assemble(again)
-    score_all(again)
-    export_training_set(again, "atif", tmp_path / "b", filters=every)
+    assemble(Lakehouse.open(again))
+    score_all(Lakehouse.open(again))
+    export_training_set(Lakehouse.open(again), "atif", tmp_path / "b", filters=every)
     second = _lines(tmp_path / "b")
     assert set(second) == set(first)
     for session_id, line in first.items():

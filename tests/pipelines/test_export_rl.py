@@ -15,6 +15,7 @@ from pipelines.score import score_all
 from producers.fleet import ListSink, run_fleet
 from producers.importers import import_trajectory
 from tests.helpers import real_runs_dir, write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
@@ -55,15 +56,15 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     incomplete = sessions[-1]
     fleet = [e for e in fleet if not (e["session_id"] == incomplete and e["event_type"] == "session_end")]
     write_raw(settings, events + fleet, batch_size=5000)
-    assemble(settings)
-    score_all(settings)
+    assemble(Lakehouse.open(settings))
+    score_all(Lakehouse.open(settings))
     return settings
 
 
 @pytest.mark.slow
 def test_real_run_keeps_system_prompt_reasoning_submission_and_call_ids(lake: Settings, tmp_path: Path) -> None:
     source = json.loads(DJANGO.read_text())
-    export_training_set(lake, "hf", tmp_path / "hf", filters=EVERY)
+    export_training_set(Lakehouse.open(lake), "hf", tmp_path / "hf", filters=EVERY)
     by_task = {r["task_id"]: r for r in read_export(tmp_path / "hf")}
     record = by_task["django__django-11099"]
     assert record["prompt_source"] == "recorded"
@@ -90,7 +91,7 @@ def test_real_run_keeps_system_prompt_reasoning_submission_and_call_ids(lake: Se
 def test_openhands_agent_reply_is_an_assistant_message_not_a_tool_call(lake: Settings, tmp_path: Path) -> None:
     source = json.loads(OPENHANDS.read_text())
     replies = [e["args"]["content"] for e in source if e.get("source") == "agent" and e.get("action") == "message"]
-    export_training_set(lake, "openai", tmp_path / "oh", filters=EVERY)
+    export_training_set(Lakehouse.open(lake), "openai", tmp_path / "oh", filters=EVERY)
     records = read_export(tmp_path / "oh")
     (record,) = [r for r in records if any(m.get("content") == replies[0] for m in r["messages"])]
     names = [c["function"]["name"] for m in record["messages"] for c in m.get("tool_calls") or []]
@@ -103,9 +104,9 @@ def test_sft_defaults_to_successes_and_the_manifest_counts_what_each_rule_left_o
     lake: Settings, tmp_path: Path
 ) -> None:
     wide = export_training_set(
-        lake, "hf", tmp_path / "wide", filters=ExportFilters(origins=(), min_quality=0.0, outcome="any")
+        Lakehouse.open(lake), "hf", tmp_path / "wide", filters=ExportFilters(origins=(), min_quality=0.0, outcome="any")
     )
-    default = export_training_set(lake, "hf", tmp_path / "default", filters=ALL_ORIGINS)
+    default = export_training_set(Lakehouse.open(lake), "hf", tmp_path / "default", filters=ALL_ORIGINS)
     assert wide.records > default.records > 0
     assert {r["outcome"] for r in read_export(tmp_path / "default")} == {"success"}
     assert {r["outcome"] for r in read_export(tmp_path / "wide")} == {"success", "failure"}
@@ -124,7 +125,7 @@ def test_sft_defaults_to_successes_and_the_manifest_counts_what_each_rule_left_o
     assert sum(counts["per_split"].values()) == default.records
     assert manifest["scoring"]["governance"] and manifest["scorer_version"]
     # by default the synthetic fleet's sessions are left out, under their own reason, and the rest kept
-    plain = export_training_set(lake, "hf", tmp_path / "plain")
+    plain = export_training_set(Lakehouse.open(lake), "hf", tmp_path / "plain")
     counted = json.loads((tmp_path / "plain" / "manifest.json").read_text())["counts"]
     assert counted["left_out"]["origin"] == {"synthetic": counted["considered_by_origin"]["synthetic"]}
     assert {r["origin"] for r in read_export(tmp_path / "plain")} == set(per_origin) - {"synthetic"} and plain.records
@@ -141,14 +142,21 @@ def test_splits_never_share_a_task_family_and_group_complete_drops_incomplete_gr
     families: dict[str, set[str]] = {}
     for split in ("train", "validation", "test"):
         out = tmp_path / split
-        export_training_set(lake, "rl", out, filters=ExportFilters(origins=(), min_quality=0.0, split=split))
+        export_training_set(
+            Lakehouse.open(lake), "rl", out, filters=ExportFilters(origins=(), min_quality=0.0, split=split)
+        )
         for record in read_export(out):
             assert record["split"] == split
             families.setdefault(record["task_family"], set()).add(split)
     assert families and all(len(splits) == 1 for splits in families.values())
-    export_training_set(lake, "rl", tmp_path / "all", filters=ExportFilters(origins=(), min_quality=0.0))
     export_training_set(
-        lake, "rl", tmp_path / "groups", filters=ExportFilters(origins=(), min_quality=0.0, group_complete=True)
+        Lakehouse.open(lake), "rl", tmp_path / "all", filters=ExportFilters(origins=(), min_quality=0.0)
+    )
+    export_training_set(
+        Lakehouse.open(lake),
+        "rl",
+        tmp_path / "groups",
+        filters=ExportFilters(origins=(), min_quality=0.0, group_complete=True),
     )
     whole = read_export(tmp_path / "groups")
     everything = read_export(tmp_path / "all")
@@ -165,7 +173,7 @@ def test_rl_parquet_has_verl_and_skyrl_names_and_dtypes_and_loads_with_datasets(
     import pyarrow as pa
     from datasets import load_dataset
 
-    export_training_set(lake, "rl", tmp_path / "pq", min_quality=0.0, parquet=True, filters=ALL_ORIGINS)
+    export_training_set(Lakehouse.open(lake), "rl", tmp_path / "pq", min_quality=0.0, parquet=True, filters=ALL_ORIGINS)
     table = pa.concat_tables([pq.read_table(p) for p in sorted((tmp_path / "pq" / "data").glob("*.parquet"))])
     # verl AgentLoopOutput: prompt_ids/response_ids/response_mask list[int], num_turns int;
     # SkyRL TrajectoryOutput: prompt_ids/response_ids/loss_mask list[int], reward float, stop_reason str
@@ -193,12 +201,12 @@ def test_rl_parquet_has_verl_and_skyrl_names_and_dtypes_and_loads_with_datasets(
     dataset = load_dataset(str(tmp_path / "pq"))
     assert sum(len(d) for d in dataset.values()) == table.num_rows
     assert all(set(d["split"]) == {name} for name, d in dataset.items())
-    export_training_set(lake, "rl", tmp_path / "js", min_quality=0.0, filters=ALL_ORIGINS)
+    export_training_set(Lakehouse.open(lake), "rl", tmp_path / "js", min_quality=0.0, filters=ALL_ORIGINS)
     as_json = load_dataset(str(tmp_path / "js"))
     assert sum(len(d) for d in as_json.values()) == table.num_rows
     assert all(isinstance(r["tools"], list) for d in as_json.values() for r in d)  # tools as a list, as written
     assert read_export(tmp_path / "js")[0]["tools"] == json.loads(table.column("tools")[0].as_py())
-    export_training_set(lake, "atif", tmp_path / "atif", min_quality=0.0, filters=ALL_ORIGINS)
+    export_training_set(Lakehouse.open(lake), "atif", tmp_path / "atif", min_quality=0.0, filters=ALL_ORIGINS)
     assert sum(len(d) for d in load_dataset(str(tmp_path / "atif")).values()) > 0
 
 
@@ -217,9 +225,9 @@ def test_llm_session_exports_the_server_token_ids_and_logprobs(tmp_path: Path) -
         sink = ListSink(decode=False)
         run_fleet(settings, "local", sessions=1, seed=3, sink=sink, agent="llm", llm=LLMConfig(server.url, "policy-7b"))
     write_raw(settings, sink.events)
-    assemble(settings)
-    score_all(settings)
-    export_training_set(settings, "rl", tmp_path / "rl", min_quality=0.0, filters=ALL_ORIGINS)
+    assemble(Lakehouse.open(settings))
+    score_all(Lakehouse.open(settings))
+    export_training_set(Lakehouse.open(settings), "rl", tmp_path / "rl", min_quality=0.0, filters=ALL_ORIGINS)
     (record,) = read_export(tmp_path / "rl")
     responses = [json.loads(raw) for raw in server.responses]
     assert record["has_token_ids"] and record["prompt_source"] == "recorded"
@@ -239,7 +247,6 @@ def test_llm_session_exports_the_server_token_ids_and_logprobs(tmp_path: Path) -
 @pytest.mark.slow
 def test_chunked_stream_gives_every_session_its_own_steps_and_calls_once(lake: Settings) -> None:
     from pipelines.export.select import _sessions
-    from warehouse.lakehouse import Lakehouse
 
     opened = Lakehouse.open(lake)
 

@@ -27,6 +27,7 @@ from producers.fleet.llm.testing import FakeOpenAIServer, solver_script
 from producers.fleet.sandbox import bwrap_available
 from producers.fleet.tasks import task_for
 from tests.helpers import write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
@@ -86,13 +87,13 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, dict[str, 
         answers[f"{name}_session"] = [{"session_id": sink.events[0]["session_id"]}]
         events += sink.events
     write_raw(settings, events)
-    assemble(settings)
-    score_all(settings)
+    assemble(Lakehouse.open(settings))
+    score_all(Lakehouse.open(settings))
     return settings, answers
 
 
 def _export(settings: Settings, fmt: str, out: Path) -> list[dict]:
-    stats = export_training_set(settings, fmt, out, min_quality=0.0, filters=ALL_ORIGINS)
+    stats = export_training_set(Lakehouse.open(settings), fmt, out, min_quality=0.0, filters=ALL_ORIGINS)
     records = read_export(out)
     assert stats.records == len(records)
     return records
@@ -157,14 +158,19 @@ def test_a_session_whose_calls_all_failed_is_never_an_rl_episode(lake, tmp_path)
     outcomes = json.loads((tmp_path / "rl" / "manifest.json").read_text())["counts"]["left_out"]["outcome"]
     assert outcomes == {"infrastructure": 2}
     export_training_set(
-        settings, "rl", tmp_path / "all", filters=ExportFilters(origins=(), min_quality=0.0, outcome="all")
+        Lakehouse.open(settings),
+        "rl",
+        tmp_path / "all",
+        filters=ExportFilters(origins=(), min_quality=0.0, outcome="all"),
     )
     _, rows = run_query(settings, "SELECT session_id, reason FROM quarantine WHERE stage = 'export'")
     assert {(sid, reason) for sid, reason in rows if sid in failed} == {(sid, "no_model_call") for sid in failed}
     # the SFT formats are not RL episodes, but nothing sampled is no SFT record either, in either token mode
     for fmt in ("openai", "sharegpt"):
         out = tmp_path / f"{fmt}-all"
-        export_training_set(settings, fmt, out, filters=ExportFilters(origins=(), min_quality=0.0, outcome="all"))
+        export_training_set(
+            Lakehouse.open(settings), fmt, out, filters=ExportFilters(origins=(), min_quality=0.0, outcome="all")
+        )
         text = "\n".join(json.dumps(r) for r in read_export(out))
         assert text.strip() and not any(sid in text for sid in failed), fmt
 
@@ -175,11 +181,11 @@ def test_a_session_stopped_by_max_model_calls_is_a_truncated_episode(lake, tmp_p
     _, rows = run_query(settings, f"SELECT status, exit_reason FROM trajectories WHERE session_id = '{capped}'")
     assert rows == [("capped", "max_model_calls")]
     filters = ExportFilters(origins=(), min_quality=0.0, outcome="all")
-    export_training_set(settings, "rl", tmp_path / "rl", filters=filters)
+    export_training_set(Lakehouse.open(settings), "rl", tmp_path / "rl", filters=filters)
     rl = read_export(tmp_path / "rl")
     ends = [r["stop_reason"] for r in rl if r["session_id"] == capped and r["is_last_segment"]]
     assert ends == ["truncated:max_model_calls"]
-    export_training_set(settings, "skyrl", tmp_path / "skyrl", filters=filters)
+    export_training_set(Lakehouse.open(settings), "skyrl", tmp_path / "skyrl", filters=filters)
     skyrl = read_export(tmp_path / "skyrl")
     mine = [r for r in skyrl if r["env_metrics"]["session_id"] == capped]
     assert mine and mine[-1]["stop_reason"] == "length"  # SkyRL's truncated, never "stop"
@@ -223,7 +229,9 @@ def test_trainer_records_are_prompt_dataset_rows_and_every_format_loads_as_its_s
             assert record["data_source"] == f"trajlake/{record[key]['task_family']}", fmt
     for fmt in ("hf", "openai", "sharegpt", "rl", "verl", "skyrl", "atif"):
         out = tmp_path / f"all-{fmt}"
-        export_training_set(settings, fmt, out, filters=ExportFilters(origins=(), min_quality=0.0, outcome="all"))
+        export_training_set(
+            Lakehouse.open(settings), fmt, out, filters=ExportFilters(origins=(), min_quality=0.0, outcome="all")
+        )
         manifest = json.loads((out / "manifest.json").read_text())
         loaded = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "cache"))
         assert isinstance(loaded, datasets.DatasetDict), fmt
@@ -402,7 +410,9 @@ def test_harbors_own_trajectory_model_validates_the_atif_export(lake, tmp_path):
         pytest.skip(f"harbor is not installed in {TRAINERS} (scripts/trainers.sh)")
     settings, _ = lake
     out = tmp_path / "atif"
-    export_training_set(settings, "atif", out, filters=ExportFilters(origins=(), min_quality=0.0, outcome="all"))
+    export_training_set(
+        Lakehouse.open(settings), "atif", out, filters=ExportFilters(origins=(), min_quality=0.0, outcome="all")
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     paths = [out / f["path"] for f in manifest["files"] if f.get("config", "default") == "default"]
     result = subprocess.run([python, "-c", HARBOR, *paths], capture_output=True, text=True, timeout=300)

@@ -19,6 +19,7 @@ import pytest
 
 from pipelines.export import export_training_set, read_export
 from tests.pipelines.test_export_dataset import lake  # noqa: F401  (the module's lakehouse fixture)
+from warehouse.lakehouse import Lakehouse
 
 #: The training stack this test needs (``pip install -e '.[train]'``), looked up without importing it, so a
 #: machine without it skips before the lakehouse fixture is built.
@@ -95,7 +96,7 @@ def test_trl_sft_trainer_fine_tunes_on_the_export_unchanged(
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("WANDB_DISABLED", "true")
     out = tmp_path / "sft"
-    export_training_set(lake, "hf", out)
+    export_training_set(Lakehouse.open(lake), "hf", out)
     written = {r["session_id"]: r for r in read_export(out)}
     train = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "cache"))["train"]
     assert len(train) > 0

@@ -19,6 +19,7 @@ from pipelines.intake.importing import listen
 from producers.sdk import EventProducer
 from tests.producers.importers.test_otel_sdk import run_agent
 from trajlake.cli import app
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 FIXTURES = Path(__file__).resolve().parents[1] / "producers" / "importers" / "fixtures"
@@ -26,7 +27,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "producers" / "importers" / "fi
 
 def _land(settings: Settings) -> None:
     IngestWorker(settings).run(until_idle=2)
-    assemble(settings)
+    assemble(Lakehouse.open(settings))
 
 
 @pytest.mark.slow

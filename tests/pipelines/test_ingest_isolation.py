@@ -23,6 +23,7 @@ from pipelines.decode.results import TS_MAX_US, TS_MIN_US, clamp_event_times
 from pipelines.ingest import Batch, IngestWorker, dead_letter_row
 from schemas.registry import encode_event
 from tests.helpers import produce, sample_events
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 from warehouse.transactions import data_files
 
@@ -64,7 +65,7 @@ def test_out_of_range_timestamps_land_clamped_with_the_value_as_sent(kafka_setti
     assert (again.events, again.dead_letters) == (0, 0)
 
     # Assembly over such rows: every session lands, the clamped ones on the first or last day.
-    assembled = assemble(kafka_settings)
+    assembled = assemble(Lakehouse.open(kafka_settings))
     assert assembled.skipped_sessions == 0
     started = dict(run_query(kafka_settings, "SELECT session_id, epoch_us(started_at) FROM trajectories")[1])
     assert set(started) == {e["session_id"] for e in good} | {f"extreme-{name}" for name in EXTREME_TS}

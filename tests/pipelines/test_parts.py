@@ -18,6 +18,7 @@ from producers.importers import import_trajectory
 from producers.parts import PART_BYTES, split_event, split_utf8
 from schemas.registry import encode_event
 from tests.helpers import AS_OF, write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
@@ -58,13 +59,13 @@ def test_an_890_kb_submission_lands_and_exports_byte_identical(tmp_path: Path) -
     assert all(len(encode_event(e)) < 1 << 20 for e in events)  # every event fits ingest's record limit
     settings = _lake(tmp_path / "home")
     write_raw(settings, events)
-    assemble(settings, as_of=AS_OF)
-    score_all(settings)
+    assemble(Lakehouse.open(settings), as_of=AS_OF)
+    score_all(Lakehouse.open(settings))
     _, rows = run_query(settings, "SELECT output, truncated, thought FROM steps ORDER BY step_index")
     outputs = [r[0] for r in rows]
     assert patch in outputs and output in outputs and not any(r[1] for r in rows)
     assert rows[0][2].startswith("think think") and len(rows[0][2]) == len("think " * 60_000)
-    export_training_set(settings, "openai", tmp_path / "out", min_quality=0.0, filters=ALL_ORIGINS)
+    export_training_set(Lakehouse.open(settings), "openai", tmp_path / "out", min_quality=0.0, filters=ALL_ORIGINS)
     (record,) = read_export(tmp_path / "out")
     assert record["submission"].encode() == patch.encode()
     tool_messages = [m["content"] for m in record["messages"] if m["role"] == "tool"]
@@ -84,7 +85,7 @@ def test_a_text_missing_a_part_keeps_its_head_says_so_and_is_quarantined(tmp_pat
     lost = parts[-1]["event_id"]
     settings = _lake(tmp_path / "home")
     write_raw(settings, [e for e in events if e["event_id"] != lost])
-    assemble(settings, as_of=AS_OF)
+    assemble(Lakehouse.open(settings), as_of=AS_OF)
     _, rows = run_query(settings, "SELECT output, truncated FROM steps WHERE length(output) > 100000")
     heads = [r for r in rows if patch.startswith(r[0])]
     assert heads and all(truncated for _, truncated in heads) and all(len(out) < len(patch) for out, _ in heads)

@@ -34,6 +34,7 @@ from producers.errors import NonFiniteNumberError
 from producers.sdk import EventProducer
 from schemas.registry import encode_event
 from tests.helpers import sample_events, write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
@@ -105,7 +106,7 @@ def poison_session(events: list[dict], poison: dict) -> list[dict]:
 
 def check_every_good_session_lands(settings: Settings, good: set[str], out: Path) -> None:
     """Assemble → score → export, then the property: the good sessions are all there."""
-    stats = assemble(settings)
+    stats = assemble(Lakehouse.open(settings))
     assert stats.skipped_sessions <= 1  # only the poison session may be left out
     _, rows = run_query(settings, "SELECT session_id FROM trajectories")
     landed = {r[0] for r in rows}
@@ -120,11 +121,11 @@ def check_every_good_session_lands(settings: Settings, good: set[str], out: Path
     _, rows = run_query(settings, "SELECT count(*), count(DISTINCT session_id) FROM trajectories")
     assert rows[0][0] == rows[0][1]  # one row per session
 
-    score_all(settings)
+    score_all(Lakehouse.open(settings))
     _, rows = run_query(settings, "SELECT session_id FROM scores")
     assert good <= {r[0] for r in rows}
 
-    export = export_training_set(settings, "hf", out, min_quality=0.0, filters=ALL_ORIGINS)
+    export = export_training_set(Lakehouse.open(settings), "hf", out, min_quality=0.0, filters=ALL_ORIGINS)
     _, rows = run_query(settings, "SELECT session_id FROM scores WHERE exportable")
     exportable_good = {r[0] for r in rows} & good
     exported = {r["session_id"] for r in read_export(out)}
@@ -165,7 +166,7 @@ def test_nan_cost_and_overflowing_tokens_are_nulled_and_named(settings: Settings
         "seq_max": False,
     }
     write_raw(settings, events + poison_session(events, poison))
-    stats = assemble(settings)
+    stats = assemble(Lakehouse.open(settings))
     assert stats.nulled_sessions == 1 and stats.skipped_sessions == 0 and stats.trajectories_written == 4
     _, rows = run_query(
         settings, "SELECT cost_usd, output_tokens FROM trajectories WHERE session_id = 'poison-session'"
@@ -184,7 +185,7 @@ def test_nan_cost_and_overflowing_tokens_are_nulled_and_named(settings: Settings
     _, kept = run_query(settings, "SELECT count(*) FILTER (WHERE isnan(agent_action.cost_usd)) FROM events")
     assert kept[0][0] >= 1
     # a later run that recomputes the session replaces its quarantine rows instead of piling them up
-    assemble(settings, full=True)
+    assemble(Lakehouse.open(settings), full=True)
     _, again = run_query(settings, "SELECT reason, detail FROM quarantine WHERE session_id = 'poison-session'")
     assert sorted(again) == sorted(rows)
 
@@ -200,8 +201,8 @@ def test_deeply_nested_arguments_are_quarantined_at_export_not_a_recursion_error
         if event["session_id"] in deep and event["event_type"] == "agent_action":
             event["payload"]["arguments"] = DEEP_OBJECT
     write_raw(settings, events)
-    assemble(settings)
-    score_all(settings)
+    assemble(Lakehouse.open(settings))
+    score_all(Lakehouse.open(settings))
     out = tmp_path / "out"
     result = subprocess.run(
         [

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from common.settings import Settings
 from pipelines.assemble import assemble
 from tests.helpers import AS_OF, sample_events, snapshot, write_raw
+from warehouse.lakehouse import Lakehouse
 
 CLOSING = ("evaluation", "session_end")
 FORGED = ("agent_action", "env_feedback", "evaluation", "session_end")
@@ -76,7 +77,7 @@ def test_messy_delivery_assembles_like_the_clean_ordered_stream(scenario: dict) 
     with tempfile.TemporaryDirectory() as home:
         reference = Settings(home=Path(home) / "clean")
         write_raw(reference, scenario["clean"], batch_size=100_000)
-        assemble(reference, as_of=AS_OF)
+        assemble(Lakehouse.open(reference), as_of=AS_OF)
         expected = snapshot(reference)
 
         messy = Settings(home=Path(home) / "messy")
@@ -84,5 +85,5 @@ def test_messy_delivery_assembles_like_the_clean_ordered_stream(scenario: dict) 
             write_raw(messy, batch)
             # Assembled after every batch, at a time past the idle timeout: sessions whose
             # tail is still to come are closed as timed out, then amended when it lands.
-            assemble(messy, as_of=AS_OF)
+            assemble(Lakehouse.open(messy), as_of=AS_OF)
         assert snapshot(messy) == expected

@@ -75,8 +75,8 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, list[Carri
         sessions[case.id] = imported[0]["session_id"]
         events += imported
     write_raw(settings, events, batch_size=5000)
-    assemble(settings)
-    score_all(settings)
+    assemble(Lakehouse.open(settings))
+    score_all(Lakehouse.open(settings))
     return settings, cases, sessions
 
 
@@ -89,7 +89,7 @@ def _forms(text: str) -> list[str]:
 def test_every_export_format_holds_no_corpus_secret(lake, fmt, tmp_path: Path):
     settings, cases, _ = lake
     out = tmp_path / fmt
-    export_training_set(settings, fmt, out, filters=EVERY)
+    export_training_set(Lakehouse.open(settings), fmt, out, filters=EVERY)
     written = "\n".join(p.read_text(errors="replace") for p in sorted(out.rglob("*")) if p.is_file())
     if fmt in ("hf", "openai", "sharegpt", "atif"):  # episode formats keep only sessions fit for RL
         assert "Task " in written, "the export wrote no session"

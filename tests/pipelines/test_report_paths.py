@@ -22,7 +22,7 @@ from warehouse.lakehouse import Lakehouse
 def lake(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     settings = load_settings(home=tmp_path_factory.mktemp("report-paths") / "home", kafka_bootstrap=None)
     write_raw(settings, sample_events(3))
-    assemble(settings)
+    assemble(Lakehouse.open(settings))
     return settings
 
 

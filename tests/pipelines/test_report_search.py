@@ -47,8 +47,8 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     renamed = {sessions[0]: ODD, sessions[1]: LOOKALIKE}
     events = [{**e, "session_id": renamed.get(e["session_id"], e["session_id"])} for e in sink.events]
     write_raw(settings, events)
-    assemble(settings)
-    score_all(settings)
+    assemble(Lakehouse.open(settings))
+    score_all(Lakehouse.open(settings))
     return {"settings": settings, "root": root}
 
 

@@ -142,8 +142,8 @@ def test_incremental_runs_equal_a_full_recomputation_on_a_shuffled_history(setti
     runs = []
     for i, batch in enumerate(_history()):
         write_raw(settings, batch)
-        assemble(settings)
-        runs.append(score_all(settings))
+        assemble(Lakehouse.open(settings))
+        runs.append(score_all(Lakehouse.open(settings)))
         _assert_matches_pure(settings, _tables(settings), f"after batch {i}")
     assert runs[0].mode == "full" and all(r.mode == "incremental" for r in runs[1:]), [r.mode for r in runs]
     # later runs recompute the facts of the sessions they got, not the history
@@ -155,7 +155,7 @@ def test_incremental_runs_equal_a_full_recomputation_on_a_shuffled_history(setti
     assert scores.filter(pl.col("novelty") < 1.0).height > 0 and scores.filter(pl.col("steps_z") != 0).height > 0
     assert incremental["profiles"]["day"].n_unique() >= DAYS
 
-    full = score_all(settings, force=True)
+    full = score_all(Lakehouse.open(settings), force=True)
     assert full.mode == "full" and full.changed_sessions == scores.height
     _assert_equal(incremental, _tables(settings), "incremental vs forced full rescore")
 
@@ -165,13 +165,13 @@ def test_a_run_without_new_trajectories_is_skipped_and_a_new_day_touches_only_th
     settings = settings.model_copy(update={"score_watermark_lag_s": 0.0})
     first = [e for s in synthetic_sessions(30, seed=1, start_us=BASE_US) for e in s]
     write_raw(settings, first)
-    assemble(settings)
-    assert score_all(settings).mode == "full"
-    assert score_all(settings).skipped
+    assemble(Lakehouse.open(settings))
+    assert score_all(Lakehouse.open(settings)).mode == "full"
+    assert score_all(Lakehouse.open(settings)).skipped
     later = [e for s in synthetic_sessions(25, seed=2, start_us=BASE_US + 5 * DAY_US) for e in s]
     write_raw(settings, later)
-    assemble(settings)
-    run = score_all(settings)
+    assemble(Lakehouse.open(settings))
+    run = score_all(Lakehouse.open(settings))
     assert run.mode == "incremental" and run.changed_sessions == 25 and run.rescored_sessions == 25
     assert run.affected_days == 1 and run.sessions == 55
 
@@ -212,9 +212,9 @@ def test_new_sessions_of_a_day_with_a_complete_baseline_rescore_only_themselves(
         for event in events:
             event["extra"] = {**event.get("extra", {}), "task_family": event["task_type"]}
         write_raw(settings, events)
-        assemble(settings)
+        assemble(Lakehouse.open(settings))
         profiled.append(set())
-        return score_all(settings)
+        return score_all(Lakehouse.open(settings))
 
     for n, seed, start in ((120, 1, BASE_US), (30, 2, BASE_US + DAY_US), (10, 3, BASE_US + DAY_US + 6 * hour)):
         run = batch(n, seed, start)
@@ -276,8 +276,8 @@ def test_a_better_copy_days_later_takes_over_and_the_old_representative_loses_ex
     originals = [_passing(s, reward=0.5) for s in failed[:3]]
     day0 = [originals[failed.index(s)] if s in failed[:3] else s for s in day0]
     write_raw(settings, [e for s in day0 for e in s])
-    assemble(settings)
-    score_all(settings)
+    assemble(Lakehouse.open(settings))
+    score_all(Lakehouse.open(settings))
     before = _tables(settings)["scores"]
     ids = [s[0]["session_id"] for s in originals]
     assert before.filter(pl.col("session_id").is_in(ids))["exportable"].all()
@@ -285,9 +285,9 @@ def test_a_better_copy_days_later_takes_over_and_the_old_representative_loses_ex
     # two days later: the same trajectories, each passing; day 0 is not a baseline of day 2
     better = [_passing(_copy_of(s, 2 * DAY_US, rng)) for s in originals]
     write_raw(settings, [e for s in better for e in s])
-    assemble(settings)
+    assemble(Lakehouse.open(settings))
     history = _score_files(settings)
-    run = score_all(settings)
+    run = score_all(Lakehouse.open(settings))
     assert run.mode == "incremental" and run.rescored_sessions == len(better)  # day 0 is not rescored
     tables = _tables(settings)
     scores, dups = tables["scores"], tables["duplicates"]
@@ -310,8 +310,8 @@ def test_clusters_grow_from_new_sessions_alone_and_a_better_later_member_takes_o
     failed = _failed(day0)
     originals = sorted(failed, key=lambda s: -sum(e["event_type"] == "agent_action" for e in s))[:2]
     write_raw(settings, [e for s in day0 for e in s])
-    assemble(settings)
-    score_all(settings)
+    assemble(Lakehouse.open(settings))
+    score_all(Lakehouse.open(settings))
     # day 1: a failing copy of each (two clusters of two), the first's last command changed (a near-duplicate);
     # day 2: a passing copy of the first, its first command changed, joins its cluster and takes it over
     later = [_copy_of(s, DAY_US, rng) for s in originals]
@@ -325,8 +325,8 @@ def test_clusters_grow_from_new_sessions_alone_and_a_better_later_member_takes_o
     runs = []
     for batch in (later, [best], [early]):
         write_raw(settings, [e for s in batch for e in s])
-        assemble(settings)
-        runs.append(score_all(settings))
+        assemble(Lakehouse.open(settings))
+        runs.append(score_all(Lakehouse.open(settings)))
         _assert_matches_pure(settings, _tables(settings), f"after {len(runs)} batches of copies")
     # the first two runs recomputed no closed set of sessions: the clusters grew from the new sessions' links
     assert [r.closed_sets for r in runs] == [0, 0, 1], [r.closed_sets for r in runs]
@@ -370,8 +370,8 @@ def test_a_bucket_whose_earliest_sessions_started_together_is_headed_by_the_smal
     runs = []
     for batch in (day0 + together, [later]):
         write_raw(settings, [e for s in batch for e in s])
-        assemble(settings)
-        runs.append(score_all(settings))
+        assemble(Lakehouse.open(settings))
+        runs.append(score_all(Lakehouse.open(settings)))
         _assert_matches_pure(settings, _tables(settings), f"after {len(runs)} batches")
     assert runs[-1].closed_sets == 0
     dups = _tables(settings)["duplicates"]
@@ -393,8 +393,8 @@ def test_a_full_rescore_keeps_current_facts_and_leaves_no_stale_row(
     settings = settings.model_copy(update={"score_watermark_lag_s": 0.0})
     sessions = [list(s) for d in range(DAYS) for s in synthetic_sessions(30, seed=d, start_us=BASE_US + d * DAY_US)]
     write_raw(settings, [e for s in sessions for e in s])
-    assemble(settings)
-    score_all(settings)
+    assemble(Lakehouse.open(settings))
+    score_all(Lakehouse.open(settings))
     # facts depend on the LSH bands: after the change, only days 0 and 1 are indexed again (as Dagster
     # partitions would), and then one of day 1's sessions changes (a late event): its facts are stale
     monkeypatch.setenv("TRAJLAKE_DEDUP_ROWS", "7")
@@ -406,8 +406,8 @@ def test_a_full_rescore_keeps_current_facts_and_leaves_no_stale_row(
     late = copy.deepcopy(next(s for s in sessions[30:60] if s[-1]["event_type"] == "session_end"))
     extra = {**late[-2], "event_id": uuid.uuid4().hex, "seq": max(e["seq"] for e in late) + 1}
     write_raw(changed, [extra])
-    assemble(changed)
-    run = score_all(changed)
+    assemble(Lakehouse.open(changed))
+    run = score_all(Lakehouse.open(changed))
     # day 2 and the changed session (or its whole day)
     assert run.mode == "full" and run.changed_sessions == (30 + 1 if by_id else 60)
     stored = _tables(changed)
@@ -421,5 +421,5 @@ def test_a_full_rescore_keeps_current_facts_and_leaves_no_stale_row(
     assert index.height == DAYS * 30 and index["n"].max() == 1  # one row per session, none left behind
     assert bands == DAYS * 30 * width
     _assert_matches_pure(changed, stored, "after a full rescore that kept current facts")
-    score_all(changed, force=True)
+    score_all(Lakehouse.open(changed), force=True)
     _assert_equal(stored, _tables(changed), "kept facts vs every fact recomputed")

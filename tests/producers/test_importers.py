@@ -18,6 +18,7 @@ from producers.importers import (
 )
 from producers.parts import PART_BYTES
 from schemas.registry import decode_event, encode_event
+from warehouse.lakehouse import Lakehouse
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "real-trajectories"
 pytestmark = pytest.mark.skipif(not (DATA / "manifest.json").is_file(), reason=f"real trajectories absent at {DATA}")
@@ -242,7 +243,7 @@ def test_cli_import_ingest_assemble_mini_swe_agent(kafka_settings) -> None:
         assert result.exit_code == 0, result.output
         assert "42 steps" in result.output
     IngestWorker(kafka_settings).run(until_idle=2)
-    assemble(kafka_settings)
+    assemble(Lakehouse.open(kafka_settings))
     columns, rows = run_query(
         kafka_settings, "SELECT session_id, task_id, completed, n_steps, status FROM trajectories"
     )

@@ -41,6 +41,7 @@ from producers.redact import (
 from producers.sdk import EventProducer
 from schemas.registry import decode_event
 from tests.helpers import sample_events
+from warehouse.lakehouse import Lakehouse
 
 ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
 
@@ -353,11 +354,11 @@ def test_export_removes_secrets_that_bypassed_the_producer(tmp_path: Path, injec
         elif event["event_type"] == "env_feedback":
             payload["output"] = (payload.get("output") or "") + "\n" + CASES[(n + 2) % len(CASES)].text
     write_raw(settings, events, batch_size=5000)  # straight into raw events: no producer, no redaction
-    assemble(settings)
-    assert score_all(settings).exportable > 0
+    assemble(Lakehouse.open(settings))
+    assert score_all(Lakehouse.open(settings)).exportable > 0
     for fmt in (f for f in FORMATS if f not in ("verl", "skyrl")):  # trainer records need token ids: none here
         out = tmp_path / f"out-{fmt}"
-        stats = export_training_set(settings, fmt, out, filters=ALL_ORIGINS)
+        stats = export_training_set(Lakehouse.open(settings), fmt, out, filters=ALL_ORIGINS)
         assert stats.records > 0
         text = "".join(path.read_text() for path in sorted((out / "data").iterdir()))
         records = [json.loads(line) for line in text.splitlines()]

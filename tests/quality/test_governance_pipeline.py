@@ -15,6 +15,7 @@ from pipelines.score import score_all
 from producers.sdk import SessionEmitter
 from schemas import typed
 from tests.helpers import AS_OF, BASE_US, write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
@@ -79,9 +80,9 @@ def test_weight_change_rescores_and_is_in_the_manifest(tmp_path: Path) -> None:
     _session(events, "suspect", True, 1)
     settings = _settings(tmp_path / "home")
     write_raw(settings, events)
-    assemble(settings, as_of=AS_OF)
-    first = score_all(settings)
-    assert not first.skipped and score_all(settings).skipped  # nothing changed: nothing to redo
+    assemble(Lakehouse.open(settings), as_of=AS_OF)
+    first = score_all(Lakehouse.open(settings))
+    assert not first.skipped and score_all(Lakehouse.open(settings)).skipped  # nothing changed: nothing to redo
     # the host's process and exit-code counts are columns, and the profile of each task family has them
     _, rows = run_query(settings, "SELECT DISTINCT processes_started, exit_codes, task_family FROM trajectories")
     assert sorted(rows) == [(7, '{"0": 3}', "bugfix.clamp.honest"), (7, '{"0": 3}', "bugfix.clamp.suspect")]
@@ -92,7 +93,7 @@ def test_weight_change_rescores_and_is_in_the_manifest(tmp_path: Path) -> None:
     ]
     _, rows = run_query(settings, "SELECT session_id, quality, flags, exportable FROM scores ORDER BY 1")
     assert rows == [("honest", 1.0, "", True), ("suspect", 0.5, "edited_tests", True)]
-    export_training_set(settings, "hf", tmp_path / "out1", filters=ALL_ORIGINS)
+    export_training_set(Lakehouse.open(settings), "hf", tmp_path / "out1", filters=ALL_ORIGINS)
     manifest = json.loads((tmp_path / "out1" / "manifest.json").read_text())
     assert manifest["scoring"]["governance"]["edited_tests"]["weight"] == 0.5
     assert manifest["scoring"]["digest"] == first.config_digest
@@ -104,16 +105,16 @@ def test_weight_change_rescores_and_is_in_the_manifest(tmp_path: Path) -> None:
 
     # the same lakehouse, another weight: the scorer version is unchanged, yet everything is rescored
     lighter = _settings(tmp_path / "home", quality_governance={"edited_tests": {"weight": 0.9}})
-    second = score_all(lighter)
+    second = score_all(Lakehouse.open(lighter))
     assert not second.skipped and second.config_digest != first.config_digest
     _, rows = run_query(lighter, "SELECT session_id, quality, config_digest FROM scores ORDER BY 1")
     assert [r[:2] for r in rows] == [("honest", 1.0), ("suspect", 0.9)]
     assert {r[2] for r in rows} == {second.config_digest}
-    export_training_set(lighter, "hf", tmp_path / "out2", filters=ALL_ORIGINS)
+    export_training_set(Lakehouse.open(lighter), "hf", tmp_path / "out2", filters=ALL_ORIGINS)
     manifest = json.loads((tmp_path / "out2" / "manifest.json").read_text())
     assert manifest["scoring"]["governance"]["edited_tests"]["weight"] == 0.9
     assert manifest["scoring"]["digest"] == second.config_digest
     # the weight in force when scoring is what the manifest reports, not the exporter's settings
-    export_training_set(settings, "hf", tmp_path / "out3", filters=ALL_ORIGINS)
+    export_training_set(Lakehouse.open(settings), "hf", tmp_path / "out3", filters=ALL_ORIGINS)
     manifest = json.loads((tmp_path / "out3" / "manifest.json").read_text())
     assert manifest["scoring"]["governance"]["edited_tests"]["weight"] == 0.9

@@ -17,6 +17,7 @@ from pipelines.assemble import assemble
 from pipelines.score import score_all
 from producers.importers import import_trajectory
 from tests.helpers import AS_OF, write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "real-trajectories"
@@ -57,8 +58,8 @@ def scored(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, list[dic
     settings = _settings(tmp_path_factory.mktemp("real-runs"))
     events = [event for path in real_runs() for event in import_trajectory(path)]
     write_raw(settings, events, batch_size=5000)
-    assemble(settings, as_of=AS_OF)
-    score_all(settings)
+    assemble(Lakehouse.open(settings), as_of=AS_OF)
+    score_all(Lakehouse.open(settings))
     return settings, events
 
 
@@ -124,8 +125,8 @@ def test_evaluation_arriving_after_import_is_added_once(tmp_path: Path) -> None:
     before = import_trajectory(run)
     assert "evaluation" not in {e["event_type"] for e in before}
     write_raw(settings, before)
-    assemble(settings, as_of=AS_OF)
-    score_all(settings)
+    assemble(Lakehouse.open(settings), as_of=AS_OF)
+    score_all(Lakehouse.open(settings))
     assert _by_file(settings)["django__django-11099"]["failure_cause"] == "unevaluated"
     shutil.copy(MINI / "django__django-11099.report.json", tmp_path / "django__django-11099.report.json")
     after = import_trajectory(run)
@@ -134,8 +135,8 @@ def test_evaluation_arriving_after_import_is_added_once(tmp_path: Path) -> None:
     assert [e["event_type"] for e in new] == ["evaluation"]  # nothing else changed id
     assert all(old[e["event_id"]] == e for e in after if e["event_id"] in old)  # nor payload
     write_raw(settings, after)  # the whole run again, as a re-import sends it
-    assemble(settings, as_of=AS_OF)
-    score_all(settings)
+    assemble(Lakehouse.open(settings), as_of=AS_OF)
+    score_all(Lakehouse.open(settings))
     _, ends = run_query(settings, "SELECT count(*) FROM events WHERE event_type = 'session_end'")
     assert ends[0][0] == 2  # two raw copies of one event id (ingest keeps one; assembly dedups)
     _, counts = run_query(settings, "SELECT n_events, status, eval_passed, reward FROM trajectories")

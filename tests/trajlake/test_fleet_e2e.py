@@ -6,6 +6,7 @@ import pytest
 
 from producers.fleet import run_fleet
 from producers.fleet.sandbox import bwrap_available
+from warehouse.lakehouse import Lakehouse
 
 pytestmark = [
     pytest.mark.integration,
@@ -26,7 +27,7 @@ def test_local_fleet_40_sessions_end_to_end(kafka_settings, tmp_path):
     assert report.sessions == 40 and report.reaper_survivors == 0
     assert len(labels.read_text().splitlines()) == 40
     run_ingest(kafka_settings, until_idle=5.0)
-    assemble(kafka_settings)
+    assemble(Lakehouse.open(kafka_settings))
     _, rows = run_query(
         kafka_settings,
         "SELECT session_id, status, eval_passed, tests_total FROM trajectories",

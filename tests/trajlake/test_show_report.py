@@ -74,8 +74,8 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         imported = real[0]["session_id"]
         events += real
     write_raw(settings, events)
-    assemble(settings)
-    score_all(settings)
+    assemble(Lakehouse.open(settings))
+    score_all(Lakehouse.open(settings))
     return {
         "settings": settings,
         "root": root,
@@ -161,7 +161,11 @@ def test_the_report_escapes_everything_and_runs_no_script(lake: dict, tmp_path: 
 
 def test_a_report_of_one_export_covers_its_sessions(lake: dict, tmp_path: Path) -> None:
     export = export_training_set(
-        lake["settings"], "openai", tmp_path / "export", min_quality=0.0, filters=ExportFilters(origins=())
+        Lakehouse.open(lake["settings"]),
+        "openai",
+        tmp_path / "export",
+        min_quality=0.0,
+        filters=ExportFilters(origins=()),
     )
     stats = write_report(Lakehouse.open(lake["settings"]), tmp_path / "report", export_dir=tmp_path / "export")
     assert stats.sessions == export.records > 0

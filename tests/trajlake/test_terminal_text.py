@@ -19,6 +19,7 @@ from common.text import is_printable
 from pipelines.assemble import assemble
 from tests.helpers import sample_events, write_raw
 from trajlake.cli import app
+from warehouse.lakehouse import Lakehouse
 
 HOSTILE_IDS = [
     "\x1b]52;c;cm0gLXJmIH4=\x07clip",
@@ -32,7 +33,7 @@ HOSTILE_IDS = [
 @pytest.mark.integration
 def test_unknown_verdict_ids_are_printed_as_visible_escapes(kafka_settings: Settings, tmp_path: Path) -> None:
     write_raw(kafka_settings, sample_events(1))  # a lakehouse, with no session of these instances
-    assemble(kafka_settings)
+    assemble(Lakehouse.open(kafka_settings))
     verdicts = tmp_path / "report.json"
     verdicts.write_text(json.dumps({instance: {"resolved": True} for instance in HOSTILE_IDS}))
     result = CliRunner().invoke(app, ["import", "--verdicts", str(verdicts)])

@@ -93,7 +93,7 @@ def cold_lake(
     monkeypatch.setenv("TRAJLAKE_CATALOG_PROPERTIES", json.dumps({"s3.endpoint": endpoint}))
     settings = load_settings()
     write_raw(settings, day_events(3, 6), batch_size=2000)
-    assemble(settings, as_of=BASE + timedelta(days=30))
+    assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     con = open_views(settings)
     session = con.execute("SELECT min(session_id) FROM trajectories").fetchone()
     assert session is not None

@@ -72,7 +72,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     """Four days of sessions, half tiered: both hot and cold tables hold rows."""
     settings = load_settings(home=tmp_path_factory.mktemp("engines") / "home", catalog_uri=None)
     write_raw(settings, day_events(4, 3), batch_size=300)
-    assemble(settings, as_of=BASE + timedelta(days=30))
+    assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=9))
     return settings
 

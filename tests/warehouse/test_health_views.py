@@ -9,6 +9,7 @@ from pipelines.assemble import assemble
 from pipelines.ingest import IngestWorker
 from pipelines.score import score_all
 from tests.helpers import AS_OF, one_row, produce, sample_events, write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 from warehouse.sql import open_views
 
@@ -19,8 +20,8 @@ def lake(settings: Settings) -> Settings:
     for i, event in enumerate(e for e in events if e["event_type"] == "session_end"):
         event["extra"] = {**(event.get("extra") or {}), "first_command_ms": str(10.0 * (i + 1))}
     write_raw(settings, events)
-    assemble(settings, as_of=AS_OF)
-    score_all(settings)
+    assemble(Lakehouse.open(settings), as_of=AS_OF)
+    score_all(Lakehouse.open(settings))
     return settings
 
 

@@ -77,15 +77,6 @@ def test_scratch_is_a_private_directory_under_the_home(settings: Settings) -> No
     assert path.is_dir() and path.is_relative_to(settings.home_dir) and path.stat().st_mode & 0o077 == 0
 
 
-def test_settings_in_a_lakehouse_s_place_open_one(settings: Settings) -> None:
-    from warehouse.lakehouse import as_lakehouse
-
-    lake = Lakehouse.open(settings)
-    assert as_lakehouse(lake) is lake
-    opened = as_lakehouse(settings)
-    assert isinstance(opened, Lakehouse) and opened.namespace == settings.namespace
-
-
 def test_an_opening_after_the_tables_are_made_loads_none_until_the_definitions_change(settings: Settings) -> None:
     from warehouse.lakehouse import LAYOUT
 

@@ -51,7 +51,7 @@ def test_maintain_compacts_expires_and_keeps_incremental_assembly(settings: Sett
     settings = load_settings(compact_min_files=3, snapshot_retention_hours=0)
     events = day_events(2, 4)
     ingest_like(settings, events, batch_size=40)
-    assemble(settings, as_of=BASE + timedelta(days=30))
+    assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     before_state = lake_state(settings)
     catalog = open_catalog(settings)
     raw = ensure_table(catalog, settings, RAW_EVENTS.name)
@@ -77,12 +77,12 @@ def test_maintain_compacts_expires_and_keeps_incremental_assembly(settings: Sett
     raw = catalog.load_table(raw.name())
     assert recorded_offsets(raw, TOPIC) == offsets
     # Assembly's watermark survived expiry and compaction: nothing to re-read.
-    stats = assemble(settings, as_of=BASE + timedelta(days=30))
+    stats = assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     assert not stats.full_rebuild and stats.new_files == 0 and stats.sessions == 0
     # And the next batch is read incrementally: only its own files.
     late = day_events(3, 1)[-20:]
     ingest_like(settings, late, batch_size=20, first_offset=len(events))
-    stats = assemble(settings, as_of=BASE + timedelta(days=30))
+    stats = assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     assert not stats.full_rebuild and stats.new_files == 1
     # Every data file maintenance left is readable (nothing referenced was deleted as an orphan).
     assert lake_state(settings)["events"] == sorted(before_state["events"] + [(len(events) + i,) for i in range(20)])
@@ -92,7 +92,7 @@ def test_unassembled_files_are_not_compacted(settings: Settings) -> None:
     settings = load_settings(compact_min_files=2, snapshot_retention_hours=0)
     events = day_events(1, 4)
     ingest_like(settings, events[:60], batch_size=20)
-    assemble(settings, as_of=BASE + timedelta(days=30))
+    assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     ingest_like(settings, events[60:], batch_size=20, first_offset=60)
     catalog = open_catalog(settings)
     assembled_at = ensure_table(catalog, settings, "trajectories").properties[ASSEMBLED_SNAPSHOT]
@@ -101,7 +101,7 @@ def test_unassembled_files_are_not_compacted(settings: Settings) -> None:
     raw = catalog.load_table((settings.namespace, RAW_EVENTS.name))
     assert raw.snapshot_by_id(int(assembled_at)) is not None, "expiry dropped assembly's watermark"
     new_batches = -(-(len(events) - 60) // 20)
-    stats = assemble(settings, as_of=BASE + timedelta(days=30))
+    stats = assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     assert not stats.full_rebuild and stats.new_files == new_batches
 
 
@@ -109,7 +109,7 @@ def test_unassembled_files_are_not_compacted(settings: Settings) -> None:
 def test_maintain_bounds_cold_files_after_repeated_tiering(settings: Settings) -> None:
     settings = load_settings(compact_min_files=2, snapshot_retention_hours=0)
     ingest_like(settings, day_events(4, 2), batch_size=200)
-    assemble(settings, as_of=BASE + timedelta(days=30))
+    assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     before = lake_state(settings)
     for day in range(1, 5):  # one tier run per day: many small cold files per table
         tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=7 + day))
@@ -128,7 +128,7 @@ def test_lifecycle_assets_materialize(settings: Settings) -> None:
     from dagster_project.resources import LakehouseResource
 
     ingest_like(settings, day_events(3, 2), batch_size=100)
-    assemble(settings, as_of=BASE + timedelta(days=30))
+    assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     before = lake_state(settings)
     # Retention long enough back that 2026-01-01.. is old whatever today's date is.
     lakehouse = LakehouseResource(home=str(settings.home))
@@ -144,7 +144,7 @@ def _small_files_lake(sessions: int, batch_size: int) -> tuple[Settings, Any, Ta
     """A day of ``sessions`` ingested in small batches and assembled; compaction allowed from 2 files."""
     settings = load_settings(compact_min_files=2, snapshot_retention_hours=0)
     ingest_like(settings, day_events(1, sessions), batch_size=batch_size)
-    assemble(settings, as_of=BASE + timedelta(days=30))
+    assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     before = lake_state(settings)
     catalog = open_catalog(settings)
     return settings, catalog, ensure_table(catalog, settings, RAW_EVENTS.name), before
@@ -210,7 +210,7 @@ def test_a_followers_upkeep_expires_but_keeps_offsets_and_assemblys_watermark(se
     settings = load_settings()
     events = day_events(1, 4)
     ingest_like(settings, events[:60], batch_size=20)
-    assemble(settings, as_of=BASE + timedelta(days=30))
+    assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     ingest_like(settings, events[60:], batch_size=20, first_offset=60)
     catalog = open_catalog(settings)
     raw = catalog.load_table((settings.namespace, RAW_EVENTS.name))
@@ -226,5 +226,5 @@ def test_a_followers_upkeep_expires_but_keeps_offsets_and_assemblys_watermark(se
     # Only the watermark and what came after it are left: what assembly reads next.
     assert assembled_at in kept and len(kept) == 1 + -(-(len(events) - 60) // 20)
     assert recorded_offsets(raw, TOPIC) == offsets
-    stats = assemble(settings, as_of=BASE + timedelta(days=30))
+    stats = assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     assert not stats.full_rebuild and stats.new_files == len(kept) - 1

@@ -159,7 +159,7 @@ def test_tiering_and_views_on_postgres(pg_settings: Settings) -> None:
     from tests.helpers import write_raw
 
     write_raw(pg_settings, day_events(3, 2), batch_size=300)
-    assemble(pg_settings, as_of=BASE + timedelta(days=30))
+    assemble(Lakehouse.open(pg_settings), as_of=BASE + timedelta(days=30))
     before = lake_state(pg_settings)
     tier(Lakehouse.open(pg_settings), as_of=BASE + timedelta(days=9))
     assert lake_state(pg_settings) == before

@@ -71,7 +71,7 @@ def s3_settings(settings: Settings, s3_endpoint: str, s3_client: object, monkeyp
 def test_tier_and_maintain_on_s3(s3_settings: Settings, s3_client: Any) -> None:
     settings = s3_settings
     write_raw(settings, day_events(4, 2), batch_size=200)
-    assemble(settings, as_of=BASE + timedelta(days=30))
+    assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     before = lake_state(settings)
     for day in (9, 10):  # two runs: several small cold files to compact
         tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=day))

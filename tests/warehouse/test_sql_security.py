@@ -26,6 +26,7 @@ from common.settings import Settings, load_settings
 from pipelines.assemble import assemble
 from tests.helpers import BASE, day_events, write_raw
 from warehouse.errors import QueryError
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 from warehouse.sql import check_read_only, open_views
 from warehouse.tables import TABLES
@@ -38,7 +39,7 @@ FAKE_SASL = "fake-sasl-password-Wm3k"
 def lake(settings: Settings) -> Settings:
     """A small lakehouse: raw events, trajectories and steps in the hot tier."""
     write_raw(settings, day_events(2, 3), batch_size=20)
-    assemble(settings, as_of=BASE + timedelta(days=30))
+    assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     open_views(settings).close()  # every table exists from now on: the catalog changes only if attacked
     return settings
 

@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def aged_lake(settings: Settings) -> Settings:
     """Four days of four sessions, assembled and closed; 'now' is BASE + 10 days."""
     write_raw(settings, day_events(4, 4), batch_size=400)
-    assemble(settings, as_of=BASE + timedelta(days=30))
+    assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     return settings
 
 
@@ -84,7 +84,7 @@ def test_open_sessions_and_their_days_stay_hot(settings: Settings) -> None:
     open_session = events[0]["session_id"]  # first session of day 0 loses its end: still running
     events = [e for e in events if not (e["session_id"] == open_session and e["event_type"] == "session_end")]
     write_raw(settings, events)
-    assemble(settings, as_of=BASE + timedelta(hours=1, minutes=1))
+    assemble(Lakehouse.open(settings), as_of=BASE + timedelta(hours=1, minutes=1))
     before = lake_state(settings)
     assert ("running",) in {(status,) for _, _, status in before["trajectories"]}
     stats = tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
@@ -111,7 +111,7 @@ def test_late_event_in_a_tiered_day_stays_visible(aged_lake: Settings) -> None:
     assert early == len(late)
     assert len(lake_state(settings)["events"]) == before + len(late)
     # Once assembled it moves like any other.
-    assemble(settings, as_of=BASE + timedelta(days=30))
+    assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     stats = tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=10))
     assert stats.days_tiered == ["2026-01-01"] and stats.events_copied == len(late)
     assert len(lake_state(settings)["events"]) == before + len(late)
@@ -258,7 +258,7 @@ def test_late_event_for_a_tiered_session_amends_the_cold_trajectory(aged_lake: S
     (n_events, n_steps, max_seq) = before["cold"][0]
     write_raw(settings, [late])
     # Assembly recomputes the session from its cold events plus the late one (not from the late one alone).
-    assemble(settings, as_of=BASE + timedelta(days=30))
+    assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     hot = ensure_table(open_catalog(settings), settings, TRAJECTORIES.name)
     rows = hot.scan(row_filter=f"session_id = '{sid}'").to_arrow()
     assert rows.select(["n_events", "n_steps", "max_seq"]).to_pylist() == [
@@ -283,7 +283,7 @@ def test_crash_while_amending_a_tiered_session_never_loses_or_doubles(aged_lake:
     sid, late = _late_event_for_a_tiered_session(settings)
     before = _session_rows(settings, sid)
     write_raw(settings, [late])
-    assemble(settings, as_of=BASE + timedelta(days=30))
+    assemble(Lakehouse.open(settings), as_of=BASE + timedelta(days=30))
     others = {k: [r for r in v if sid not in str(r)] for k, v in lake_state(settings).items()}
     for fault in ["tier_after_copy_steps", "tier_after_copy_trajectories", "tier_after_delete_steps"]:
         proc = run_tier_process(BASE + timedelta(days=10), fault)

@@ -53,8 +53,8 @@ def _count(settings: Settings) -> int:
 def lake(settings: Settings) -> Settings:
     """Both tiers, trajectories and scores: days 0–2 cold, day 3 hot."""
     write_raw(settings, day_events(4, 3), batch_size=50)
-    assemble(settings, as_of=AS_OF)
-    score_all(settings)
+    assemble(Lakehouse.open(settings), as_of=AS_OF)
+    score_all(Lakehouse.open(settings))
     tier(Lakehouse.open(settings), as_of=BASE + timedelta(days=10))
     return settings
 

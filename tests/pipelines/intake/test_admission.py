@@ -36,6 +36,7 @@ from producers.importers.verdicts import PROVENANCES
 from producers.sdk import EventProducer
 from tests.helpers import AS_OF, sample_events, write_raw
 from tests.producers.importers.test_otel_sdk import run_agent
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 ROW = (
@@ -108,7 +109,7 @@ def _delivered(lake: Settings, batch: list[dict]) -> list[dict]:
 def _expected_alone(home: Path, events: list[dict]) -> list[tuple]:
     alone = _lake(home)
     write_raw(alone, events)
-    assemble(alone, as_of=AS_OF)
+    assemble(Lakehouse.open(alone), as_of=AS_OF)
     return _rows(alone)
 
 
@@ -149,7 +150,7 @@ def test_every_interleaving_of_two_identities_keeps_the_first_admitted_as_owner(
         lake = _lake(home / "lake")
         for batch in case["batches"]:
             write_raw(lake, _delivered(lake, batch))
-            assemble(lake, as_of=AS_OF)  # after every batch: an owned session is never reassigned later
+            assemble(Lakehouse.open(lake), as_of=AS_OF)  # after every batch: an owned session is never reassigned later
         check_invariants(lake, case, case["batches"][0][0], home / "alone")
 
 
@@ -182,7 +183,7 @@ def test_every_interleaving_through_the_broker_keeps_the_first_admitted_as_owner
                     producer.emit(sent)
                     producer.flush()  # one at a time: the broker's log order is the drawn order
                 IngestWorker(lake).run(until_idle=1)
-                assemble(lake, as_of=AS_OF)
+                assemble(Lakehouse.open(lake), as_of=AS_OF)
             for producer in producers.values():
                 producer.close()
             check_invariants(lake, case, case["batches"][0][0], home / "alone")
@@ -219,7 +220,7 @@ def _assemble_sent(home: Path, sessions: list[ImportedSession]) -> Settings:
     lake = _lake(home)
     for session in sessions:
         write_raw(lake, session.events)
-    assemble(lake, as_of=AS_OF)
+    assemble(Lakehouse.open(lake), as_of=AS_OF)
     return lake
 
 

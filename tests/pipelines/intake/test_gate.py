@@ -38,6 +38,7 @@ from producers.importers._values import FieldIssues
 from producers.importers.otlp_receiver import CLIENT_PREFIX, OtlpReceiver, read_credentials
 from producers.redact import REDACTED, redact_session
 from tests.helpers import AS_OF, sample_events, write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 FIXTURES = Path(__file__).resolve().parents[2] / "producers" / "importers" / "fixtures"
@@ -60,7 +61,7 @@ def _quarantine(settings: Settings) -> list[tuple]:
 def _alone(home: Path, events: list[dict]) -> list[tuple]:
     lake = _lake(home)
     write_raw(lake, events)
-    assemble(lake, as_of=AS_OF)
+    assemble(Lakehouse.open(lake), as_of=AS_OF)
     return _rows(lake)
 
 
@@ -170,7 +171,7 @@ def test_unredacted_token_strings_from_any_host_keep_the_session_out_of_the_lake
     honest = _with_token_call(OTHER, ["The", " tests", " pass"])
     lake = _lake(tmp_path / "lake")
     write_raw(lake, [*leaking, *honest])
-    assemble(lake, as_of=AS_OF)
+    assemble(Lakehouse.open(lake), as_of=AS_OF)
     rows = _rows(lake)
     assert _SID not in [r[0] for r in rows]
     assert rows == _alone(tmp_path / "alone", honest)
@@ -222,7 +223,7 @@ def test_a_verdict_on_the_wire_claiming_harness_precedence_is_excluded(provenanc
             forged = {**signed, "payload": {**signed["payload"], "reward": 1.0}}
         assert not verify_mac(forged, key)
         write_raw(lake, [*_unevaluated(), forged])
-        assemble(lake, as_of=AS_OF)
+        assemble(Lakehouse.open(lake), as_of=AS_OF)
         rows = _rows(lake)
         assert rows == _alone(Path(tmp) / "alone", _unevaluated())
         assert rows[0][4] is None  # no verdict counted (the row is the one the session alone gives)
@@ -234,11 +235,11 @@ def test_the_verdicts_door_of_this_installation_counts(tmp_path: Path) -> None:
     lake = _lake(tmp_path / "lake")
     signed = admit_verdict(_wire_verdict("harness_report"), door_key(lake.home_dir))
     write_raw(lake, [*_unevaluated(), signed])
-    assemble(lake, as_of=AS_OF)
+    assemble(Lakehouse.open(lake), as_of=AS_OF)
     assert _rows(lake)[0][4:6] == (True, 1.0) and _quarantine(lake) == []
     other = _lake(tmp_path / "other")  # another installation's key speaks for nobody here
     write_raw(other, [*_unevaluated(), signed])
-    assemble(other, as_of=AS_OF)
+    assemble(Lakehouse.open(other), as_of=AS_OF)
     assert [r[1] for r in _quarantine(other)] == ["unverified_door"]
 
 
@@ -279,7 +280,7 @@ def test_a_kafka_host_declaring_another_doors_origin_is_recorded_as_sdk(tmp_path
     start["extra"] = {**(start.get("extra") or {}), "origin": declared}
     lake = _lake(tmp_path / "lake")
     write_raw(lake, [*events, *OTHER])
-    assemble(lake, as_of=AS_OF)
+    assemble(Lakehouse.open(lake), as_of=AS_OF)
     rows = {r[0]: r for r in _rows(lake)}
     assert rows[_SID][6] == "sdk"
     quarantined = [(r[0], r[1], r[2]) for r in _quarantine(lake)]
@@ -430,7 +431,7 @@ def test_a_second_client_with_its_own_valid_token_cannot_add_to_another_clients_
     assert sent[0].session_id == sent[1].session_id
     lake = _lake(tmp_path / "lake")
     write_raw(lake, [e for s in sent for e in s.events])
-    assemble(lake, as_of=AS_OF)
+    assemble(Lakehouse.open(lake), as_of=AS_OF)
     assert _rows(lake) == _alone(tmp_path / "alone", sent[0].events)
     quarantined = _quarantine(lake)
     assert {r[3] for r in quarantined} == {e["event_id"] for e in sent[1].events}
@@ -464,9 +465,9 @@ def test_a_second_host_forging_seq_0_and_its_own_evaluation_takes_nothing(zero_i
     with tempfile.TemporaryDirectory() as tmp:
         lake = _lake(Path(tmp) / "lake")
         write_raw(lake, HONEST[:cut])
-        assemble(lake, as_of=AS_OF)
+        assemble(Lakehouse.open(lake), as_of=AS_OF)
         write_raw(lake, [forged_start, *HONEST[cut:], forged_eval])
-        assemble(lake, as_of=AS_OF)
+        assemble(Lakehouse.open(lake), as_of=AS_OF)
         assert _rows(lake) == _alone(Path(tmp) / "alone", HONEST)
         reasons = sorted(r[1] for r in _quarantine(lake))
         assert reasons == ["foreign_producer", "ownership_conflict"]

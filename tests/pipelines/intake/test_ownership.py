@@ -15,6 +15,7 @@ from pipelines.intake.admission import admit_verdict, door_key
 from pipelines.intake.verdicts import attach_verdicts
 from producers.importers import import_trajectory
 from tests.helpers import AS_OF, sample_events, write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 FIXTURES = Path(__file__).resolve().parents[2] / "producers" / "importers" / "fixtures"
@@ -70,7 +71,7 @@ def test_an_atif_file_claiming_a_fleet_session_id_does_not_take_it_over(tmp_path
     sid, fleet = _failed_fleet_session()
     alone = _lake(tmp_path / "alone")
     write_raw(alone, fleet)
-    assemble(alone, as_of=AS_OF)
+    assemble(Lakehouse.open(alone), as_of=AS_OF)
     before = _row(alone, sid)
     assert before["eval_passed"] is False
 
@@ -79,7 +80,7 @@ def test_an_atif_file_claiming_a_fleet_session_id_does_not_take_it_over(tmp_path
     forged = import_trajectory(path)
     both = _lake(tmp_path / "both")
     write_raw(both, fleet + forged)
-    assemble(both, as_of=AS_OF)
+    assemble(Lakehouse.open(both), as_of=AS_OF)
     assert _row(both, sid) == before  # 40 steps and a reward of 1.0 claimed, nothing taken
     imported = forged[0]["session_id"]
     assert imported != sid and _row(both, imported)["n_steps"] == 40
@@ -107,10 +108,13 @@ def test_an_atif_export_names_an_imported_run_by_its_own_id_only_when_no_other_s
         events += imported
     settings = _lake(tmp_path / "lake")
     write_raw(settings, events)
-    assemble(settings, as_of=AS_OF)
-    score_all(settings)
+    assemble(Lakehouse.open(settings), as_of=AS_OF)
+    score_all(Lakehouse.open(settings))
     export_training_set(
-        settings, "atif", tmp_path / "out", filters=ExportFilters(origins=(), min_quality=0.0, outcome="all")
+        Lakehouse.open(settings),
+        "atif",
+        tmp_path / "out",
+        filters=ExportFilters(origins=(), min_quality=0.0, outcome="all"),
     )
     lines = [line for path in sorted((tmp_path / "out" / "data").iterdir()) for line in path.read_text().splitlines()]
     by_task = {json.loads(line)["steps"][1]["message"]: json.loads(line)["session_id"] for line in lines}
@@ -141,7 +145,7 @@ def test_foreign_events_after_the_owners_first_are_quarantined_in_any_order(tmp_
     write_raw(forger_first, foreign[:1])
     write_raw(forger_first, fleet + foreign[1:])
     for settings in (alone, mixed, reversed_, forger_first):
-        assemble(settings, as_of=AS_OF)
+        assemble(Lakehouse.open(settings), as_of=AS_OF)
     assert _row(mixed, sid) == _row(alone, sid) == _row(reversed_, sid)
     reasons = [r[1] for r in _quarantine(mixed)]
     assert len(reasons) == len(foreign) and set(reasons) == {"foreign_producer"}
@@ -172,7 +176,7 @@ def test_a_second_hosts_session_start_with_seq_0_cannot_take_a_running_session(t
     write_raw(attacked, [forged_start, forged_eval])  # mid-session, with the lowest seq and event id there are
     write_raw(attacked, [e for e in fleet if e not in running])
     for settings in (alone, attacked):
-        assemble(settings, as_of=AS_OF)
+        assemble(Lakehouse.open(settings), as_of=AS_OF)
     assert _row(attacked, sid) == _row(alone, sid) and _row(attacked, sid)["eval_passed"] is False
     assert sorted(r[1:] for r in _quarantine(attacked)) == sorted(
         [("ownership_conflict", "excluded", "0" * 32), ("foreign_producer", "excluded", forged_eval["event_id"])]
@@ -191,7 +195,7 @@ def test_a_copy_of_the_owners_event_id_from_another_host_is_quarantined_not_take
     write_raw(attacked, [forged])
     write_raw(attacked, [own])
     for settings in (alone, attacked):
-        assemble(settings, as_of=AS_OF)
+        assemble(Lakehouse.open(settings), as_of=AS_OF)
     assert _row(attacked, sid) == _row(alone, sid)
     assert [r[1:] for r in _quarantine(attacked)] == [("foreign_producer", "excluded", own["event_id"])]
 
@@ -209,7 +213,7 @@ def test_a_foreign_event_cannot_claim_the_owners_evaluator(tmp_path: Path) -> No
     }
     settings = _lake(tmp_path)
     write_raw(settings, [*fleet, forged])
-    assemble(settings, as_of=AS_OF)
+    assemble(Lakehouse.open(settings), as_of=AS_OF)
     assert _row(settings, sid)["eval_passed"] is False
     assert [r[1:3] for r in _quarantine(settings)] == [("foreign_producer", "excluded")]
 
@@ -223,7 +227,7 @@ def test_which_provenances_count_is_configuration(tmp_path: Path) -> None:
     default, trusting = _lake(tmp_path / "default"), _lake(tmp_path / "trusting", trusted_verdicts="self_reported")
     for settings in (default, trusting):
         write_raw(settings, events)
-        assemble(settings, as_of=AS_OF)
+        assemble(Lakehouse.open(settings), as_of=AS_OF)
     assert _row(default, sid)["eval_passed"] is None and _row(default, sid)["reward"] is None
     row = _row(trusting, sid)
     assert (row["eval_passed"], row["reward"], row["verdict_provenance"]) == (True, 1.0, "self_reported")
@@ -239,7 +243,7 @@ def test_a_late_harness_report_is_attached_once_and_unknown_instances_are_report
     sid = events[0]["session_id"]
     settings = _lake(tmp_path / "home")
     write_raw(settings, events)
-    assemble(settings, as_of=AS_OF)
+    assemble(Lakehouse.open(settings), as_of=AS_OF)
     assert _row(settings, sid)["eval_passed"] is None
 
     report = tmp_path / "report.json"  # a flat report in a harness layout, plus a summary naming another instance
@@ -248,16 +252,16 @@ def test_a_late_harness_report_is_attached_once_and_unknown_instances_are_report
     flat.write_text(json.dumps({"patch_successfully_applied": True, "resolved": True, "tests_status": {}}))
     report.write_text(json.dumps({"resolved_ids": ["acme/widgets:pr-999"], "unresolved_ids": []}))
     sent: list[dict] = []
-    first = attach_verdicts(settings, tmp_path / "eval", sent.append)
+    first = attach_verdicts(Lakehouse.open(settings), tmp_path / "eval", sent.append)
     assert [(i, s, p) for i, s, p in first.attached] == [("acme__widgets-102", sid, True)]
-    second = attach_verdicts(settings, tmp_path / "eval", sent.append)
+    second = attach_verdicts(Lakehouse.open(settings), tmp_path / "eval", sent.append)
     assert [e["event_id"] for e in sent[:1]] == [e["event_id"] for e in sent[1:]]  # the same event again
     write_raw(settings, sent)
-    assemble(settings, as_of=AS_OF)
+    assemble(Lakehouse.open(settings), as_of=AS_OF)
     row = _row(settings, sid)
     assert (row["eval_passed"], row["reward"], row["verdict_provenance"]) == (True, 1.0, "harness_report")
     assert row["max_seq"] == len(events)  # the verdict follows the session's last event
-    unknown = attach_verdicts(settings, report, sent.append)
+    unknown = attach_verdicts(Lakehouse.open(settings), report, sent.append)
     assert [v.instance_id for v in unknown.unknown] == ["acme/widgets:pr-999"] and not unknown.attached
     assert second.files == 1 and unknown.quarantine_records()[0].reason == "unknown_instance"
 
@@ -283,7 +287,7 @@ def test_a_harness_verdict_never_replaces_the_fleet_evaluators(tmp_path: Path, p
     write_raw(alone, fleet)
     write_raw(attacked, [*fleet, late])
     for settings in (alone, attacked):
-        assemble(settings, as_of=AS_OF)
+        assemble(Lakehouse.open(settings), as_of=AS_OF)
     row = _row(attacked, sid)
     assert (row["eval_passed"], row["verdict_provenance"]) == (False, "fleet_evaluator")
     assert row == _row(alone, sid)

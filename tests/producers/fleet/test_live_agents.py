@@ -17,6 +17,7 @@ from producers.fleet.sandbox import bwrap_available
 from producers.fleet.tasks import task_for
 from schemas.registry import decode_event, encode_event
 from tests.helpers import write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 pytestmark = [
@@ -53,7 +54,7 @@ def test_llm_session_lands_with_every_model_call_intact_and_transient_errors_ret
     assert report.by_status == {"completed": 1} and report.eval_passed == 1
     # through the wire format (v3 encode/decode, redaction aside) into raw_events, then assembly
     write_raw(settings, sink.events)
-    assemble(settings)
+    assemble(Lakehouse.open(settings))
     session_id = sink.events[0]["session_id"]
     columns, rows = run_query(
         settings,
@@ -137,7 +138,7 @@ def test_a_group_of_k_lands_with_one_group_id(settings):
     assert len({e["group_id"] for e in decoded}) == 1 and decoded[0]["group_id"]
     assert len({e["task_id"] for e in decoded}) == 1  # same seed, same instance
     write_raw(settings, sink.events)
-    assemble(settings)
+    assemble(Lakehouse.open(settings))
     rows = run_query(settings, "SELECT group_id, attempt, task_id FROM trajectories ORDER BY attempt")[1]
     assert [r[1] for r in rows] == [1, 2, 3] and len({(r[0], r[2]) for r in rows}) == 1
 
@@ -268,7 +269,7 @@ def test_fleet_resource_runs_a_custom_agent_through_kafka_into_the_lake(kafka_se
     assert report.sessions == 2
     stats = IngestWorker(kafka_settings).run(until_idle=2)
     assert stats.dead_letters == 0
-    assemble(kafka_settings)
+    assemble(Lakehouse.open(kafka_settings))
     rows = run_query(kafka_settings, "SELECT agent_name, n_steps, exit_reason, attempt FROM trajectories ORDER BY 4")[1]
     assert rows == [(f"{agent_file}:agent", 1, "agent_finished", 1), (f"{agent_file}:agent", 1, "agent_finished", 2)]
 

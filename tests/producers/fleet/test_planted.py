@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from producers.fleet.planted import planted_patches
 from producers.fleet.sandbox import bwrap_available
 from producers.fleet.tasks import FAMILIES, make_task
+from warehouse.lakehouse import Lakehouse
 
 # (module, owner or None, attribute, expected kind)
 TARGETS = [
@@ -269,8 +270,8 @@ def test_planted_patches_are_flagged_although_the_verdict_held(settings, monkeyp
     for evaluation in evaluations:
         assert json.loads(evaluation["payload"]["details"])["planted"], "the evaluator found the planted code"
     write_raw(settings, events)
-    assemble(settings, as_of=datetime.now(UTC) + timedelta(days=1))
-    score_all(settings)
+    assemble(Lakehouse.open(settings), as_of=datetime.now(UTC) + timedelta(days=1))
+    score_all(Lakehouse.open(settings))
     _, rows = run_query(settings, "SELECT session_id, flag FROM flags WHERE flag_class <> 'anomaly'")
     flagged = {sid for sid, flag in rows if flag in ("test_framework_patch", "forged_verdict", "evaluator_tampered")}
     assert flagged == {e["session_id"] for e in evaluations}

@@ -16,6 +16,7 @@ from pipelines.export import ExportFilters, export_training_set, read_export
 from pipelines.score import score_all
 from producers.importers import import_file
 from tests.helpers import AS_OF, write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 ALL_ORIGINS = ExportFilters(origins=())  # the synthetic fleet's sessions too
@@ -52,8 +53,8 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, dict[str, 
     settings = load_settings(home=tmp_path_factory.mktemp("formats"), topic="unused", kafka_bootstrap=None)
     sessions = [s for name in FORMATS for s in import_file(FIXTURES / name).sessions]
     write_raw(settings, [e for s in sessions for e in s.events], batch_size=5000)
-    assemble(settings, as_of=AS_OF)
-    score_all(settings)
+    assemble(Lakehouse.open(settings), as_of=AS_OF)
+    score_all(Lakehouse.open(settings))
     columns, rows = run_query(
         settings,
         "SELECT t.session_id, t.task_id, t.n_steps, t.eval_passed, t.verdict_provenance, t.status, s.completion, "
@@ -94,7 +95,7 @@ def test_no_honest_run_is_flagged(lake) -> None:
 
 def test_resolved_runs_export_with_their_submission_byte_identical(lake, tmp_path: Path) -> None:
     settings, sessions = lake
-    export_training_set(settings, "openai", tmp_path / "out", min_quality=0.0, filters=ALL_ORIGINS)
+    export_training_set(Lakehouse.open(settings), "openai", tmp_path / "out", min_quality=0.0, filters=ALL_ORIGINS)
     records = read_export(tmp_path / "out")
     exported = {r["session_id"]: r for r in records}
     resolved = {sid for sid, row in sessions.items() if VERDICTS.get(row["task_id"])}
