@@ -123,17 +123,39 @@ def session_facts(
         if column not in trajectories.columns:
             trajectories = trajectories.with_columns(pl.lit(None, pl.Utf8).alias(column))
     trajectories, steps, file_ops, network = (encode(f, keys) for f in (trajectories, steps, file_ops, network))
+    context = _detector_context(trajectories, sessions, keys)
+    cheat_flags = detect_cheats(steps, file_ops, network, context, config).with_columns(
+        pl.col("session_id").cast(keys.schema["key"])
+    )
+    per_session = _flags_per_session(cheat_flags, config)
+    confirmed = per_session.filter("cheat_confirmed")["session_id"]
+    causes = failure_causes(trajectories, steps, confirmed)
+    documents = _documents(trajectories, steps, config)
+    loops = _longest_identical_run(whole_action_tokens(steps))
+    features = session_features(trajectories, steps).drop("task_type")
+    counts = _step_counts(steps)
+    facts = _facts(trajectories, [per_session, causes, loops, features, documents, counts], config)
+    facts = decode(facts.select(list(FACTS_SCHEMA)), keys, ["session_id"]).cast(FACTS_SCHEMA).sort("session_id")
+    flags = decode(cheat_flags.cast(FLAGS_SCHEMA), keys, ["session_id"]).sort("session_id", "flag")
+    return SessionFacts(facts, flags)
+
+
+def _detector_context(trajectories: pl.DataFrame, sessions: pl.DataFrame | None, keys: pl.DataFrame) -> pl.DataFrame:
+    """The detectors' per-session context: the instruction and exit reason of ``trajectories`` (key-encoded),
+    joined with the given ``sessions`` columns."""
     statement = pl.col("instruction").cast(pl.Utf8) if "instruction" in trajectories.columns else pl.lit(None, pl.Utf8)
     ended = pl.col("exit_reason").cast(pl.Utf8) if "exit_reason" in trajectories.columns else pl.lit(None, pl.Utf8)
     context = trajectories.select("session_id", statement.alias("instruction"), ended.alias("exit_reason"))
     if sessions is not None:
         given = encode(sessions.drop("instruction", "exit_reason", strict=False), keys)
         context = context.join(given, on="session_id", how="left")
-    key_type = keys.schema["key"]
+    return context
+
+
+def _flags_per_session(cheat_flags: pl.DataFrame, config: QualityConfig) -> pl.DataFrame:
+    """Per session with flags: their number, whether any is a security flag, the smallest governance weight,
+    whether any is confirmed (or voids the verdict), and the flag names."""
     policies = config.policies()
-    cheat_flags = detect_cheats(steps, file_ops, network, context, config).with_columns(
-        pl.col("session_id").cast(key_type)
-    )
     governance = pl.DataFrame(
         {
             "flag": list(policies),
@@ -142,7 +164,7 @@ def session_facts(
         },
         schema={"flag": pl.Utf8, "weight": pl.Float64, "voids": pl.Boolean},
     )
-    per_session = (
+    return (
         cheat_flags.join(governance, on="flag", how="left")
         .group_by("session_id")
         .agg(
@@ -153,63 +175,58 @@ def session_facts(
             pl.col("flag").unique().sort().str.join(",").alias("flag_names"),
         )
     )
-    confirmed = per_session.filter("cheat_confirmed")["session_id"]
-    causes = failure_causes(trajectories, steps, confirmed)
+
+
+def _documents(trajectories: pl.DataFrame, steps: pl.DataFrame, config: QualityConfig) -> pl.DataFrame:
+    """Per session: the exact-duplicate key, the MinHash signature and its LSH band keys."""
     tokens = action_tokens(steps)
     docs = build_documents(trajectories, steps, config, tokens)
-    loops = _longest_identical_run(whole_action_tokens(steps))
-    features = session_features(trajectories, steps).drop("task_type")
     signatures = docs.signatures[docs.exact_group]  # one row per session (sessions sorted by key)
     # each session's own task in its band keys: the index finds near-duplicates within a task only
     tasks = docs.sessions.select("session_id").join(
         trajectories.select("session_id", "task_id"), on="session_id", how="left", maintain_order="left"
     )
     bands = band_keys(signatures, config, task_keys(tasks["task_id"])).view(np.int64)
-    documents = docs.sessions.select(
+    return docs.sessions.select(
         "session_id",
         pl.col("exact_key").cast(pl.UInt64).reinterpret(signed=True).alias("exact_key"),
         pl.Series("signature", _binary_rows(signatures.astype("<u4"))),
         pl.Series("bands", _list_rows(bands)),
     )
-    counts = _step_counts(steps)
+
+
+def _facts(trajectories: pl.DataFrame, per_session: list[pl.DataFrame], config: QualityConfig) -> pl.DataFrame:
+    """One row per session of ``trajectories``: its own columns, then each frame of ``per_session`` joined on
+    ``session_id`` in turn, with the defaults of a session that has no row in one of them."""
     family = pl.coalesce(pl.col("task_family"), pl.col("task_id"))
     started = pl.col("started_at").cast(pl.Datetime("us", "UTC"))
-    facts = (
-        trajectories.select(
-            "session_id",
-            "task_id",
-            "task_type",
-            "task_family",
-            family.alias("family"),
-            pl.col("origin").fill_null("unknown"),
-            profile_key().alias("profile"),
-            started.alias("started_at"),
-            started.dt.date().alias("day"),
-            "status",
-            "exit_reason",
-            "eval_passed",
-            pl.col("reward").cast(pl.Float64),
-        )
-        .join(per_session, on="session_id", how="left")
-        .join(causes, on="session_id", how="left")
-        .join(loops, on="session_id", how="left")
-        .join(features, on="session_id", how="left")
-        .join(documents, on="session_id", how="left")
-        .join(counts, on="session_id", how="left")
-        .with_columns(
-            pl.col("n_cheat_flags").fill_null(0),
-            pl.col("security_flagged").fill_null(False),
-            pl.col("cheat_weight").fill_null(1.0),
-            pl.col("cheat_confirmed").fill_null(False),
-            pl.col("flag_names").fill_null(""),
-            (pl.col("max_run").fill_null(0) >= config.loop_run).alias("has_loop"),
-            pl.col("tool_counts").fill_null("{}"),
-            pl.col("exit_code_counts").fill_null("{}"),
-        )
+    facts = trajectories.select(
+        "session_id",
+        "task_id",
+        "task_type",
+        "task_family",
+        family.alias("family"),
+        pl.col("origin").fill_null("unknown"),
+        profile_key().alias("profile"),
+        started.alias("started_at"),
+        started.dt.date().alias("day"),
+        "status",
+        "exit_reason",
+        "eval_passed",
+        pl.col("reward").cast(pl.Float64),
     )
-    facts = decode(facts.select(list(FACTS_SCHEMA)), keys, ["session_id"]).cast(FACTS_SCHEMA).sort("session_id")
-    flags = decode(cheat_flags.cast(FLAGS_SCHEMA), keys, ["session_id"]).sort("session_id", "flag")
-    return SessionFacts(facts, flags)
+    for frame in per_session:
+        facts = facts.join(frame, on="session_id", how="left")
+    return facts.with_columns(
+        pl.col("n_cheat_flags").fill_null(0),
+        pl.col("security_flagged").fill_null(False),
+        pl.col("cheat_weight").fill_null(1.0),
+        pl.col("cheat_confirmed").fill_null(False),
+        pl.col("flag_names").fill_null(""),
+        (pl.col("max_run").fill_null(0) >= config.loop_run).alias("has_loop"),
+        pl.col("tool_counts").fill_null("{}"),
+        pl.col("exit_code_counts").fill_null("{}"),
+    )
 
 
 def _longest_identical_run(tokens: pl.DataFrame) -> pl.DataFrame:

@@ -324,40 +324,56 @@ def import_runs(
     """Import runs recorded by other agent frameworks into the event stream (Kafka); re-imports are idempotent."""
     if not paths and verdicts is None and listen is None:
         raise typer.BadParameter("give PATHS, --verdicts or --listen")
-    import time
-
     from pipelines.intake.importing import import_runs as run_import
-    from pipelines.intake.importing import listen as start_receiver
     from producers.importers import ImportFormatError
-    from producers.importers.otlp_receiver import read_credentials
     from producers.sdk import EventProducer
 
     settings = settings_for("read" if verdicts is not None and not paths else "any")
     # the importers redact every event before splitting large texts into parts: no second pass here
     with EventProducer.from_settings(host_id="importer", redact=False) as producer:
         if listen is not None:
-            receiver = start_receiver(  # names come from the client: printed as text, never as markup
-                listen,
-                producer,
-                lambda s: out.print(
-                    f"{_visible(s.position)}: session {s.session_id}, {s.steps} steps", markup=False, highlight=False
-                ),
-                token=settings.otlp_token,
-                credentials=read_credentials(settings.otlp_tokens_file) if settings.otlp_tokens_file else None,
-                settings=settings,
-            )
-            out.print(f"receiving OTLP/HTTP traces at {receiver.endpoint} (Ctrl-C to stop)", markup=False)
-            try:
-                while True:
-                    time.sleep(1)
-            except KeyboardInterrupt:
-                receiver.stop()
-            out.print(f"received {receiver.spans_received} spans, sent {receiver.sessions_sent} sessions")
+            _import_listen(listen, producer, settings)
             return
         with progress_bar("import") as progress:
             run = run_import(
                 settings, list(paths or []), producer, format=format.value, verdicts=verdicts, progress=progress
             )
+    _print_imported(run, paths)
+    failures = _import_failures(run, paths or [])
+    if run.attached is not None:
+        _print_attached(run.attached)
+    if failures:
+        raise ImportFormatError("import", "; ".join(failures))
+
+
+def _import_listen(listen: str, producer: Any, settings: Any) -> None:
+    """``import --listen``: receive OTLP/HTTP traces on ``listen`` until Ctrl-C, then say what came in."""
+    import time
+
+    from pipelines.intake.importing import listen as start_receiver
+    from producers.importers.otlp_receiver import read_credentials
+
+    receiver = start_receiver(  # names come from the client: printed as text, never as markup
+        listen,
+        producer,
+        lambda s: out.print(
+            f"{_visible(s.position)}: session {s.session_id}, {s.steps} steps", markup=False, highlight=False
+        ),
+        token=settings.otlp_token,
+        credentials=read_credentials(settings.otlp_tokens_file) if settings.otlp_tokens_file else None,
+        settings=settings,
+    )
+    out.print(f"receiving OTLP/HTTP traces at {receiver.endpoint} (Ctrl-C to stop)", markup=False)
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        receiver.stop()
+    out.print(f"received {receiver.spans_received} spans, sent {receiver.sessions_sent} sessions")
+
+
+def _print_imported(run: Any, paths: list[Path] | None) -> None:
+    """One line per imported session, then what was quarantined, not sent or skipped, and the totals."""
     for summary in run.report.summaries:
         where = f" ({summary.position})" if summary.position else ""
         out.print(
@@ -385,22 +401,21 @@ def import_runs(
                 else ""
             )
         )
-    failures = _import_failures(run, paths or [])
-    if run.attached is not None:
-        attached = run.attached
-        for verdict in attached.unknown:
-            err.print(f"no session for {verdict.instance_id} ({verdict.source}): kept in quarantine", markup=False)
-        for instance, count in attached.shared.items():
-            out.print(f"{instance}: verdict attached to {count} sessions (several runs of one instance)", markup=False)
-        for line in attached.errors:
-            err.print(line, markup=False)
-        passed = sum(1 for _, _, ok in attached.attached if ok)
-        out.print(
-            f"attached {len(attached.attached)} verdicts ({passed} passed) from {attached.files} files; "
-            f"{len(attached.unknown)} for unknown instances, {len(attached.unevaluated)} not evaluated by the harness"
-        )
-    if failures:
-        raise ImportFormatError("import", "; ".join(failures))
+
+
+def _print_attached(attached: Any) -> None:
+    """What ``--verdicts`` attached: verdicts for no session, instances run several times, errors, totals."""
+    for verdict in attached.unknown:
+        err.print(f"no session for {verdict.instance_id} ({verdict.source}): kept in quarantine", markup=False)
+    for instance, count in attached.shared.items():
+        out.print(f"{instance}: verdict attached to {count} sessions (several runs of one instance)", markup=False)
+    for line in attached.errors:
+        err.print(line, markup=False)
+    passed = sum(1 for _, _, ok in attached.attached if ok)
+    out.print(
+        f"attached {len(attached.attached)} verdicts ({passed} passed) from {attached.files} files; "
+        f"{len(attached.unknown)} for unknown instances, {len(attached.unevaluated)} not evaluated by the harness"
+    )
 
 
 def _import_failures(run: Any, paths: list[Path]) -> list[str]:

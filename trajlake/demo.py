@@ -77,6 +77,16 @@ def run_demo(
         state = start_broker(settings)
         echo(f"broker: embedded tansu at {state.bootstrap}")
     seed = seed if seed is not None else random.SystemRandom().randrange(1 << 31)
+    _say_cheaters_planted(sessions, local_sessions, echo)
+    _run_fleets(settings, report, sessions, local_sessions, seed, echo, progress)
+    echo(f"emitted this run: {report.sessions_emitted} sessions, {report.events_emitted} events")
+    _run_stages(settings, report, echo, progress)
+    _summarise(settings, echo)
+    return report
+
+
+def _say_cheaters_planted(sessions: int, local_sessions: int, echo: Callable[[str], None]) -> None:
+    """Say that the demo plants cheaters on purpose, and how many, so that its flags are read as those caught."""
     planted = [
         f"{LOCAL_CHEAT_RATE:.0%} of {local_sessions} real-sandbox sessions" if local_sessions else "",
         f"{SYNTHETIC_CHEAT_RATE:.0%} of {sessions} synthetic ones" if sessions else "",
@@ -86,6 +96,18 @@ def run_demo(
             f"cheaters: the demo plants cheating agents on purpose ({' and '.join(p for p in planted if p)}), "
             "so the flags it shows are those cheaters caught"
         )
+
+
+def _run_fleets(
+    settings: Settings,
+    report: DemoReport,
+    sessions: int,
+    local_sessions: int,
+    seed: int,
+    echo: Callable[[str], None],
+    progress: Callable[[str], AbstractContextManager[Progress | None]],
+) -> None:
+    """The local fleet's real sandboxes, then the synthetic reference traffic; what they emitted into ``report``."""
     # Real sandboxes first (bubblewrap; the synthetic fleet stands in when it is unavailable).
     if local_sessions:
         with progress("fleet[local]") as shown:
@@ -124,7 +146,15 @@ def run_demo(
     report.sessions_emitted += synthetic.sessions
     report.events_emitted += synthetic.events
     report.cheaters_planted += synthetic.cheaters
-    echo(f"emitted this run: {report.sessions_emitted} sessions, {report.events_emitted} events")
+
+
+def _run_stages(
+    settings: Settings,
+    report: DemoReport,
+    echo: Callable[[str], None],
+    progress: Callable[[str], AbstractContextManager[Progress | None]],
+) -> None:
+    """Ingest, assemble, score and export, each said in one line and kept in ``report.steps``."""
     with progress("ingest") as shown:
         ingest_stats = run_ingest(settings, until_idle=3.0, progress=shown)
     report.steps["ingest"] = ingest_stats.as_dict()
@@ -158,6 +188,10 @@ def run_demo(
         f"({', '.join(f'{o} {n}' for o, n in sorted(exported.per_origin.items())) or 'none'}) "
         f"to {exported.out_dir}; left out of {exported.considered}: {exported.left_out_summary()}"
     )
+
+
+def _summarise(settings: Settings, echo: Callable[[str], None]) -> None:
+    """The whole lakehouse's counts, the example queries with their answers, and what to run next."""
     columns, rows = run_query(
         settings,
         "SELECT (SELECT count(*) FROM trajectories) AS trajectories, (SELECT count(*) FROM events) AS events, "
@@ -168,7 +202,6 @@ def run_demo(
         echo(f'\n{title}:\n  trajlake sql "{query}"\n' + format_rows(*run_query(settings, query), "table"))
     for line in next_steps(settings):
         echo(line)
-    return report
 
 
 def next_steps(settings: Settings) -> list[str]:

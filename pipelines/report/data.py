@@ -106,6 +106,16 @@ def overview(con: duckdb.DuckDBPyConnection, scope: str, max_pages: int) -> Over
         "FROM scope JOIN trajectories t USING (session_id) LEFT JOIN scores s USING (session_id) "
         "LEFT JOIN (SELECT DISTINCT session_id, true AS flagged FROM flags) f USING (session_id)"
     )
+    _counts(con, base, result)
+    _costs(con, base, result)
+    result.flagged_total = int(result.totals["flagged"] or 0)
+    result.flagged = _flagged(con)
+    _listed(con, result, max_pages)
+    return result
+
+
+def _counts(con: duckdb.DuckDBPyConnection, base: str, result: Overview) -> None:
+    """``result``'s totals, its rows per task family, status and failure cause, and its quality histogram."""
     result.totals = _rows(
         con,
         "SELECT count(*) AS sessions, coalesce(sum(t.n_steps), 0) AS steps, "
@@ -146,6 +156,10 @@ def overview(con: duckdb.DuckDBPyConnection, scope: str, max_pages: int) -> Over
         )
     }
     result.quality_bins = [bins.get(i, 0) for i in range(QUALITY_BINS)]
+
+
+def _costs(con: duckdb.DuckDBPyConnection, base: str, result: Overview) -> None:
+    """``result``'s cost figures (median, p95, max, mean) and cost histogram up to the 99th percentile."""
     stats = _rows(
         con,
         "SELECT quantile_cont(t.cost_usd, 0.5) AS p50, quantile_cont(t.cost_usd, 0.95) AS p95, "
@@ -166,7 +180,11 @@ def overview(con: duckdb.DuckDBPyConnection, scope: str, max_pages: int) -> Over
             )
         }
         result.cost_bins = [bins.get(i, 0) for i in range(COST_BINS)]
-    result.flagged_total = int(result.totals["flagged"] or 0)
+
+
+def _flagged(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """The first ``FLAGGED_LISTED`` flagged sessions in scope (worst class and severity first, then the most
+    recent), each with its flags."""
     flags = _rows(
         con,
         "SELECT fl.session_id, fl.flag, fl.flag_class, fl.severity, fl.evidence, "
@@ -186,7 +204,12 @@ def overview(con: duckdb.DuckDBPyConnection, scope: str, max_pages: int) -> Over
             }
             entry["flags"] = []
         entry["flags"].append({k: row[k] for k in ("flag", "flag_class", "severity", "evidence")})
-    result.flagged = list(by_session.values())
+    return list(by_session.values())
+
+
+def _listed(con: duckdb.DuckDBPyConnection, result: Overview, max_pages: int) -> None:
+    """``result``'s listed sessions (those that get a page): the flagged first, then the most recent others,
+    ``max_pages`` in all."""
     flagged_ids = [row["session_id"] for row in result.flagged][:max_pages]
     rest = max_pages - len(flagged_ids)
     recent = _rows(
@@ -207,7 +230,6 @@ def overview(con: duckdb.DuckDBPyConnection, scope: str, max_pages: int) -> Over
             "ORDER BY t.started_at DESC NULLS LAST, t.session_id",
         )
         con.unregister("listed_ids")
-    return result
 
 
 #: Sessions per index shard (``sessions/index-NNNNN.js``): the search page loads them one by one.

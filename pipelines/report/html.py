@@ -161,16 +161,37 @@ def evidence_html(evidence: Any, step_of_event: dict[str, int] | None = None) ->
 
 def overview_html(data: Overview, link: Callable[[str], str | None], generated: datetime) -> str:
     """The overview page: figures, pass rates by task family, distributions, flagged sessions, sessions."""
+    sessions = int(data.totals.get("sessions") or 0)
+    parts = [
+        f"<h1>trajlake report: {esc(data.scope)}</h1>",
+        _export_html(data),
+        _kpis_html(data, sessions),
+        _pass_rates_html(data),
+        _distributions_html(data),
+        _flagged_html(data, link),
+        _families_html(data),
+        _outcomes_html(data),
+        _search_html(data, sessions),
+        _noscript_html(data, link, sessions),
+    ]
+    return page(f"trajlake report: {data.scope}", "".join(parts), generated, scripts=["sessions/search.js"])
+
+
+def _export_html(data: Overview) -> str:
+    """The export the report is of (its id, format, scorer and filters), when it is of one."""
+    if not data.export:
+        return ""
+    m = data.export
+    return (
+        f"<p>Export <code>{esc(m.get('export_id'))}</code>, format <b>{esc(m.get('format'))}</b>, created "
+        f"{esc(m.get('created_at'))}, scorer {esc(m.get('scorer_version'))}; filters "
+        f"<code>{esc(json.dumps(m.get('filters') or {}, sort_keys=True))}</code>.</p>"
+    )
+
+
+def _kpis_html(data: Overview, sessions: int) -> str:
+    """The headline figures: sessions, steps, passed, flagged, exportable, mean quality, cost."""
     t = data.totals
-    parts = [f"<h1>trajlake report: {esc(data.scope)}</h1>"]
-    if data.export:
-        m = data.export
-        parts.append(
-            f"<p>Export <code>{esc(m.get('export_id'))}</code>, format <b>{esc(m.get('format'))}</b>, created "
-            f"{esc(m.get('created_at'))}, scorer {esc(m.get('scorer_version'))}; filters "
-            f"<code>{esc(json.dumps(m.get('filters') or {}, sort_keys=True))}</code>.</p>"
-        )
-    sessions = int(t.get("sessions") or 0)
     kpis = [
         ("sessions", number(sessions)),
         ("steps", number(t.get("steps"))),
@@ -180,8 +201,11 @@ def overview_html(data: Overview, link: Callable[[str], str | None], generated: 
         ("mean quality", number(t.get("mean_quality"))),
         ("cost", "$" + number(t.get("cost_usd"), 2)),
     ]
-    parts.append("".join(f'<div class="kpi"><b>{v}</b>{esc(k)}</div>' for k, v in kpis))
-    parts.append('<h2 id="pass-rates">Pass rate by task family</h2>')
+    return "".join(f'<div class="kpi"><b>{v}</b>{esc(k)}</div>' for k, v in kpis)
+
+
+def _pass_rates_html(data: Overview) -> str:
+    """The pass rate of each task family as a bar chart."""
     rows = [
         (
             str(f["task_family"]),
@@ -190,15 +214,20 @@ def overview_html(data: Overview, link: Callable[[str], str | None], generated: 
         )
         for f in data.families
     ]
-    if rows:
-        parts.append(bar_chart(rows, title="pass rate by task family"))
+    return '<h2 id="pass-rates">Pass rate by task family</h2>' + (
+        bar_chart(rows, title="pass rate by task family") if rows else ""
+    )
+
+
+def _distributions_html(data: Overview) -> str:
+    """The quality and cost histograms side by side, with the cost figures."""
     c = data.cost_stats
     cost_plot = (
         histogram(data.cost_bins, 0.0, data.cost_high, "cost in USD (sessions per bin)", "${:.4f}", 520, title="cost")
         if data.cost_bins
         else ""
     )
-    parts.append(
+    return (
         '<div class="row"><div><h2 id="quality">Quality</h2>'
         + histogram(data.quality_bins, 0.0, 1.0, "quality (sessions per bin)", width=520, title="quality distribution")
         + '</div><div><h2 id="cost">Cost per session</h2>'
@@ -207,7 +236,12 @@ def overview_html(data: Overview, link: Callable[[str], str | None], generated: 
         f"mean ${number(c.get('mean'), 4)}, max ${number(c.get('max'), 4)}; the plot stops at the 99th percentile, "
         f"${number(data.cost_high, 4)}</p></div></div>"
     )
-    parts.append(f'<h2 id="flagged">Flagged sessions ({number(data.flagged_total)})</h2>')
+
+
+def _flagged_html(data: Overview, link: Callable[[str], str | None]) -> str:
+    """The flagged sessions, most severe first: each with its flags and their evidence (anomalies' only when
+    nothing else is flagged)."""
+    parts = [f'<h2 id="flagged">Flagged sessions ({number(data.flagged_total)})</h2>']
     if data.flagged_total > len(data.flagged):
         parts.append(f"<p class=dim>the first {len(data.flagged)} are listed, most severe first</p>")
     flagged_rows = []
@@ -224,36 +258,45 @@ def overview_html(data: Overview, link: Callable[[str], str | None], generated: 
         evidence = evidence or "".join(evidence_html(f["evidence"]) for f in entry["flags"])
         flagged_rows.append((cell, esc(entry["task_family"]), esc(entry["status"]), flags, evidence))
     parts.append(table(["session", "task family", "status", "flags", "evidence"], flagged_rows, id="flagged-sessions"))
-    parts.append('<h2 id="families">By task family</h2>')
-    parts.append(
-        table(
-            ["task family", "sessions", "evaluated", "passed", "pass rate", "mean quality", "mean cost $", "flagged"],
-            [
-                (
-                    esc(f["task_family"]),
-                    number(f["sessions"]),
-                    number(f["evaluated"]),
-                    number(f["passed"]),
-                    f"{f['passed'] / f['sessions'] * 100:.1f}%" if f["sessions"] else "–",
-                    number(f["mean_quality"]),
-                    number(f["mean_cost_usd"], 4),
-                    number(f["flagged"]),
-                )
-                for f in data.families
-            ],
-            numeric=range(1, 8),
-            id="family-table",
-        )
+    return "".join(parts)
+
+
+def _families_html(data: Overview) -> str:
+    """The table of task families: sessions, evaluated, passed, pass rate, mean quality and cost, flagged."""
+    return '<h2 id="families">By task family</h2>' + table(
+        ["task family", "sessions", "evaluated", "passed", "pass rate", "mean quality", "mean cost $", "flagged"],
+        [
+            (
+                esc(f["task_family"]),
+                number(f["sessions"]),
+                number(f["evaluated"]),
+                number(f["passed"]),
+                f"{f['passed'] / f['sessions'] * 100:.1f}%" if f["sessions"] else "–",
+                number(f["mean_quality"]),
+                number(f["mean_cost_usd"], 4),
+                number(f["flagged"]),
+            )
+            for f in data.families
+        ],
+        numeric=range(1, 8),
+        id="family-table",
     )
-    parts.append('<h2 id="outcomes">Outcomes</h2>')
-    parts.append(
+
+
+def _outcomes_html(data: Overview) -> str:
+    """Sessions per final status and per failure cause."""
+    return (
+        '<h2 id="outcomes">Outcomes</h2>'
         '<div class="row">'
         + table(["status", "sessions"], [(esc(s), number(n)) for s, n in data.statuses], numeric=[1])
         + table(["failure cause", "sessions"], [(esc(s), number(n)) for s, n in data.failure_causes], numeric=[1])
         + "</div>"
     )
-    parts.append(_search_html(data, sessions))
-    parts.append(
+
+
+def _noscript_html(data: Overview, link: Callable[[str], str | None], sessions: int) -> str:
+    """What a reader without JavaScript sees instead of the search: the first listed sessions."""
+    return (
         '<div id="search-noscript"><p class=dim>The search needs JavaScript; without it, the '
         f"{len(data.listed[:NOSCRIPT_ROWS])} sessions below are listed (of {number(len(data.listed))} with a page "
         f"and {number(sessions)} in all).</p>"
@@ -276,7 +319,6 @@ def overview_html(data: Overview, link: Callable[[str], str | None], generated: 
         )
         + "</div>"
     )
-    return page(f"trajlake report: {data.scope}", "".join(parts), generated, scripts=["sessions/search.js"])
 
 
 _FILTER_LABELS = {
@@ -447,9 +489,25 @@ def evidence_block(detail: SessionDetail) -> str:
 def session_html(detail: SessionDetail, back: str, generated: datetime) -> str:
     """One session's page: its flags with their evidence first, then what it was, its scores as arithmetic,
     and the run: each model call's messages and reply, each step, files written as diffs."""
+    parts = [
+        f'<p><a href="{esc(back)}">← overview</a></p><h1>Session <code>{esc(detail.session_id)}</code></h1>',
+        f'<h2 id="flags">Flags ({len(detail.flags)})</h2>' + evidence_block(detail),
+        _about_html(detail),
+        _verdict_html(detail),
+        _run_html(detail),
+        _model_calls_html(detail.model_calls),
+        _network_html(detail.network),
+    ]
+    for annotation in detail.annotations:
+        parts.append(
+            f"<h2>Annotation {esc(annotation.get('key'))}</h2>{_long_pre(str(annotation.get('value')), 'note')}"
+        )
+    return page(f"session {detail.session_id}", "".join(parts), generated)
+
+
+def _about_html(detail: SessionDetail) -> str:
+    """What the session was: task, agent, status, start and duration, steps, tokens and cost, host, origin."""
     t = detail.trajectory
-    parts = [f'<p><a href="{esc(back)}">← overview</a></p><h1>Session <code>{esc(detail.session_id)}</code></h1>']
-    parts.append(f'<h2 id="flags">Flags ({len(detail.flags)})</h2>' + evidence_block(detail))
     facts = [
         ("task", f"{esc(t.get('task_id'))} ({esc(t.get('task_family') or t.get('task_type'))})"),
         ("agent", esc(" / ".join(str(t[k]) for k in ("agent_name", "agent_model", "policy_version") if t.get(k)))),
@@ -465,8 +523,12 @@ def session_html(detail: SessionDetail, back: str, generated: datetime) -> str:
     ]
     if detail.origin:
         facts.append(("origin", esc(detail.origin)))
-    parts.append('<h2 id="session">Session</h2>' + table(["", ""], [(f"<b>{esc(k)}</b>", v) for k, v in facts]))
-    parts.append('<h2 id="verdict">Evaluation and scores</h2>')
+    return '<h2 id="session">Session</h2>' + table(["", ""], [(f"<b>{esc(k)}</b>", v) for k, v in facts])
+
+
+def _verdict_html(detail: SessionDetail) -> str:
+    """The evaluation's verdict, the scores as arithmetic with the failure cause, the duplicate cluster."""
+    parts = ['<h2 id="verdict">Evaluation and scores</h2>']
     e = detail.evaluation
     if e is None:
         parts.append("<p class=dim>no evaluation recorded</p>")
@@ -489,7 +551,14 @@ def session_html(detail: SessionDetail, back: str, generated: datetime) -> str:
             f"<p>Duplicate cluster <code>{esc(d.get('cluster_id'))}</code> ({esc(d.get('method'))}, similarity "
             f"{number(d.get('similarity'))}){' — the representative' if d.get('is_representative') else ''}</p>"
         )
-    instruction = t.get("instruction") or (detail.start or {}).get("instruction")
+    return "".join(parts)
+
+
+def _run_html(detail: SessionDetail) -> str:
+    """The run: the instruction, each model call and step in time order (flagged steps marked), the files
+    written, the submitted patch."""
+    parts = []
+    instruction = detail.trajectory.get("instruction") or (detail.start or {}).get("instruction")
     if instruction:
         parts.append('<h2 id="instruction">Instruction</h2>' + _long_pre(str(instruction), "instruction"))
     marks = flagged_steps(detail)
@@ -510,53 +579,49 @@ def session_html(detail: SessionDetail, back: str, generated: datetime) -> str:
             )
     if detail.submission:
         parts.append('<h2 id="submission">Submitted patch</h2>' + diff_html(detail.submission))
-    if detail.model_calls:
-        calls = detail.model_calls
-        parts.append(f'<h2 id="model-calls">Model calls ({len(calls)})</h2>')
-        parts.append(
-            table(
-                ["seq", "model", "status", "prompt", "cached", "completion", "latency ms", "cost $"],
-                [
-                    (
-                        esc(c.get("seq")),
-                        esc(c.get("model")),
-                        esc(c.get("status") or "ok") + (f" {esc(c['http_status'])}" if c.get("http_status") else ""),
-                        number(c.get("prompt_tokens")),
-                        number(c.get("cached_tokens")),
-                        number(c.get("completion_tokens")),
-                        number(c.get("latency_ms"), 1),
-                        number(c.get("cost_usd"), 5),
-                    )
-                    for c in calls
-                ]
-                + [
-                    (
-                        "",
-                        "<b>total</b>",
-                        "",
-                        number(sum(c.get("prompt_tokens") or 0 for c in calls)),
-                        number(sum(c.get("cached_tokens") or 0 for c in calls)),
-                        number(sum(c.get("completion_tokens") or 0 for c in calls)),
-                        "",
-                        number(float(sum(c.get("cost_usd") or 0 for c in calls)), 5),
-                    )
-                ],
-                numeric=range(3, 8),
+    return "".join(parts)
+
+
+def _model_calls_html(calls: list[dict[str, Any]]) -> str:
+    """The table of model calls (tokens, latency, cost) with a total row; nothing when there were none."""
+    if not calls:
+        return ""
+    return f'<h2 id="model-calls">Model calls ({len(calls)})</h2>' + table(
+        ["seq", "model", "status", "prompt", "cached", "completion", "latency ms", "cost $"],
+        [
+            (
+                esc(c.get("seq")),
+                esc(c.get("model")),
+                esc(c.get("status") or "ok") + (f" {esc(c['http_status'])}" if c.get("http_status") else ""),
+                number(c.get("prompt_tokens")),
+                number(c.get("cached_tokens")),
+                number(c.get("completion_tokens")),
+                number(c.get("latency_ms"), 1),
+                number(c.get("cost_usd"), 5),
             )
-        )
-    if detail.network:
-        parts.append(f'<h2 id="network">Network attempts ({len(detail.network)})</h2>')
-        parts.append(
-            table(
-                ["host", "port", "allowed", "error"],
-                [
-                    (esc(n.get("host")), esc(n.get("port")), number(n.get("allowed")), esc(n.get("error")))
-                    for n in detail.network
-                ],
+            for c in calls
+        ]
+        + [
+            (
+                "",
+                "<b>total</b>",
+                "",
+                number(sum(c.get("prompt_tokens") or 0 for c in calls)),
+                number(sum(c.get("cached_tokens") or 0 for c in calls)),
+                number(sum(c.get("completion_tokens") or 0 for c in calls)),
+                "",
+                number(float(sum(c.get("cost_usd") or 0 for c in calls)), 5),
             )
-        )
-    for annotation in detail.annotations:
-        parts.append(
-            f"<h2>Annotation {esc(annotation.get('key'))}</h2>{_long_pre(str(annotation.get('value')), 'note')}"
-        )
-    return page(f"session {detail.session_id}", "".join(parts), generated)
+        ],
+        numeric=range(3, 8),
+    )
+
+
+def _network_html(network: list[dict[str, Any]]) -> str:
+    """The table of network attempts; nothing when there were none."""
+    if not network:
+        return ""
+    return f'<h2 id="network">Network attempts ({len(network)})</h2>' + table(
+        ["host", "port", "allowed", "error"],
+        [(esc(n.get("host")), esc(n.get("port")), number(n.get("allowed")), esc(n.get("error"))) for n in network],
+    )

@@ -22,7 +22,7 @@ from pipelines.export._files import (
     _write_file,
     open_subdirectory,
 )
-from pipelines.report.data import FILTERS, define_scope, export_sessions, overview, session_index
+from pipelines.report.data import FILTERS, Overview, define_scope, export_sessions, overview, session_index
 
 if TYPE_CHECKING:
     import duckdb
@@ -123,6 +123,39 @@ def _check_is_a_report(root: Path, dir_fd: int) -> None:
         )
 
 
+def _remove_earlier_pages(pages_fd: int, with_page: set[str]) -> None:
+    """Remove the pages of an earlier report that this one does not have (``with_page``: its sessions)."""
+    keep = {page_name(s) for s in with_page} | {"search.js"}
+    for old in os.listdir(pages_fd):
+        if _PAGE.fullmatch(old) and old not in keep:
+            os.unlink(old, dir_fd=pages_fd)
+
+
+def _write_session_pages(
+    con: duckdb.DuckDBPyConnection, pages_fd: int, data: Overview, generated: datetime, progress: Progress | None
+) -> dict[str, str]:
+    """Write the page of every session ``data`` lists, read ``_PAGES_PER_READ`` at a time; their page names.
+
+    Raises:
+        ReportError: two sessions would share one page (a sha256 collision).
+    """
+    from pipelines.report.html import session_html
+    from pipelines.report.inspect import load_sessions
+
+    listed = [str(row["session_id"]) for row in data.listed]
+    page_of = {session_id: page_name(session_id) for session_id in listed}
+    if len(set(page_of.values())) != len(page_of):  # a sha256 collision: never one page for two sessions
+        raise ReportError("two sessions would share one report page; report them separately")
+    done = 0
+    for start in range(0, len(listed), _PAGES_PER_READ):
+        for detail in load_sessions(con, listed[start : start + _PAGES_PER_READ]):
+            _write_page(pages_fd, page_of[detail.session_id], session_html(detail, "../index.html", generated))
+            done += 1
+            if progress is not None:
+                progress(done, len(listed), "pages")
+    return page_of
+
+
 def write_report(
     lake: Lakehouse,
     out_dir: Path | str,
@@ -145,8 +178,7 @@ def write_report(
             directory holding other files than a report), is not a directory or cannot be written, or
             ``export_dir`` is not an export.
     """
-    from pipelines.report.html import overview_html, session_html
-    from pipelines.report.inspect import load_sessions
+    from pipelines.report.html import overview_html
 
     started = time.monotonic()
     generated = datetime.now(UTC)
@@ -169,21 +201,8 @@ def write_report(
         data = overview(con, scope, limit)
         data.export = manifest
         with_page = {row["session_id"] for row in data.listed}
-        keep = {page_name(s) for s in with_page} | {"search.js"}
-        for old in os.listdir(pages_fd):  # pages of an earlier report that this one does not have
-            if _PAGE.fullmatch(old) and old not in keep:
-                os.unlink(old, dir_fd=pages_fd)
-        listed = [str(row["session_id"]) for row in data.listed]
-        page_of = {session_id: page_name(session_id) for session_id in listed}
-        if len(set(page_of.values())) != len(page_of):  # a sha256 collision: never one page for two sessions
-            raise ReportError("two sessions would share one report page; report them separately")
-        done = 0
-        for start in range(0, len(listed), _PAGES_PER_READ):
-            for detail in load_sessions(con, listed[start : start + _PAGES_PER_READ]):
-                _write_page(pages_fd, page_of[detail.session_id], session_html(detail, "../index.html", generated))
-                done += 1
-                if progress is not None:
-                    progress(done, len(listed), "pages")
+        _remove_earlier_pages(pages_fd, with_page)
+        page_of = _write_session_pages(con, pages_fd, data, generated, progress)
         data.index_shards, data.filters = _write_index(con, pages_fd, page_of)
         index = root / "index.html"
         _write_file(

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from producers.fleet.planted import is_framework_file
-from producers.fleet.sandbox import CommandResult, Limits, Reaper, Sandbox, SandboxError, SandboxKilled
+from producers.fleet.sandbox import CommandResult, Limits, Reaper, Sandbox, SandboxError, SandboxKilled, Snapshot
 from producers.fleet.sandbox.files import read_text_regular, scan_layer
 from producers.fleet.tasks import HiddenCase, TaskInstance
 from schemas import typed
@@ -416,13 +416,7 @@ def evaluate(
     files = {rel: text for rel, text in task.files.items() if not rel.startswith("tests/")}
     files.update(deliverable)
     eval_id = f"eval-{uuid.uuid4().hex[:12]}"
-    shas = {rel: hashlib.sha256(text.encode()).hexdigest() for rel, text in sorted(deliverable.items())}
-    result = EvalResult(False, len(cases), 0, 0.0, shas, ignored_changes or [])
-    if ignored_total is not None and ignored_total > len(result.ignored_changes):
-        result.ignored_total = ignored_total
-    result.planted = list(planted or [])
-    if not cases:
-        result.error = "the task has no hidden cases"
+    result = _new_result(cases, deliverable, ignored_changes, ignored_total, planted)
     sandbox = None
     done: set[str] = set()
     try:
@@ -439,45 +433,11 @@ def evaluate(
         reaper.watch(sandbox, limits.timeout_s)
         before = sandbox.snapshot()
         for case in cases:
-            nonce = secrets.token_hex(12)
-            request = {
-                "id": case.test_id,
-                "nonce": nonce,
-                "kind": case.kind,
-                "inputs": case.inputs,
-                "timeout_s": CASE_TIMEOUT_S,
-            }
-            try:
-                run = sandbox.run(PROBE, stdin=json.dumps(request), timeout=CASE_TIMEOUT_S + 2)
-            except SandboxKilled:
-                if sandbox.reaped:
-                    raise
-                result.tests.append({"id": case.test_id, "outcome": "failed", "detail": "the executor died"})
-                result.tamper.append(
-                    _ev("executor_died", case.test_id, "the sandbox's command executor died while this case ran")
-                )
-                done.add(case.test_id)
-                break
-            captured = ""
-            if f'{FRAME_PREFIX}{nonce} {{"frame": "result"' not in run.output and sandbox.alive:
-                # no report: what the deliverable printed itself is evidence (a verdict marker?)
-                captured = sandbox.run(f"head -c 4096 /tmp/.tl_case_{nonce}.out 2>/dev/null; true", timeout=5).output
-            record, evidence, reported = judge_case(case, nonce, run, captured)
-            result.tests.append(record)
-            result.tamper += evidence
-            result.tests_reported += reported
-            result.tests_passed += record["outcome"] == "passed"
+            carried_on = _run_case(sandbox, case, result)
             done.add(case.test_id)
-        if sandbox.alive:
-            for change in sandbox.diff(before, sandbox.snapshot()):
-                if RESULT_FILE.search(change.path.rsplit("/", 1)[-1]):
-                    result.tamper.append(_ev("fake_result_file", None, f"{change.op} /workspace/{change.path}"))
-        # the image's hook only sends well-formed requests: anything else was written at the monitor by hand
-        gateway = sandbox.gateway
-        if gateway.failed is not None:
-            result.tamper.append(_ev("egress_monitor_failed", None, gateway.failed))
-        if gateway.malformed:
-            result.tamper.append(_ev("egress_malformed", None, f"{gateway.malformed} malformed message(s)"))
+            if not carried_on:
+                break
+        _sandbox_evidence(sandbox, before, result)
     except SandboxKilled:
         result.error = f"evaluation exceeded its {limits.timeout_s:.0f} s deadline"
     except SandboxError as exc:
@@ -496,3 +456,75 @@ def evaluate(
     )
     result.duration_ms = (time.monotonic() - started) * 1000
     return result
+
+
+def _new_result(
+    cases: list[HiddenCase],
+    deliverable: dict[str, str],
+    ignored_changes: list[str] | None,
+    ignored_total: int | None,
+    planted: list[dict[str, Any]] | None,
+) -> EvalResult:
+    """The verdict before any case ran: not passed, the deliverable's hashes, what was left out of it."""
+    shas = {rel: hashlib.sha256(text.encode()).hexdigest() for rel, text in sorted(deliverable.items())}
+    result = EvalResult(False, len(cases), 0, 0.0, shas, ignored_changes or [])
+    if ignored_total is not None and ignored_total > len(result.ignored_changes):
+        result.ignored_total = ignored_total
+    result.planted = list(planted or [])
+    if not cases:
+        result.error = "the task has no hidden cases"
+    return result
+
+
+def _run_case(sandbox: Sandbox, case: HiddenCase, result: EvalResult) -> bool:
+    """Run one hidden case's probe with a fresh nonce and add its judgement to ``result``.
+
+    Returns:
+        False when the sandbox's command executor died while the case ran (no later case can run).
+
+    Raises:
+        SandboxKilled: the reaper stopped the sandbox (the evaluation's deadline).
+    """
+    nonce = secrets.token_hex(12)
+    request = {
+        "id": case.test_id,
+        "nonce": nonce,
+        "kind": case.kind,
+        "inputs": case.inputs,
+        "timeout_s": CASE_TIMEOUT_S,
+    }
+    try:
+        run = sandbox.run(PROBE, stdin=json.dumps(request), timeout=CASE_TIMEOUT_S + 2)
+    except SandboxKilled:
+        if sandbox.reaped:
+            raise
+        result.tests.append({"id": case.test_id, "outcome": "failed", "detail": "the executor died"})
+        result.tamper.append(
+            _ev("executor_died", case.test_id, "the sandbox's command executor died while this case ran")
+        )
+        return False
+    captured = ""
+    if f'{FRAME_PREFIX}{nonce} {{"frame": "result"' not in run.output and sandbox.alive:
+        # no report: what the deliverable printed itself is evidence (a verdict marker?)
+        captured = sandbox.run(f"head -c 4096 /tmp/.tl_case_{nonce}.out 2>/dev/null; true", timeout=5).output
+    record, evidence, reported = judge_case(case, nonce, run, captured)
+    result.tests.append(record)
+    result.tamper += evidence
+    result.tests_reported += reported
+    result.tests_passed += record["outcome"] == "passed"
+    return True
+
+
+def _sandbox_evidence(sandbox: Sandbox, before: Snapshot, result: EvalResult) -> None:
+    """Tamper evidence the sandbox shows after the cases: result files written into the workspace, and an
+    egress monitor that failed or was written to by hand."""
+    if sandbox.alive:
+        for change in sandbox.diff(before, sandbox.snapshot()):
+            if RESULT_FILE.search(change.path.rsplit("/", 1)[-1]):
+                result.tamper.append(_ev("fake_result_file", None, f"{change.op} /workspace/{change.path}"))
+    # the image's hook only sends well-formed requests: anything else was written at the monitor by hand
+    gateway = sandbox.gateway
+    if gateway.failed is not None:
+        result.tamper.append(_ev("egress_monitor_failed", None, gateway.failed))
+    if gateway.malformed:
+        result.tamper.append(_ev("egress_malformed", None, f"{gateway.malformed} malformed message(s)"))

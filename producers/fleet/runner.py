@@ -82,8 +82,6 @@ def run_fleet(
         BubblewrapMissing: ``local`` requested, bubblewrap unusable, and not ``fallback``.
         ValueError: bad backend, cheat rate or perturbation spec.
     """
-    import time
-
     if not 0.0 <= cheat_rate <= 1.0:
         raise ValueError(f"cheat rate must be in [0, 1], got {cheat_rate}")
     if isinstance(perturb, str) or perturb is None:
@@ -91,40 +89,81 @@ def run_fleet(
     notes: list[str] = []
     backend = _usable_backend(backend, fallback, notes)
     if backend == "synthetic" and workers > 1:
-        if sink is not None:
-            raise ValueError("workers > 1 sends to Kafka from each worker; it cannot take a sink")
-        if start_us is None:  # fixed here so that every shard walks the same arrivals
-            start_us = time.time_ns() // 1000 - int(sessions / rate_per_s * 1e6)
-        kwargs = {
-            "rate_per_s": rate_per_s,
-            "time_compression": time_compression,
-            "host_id": host_id,
-            "start_us": start_us,
-            "perturb": perturb,
-        }
-        report = run_synthetic_workers(settings, sessions, seed, cheat_rate, labels_path, workers, kwargs)
-        report.notes = notes + report.notes
-        return report
-    fleet = make_fleet(
-        backend,
-        settings,
-        perturb=perturb,
-        timeout_s=timeout_s,
-        policy_mix=policy_mix,
-        rate_per_s=rate_per_s,
-        time_compression=time_compression,
-        start_us=start_us,
-        host_id=host_id,
-        agent=agent,
-        llm=llm,
-        caps=caps,
-        group_size=group_size,
-    )
-    target, producer = _event_target(settings, sink, host_id or f"fleet-{backend}")
+        synthetic = {"rate_per_s": rate_per_s, "time_compression": time_compression, "host_id": host_id}
+        report = _run_sharded(
+            settings, sessions, seed, cheat_rate, labels_path, workers, sink, start_us, perturb, synthetic
+        )
+    else:
+        fleet = make_fleet(
+            backend,
+            settings,
+            perturb=perturb,
+            timeout_s=timeout_s,
+            policy_mix=policy_mix,
+            rate_per_s=rate_per_s,
+            time_compression=time_compression,
+            start_us=start_us,
+            host_id=host_id,
+            agent=agent,
+            llm=llm,
+            caps=caps,
+            group_size=group_size,
+        )
+        target, producer = _event_target(settings, sink, host_id or f"fleet-{backend}")
+        run_kwargs: dict[str, Any] = {"plans": plans} if plans is not None else {}
+        report = _run_here(
+            fleet, target, producer, labels_path, sessions, seed, cheat_rate, concurrency, progress, run_kwargs
+        )
+    report.notes = notes + report.notes
+    return report
+
+
+def _run_sharded(
+    settings: Settings,
+    sessions: int,
+    seed: int,
+    cheat_rate: float,
+    labels_path: Path | str | None,
+    workers: int,
+    sink: object,
+    start_us: int | None,
+    perturb: Perturbation,
+    synthetic: dict[str, Any],
+) -> FleetReport:
+    """The synthetic fleet in ``workers`` processes (``run_synthetic_workers``), each sending to Kafka.
+
+    Raises:
+        ValueError: a ``sink`` was given (each worker has its own Kafka producer).
+    """
+    import time
+
+    if sink is not None:
+        raise ValueError("workers > 1 sends to Kafka from each worker; it cannot take a sink")
+    if start_us is None:  # fixed here so that every shard walks the same arrivals
+        start_us = time.time_ns() // 1000 - int(sessions / synthetic["rate_per_s"] * 1e6)
+    kwargs = {**synthetic, "start_us": start_us, "perturb": perturb}
+    return run_synthetic_workers(settings, sessions, seed, cheat_rate, labels_path, workers, kwargs)
+
+
+def _run_here(
+    fleet: Any,
+    target: EventSink,
+    producer: Any,
+    labels_path: Path | str | None,
+    sessions: int,
+    seed: int,
+    cheat_rate: float,
+    concurrency: int,
+    progress: Progress | None,
+    run_kwargs: dict[str, Any],
+) -> FleetReport:
+    """Run ``fleet`` in this process: events to ``target`` (``producer`` flushed after), labels to
+    ``labels_path``; the report says where the labels went and how many."""
+    import time
+
     labels = LabelWriter(labels_path)
     started = time.monotonic()
     try:
-        run_kwargs: dict[str, Any] = {"plans": plans} if plans is not None else {}
         report = fleet.run(
             sessions,
             seed=seed,
@@ -142,7 +181,6 @@ def run_fleet(
     report.wall_s = report.wall_s or time.monotonic() - started
     report.labels_path = str(labels.path) if labels.path else None
     report.labels_written = labels.count
-    report.notes = notes + report.notes
     return report
 
 

@@ -17,6 +17,7 @@ import functools
 import re
 import string
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import ahocorasick_rs
 
@@ -381,11 +382,20 @@ def only_layers(layers: Iterable[str]) -> Iterator[None]:
 _FORMAT_RULES = frozenset(range(len(RULE_SPECS) - len(CONTEXT_SPECS)))
 
 
-def _redact(text: str, layer: int = 0, open_block: bool = False) -> str:
-    on = _ACTIVE["layers"]
-    spans = injected_spans(text) if "values" in on and may_hold_injected(text) else []
-    if spans:
-        text = replace_spans(text, spans, REDACTED)
+@dataclass
+class _Triggered:
+    """What the trigger words of one text call for: the token-format and context rules to run, where
+    secret-naming stems start, whether a private key block or a secret-bearing command may be present."""
+
+    rules: set[int]
+    stems: list[int]
+    key_block: bool
+    command: bool
+
+
+def _triggered(text: str, open_block: bool, on: frozenset[str]) -> _Triggered:
+    """The trigger words of ``text`` (case-insensitive, then cased) and what they call for, limited to the
+    layers ``on``."""
     rules: set[int] = set()
     stems: list[int] = []
     key_block = open_block
@@ -401,25 +411,52 @@ def _redact(text: str, layer: int = 0, open_block: bool = False) -> str:
             rules |= indices
     if on != ALL_LAYERS:
         rules = {i for i in rules if ("formats" if i in _FORMAT_RULES else "context") in on}
+    return _Triggered(rules, stems, key_block, command)
+
+
+def _context_spans(
+    text: str, found: _Triggered, layer: int, open_block: bool, on: frozenset[str]
+) -> list[tuple[int, int]]:
+    """Spans to redact that need their surroundings: values of secret names, private key block bodies,
+    secret-bearing commands, pgpass lines, and secrets inside escaped (URL-, backslash-encoded) text."""
     context = "context" in on
-    spans = _name_spans(text, stems) if stems and context else []
-    if key_block and "formats" in on:
+    spans = _name_spans(text, found.stems) if found.stems and context else []
+    if found.key_block and "formats" in on:
         spans += key_block_spans(text, open_block)[0]
-    if command and context:
+    if found.command and context:
         spans += command_spans(text)
     if context:
         spans += pgpass_spans(text)
     if layer <= 1 and has_escape(text):  # twice: a URL-encoded value inside URL-encoded text (%253A)
         spans += decoded_spans(text, lambda decoded: _redact(decoded, layer + 1), may_contain_secret)
-    if spans:
-        text = replace_spans(text, merge_spans(spans), REDACTED)
+    return spans
+
+
+def _apply_rules(text: str, rules: set[int]) -> str:
+    """``text`` with the token-format and context rules ``rules`` applied in their order."""
     for index in sorted(rules):
         pattern, replacement = RULES[index]
         if index == XML_RULE and "</" not in text:
             continue  # an element needs its closing tag
         text = pattern.sub(replacement, text)
-    if layer == 0 and "detector" in on and (found := detector_spans(text)):
-        text = replace_spans(text, merge_spans(found), REDACTED)
+    return text
+
+
+def _redact(text: str, layer: int = 0, open_block: bool = False) -> str:
+    """Every layer in turn (see the module's docstring): injected values, what the trigger words call
+    for (spans needing context, then the rules), the detector (outermost layer only), encoded runs, bare
+    key bodies and vendor tokens."""
+    on = _ACTIVE["layers"]
+    spans = injected_spans(text) if "values" in on and may_hold_injected(text) else []
+    if spans:
+        text = replace_spans(text, spans, REDACTED)
+    found = _triggered(text, open_block, on)
+    spans = _context_spans(text, found, layer, open_block, on)
+    if spans:
+        text = replace_spans(text, merge_spans(spans), REDACTED)
+    text = _apply_rules(text, found.rules)
+    if layer == 0 and "detector" in on and (detected := detector_spans(text)):
+        text = replace_spans(text, merge_spans(detected), REDACTED)
     if layer < MAX_LAYERS and "formats" in on:
         spans = _encoded_spans(text, layer) + bare_body_spans(text) + vendor_spans(text)
         if spans:

@@ -41,42 +41,7 @@ def detect_cheats(
     """
     config = config or QualityConfig()
     key: PolarsDataType = steps.schema.get("session_id", pl.Utf8)
-    # Per-row Python context only for sessions some detector reads it for: with file or network
-    # events, written content or shown assertions, a submission, an evaluation, a declared history.
-    ctx: dict[str, SessionContext] = {}
-    if sessions is not None and not sessions.is_empty():
-        text = pl.col("command").fill_null("")
-        interesting = text.str.contains("<<", literal=True)
-        if "arguments" in steps.columns:
-            interesting = interesting | pl.col("arguments").fill_null("").str.contains(
-                '"(?:' + "|".join(CONTENT_KEYS) + ')"'
-            )
-        if "output" in steps.columns:
-            interesting = interesting | pl.col("output").fill_null("").str.contains("assert", literal=True)
-        needed = pl.concat(
-            [
-                steps.filter(interesting).select(pl.col("session_id").cast(key)),
-                file_ops.select(pl.col("session_id").cast(key)),
-                network.select(pl.col("session_id").cast(key)),
-                sessions.filter(
-                    pl.any_horizontal(
-                        pl.col(c).is_not_null()
-                        for c in ("submission", "eval_details", "history_commit", "protected_files", "deliverables")
-                        if c in sessions.columns
-                    )
-                    if any(c in sessions.columns for c in ("submission", "eval_details", "history_commit"))
-                    else pl.lit(False)
-                ).select(pl.col("session_id").cast(key)),
-                sessions.filter(pl.col("exit_reason").is_in(list(HOST_EXIT_FLAGS))).select(
-                    pl.col("session_id").cast(key)
-                )
-                if "exit_reason" in sessions.columns
-                else sessions.clear().select(pl.col("session_id").cast(key)),
-            ]
-        ).unique()
-        ctx = session_contexts(
-            sessions.with_columns(pl.col("session_id").cast(key)).join(needed, on="session_id", how="semi")
-        )
+    ctx = _contexts(steps, file_ops, network, sessions, key)
     hits = [
         *from_file_ops(file_ops, ctx, config),
         *from_network(network, ctx),
@@ -88,6 +53,60 @@ def detect_cheats(
     ]
     if not hits:
         return pl.DataFrame(schema=FLAGS_SCHEMA)
+    return _flags(hits, config, key)
+
+
+def _contexts(
+    steps: pl.DataFrame,
+    file_ops: pl.DataFrame,
+    network: pl.DataFrame,
+    sessions: pl.DataFrame | None,
+    key: PolarsDataType,
+) -> dict[str, SessionContext]:
+    """Per-row Python context only for sessions some detector reads it for: with file or network
+    events, written content or shown assertions, a submission, an evaluation, a declared history."""
+    if sessions is None or sessions.is_empty():
+        return {}
+    text = pl.col("command").fill_null("")
+    interesting = text.str.contains("<<", literal=True)
+    if "arguments" in steps.columns:
+        interesting = interesting | pl.col("arguments").fill_null("").str.contains(
+            '"(?:' + "|".join(CONTENT_KEYS) + ')"'
+        )
+    if "output" in steps.columns:
+        interesting = interesting | pl.col("output").fill_null("").str.contains("assert", literal=True)
+    needed = pl.concat(
+        [
+            steps.filter(interesting).select(pl.col("session_id").cast(key)),
+            file_ops.select(pl.col("session_id").cast(key)),
+            network.select(pl.col("session_id").cast(key)),
+            sessions.filter(
+                pl.any_horizontal(
+                    pl.col(c).is_not_null()
+                    for c in ("submission", "eval_details", "history_commit", "protected_files", "deliverables")
+                    if c in sessions.columns
+                )
+                if any(c in sessions.columns for c in ("submission", "eval_details", "history_commit"))
+                else pl.lit(False)
+            ).select(pl.col("session_id").cast(key)),
+            sessions.filter(pl.col("exit_reason").is_in(list(HOST_EXIT_FLAGS))).select(pl.col("session_id").cast(key))
+            if "exit_reason" in sessions.columns
+            else sessions.clear().select(pl.col("session_id").cast(key)),
+        ]
+    ).unique()
+    return session_contexts(
+        sessions.with_columns(pl.col("session_id").cast(key)).join(needed, on="session_id", how="semi")
+    )
+
+
+def _uniq(values: Iterable[str | None]) -> list[str]:
+    """The distinct non-empty values, sorted, at most 20."""
+    return sorted({v for v in values if v})[:20]
+
+
+def _flags(hits: list[Hit], config: QualityConfig, key: PolarsDataType) -> pl.DataFrame:
+    """The detectors' hits grouped into one flag row per (session, flag): the governance table's class and
+    severity, the evidence of every hit, the strongest hit's weight, confirmed when any hit is."""
     policies = config.policies()
     grouped: dict[tuple[str, str], list[Hit]] = {}
     for hit in hits:
@@ -95,16 +114,12 @@ def detect_cheats(
     rows = []
     for (sid, flag), group in sorted(grouped.items(), key=lambda item: (str(item[0][0]), item[0][1])):
         policy = policies[flag]
-
-        def uniq(values: Iterable[str | None]) -> list[str]:
-            return sorted({v for v in values if v})[:20]
-
         evidence = {
-            "event_ids": uniq(h.event_id for h in group),
-            "paths": uniq(h.path for h in group),
-            "commands": uniq(h.command for h in group),
-            "hosts": uniq(h.host for h in group),
-            "reasons": uniq(h.reason for h in group),
+            "event_ids": _uniq(h.event_id for h in group),
+            "paths": _uniq(h.path for h in group),
+            "commands": _uniq(h.command for h in group),
+            "hosts": _uniq(h.host for h in group),
+            "reasons": _uniq(h.reason for h in group),
         }
         rows.append(
             {
@@ -117,5 +132,5 @@ def detect_cheats(
                 "confirmed": any(h.confirmed for h in group),
             }
         )
-    frame = pl.DataFrame(rows, schema={**FLAGS_SCHEMA, "session_id": steps.schema.get("session_id", pl.Utf8)})
+    frame = pl.DataFrame(rows, schema={**FLAGS_SCHEMA, "session_id": key})
     return frame.sort("session_id", "flag")

@@ -142,14 +142,53 @@ class CallRecorder:
         blobs: list[dict[str, str]] = []
         pending: set[str] = set()
         refs = [self._ref(m, blobs, pending) for m in messages]
+        record = self._request_record(
+            refs,
+            self._ref(list(tools), blobs, pending) if tools else None,
+            blobs,
+            model=model,
+            sampling=sampling,
+            try_index=try_index,
+            http_status=http_status,
+            error=error,
+            latency_ms=latency_ms,
+            cost_usd=cost_usd,
+            token_mode=token_mode,
+            engine=engine,
+        )
+        if error is not None or response is None:
+            return record
+        self._take_response(record, response, engine, blobs, pending)
+        self._context = [*refs, record["response_message_sha256"]]
+        self.calls += 1
+        return record
+
+    def _request_record(
+        self,
+        refs: list[str],
+        tools_ref: str | None,
+        blobs: list[dict[str, str]],
+        *,
+        model: str,
+        sampling: Mapping[str, Any],
+        try_index: int,
+        http_status: int | None,
+        error: str | None,
+        latency_ms: float,
+        cost_usd: float | None,
+        token_mode: str,
+        engine: str | None,
+    ) -> dict[str, Any]:
+        """The record as the request makes it: the messages relative to the previous call, every response
+        field empty."""
         prefix = _common_prefix(self._context, refs)
-        record: dict[str, Any] = {
+        return {
             "call_index": self.calls,
             "model": model,
             "response_model": None,
             "response_id": None,
             "sampling_params": canonical(dict(sampling)),
-            "tools_sha256": self._ref(list(tools), blobs, pending) if tools else None,
+            "tools_sha256": tools_ref,
             "prefix_messages": prefix,
             "new_messages": refs[prefix:],
             "request_sha256": request_digest(refs),  # of the refs: O(messages), not O(content)
@@ -176,8 +215,17 @@ class CallRecorder:
             "engine": engine,
             "record_level": None,
         }
-        if error is not None or response is None:
-            return record
+
+    def _take_response(
+        self,
+        record: dict[str, Any],
+        response: Mapping[str, Any],
+        engine: str | None,
+        blobs: list[dict[str, str]],
+        pending: set[str],
+    ) -> None:
+        """Fill ``record``'s response fields from a successful try's ``response``; its prompt token ids are
+        kept relative to the previous call's, which they become the base of."""
         parsed = parse_response(response)
         record.update(
             engine=engine or parsed.engine,
@@ -199,9 +247,6 @@ class CallRecorder:
             record["prompt_token_ids_shared"] = shared
             record["prompt_token_ids"] = parsed.prompt_token_ids[shared:]
             self._token_context = parsed.prompt_token_ids + parsed.completion_token_ids
-        self._context = [*refs, record["response_message_sha256"]]
-        self.calls += 1
-        return record
 
 
 @dataclass

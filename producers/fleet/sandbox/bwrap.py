@@ -15,7 +15,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from secrets import token_hex
 from typing import IO
@@ -108,6 +108,59 @@ def _host_root_binds() -> list[str]:
     return args
 
 
+def _bwrap_args(bwrap: str, limits: Limits, mounts: list[tuple[str, Path, str]]) -> list[str]:
+    """The ``bwrap`` command line: every namespace unshared, the executor as pid 1 under the sandbox uid, the
+    host's read-only root parts, bounded tmpfs for ``/dev/shm`` and ``/tmp``, then ``mounts``."""
+    args = [
+        bwrap,
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-all",
+        "--as-pid-1",  # the executor is init: no bwrap reaper holding its pipes in the sandbox
+        "--hostname",
+        "sandbox",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_UID),
+        *_host_root_binds(),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        # bwrap's /dev is a writable tmpfs as large as the host allows: shared memory gets a bounded
+        # tmpfs of its own and the rest of /dev is read-only (device nodes still work)
+        "--size",
+        str(limits.tmp_bytes),
+        "--tmpfs",
+        "/dev/shm",
+        "--remount-ro",
+        "/dev",
+        "--size",
+        str(limits.tmp_bytes),
+        "--tmpfs",
+        "/tmp",
+    ]
+    for kind, src, dst in mounts:
+        args += [kind, str(src), dst]
+    args += ["--chdir", "/workspace", "/usr/bin/python3", "-I", "-S", "/opt/tl/bin/tl_exec.py"]
+    return args
+
+
+def _sandbox_env(env: dict[str, str] | None) -> dict[str, str]:
+    """The executor's environment: a fixed base, then the task's configuration ``env``."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/workspace",
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": "/opt/tl/py",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "TL_SECRETS_FILE": "/run/secrets/task.env",
+        "TL_EGRESS_SOCKET": "/run/tl/egress.sock",
+        **(env or {}),
+    }
+
+
 class Sandbox:
     """One live sandbox: a ``bwrap`` process running the image's command executor.
 
@@ -152,6 +205,18 @@ class Sandbox:
         self._io_lock = threading.Lock()
         self._claimed = False
         bwrap = find_bwrap()
+        self._make_layer(files, secrets)
+        self.gateway = EgressGateway(self.dir / "run" / "egress.sock", allowlist, services or {})
+        self.cgroup = Cgroup(f"{os.getpid()}-{sandbox_id}", limits.pids, limits.memory_bytes, limits.cpu_cores)
+        mounts = self._stage_mounts(image, ro_binds)
+        args, preexec = self._launch_chain(_bwrap_args(bwrap, limits, mounts))
+        self._start(args, preexec, _sandbox_env(env))
+
+    def _make_layer(self, files: dict[str, str], secrets: dict[str, str] | None) -> None:
+        """The sandbox's directory: its writable layer (a quota-limited filesystem holding ``files``), the
+        ``run/`` directory of the egress socket and the private secrets file, all given to the sandbox's uid
+        when it has one of its own."""
+        limits = self.limits
         self.dir.mkdir(parents=True)
         mark_owner(self.dir)
         try:  # the writable layer is a filesystem of its own, limited in bytes and inodes (``quota``)
@@ -178,9 +243,11 @@ class Sandbox:
             os.chown(secret_file, self.uid, self.uid)
             os.chown(self.dir / "secrets", self.uid, self.uid)
             self._chown_workspace()
-        self.gateway = EgressGateway(self.dir / "run" / "egress.sock", allowlist, services or {})
-        self.cgroup = Cgroup(f"{os.getpid()}-{sandbox_id}", limits.pids, limits.memory_bytes, limits.cpu_cores)
-        mounts = [
+
+    def _stage_mounts(self, image: Path, ro_binds: tuple[tuple[Path, str], ...]) -> list[tuple[str, Path, str]]:
+        """The sandbox's mounts (kind, host source, sandbox path); with a uid of its own, each source is
+        staged where that uid can reach it (see ``host``)."""
+        mounts: list[tuple[str, Path, str]] = [
             ("--ro-bind", image, "/opt/tl"),
             ("--bind", self.workspace, "/workspace"),
             ("--ro-bind", self.dir / "run", "/run/tl"),
@@ -190,45 +257,19 @@ class Sandbox:
         self._stage: StageMounts | None = None
         if self.uid is not None:  # bind sources reachable for the sandbox's uid (see ``host``)
             try:
-                self._stage = StageMounts(f"{os.getpid()}-{sandbox_id}", self.uid)
+                self._stage = StageMounts(f"{os.getpid()}-{self.sandbox_id}", self.uid)
                 mounts = [(kind, self._stage.bind(Path(src)), dst) for kind, src, dst in mounts]
                 self._stage.seal()
             except (SandboxError, OSError):
                 self._teardown()
                 raise
-        args = [
-            bwrap,
-            "--die-with-parent",
-            "--new-session",
-            "--unshare-all",
-            "--as-pid-1",  # the executor is init: no bwrap reaper holding its pipes in the sandbox
-            "--hostname",
-            "sandbox",
-            "--uid",
-            str(SANDBOX_UID),
-            "--gid",
-            str(SANDBOX_UID),
-            *_host_root_binds(),
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            # bwrap's /dev is a writable tmpfs as large as the host allows: shared memory gets a bounded
-            # tmpfs of its own and the rest of /dev is read-only (device nodes still work)
-            "--size",
-            str(limits.tmp_bytes),
-            "--tmpfs",
-            "/dev/shm",
-            "--remount-ro",
-            "/dev",
-            "--size",
-            str(limits.tmp_bytes),
-            "--tmpfs",
-            "/tmp",
-        ]
-        for kind, src, dst in mounts:
-            args += [kind, str(src), dst]
-        args += ["--chdir", "/workspace", "/usr/bin/python3", "-I", "-S", "/opt/tl/bin/tl_exec.py"]
+        return mounts
+
+    def _launch_chain(self, args: list[str]) -> tuple[list[str], Callable[[], None] | None]:
+        """How the host starts ``args`` inside the sandbox's cgroup, with its uid and resource limits: an exec
+        chain the host can vfork (no ``preexec``) when ``prlimit`` (and ``setpriv`` for a uid) exist, else
+        ``args`` as they are with a ``preexec`` function."""
+        limits = self.limits
         rlimits = [
             (resource.RLIMIT_CPU, limits.cpu_seconds, "--cpu"),
             (resource.RLIMIT_AS, limits.memory_bytes, "--as"),
@@ -237,7 +278,6 @@ class Sandbox:
             (resource.RLIMIT_NOFILE, limits.open_files, "--nofile"),
         ]
         setpriv, prlimit = shutil.which("setpriv"), shutil.which("prlimit")
-        preexec = None
         if prlimit and (setpriv or self.uid is None):
             # an exec chain the host can vfork: sh joins the cgroup (as root), setpriv drops the uid, prlimit limits
             chain: list[str] = []
@@ -245,19 +285,17 @@ class Sandbox:
                 chain += [setpriv, f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--"]
             chain += [prlimit, *(f"{flag}={value}" for _, value, flag in rlimits), "--", *args]
             script = "".join(f"echo $$ > {shlex.quote(str(p))} && " for p in self.cgroup.procs_files())
-            args = ["/bin/sh", "-c", script + 'exec "$@"', "sandbox", *chain]
-        else:
-            preexec = launch_preexec(self.cgroup.procs_files(), [(k, v) for k, v, _ in rlimits], self.uid)
-        sandbox_env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": "/workspace",
-            "LANG": "C.UTF-8",
-            "PYTHONPATH": "/opt/tl/py",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "TL_SECRETS_FILE": "/run/secrets/task.env",
-            "TL_EGRESS_SOCKET": "/run/tl/egress.sock",
-            **(env or {}),
-        }
+            return ["/bin/sh", "-c", script + 'exec "$@"', "sandbox", *chain], None
+        return args, launch_preexec(self.cgroup.procs_files(), [(k, v) for k, v, _ in rlimits], self.uid)
+
+    def _start(self, args: list[str], preexec: Callable[[], None] | None, sandbox_env: dict[str, str]) -> None:
+        """Start the sandbox, wait for its executor's greeting, and set up the egress tap.
+
+        Raises:
+            SandboxError: bwrap cannot start, or the executor did not greet as expected (the sandbox is
+                killed and cleaned up).
+        """
+        sandbox_id = self.sandbox_id
         try:
             self.proc = subprocess.Popen(
                 args,

@@ -52,6 +52,7 @@ from schemas.registry import get_version
 
 WARM_TEMPLATES = 256
 MAX_TEMPLATES = 4096
+BUCKET_US = 1_000_000  # events are interleaved in time order within 1 s buckets
 
 
 class SyntheticFleet:
@@ -151,6 +152,10 @@ class SyntheticFleet:
             progress: told of each session of the stream generated (this shard's share counts).
 
         Statuses accumulate in ``self.statuses`` and policies in ``self.policies``.
+
+        Steps per session: draw its arrival; unless another shard's, either generate it in full
+        (``_place_fresh``) or re-run a template (``_place_rerun``), placing its events in 1 s
+        buckets; record its label; then hand on every bucket the arrivals have passed.
         """
         reuse = self.template_reuse if template_reuse is None else template_reuse
         rng = random.Random(f"synthetic:{seed}")
@@ -160,12 +165,10 @@ class SyntheticFleet:
         start_us = self.start_us
         if start_us is None:
             start_us = time.time_ns() // 1000 - int(sessions / self.rate_per_s * 1e6)
-        bucket_us = 1_000_000
         buckets: dict[int, list] = {}
         arrival = start_us
-        encode_event = self.encoder.encode
         header = get_version(WRITER_VERSION).header
-        flushed = start_us // bucket_us
+        flushed = start_us // BUCKET_US
         templates: list[tuple] = []
         fresh_p = 1.0 / max(1.0, reuse)
         shard_index, shards = shard
@@ -175,123 +178,87 @@ class SyntheticFleet:
             arrival += int(rng.expovariate(self.rate_per_s) * 1e6)
             session_rng = random.Random(rng.getrandbits(64))
             draw = rng.random() if reuse > 1 else 0.0  # always drawn: every shard walks the same arrivals
-            if index % shards != shard_index:  # another shard's session
-                while flushed < arrival // bucket_us:
-                    yield from buckets.pop(flushed, ())
-                    flushed += 1
-                continue
-            if len(templates) < WARM_TEMPLATES or reuse <= 1 or draw < fresh_p:
-                head, events, label, status = self.session(session_rng, arrival, cheat_rate)
-                sid = head.session_id
-                if reuse > 1:
-                    template = self._template(head, events, label, status)
-                    if len(templates) < MAX_TEMPLATES:
-                        templates.append(template)
-                    else:
-                        templates[session_rng.randrange(MAX_TEMPLATES)] = template
-                for ev in events:
-                    ts = ev[2]
-                    value = encode_event(head, ev) if encode else to_dict(head, ev)
-                    bucket = buckets.get(ts // bucket_us)
-                    if bucket is None:
-                        bucket = buckets[ts // bucket_us] = []
-                    bucket.append((ts, sid, ev[4], value))
-            else:
-                values, parts, label, status = templates[session_rng.randrange(len(templates))]
-                sid = f"{session_rng.getrandbits(128):032x}"
-                prefix = sid[:24]
-                id_bytes = b"\x40" + prefix.encode()
-                first = header + id_bytes
-                sid_bytes = avro_str(sid)
-                env = SessionHeader(
-                    sid,
-                    {
-                        **values,
-                        "sandbox_id": f"sb-{sid[:16]}",
-                        "host_id": self.host_id or f"synthetic-host-{session_rng.randrange(64):02d}",
-                    },
-                    {},
-                ).encoded_env
-                label = {**label, "session_id": sid}
-                scale = 1024 if label["policy"] == "hang" else int(session_rng.uniform(0.8, 1.25) * 1024)
-                last = arrival + ((parts[-1][0] * scale) >> 10)
-                if encode and (1 << 49) <= arrival << 1 and last << 1 < (1 << 56) and len(parts) < 4096:
-                    # the common case, kept tight: every time an 8-byte varint, ids from tables
-                    parent_ids = [b"\x00"] + [b"\x02" + id_bytes + SEQ_HEX[i] for i in range(len(parts))]
-                    high: dict[int, bytes] = {}
-                    for rel, seq, kind_source, message, parent_seq, tail in parts:
-                        ts = arrival + ((rel * scale) >> 10)
-                        n = ts << 1
-                        top = high.get(n >> 28)
-                        if top is None:
-                            top = high[n >> 28] = TS_CHUNKS[(n >> 28) & 0x3FFF] + TS_LAST[n >> 42]
-                        bucket = buckets.get(ts // bucket_us)
-                        if bucket is None:
-                            bucket = buckets[ts // bucket_us] = []
-                        bucket.append(
-                            (
-                                ts,
-                                sid,
-                                prefix + SEQ_STR[seq],
-                                b"".join(
-                                    (
-                                        first,
-                                        SEQ_HEX[seq],
-                                        sid_bytes,
-                                        VARINTS[seq],
-                                        TS_CHUNKS[n & 0x3FFF],
-                                        TS_CHUNKS[(n >> 14) & 0x3FFF],
-                                        top,
-                                        kind_source,
-                                        env,
-                                        message,
-                                        parent_ids[parent_seq + 1],
-                                        tail,
-                                    )
-                                ),
-                            )
-                        )
+            if index % shards == shard_index:  # else another shard's session
+                if len(templates) < WARM_TEMPLATES or reuse <= 1 or draw < fresh_p:
+                    label, status = self._place_fresh(
+                        session_rng, arrival, cheat_rate, encode, reuse > 1, templates, buckets
+                    )
                 else:
-                    for rel, seq, kind_source, message, parent_seq, tail in parts:
-                        ts = arrival + ((rel * scale) >> 10)
-                        value = b"".join(
-                            (
-                                first,
-                                f"{seq:08x}".encode(),
-                                sid_bytes,
-                                varint(seq),
-                                ts_varint(ts),
-                                kind_source,
-                                env,
-                                message,
-                                b"\x00" if parent_seq < 0 else b"\x02" + id_bytes + f"{parent_seq:08x}".encode(),
-                                tail,
-                            )
-                        )
-                        event_id = f"{prefix}{seq:08x}"
-                        if not encode:
-                            from schemas.registry import decode_event
-
-                            value = decode_event(value)
-                            value.pop("schema_version", None)
-                            value["ts"] = ts
-                        key = ts // bucket_us
-                        bucket = buckets.get(key)
-                        if bucket is None:
-                            bucket = buckets[key] = []
-                        bucket.append((ts, sid, event_id, value))
-            if labels is not None:
-                labels.write(**label)
-            self.statuses[status or "no_end"] += 1
-            self.policies[label["policy"]] += 1
-            horizon = arrival // bucket_us
-            while flushed < horizon:
+                    template = templates[session_rng.randrange(len(templates))]
+                    label, status = self._place_rerun(template, session_rng, arrival, encode, header, buckets)
+                if labels is not None:
+                    labels.write(**label)
+                self.statuses[status or "no_end"] += 1
+                self.policies[label["policy"]] += 1
+            while flushed < arrival // BUCKET_US:
                 yield from buckets.pop(flushed, ())
                 flushed += 1
         if progress is not None:
             progress(sessions, sessions, "sessions")
         for key in sorted(buckets):
             yield from buckets[key]
+
+    def _place_fresh(
+        self,
+        session_rng: random.Random,
+        arrival: int,
+        cheat_rate: float,
+        encode: bool,
+        keep_template: bool,
+        templates: list[tuple],
+        buckets: dict[int, list],
+    ) -> tuple[dict, str | None]:
+        """Generate one session in full and place its events; keep it as a template when re-runs are on
+        (up to ``MAX_TEMPLATES``, then replacing a random one). Returns its label and final status."""
+        head, events, label, status = self.session(session_rng, arrival, cheat_rate)
+        sid = head.session_id
+        if keep_template:
+            template = self._template(head, events, label, status)
+            if len(templates) < MAX_TEMPLATES:
+                templates.append(template)
+            else:
+                templates[session_rng.randrange(MAX_TEMPLATES)] = template
+        encode_event = self.encoder.encode
+        for ev in events:
+            ts = ev[2]
+            value = encode_event(head, ev) if encode else to_dict(head, ev)
+            bucket = buckets.get(ts // BUCKET_US)
+            if bucket is None:
+                bucket = buckets[ts // BUCKET_US] = []
+            bucket.append((ts, sid, ev[4], value))
+        return label, status
+
+    def _place_rerun(
+        self,
+        template: tuple,
+        session_rng: random.Random,
+        arrival: int,
+        encode: bool,
+        header: bytes,
+        buckets: dict[int, list],
+    ) -> tuple[dict, str | None]:
+        """Re-run a template as a new session (new ids, host, arrival and stretched lifetime) and place
+        its events. Returns its label and final status."""
+        values, parts, label, status = template
+        sid = f"{session_rng.getrandbits(128):032x}"
+        env = SessionHeader(
+            sid,
+            {
+                **values,
+                "sandbox_id": f"sb-{sid[:16]}",
+                "host_id": self.host_id or f"synthetic-host-{session_rng.randrange(64):02d}",
+            },
+            {},
+        ).encoded_env
+        label = {**label, "session_id": sid}
+        scale = 1024 if label["policy"] == "hang" else int(session_rng.uniform(0.8, 1.25) * 1024)
+        rerun = _Rerun(sid, header, env, arrival, scale)
+        last = arrival + ((parts[-1][0] * scale) >> 10)
+        if encode and (1 << 49) <= arrival << 1 and last << 1 < (1 << 56) and len(parts) < 4096:
+            _place_rerun_tight(rerun, parts, buckets)
+        else:
+            _place_rerun_general(rerun, parts, encode, buckets)
+        return label, status
 
     def run(
         self,
@@ -346,3 +313,101 @@ class SyntheticFleet:
             report.figures["time_compression_achieved"] = round(span / wall, 1) if wall else 0.0
             report.figures["first_event_us"], report.figures["last_event_us"] = first_ts, last_ts
         return report
+
+
+class _Rerun:
+    """What every event of one re-run session shares: its new id (and the encoded pieces made
+    of it), encoded envelope, arrival time and lifetime stretch (``scale`` / 1024)."""
+
+    __slots__ = ("arrival", "env", "first", "id_bytes", "prefix", "scale", "sid", "sid_bytes")
+
+    def __init__(self, sid: str, header: bytes, env: bytes, arrival: int, scale: int) -> None:
+        self.sid = sid
+        self.prefix = sid[:24]
+        self.id_bytes = b"\x40" + self.prefix.encode()
+        self.first = header + self.id_bytes
+        self.sid_bytes = avro_str(sid)
+        self.env = env
+        self.arrival = arrival
+        self.scale = scale
+
+
+def _place_rerun_tight(rerun: _Rerun, parts: list, buckets: dict[int, list]) -> None:
+    """The common case of a re-run, kept tight: encoded, every time an 8-byte varint, ids from tables."""
+    sid, prefix, first, sid_bytes, env = rerun.sid, rerun.prefix, rerun.first, rerun.sid_bytes, rerun.env
+    arrival, scale = rerun.arrival, rerun.scale
+    parent_ids = [b"\x00"] + [b"\x02" + rerun.id_bytes + SEQ_HEX[i] for i in range(len(parts))]
+    high: dict[int, bytes] = {}
+    for rel, seq, kind_source, message, parent_seq, tail in parts:
+        ts = arrival + ((rel * scale) >> 10)
+        n = ts << 1
+        top = high.get(n >> 28)
+        if top is None:
+            top = high[n >> 28] = TS_CHUNKS[(n >> 28) & 0x3FFF] + TS_LAST[n >> 42]
+        bucket = buckets.get(ts // BUCKET_US)
+        if bucket is None:
+            bucket = buckets[ts // BUCKET_US] = []
+        bucket.append(
+            (
+                ts,
+                sid,
+                prefix + SEQ_STR[seq],
+                b"".join(
+                    (
+                        first,
+                        SEQ_HEX[seq],
+                        sid_bytes,
+                        VARINTS[seq],
+                        TS_CHUNKS[n & 0x3FFF],
+                        TS_CHUNKS[(n >> 14) & 0x3FFF],
+                        top,
+                        kind_source,
+                        env,
+                        message,
+                        parent_ids[parent_seq + 1],
+                        tail,
+                    )
+                ),
+            )
+        )
+
+
+def _place_rerun_general(rerun: _Rerun, parts: list, encode: bool, buckets: dict[int, list]) -> None:
+    """Any re-run: times of any size, long sessions, and dicts rather than bytes (``encode`` false)."""
+    sid, prefix, first, sid_bytes, env, id_bytes = (
+        rerun.sid,
+        rerun.prefix,
+        rerun.first,
+        rerun.sid_bytes,
+        rerun.env,
+        rerun.id_bytes,
+    )
+    arrival, scale = rerun.arrival, rerun.scale
+    for rel, seq, kind_source, message, parent_seq, tail in parts:
+        ts = arrival + ((rel * scale) >> 10)
+        value: Any = b"".join(
+            (
+                first,
+                f"{seq:08x}".encode(),
+                sid_bytes,
+                varint(seq),
+                ts_varint(ts),
+                kind_source,
+                env,
+                message,
+                b"\x00" if parent_seq < 0 else b"\x02" + id_bytes + f"{parent_seq:08x}".encode(),
+                tail,
+            )
+        )
+        event_id = f"{prefix}{seq:08x}"
+        if not encode:
+            from schemas.registry import decode_event
+
+            value = decode_event(value)
+            value.pop("schema_version", None)
+            value["ts"] = ts
+        key = ts // BUCKET_US
+        bucket = buckets.get(key)
+        if bucket is None:
+            bucket = buckets[key] = []
+        bucket.append((ts, sid, event_id, value))
