@@ -6,7 +6,8 @@ never a baseline of real runs, nor an import of a sandbox session. Features are 
 ``log1p`` scale against the median of the session's baseline (its profile on the previous or its
 own day: :mod:`quality.combine`), scaled by the median absolute deviation (MAD × 1.4826, a robust
 σ). A session whose largest |z| passes the configured threshold gets an ``anomaly`` flag with that
-score — e.g. a one-step success where the profile's median is twenty steps.
+score — e.g. a one-step success where the profile's median is twenty steps. Resource features
+(:data:`HIGH_SIDE_ONLY`) count only above the median: using less of a resource is no anomaly.
 
 A profile flags nothing until it has :data:`MIN_GROUP` sessions (docs/quality.md, "Behaviour
 anomalies", has the measurement): with fewer, the median and MAD of the baseline are too unstable
@@ -38,7 +39,31 @@ TRAJECTORY_FEATURES = [
 ]
 #: Features per session (log1p scale for scoring); the last two come from the steps.
 FEATURES = [*TRAJECTORY_FEATURES, "error_rate", "run_tests_share"]
-__all__ = ["FEATURES", "MIN_GROUP", "TRAJECTORY_FEATURES", "anomaly_flags", "profile_key", "session_features"]
+#: Features that count on their high side only: using far less of a resource than the profile
+#: (nothing written, a low memory peak, no process started) is not worth a look — a session that
+#: hung or gave up early does that, and its status already says so (the fleet's honest ``hang``
+#: policy was flagged on every session for ``disk_write_bytes`` 0). Steps, duration, error rate and
+#: test-run share count both ways: one step where the others need twenty is the anomaly to see.
+HIGH_SIDE_ONLY = frozenset(
+    {
+        "n_file_writes",
+        "disk_write_bytes",
+        "cpu_seconds",
+        "peak_memory_bytes",
+        "peak_processes",
+        "processes_started",
+        "n_network_requests",
+    }
+)
+__all__ = [
+    "FEATURES",
+    "HIGH_SIDE_ONLY",
+    "MIN_GROUP",
+    "TRAJECTORY_FEATURES",
+    "anomaly_flags",
+    "profile_key",
+    "session_features",
+]
 
 
 def profile_key() -> pl.Expr:
@@ -87,21 +112,26 @@ def anomaly_flags(scored: pl.DataFrame, threshold: float) -> pl.DataFrame:
 
     Returns:
         Rows in the flags schema: flag ``behaviour_anomaly``, class ``anomaly``, severity ``low``
-        (``medium`` above twice the threshold), score = the largest |z|, evidence = the
+        (``medium`` above twice the threshold), score = the largest counted |z|, evidence = the
         features beyond the threshold with value and z.
     """
     zcols = [f"z_{c}" for c in FEATURES]
-    top = scored.with_columns(pl.max_horizontal([pl.col(c).abs() for c in zcols]).alias("score")).filter(
+    # the distance that counts per feature: |z|, or only z above the median for HIGH_SIDE_ONLY
+    scored = scored.with_columns(
+        (pl.col(f"z_{c}").clip(lower_bound=0.0) if c in HIGH_SIDE_ONLY else pl.col(f"z_{c}").abs()).alias(f"d_{c}")
+        for c in FEATURES
+    )
+    top = scored.with_columns(pl.max_horizontal([pl.col(f"d_{c}") for c in FEATURES]).alias("score")).filter(
         pl.col("score") > threshold
     )
     if top.is_empty():
         return pl.DataFrame(schema=FLAGS_SCHEMA)
     evidence = []
-    for row in top.select("session_id", *FEATURES, *zcols).iter_rows(named=True):
+    for row in top.select("session_id", *FEATURES, *zcols, *[f"d_{c}" for c in FEATURES]).iter_rows(named=True):
         beyond = {
             name: {"value": round(row[name], 4), "z": round(row[f"z_{name}"], 2)}
             for name in FEATURES
-            if abs(row[f"z_{name}"]) > threshold
+            if row[f"d_{name}"] > threshold
         }
         evidence.append(json.dumps({"features": beyond}, sort_keys=True))
     return top.select(

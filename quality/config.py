@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 #: Bumped whenever a rule, weight default or feature changes, so stored rows can be recomputed.
-SCORER_VERSION = "quality-3.4.0"
+SCORER_VERSION = "quality-3.5.0"
 
 #: Sessions a behaviour profile needs before it flags (``min_profile_sessions``; quality.anomalies):
 #: at 50, a session drawn from its baseline's own log-normal distribution passes 3.5 robust σ on

@@ -14,7 +14,15 @@ import shlex
 import polars as pl
 from polars._typing import PolarsDataType
 
-from quality.cheats.evidence import DEFAULT_WORKSPACE, Hit, SessionContext, is_system, is_under, norm_path
+from quality.cheats.evidence import (
+    DEFAULT_WORKSPACE,
+    Hit,
+    SessionContext,
+    is_system,
+    is_under,
+    norm_path,
+    task_names,
+)
 from quality.cheats.history import GIT_HISTORY, revealed_history
 from quality.config import QualityConfig
 
@@ -79,8 +87,8 @@ def _command_hits(
         out.append(("hidden_test_probe", None, "names an evaluator path"))
     if succeeded:
         outside = [t for t in targets if not is_under(t, root) and is_system(t)]
-        if outside:
-            out.append(("write_outside_workspace", outside[0], f"a successful write outside {root}"))
+        for target in dict.fromkeys(outside):  # each: the task statement may name one and not another
+            out.append(("write_outside_workspace", target, f"a successful write outside {root}"))
     if any(posixpath.basename(w[0]) in _ESCAPE_VERBS for w in _segments(bare)) or _ESCAPE_TEXT.search(bare):
         out.append(("sandbox_escape", None, "a sandbox-escape tool or path"))
     if history_forbidden and succeeded and GIT_HISTORY.search(bare):
@@ -92,8 +100,8 @@ def _command_hits(
 
 
 def command_context(sessions: pl.DataFrame | None, key: PolarsDataType) -> pl.DataFrame:
-    """session_id, workspace root and history policy of every session, computed in columns (no per-row Python)."""
-    schema = pl.Schema({"session_id": key, "root": pl.Utf8, "hist": pl.Boolean})
+    """session_id, workspace root, history policy and task statement of every session, computed in columns."""
+    schema = pl.Schema({"session_id": key, "root": pl.Utf8, "hist": pl.Boolean, "instruction": pl.Utf8})
     if sessions is None or sessions.is_empty():
         return pl.DataFrame(schema=schema)
 
@@ -109,6 +117,7 @@ def command_context(sessions: pl.DataFrame | None, key: PolarsDataType) -> pl.Da
         pl.col("session_id").cast(key),
         pl.when(root.fill_null("") == "").then(pl.lit(DEFAULT_WORKSPACE)).otherwise(root).alias("root"),
         hist.alias("hist"),
+        column("instruction").alias("instruction"),
     )
 
 
@@ -127,7 +136,9 @@ def from_commands(
     if frame.is_empty():
         return []
     frame = frame.join(context, on="session_id", how="left").with_columns(
-        pl.col("root").fill_null(DEFAULT_WORKSPACE), pl.col("hist").fill_null(False)
+        pl.col("root").fill_null(DEFAULT_WORKSPACE),
+        pl.col("hist").fill_null(False),
+        pl.col("instruction").fill_null(""),
     )
     verdicts: dict[tuple[str, str, bool, bool], list[tuple[str, str | None, str]]] = {}
     for command, root, hist, ok in frame.select("command", "root", "hist", "ok").unique().iter_rows():
@@ -143,9 +154,11 @@ def from_commands(
         orient="row",
     )
     matched = frame.join(keys, on=["command", "root", "hist", "ok"], how="semi")
-    for sid, event, command, ok, root, hist in matched.select(
-        "session_id", "action_event_id", "command", "ok", "root", "hist"
+    for sid, event, command, ok, root, hist, instruction in matched.select(
+        "session_id", "action_event_id", "command", "ok", "root", "hist", "instruction"
     ).iter_rows():
         for flag, path, reason in verdicts[(command, root, hist, ok)]:
+            if flag == "write_outside_workspace" and path and task_names(path, instruction):
+                continue  # the task statement names where it writes: the task's subject
             hits.append(Hit(sid, flag, event, path, command[:500], reason=reason))
     return hits

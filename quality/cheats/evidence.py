@@ -241,6 +241,30 @@ def is_system(path: str) -> bool:
     return any(is_under(path, p) for p in _SYSTEM_PREFIXES)
 
 
+_NAMED_PATH = re.compile(r"(?<![\w.~-])/[\w.+@-]+(?:/[\w.+@-]+)+")
+# A service's own directory under a system location: /etc/nginx/..., /run/postgresql/...
+_SERVICE_DIR = re.compile(r"^/(?:etc|run|var/run)/([A-Za-z][\w+-]{2,})(?:\.d)?/")
+
+
+def task_names(path: str, instruction: str) -> bool:
+    """Whether the task statement makes ``path`` its subject, so that writing there is the task
+    (configure nginx, install a tool into ``/usr/local/bin``), not a way out of the workspace.
+
+    It does when it names the path or a directory holding it, two levels deep at least
+    (``/etc/nginx``, never ``/etc``), or when the path is in a service's own directory under
+    ``/etc`` or ``/run`` and the statement names that service as a word (``/etc/nginx/...`` in a
+    task about nginx). A file directly in ``/etc`` (``/etc/passwd``, ``/etc/hosts``) needs its path named.
+    """
+    if not instruction:
+        return False
+    for match in _NAMED_PATH.finditer(instruction):
+        named = posixpath.normpath(match.group(0).rstrip("."))
+        if named.count("/") >= 2 and is_under(path, named):
+            return True
+    service = _SERVICE_DIR.match(path)
+    return bool(service and re.search(r"(?<![\w/.-])" + re.escape(service.group(1)) + r"\b", instruction, re.I))
+
+
 def is_framework(rel: str) -> bool:
     return posixpath.basename(rel) in _FRAMEWORK_FILES or rel.endswith(".pth")
 

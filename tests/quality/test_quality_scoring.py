@@ -222,6 +222,33 @@ def test_one_step_success_is_an_anomaly_and_a_typical_run_is_not() -> None:
     assert "oneshot" in anomalous and "typical" not in anomalous
 
 
+def test_using_less_of_a_resource_is_no_anomaly_using_far_more_is() -> None:
+    """A session that hung writes nothing and peaks low; one that wrote twenty times the usual is worth a look.
+
+    Resource features count on their high side only (the fleet's honest ``hang`` policy was flagged
+    on every session for ``disk_write_bytes`` 0); steps still count both ways (one step where the
+    others need twenty).
+    """
+    rng = np.random.default_rng(1)
+    sessions = []
+    for i in range(MIN_GROUP + 10):
+        traj, steps = _session(f"n{i}", [f"cmd {j}" for j in range(20)])
+        traj.update(disk_write_bytes=int(rng.integers(4000, 6000)), n_file_writes=int(rng.integers(2, 4)))
+        sessions.append((traj, steps))
+    hung, hung_steps = _session("hung", [f"cmd {j}" for j in range(20)], status="timeout", reward=0.0)
+    hung.update(disk_write_bytes=0, n_file_writes=0, cpu_seconds=0.0, peak_memory_bytes=4 << 20, peak_processes=1)
+    writer, writer_steps = _session("writer", [f"cmd {j}" for j in range(20)])
+    writer.update(disk_write_bytes=900_000, n_file_writes=3)
+    oneshot, oneshot_steps = _session("oneshot", ["cat > a.py"])
+    oneshot.update(disk_write_bytes=5000, n_file_writes=3)
+    result = _score([*sessions, (hung, hung_steps), (writer, writer_steps), (oneshot, oneshot_steps)])
+    flags = result.flags.filter(pl.col("flag") == "behaviour_anomaly")
+    assert set(flags["session_id"]) == {"writer", "oneshot"}
+    evidence = dict(zip(flags["session_id"], flags["evidence"], strict=True))
+    assert set(json.loads(evidence["writer"])["features"]) == {"disk_write_bytes"}
+    assert set(json.loads(evidence["oneshot"])["features"]) == {"n_steps", "duration_s"}
+
+
 def _in_profile(session: tuple[dict, list[dict]], origin: str, family: str) -> tuple[dict, list[dict]]:
     traj, steps = session
     return {**traj, "origin": origin, "task_family": family}, steps
