@@ -19,6 +19,7 @@ from pipelines.assemble import assemble
 from pipelines.score import score_all
 from producers.importers import import_file
 from tests.helpers import AS_OF, write_raw
+from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 pytestmark = pytest.mark.slow
@@ -308,8 +309,9 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     sessions = [s for path in paths for s in import_file(path).sessions]
     assert len(sessions) == len(makers)
     write_raw(settings, [e for s in sessions for e in s.events], batch_size=5000)
-    assemble(settings, as_of=AS_OF)
-    score_all(settings)
+    lakehouse = Lakehouse.open(settings)
+    assemble(lakehouse, as_of=AS_OF)
+    score_all(lakehouse)
     return settings
 
 
