@@ -248,3 +248,32 @@ def test_a_token_in_a_file_name_is_redacted(token: str, extension: str, where: s
 )
 def test_ordinary_file_names_are_unchanged(text: str) -> None:
     assert redact_text(text) == text
+
+
+@given(
+    token=st.sampled_from([_GH, "sk-" + "proj-" + _alnum(40), "xox" + "b-" + "123456789012-" + _alnum(24)]),
+    where=st.sampled_from(["extra", "payload", "json"]),
+    around=st.sampled_from(["{}", "key_{}", "{}=1"]),
+)
+@hypothesis_settings(max_examples=40, deadline=None)
+def test_a_secret_in_a_dict_key_is_redacted(token: str, where: str, around: str) -> None:
+    """Keys were never looked at: an attribute named after a token (an OTLP attribute key, a JSON key) kept it."""
+    key = around.format(token)
+    event: dict = {"event_type": "env_feedback", "session_id": "s", "payload": {"output": "ok"}, "extra": {}}
+    if where == "extra":
+        event["extra"] = {key: "1", "kept": "yes"}
+    elif where == "payload":
+        event["payload"] = {"output": "ok", "meta": {key: 1}}
+    else:
+        event["payload"] = {"output": json.dumps({key: "v", "other": 2})}
+    out = redact_value(event)
+    assert token[8:] not in json.dumps(out), out
+    if where == "extra":
+        assert out["extra"]["kept"] == "yes" and len(out["extra"]) == 2
+    if where == "json":
+        assert json.loads(out["payload"]["output"])["other"] == 2
+
+
+def test_ordinary_keys_are_unchanged() -> None:
+    event = {"payload": {"output": "ok", "meta": {"sha256_" + "ab" * 32: 1, "requestId": 2, "x-trace": 3}}}
+    assert redact_value(event) == event
