@@ -65,7 +65,7 @@ def _redact_parsed(value: Any, depth: int, suspects: set[int] | None = None) -> 
     if depth > MAX_DEPTH:
         raise _TooDeep
     if isinstance(value, dict):
-        out = {}
+        out: dict[Any, Any] = {}
         for key, item in value.items():
             if type(key) is str and (suspects is None or id(key) in suspects):
                 key = _redacted_key(key, depth, out)
