@@ -110,6 +110,24 @@ def test_resent_events_are_dropped_within_and_across_workers(kafka_settings: Set
     assert counts(kafka_settings) == (len(events), len(events), 0)
 
 
+@pytest.mark.slow
+def test_another_sessions_copy_of_an_event_id_never_drops_the_owners_event(kafka_settings: Settings) -> None:
+    """The probe: event ids a second host can know in advance (an import's are derived from a public file, a
+    late verdict's from the session and the report) sent first in its own session made ingest drop the owner's
+    events as re-sends; a duplicate is one of the same session, never another's."""
+    owner = [e for e in sample_events(2, seed=5) if e["session_id"] == sample_events(2, seed=5)[0]["session_id"]]
+    squatter = [{**e, "session_id": "squatter", "host_id": "host-b"} for e in owner]
+    produce(kafka_settings, squatter)
+    IngestWorker(kafka_settings).run(until_idle=2)
+    produce(kafka_settings, owner)
+    stats = IngestWorker(kafka_settings).run(until_idle=2)  # a new worker: its window warmed from raw_events
+    assert (stats.events, stats.resent_duplicates) == (len(owner), 0)
+    produce(kafka_settings, owner[:3])  # the owner's own re-send is still dropped
+    assert IngestWorker(kafka_settings).run(until_idle=2).resent_duplicates == 3
+    landed = run_query(kafka_settings, "SELECT session_id, count(*) FROM events GROUP BY 1 ORDER BY 1")[1]
+    assert landed == sorted([(owner[0]["session_id"], len(owner)), ("squatter", len(owner))])
+
+
 def test_recent_id_window_is_bounded_and_forgets_the_oldest() -> None:
     from pipelines.ingest import RecentIds
 
