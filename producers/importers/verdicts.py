@@ -358,15 +358,21 @@ def verdict_event(envelope: dict[str, Any], verdict: Verdict, *, seq: int, ts: i
     }
 
 
-def with_verdicts(session: ImportedSession, files: Iterable[VerdictFile]) -> Verdict | None:
-    """Append the verdict the files hold on ``session``'s task unless a harness already judged it; the verdict or None.
+def with_verdicts(session: ImportedSession, files: Iterable[VerdictFile], *, beside: bool = False) -> Verdict | None:
+    """Append the verdict the files hold on ``session``'s task (unless it is there already); the verdict or None.
 
-    The event joins the import (the session's own identity), after its last event. A session whose
-    only verdict is its own file's claim (``self_reported``) still gets the report's: which one
-    counts is assembly's verdict precedence, not decided here.
+    The event joins the import (the session's own identity), after its last event. Whatever verdict the
+    run's own files carry -- a claim (``self_reported``) or a harness result written beside the run -- the
+    report given with the import joins it: which one counts is assembly's verdict precedence, not decided
+    here (at an equal rank the later, the report's). Skipping it when the file already had a 'harness'
+    verdict let the run's own file overrule the operator's report on that exact instance, silently.
+    ``beside``: the reports were found in the imported tree itself (part of what is imported, not given by
+    the operator): they judge only a session that brought no harness or fleet verdict of its own.
     """
+    if not session.events:
+        return None
     judged = (HARNESS, HARBOR, FLEET)
-    if not session.events or any(
+    if beside and any(
         e["event_type"] == "evaluation" and (e["payload"].get("provenance") or FLEET) in judged for e in session.events
     ):
         return None
@@ -375,9 +381,10 @@ def with_verdicts(session: ImportedSession, files: Iterable[VerdictFile]) -> Ver
         return None
     last = session.events[-1]
     first = session.events[0]
-    session.events.append(
-        verdict_event(first, verdict, seq=last["seq"] + 1, ts=last["ts"] + 1000, host_id=first["host_id"])
-    )
+    event = verdict_event(first, verdict, seq=last["seq"] + 1, ts=last["ts"] + 1000, host_id=first["host_id"])
+    if any(e["event_id"] == event["event_id"] for e in session.events):
+        return None  # this report's verdict joined already
+    session.events.append(event)
     return verdict
 
 
