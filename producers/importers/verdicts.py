@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import uuid
 from collections.abc import Iterable, Iterator
@@ -87,13 +88,27 @@ def instance_alias(instance_id: str) -> str | None:
 
 
 def _tests(entry: dict[str, Any]) -> tuple[int, int]:
+    """Tests passed and run by a report entry's ``tests_status`` (a bucket that is not a list counts none)."""
     passed = total = 0
-    for buckets in (entry.get("tests_status") or {}).values():
+    status = entry.get("tests_status")
+    for buckets in status.values() if isinstance(status, dict) else ():
         if isinstance(buckets, dict):
-            ok = len(buckets.get("success") or [])
+            success, failure = buckets.get("success"), buckets.get("failure")
+            ok = len(success) if isinstance(success, list) else 0
             passed += ok
-            total += ok + len(buckets.get("failure") or [])
+            total += ok + (len(failure) if isinstance(failure, list) else 0)
     return total, passed
+
+
+def _finite(value: Any) -> float | None:
+    """A reward a report gives as a number (not a bool), when it is a finite float; else None."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _report_verdict(instance_id: str, entry: dict[str, Any], source: str, evaluator: str = "swe-bench") -> Verdict:
@@ -154,22 +169,24 @@ def _summary_verdicts(data: dict[str, Any], result: VerdictFile) -> None:
 
 def _harbor_verdict(data: dict[str, Any], result: VerdictFile) -> None:
     task = str(data.get("task_name") or data.get("trial_name") or "")
-    rewards: dict[str, Any] = (data.get("verifier_result") or {}).get("rewards") or {}
-    values = [float(v) for v in rewards.values() if isinstance(v, int | float) and not isinstance(v, bool)]
+    verifier = data.get("verifier_result")
+    rewards = verifier.get("rewards") if isinstance(verifier, dict) else None
+    rewards = rewards if isinstance(rewards, dict) else {}
+    values = [v for v in map(_finite, rewards.values()) if v is not None]
     if not task or not values:
         if task:
             result.unevaluated.append(task)
         return
-    reward = (
-        float(rewards["reward"])
-        if isinstance((rewards or {}).get("reward"), int | float)
-        else sum(values) / len(values)
-    )
+    named = _finite(rewards.get("reward"))
+    reward = named if named is not None else sum(values) / len(values)
+    if not math.isfinite(reward):  # finite rewards whose sum is not
+        result.unevaluated.append(task)
+        return
     details = json.dumps(
         {
             "rewards": rewards,
             "trial_name": data.get("trial_name"),
-            "exception": (data.get("exception_info") or {}).get("exception_type"),
+            "exception": info.get("exception_type") if isinstance(info := data.get("exception_info"), dict) else None,
         },
         sort_keys=True,
         default=str,
