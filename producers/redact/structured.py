@@ -129,6 +129,19 @@ def _redact_json_text(text: str, depth: int) -> str:
     return redact_text(text)
 
 
+def redact_bytes(data: bytes | None) -> bytes | None:
+    """Raw bytes no decoder could read (a dead letter's key or value) with the secrets in their text redacted.
+
+    Read as Latin-1 (one character per byte), so every byte outside a secret is kept as it was and the
+    secrets, ASCII in UTF-8 as in Avro strings, are found where they lie; unchanged bytes are returned as is.
+    """
+    if not data:
+        return data
+    text = bytes(data).decode("latin-1")
+    out = redact_text(text)
+    return data if out == text else out.encode("latin-1", errors="replace")
+
+
 def _ends(text: str) -> tuple[str, str]:
     """The first and the last character of ``text.strip()`` (``""`` when blank), without the stripped copy."""
     start, end = 0, len(text)

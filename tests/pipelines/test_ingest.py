@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -77,6 +78,31 @@ def test_corrupt_records_go_to_dead_letters_and_the_rest_of_the_batch_lands(kafk
         "FROM dead_letters GROUP BY reason ORDER BY reason",
     )
     assert rows == [("bad_magic", 1, True), ("corrupt_payload", 2, True), ("unknown_schema", 1, True)]
+
+
+@pytest.mark.slow
+def test_a_dead_letter_keeps_no_secret_its_sender_left_in_it(kafka_settings: Settings) -> None:
+    """The probe: a host that does not redact sends records that cannot be decoded, a secret in the bytes (a
+    cut Avro event, JSON text) or in the Kafka key (a session id); dead_letters kept them verbatim -- the one
+    table no admission pass ever saw. The record is still kept (reason, coordinates, size), its secrets not."""
+    from common.broker import resolve_bootstrap
+    from producers.sdk import EventProducer
+
+    token = "gh" + "p_aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5"
+    event = sample_events(1)[0]
+    leaky = {**event, "extra": {**(event.get("extra") or {}), "note": f"push with {token}"}}
+    cut = encode_event(leaky)[:-3]
+    as_json = json.dumps({"session_id": "s", "password": "Zq8#vL2mPw9xKt4R", "token": token}).encode()
+    producer = EventProducer(resolve_bootstrap(kafka_settings), kafka_settings.topic, "host-b", redact=False)
+    for key, value in [("s1", cut), ("s2", as_json), (token, b"\x00garbage")]:
+        producer.send(key, "e", value)
+    producer.flush(60)
+    stats = IngestWorker(kafka_settings).run(until_idle=2)
+    assert stats.dead_letters == 3
+    rows = run_query(kafka_settings, "SELECT raw_key, raw_value, error, value_bytes FROM dead_letters")[1]
+    stored = b" ".join(bytes(k or b"") + bytes(v or b"") + (e or "").encode() for k, v, e, _ in rows)
+    assert b"aB3dE5fG7h" not in stored and b"Zq8#vL2mPw" not in stored
+    assert sorted(n for *_, n in rows) == sorted([len(cut), len(as_json), len(b"\x00garbage")])  # as received
 
 
 @pytest.mark.slow
