@@ -43,7 +43,7 @@ from pyiceberg.table import Table
 from common.progress import Progress
 from common.settings import Settings
 from pipelines.intake.admission import admit, set_door_key
-from pipelines.intake.ownership import IDENTITY_SQL, verdict_provenance_sql
+from pipelines.intake.ownership import ARRIVAL_SQL, IDENTITY_SQL, verdict_provenance_sql
 from pipelines.intake.parts import rebuild_parts
 from pipelines.intake.quarantine import Quarantined, record_quarantine
 from warehouse.lakehouse import Lakehouse
@@ -61,7 +61,8 @@ DEFAULT_TRUSTED: tuple[str, ...] = tuple(Settings.model_fields["trusted_verdicts
 
 # Duplicates (the same event_id more than once: a producer's re-send, or one Kafka record
 # landed twice) are rare, so they are found once per run on two narrow columns and only the
-# extra copies are named, by physical row: the first copy by Kafka coordinates stays. Ranking
+# extra copies are named, by physical row: the first copy to arrive stays (``ARRIVAL_SQL``: ingest time, then
+# the log order; by coordinates alone a copy re-sent later to a lower partition replaced a signed original). Ranking
 # every wide row by event_id instead (a window over all columns) was most of assembly's time.
 # A copy is a duplicate only of its own sender's event (``pipelines.intake.ownership``): another
 # identity reusing an owner's event id keeps its row, and admission quarantines it as foreign.
@@ -75,7 +76,7 @@ WITH dup AS (
 SELECT filename, file_row_number FROM {source}
 WHERE event_id IN (SELECT event_id FROM dup) AND session_id IN (SELECT session_id FROM affected)
 QUALIFY row_number() OVER (
-    PARTITION BY event_id, {identity} ORDER BY kafka_topic, kafka_partition, kafka_offset, filename, file_row_number
+    PARTITION BY event_id, {identity} ORDER BY {arrival}, filename, file_row_number
 ) > 1
 """
 
@@ -604,7 +605,7 @@ def _assemble(
     ranges = con.execute("SELECT chunk, min(session_id), max(session_id) FROM affected GROUP BY chunk ORDER BY chunk")
     bounds = ranges.fetchall()
     stats.chunks = len(bounds)
-    con.execute(_LOSERS_SQL.format(source=source, identity=IDENTITY_SQL))
+    con.execute(_LOSERS_SQL.format(source=source, identity=IDENTITY_SQL, arrival=ARRIVAL_SQL))
     params = {"as_of": as_of, "idle_us": int(options.idle_timeout_s * 1_000_000), "now": datetime.now(UTC)}
     run_id = str(all_raw.snapshot_id)
     for chunk, low, high in bounds:

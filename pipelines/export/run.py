@@ -156,12 +156,40 @@ def _records(
             if fmt in TRAINER_FORMATS
             else to_records(fmt, session, conversation, prices)
         )
-        # every string of the record once more, whatever the producer missed (parsed JSON stays JSON)
-        records = [dict(redact_record(r)) for r in built]
+        records = redacted_records(fmt, session, conversation, built, prices)
         judgement = dict(redact_record(atif_judgement(session, conversation))) if fmt == "atif" else None
         return records, judgement
     except RecursionError:
         raise RecordError("too_deep", "record nested deeper than Python can serialize") from None
+
+
+#: Fields of an export record holding token ids (``rl``, verl, SkyRL).
+_ID_FIELDS = ("prompt_ids", "response_ids")
+
+
+def redacted_records(
+    fmt: str, session: dict[str, Any], conversation: Any, built: list[dict[str, Any]], prices: PriceTable
+) -> list[dict[str, Any]]:
+    """Every string of ``built`` redacted once more (whatever the producer missed; parsed JSON stays JSON).
+
+    Where that changed the text of records carrying token ids, the ids still spell what was redacted (a
+    producer that did not redact a reply and recorded no token strings for the gate to check): an ``rl``
+    session falls back to its message form (no ids), a trainer format, which needs them, leaves it out.
+
+    Raises:
+        RecordError: ``secret_in_token_ids``: a trainer record's ids spell text redaction removed.
+    """
+    records = [dict(redact_record(r)) for r in built]
+    if not any(r.get(name) for r in built for name in _ID_FIELDS):
+        return records
+    messages = getattr(conversation, "messages", None) or []
+    if records == built and redact_value(messages) == messages:  # a trainer record carries ids, not text
+        return records
+    if fmt in TRAINER_FORMATS or not getattr(conversation, "calls", None):
+        raise RecordError("secret_in_token_ids", "redaction changed text the session's token ids spell")
+    bare = [replace(c, prompt_token_ids=None, completion_token_ids=[], logprobs=[]) for c in conversation.calls]
+    rebuilt = to_records(fmt, session, replace(conversation, calls=bare), prices)
+    return [dict(redact_record(r)) for r in rebuilt]
 
 
 def _record_line(record: dict[str, Any], sort_keys: bool = False) -> str:

@@ -44,7 +44,7 @@ from pipelines.ingest.offsets import (
     reset_key,
     unrecorded_rows,
 )
-from pipelines.ingest.recent_ids import RecentIds
+from pipelines.ingest.recent_ids import RecentIds, recent_keys
 from pipelines.ingest.stats import IngestStats
 from warehouse.errors import CommitConflict
 from warehouse.tables import RAW_EVENTS
@@ -219,7 +219,8 @@ def commit_rows(
         resent = 0
         kept_ids: list[str] = []
         if recent is not None and keep.any():
-            kept_ids = keys.filter(pa.array(keep)).column("event_id").to_pylist()
+            kept = keys.filter(pa.array(keep))
+            kept_ids = recent_keys(kept.column("session_id").to_pylist(), kept.column("event_id").to_pylist())
             unseen = recent.unseen(kept_ids)
             resent = unseen.count(False)
             if resent:

@@ -11,8 +11,18 @@ from warehouse.snapshots import current_files
 from warehouse.sql import connect, parquet_source
 
 
+def recent_keys(session_ids: Sequence[str | None], event_ids: Sequence[str | None]) -> list[str]:
+    """The window's keys: an event id within its session.
+
+    A re-send is the same event of the same session. Another session's copy of an event id (ids a second
+    host can know in advance: an import's derive from a public file, a late verdict's from the session and
+    the report) is no re-send: keyed by the id alone, it would make ingest drop the owner's event.
+    """
+    return [f"{s or ''}\x1f{e or ''}" for s, e in zip(session_ids, event_ids, strict=True)]
+
+
 class RecentIds:
-    """The most recent ``capacity`` event ids written to raw_events, oldest evicted first.
+    """The most recent ``capacity`` event ids written to raw_events (:func:`recent_keys`), oldest evicted first.
 
     Kafka-level exactly-once cannot see an event that a producer sends twice (a spool
     replay of an event whose acknowledgement was lost, a re-import of a recorded run):
@@ -44,7 +54,8 @@ class RecentIds:
         rows = (
             connect()
             .sql(
-                f"SELECT event_id FROM {parquet_source(files)} ORDER BY ingested_at DESC, kafka_offset DESC "
+                f"SELECT coalesce(session_id, '') || chr(31) || coalesce(event_id, '') FROM {parquet_source(files)} "
+                "ORDER BY ingested_at DESC, kafka_offset DESC "
                 f"LIMIT {int(self.capacity)}"
             )
             .fetchall()

@@ -7,6 +7,7 @@ from typing import Any
 
 from pipelines.decode.results import TS_MAX_US
 from pipelines.ingest.batch import Batch
+from producers.redact import redact_bytes, redact_text
 from schemas.registry import HEADER_LEN, latest
 
 #: Envelope columns of a raw-events row: every non-payload field of the latest schema (v3 adds
@@ -41,11 +42,13 @@ def dead_letter_row(batch: Batch, index: int, topic: str, reason: str, error: st
         "kafka_offset": batch.offsets[index],
         # set by the producer: one past year 9999 is no time a datetime holds
         "kafka_timestamp": datetime.fromtimestamp(ts_ms / 1000, UTC) if 0 < ts_ms <= TS_MAX_US // 1000 else None,
-        "raw_key": batch.keys[index],
-        "raw_value": value,
+        # what no admission pass saw: its secrets redacted (a sender that did not redact, a session id that is
+        # a token); the size and fingerprint stay those of the record as received
+        "raw_key": redact_bytes(batch.keys[index]),
+        "raw_value": redact_bytes(value),
         "value_bytes": len(value),
         "reason": reason,
-        "error": error[:2000],
+        "error": redact_text(error[:2000]),
         "schema_fingerprint": value[2:HEADER_LEN].hex() if value[:2] == b"\xc3\x01" else None,
         "ingested_at": now,
     }

@@ -14,6 +14,9 @@ aggregated. Doors keep their parsing and the identity they authenticated; the ru
   session it does not own carries a keyed digest (``extra['door_mac']``, the key in ``TRAJLAKE_HOME/door.key``
   that only this installation's doors and assembly read). An evaluation that claims the verdicts door without
   a valid digest -- another host's "harness report" on the wire -- is excluded (``unverified_door``).
+  The import and OTLP doors sign every event they admit the same way (:func:`sign_door`: its id, session,
+  type, ``seq``, host and door markers), because their markers can be copied (an import's sha256 is a
+  public file's): where a door signed a session, an event wearing that identity unsigned is excluded too.
 * **Ownership by arrival and the one verdict precedence**: :mod:`pipelines.intake.ownership`,
   :mod:`pipelines.intake.precedence`.
 * **Origin** is the door's, never the payload's: the import door stamps ``import:<format>``, the OTLP door
@@ -47,7 +50,7 @@ from typing import Any
 import duckdb
 
 from common.errors import ConfigError
-from pipelines.intake.ownership import VERDICTS_DOOR, apply_ownership, has_payload_field
+from pipelines.intake.ownership import IDENTITY_SQL, VERDICTS_DOOR, apply_ownership, has_payload_field
 from pipelines.intake.quarantine import Quarantined
 from producers.redact import redact_session, redact_text
 from producers.redact.tokens import redact_tokens
@@ -72,11 +75,14 @@ class Door:
         kind: ``import``, ``otlp`` or ``verdicts`` (the doors that pass :func:`admit_session`).
         format: an import's format (its origin is ``import:<format>``).
         client: the OTLP client the receiver authenticated.
+        key: the installation's door key (:func:`door_key`); with it every event the door admits carries its
+            signature (:func:`sign_door`), so no Kafka host can wear the door's identity. None: unsigned.
     """
 
     kind: str
     format: str | None = None
     client: str | None = None
+    key: str | None = field(default=None, repr=False)  # the installation's door key: the door signs what it admits
 
     @property
     def origin(self) -> str:
@@ -133,6 +139,8 @@ def admit_session(events: list[dict[str, Any]], door: Door) -> Admitted:
             return Admitted([], [*records, refusal], "unredacted_secret")
         detail = f"the {door.kind} door handed over {len(changed)} events with a secret; redacted at the gate"
         records.append(Quarantined(session_id, DOOR_STAGE, "redacted_at_gate", "redacted", detail))
+    if door.key is not None:
+        redacted = [sign_door(event, door.key) for event in redacted]
     return Admitted(redacted, records)
 
 
@@ -227,6 +235,43 @@ _VERDICT_MESSAGE_SQL = (
 )
 
 
+def _door_message(event: dict[str, Any]) -> str:
+    extra = event.get("extra") or {}
+    parts = [
+        event.get("event_id"),
+        event.get("session_id"),
+        event.get("event_type"),
+        event.get("seq"),
+        event.get("host_id"),
+        extra.get("source_kind"),
+        extra.get("source_sha256"),
+        extra.get("otlp_client"),
+    ]
+    return "\x1f".join("" if p is None else str(p) for p in parts)
+
+
+def sign_door(event: dict[str, Any], key: str) -> dict[str, Any]:
+    """``event`` as the import or OTLP door admitted it: its identity and place signed with the door key."""
+    extra = {**(event.get("extra") or {})}
+    extra.pop("door_mac", None)
+    event = {**event, "extra": extra}
+    return {**event, "extra": {**extra, "door_mac": _mac(key, _door_message(event))}}
+
+
+def verify_door(event: dict[str, Any], key: str) -> bool:
+    """Whether an import/OTLP-door event carries the signature :func:`sign_door` gives it (tests, tools)."""
+    given = str((event.get("extra") or {}).get("door_mac") or "")
+    return hmac.compare_digest(given, _mac(key, _door_message(event)))
+
+
+#: :func:`_door_message` in SQL, over a raw-events row.
+_DOOR_MESSAGE_SQL = (
+    "concat_ws(chr(31), coalesce(event_id, ''), coalesce(session_id, ''), coalesce(event_type, ''),"
+    " coalesce(CAST(seq AS VARCHAR), ''), coalesce(host_id, ''), coalesce(extra['source_kind'], ''),"
+    " coalesce(extra['source_sha256'], ''), coalesce(extra['otlp_client'], ''))"
+)
+
+
 def set_door_key(con: duckdb.DuckDBPyConnection, home: Path) -> None:
     """Hold the installation's door key in ``con`` for :func:`admit` (assembly calls it once per run)."""
     con.execute(f"SET VARIABLE {KEY_VARIABLE} = $key", {"key": door_key(home)})
@@ -242,6 +287,7 @@ def admit(con: duckdb.DuckDBPyConnection, trusted: tuple[str, ...]) -> list[Quar
     checked and token strings searched for secrets.
     """
     records = _verify_verdicts_door(con)
+    records += _verify_door_identity(con)
     records += apply_ownership(con, trusted)
     records += _check_origins(con)
     records += _check_token_strings(con)
@@ -271,6 +317,49 @@ def _verify_verdicts_door(con: duckdb.DuckDBPyConnection) -> list[Quarantined]:
             "excluded",
             f"{event_type} from host {host_id} claims the verdicts door without its signature; only "
             "`trajlake import --verdicts` of this installation speaks for that door",
+            event_id,
+        )
+        for _, session_id, event_id, host_id, event_type in rows
+    ]
+
+
+def _verify_door_identity(con: duckdb.DuckDBPyConnection) -> list[Quarantined]:
+    """Events wearing the import or OTLP door's identity without its signature, where that door signed the session.
+
+    The import door (``source_kind = 'import'``, a file's sha256: anyone holding the file knows it) and the
+    OTLP door (``otlp_client``) are identities a Kafka host could copy onto its own events. Where the door
+    signed its events for a session (:func:`sign_door`), an event claiming the same identity without a valid
+    signature is another sender's -- excluded (``unverified_door``) before ownership is decided, whether it
+    came before or after the door's. Sessions no door signed (written before doors signed, or by a door run
+    without the installation's key) are judged as before.
+    """
+    key = f"getvariable('{KEY_VARIABLE}')"
+    digest = f"sha256({key} || chr(31) || sha256({key} || chr(31) || {_DOOR_MESSAGE_SQL}))"
+    signed = f"(extra['door_mac'] IS NOT NULL AND extra['door_mac'] = {digest})"
+    rows = con.execute(
+        f"""
+        WITH claims AS (
+            SELECT rowid AS row_id, session_id, event_id, host_id, event_type, {IDENTITY_SQL} AS identity,
+                   coalesce({signed}, false) AS signed
+            FROM ev
+            WHERE {key} IS NOT NULL AND (extra['source_kind'] = 'import' OR extra['otlp_client'] IS NOT NULL)
+        ),
+        doors AS (SELECT DISTINCT session_id, identity FROM claims WHERE signed)
+        SELECT row_id, session_id, event_id, host_id, event_type FROM claims JOIN doors USING (session_id, identity)
+        WHERE NOT signed
+        """
+    ).fetchall()
+    if not rows:
+        return []
+    con.execute("DELETE FROM ev WHERE rowid IN (SELECT unnest($ids::BIGINT[]))", {"ids": [r[0] for r in rows]})
+    return [
+        Quarantined(
+            session_id,
+            "assemble",
+            "unverified_door",
+            "excluded",
+            f"{event_type} from host {host_id} wears the identity of the door that signed this session without "
+            "its signature; only that door of this installation speaks for it",
             event_id,
         )
         for _, session_id, event_id, host_id, event_type in rows

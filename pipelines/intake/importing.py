@@ -10,14 +10,14 @@ on an instance no session has) is listed in the result and written to the ``quar
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError, TrajlakeError
 from common.progress import Progress
 from common.settings import Settings
-from pipelines.intake.admission import Door, admit_session, check_sizes
+from pipelines.intake.admission import Door, admit_session, check_sizes, door_key
 from pipelines.intake.quarantine import Quarantined, record_quarantine
 from pipelines.intake.verdicts import Attached, attach_verdicts, run_id
 from producers.importers import ImportedSession, ImportReport, import_paths
@@ -56,9 +56,14 @@ class SessionSender:
     #: What the gate recorded (flags and refusals), for the quarantine table.
     records: list[Quarantined] = field(default_factory=list)
     refused: set[str] = field(default_factory=set)
+    #: The installation's door key: every event admitted is signed with it (None: unsigned).
+    key: str | None = field(default=None, repr=False)
 
     def __call__(self, session: ImportedSession) -> None:
-        admitted = admit_session(session.events, self.door(session))
+        door = self.door(session)
+        if self.key is not None and door.key is None:
+            door = replace(door, key=self.key)
+        admitted = admit_session(session.events, door)
         self.records += admitted.records
         if admitted.refused is not None:
             self._refuse(session, admitted.records[-1])
@@ -141,7 +146,7 @@ def import_runs(
     ``progress`` is told of each path imported.
     """
     run = ImportRun()
-    sender = SessionSender(producer, import_door, settings.max_event_bytes)
+    sender = SessionSender(producer, import_door, settings.max_event_bytes, key=door_key(settings.home_dir))
     if paths:
         files = read_verdicts(verdicts)[0] if verdicts is not None else []
         tasks: set[str] = set()
@@ -208,6 +213,7 @@ def listen(
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"--listen wants host:port, got {address!r}")
     sender = SessionSender(producer, otlp_door, settings.max_event_bytes if settings else 1 << 20)
+    sender.key = door_key(settings.home_dir) if settings is not None else None
 
     def send(session: ImportedSession) -> None:
         sender(session)

@@ -38,6 +38,7 @@ import pyarrow as pa
 from pyiceberg.expressions import And, EqualTo, In, Reference
 from pyiceberg.expressions.literals import literal
 
+from producers.redact import redact_text
 from warehouse.lakehouse import Lakehouse
 from warehouse.snapshots import current_files
 from warehouse.sql import connect, parquet_source
@@ -63,14 +64,15 @@ class Quarantined:
 def quarantine_rows(records: Iterable[Quarantined], run_id: str, now: datetime | None = None) -> pa.Table:
     """The ``quarantine`` table rows of ``records``."""
     now = now or datetime.now(UTC)
+    # a row quotes its input (an instance id, a file's path, a value in an error): redacted like any event
     rows = [
         {
-            "session_id": r.session_id,
+            "session_id": redact_text(r.session_id),
             "stage": r.stage,
             "reason": r.reason,
             "action": r.action,
-            "detail": r.detail[:DETAIL_CHARS],
-            "event_id": r.event_id,
+            "detail": redact_text(r.detail[:DETAIL_CHARS]),
+            "event_id": redact_text(r.event_id) if r.event_id else r.event_id,
             "run_id": run_id,
             "quarantined_at": now,
         }

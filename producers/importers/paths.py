@@ -499,7 +499,7 @@ def import_paths(
                     continue
                 sessions += 1
                 if reports:
-                    with_verdicts(item, reports)
+                    with_verdicts(item, reports, beside=True)
                 _deliver(item, path, report, sink, send)
         except ImportFormatError as exc:
             quarantined.append(Quarantined(exc.path, exc.position, exc.reason))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import uuid
 from collections.abc import Iterable, Iterator
@@ -87,13 +88,27 @@ def instance_alias(instance_id: str) -> str | None:
 
 
 def _tests(entry: dict[str, Any]) -> tuple[int, int]:
+    """Tests passed and run by a report entry's ``tests_status`` (a bucket that is not a list counts none)."""
     passed = total = 0
-    for buckets in (entry.get("tests_status") or {}).values():
+    status = entry.get("tests_status")
+    for buckets in status.values() if isinstance(status, dict) else ():
         if isinstance(buckets, dict):
-            ok = len(buckets.get("success") or [])
+            success, failure = buckets.get("success"), buckets.get("failure")
+            ok = len(success) if isinstance(success, list) else 0
             passed += ok
-            total += ok + len(buckets.get("failure") or [])
+            total += ok + (len(failure) if isinstance(failure, list) else 0)
     return total, passed
+
+
+def _finite(value: Any) -> float | None:
+    """A reward a report gives as a number (not a bool), when it is a finite float; else None."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _report_verdict(instance_id: str, entry: dict[str, Any], source: str, evaluator: str = "swe-bench") -> Verdict:
@@ -154,22 +169,24 @@ def _summary_verdicts(data: dict[str, Any], result: VerdictFile) -> None:
 
 def _harbor_verdict(data: dict[str, Any], result: VerdictFile) -> None:
     task = str(data.get("task_name") or data.get("trial_name") or "")
-    rewards: dict[str, Any] = (data.get("verifier_result") or {}).get("rewards") or {}
-    values = [float(v) for v in rewards.values() if isinstance(v, int | float) and not isinstance(v, bool)]
+    verifier = data.get("verifier_result")
+    rewards = verifier.get("rewards") if isinstance(verifier, dict) else None
+    rewards = rewards if isinstance(rewards, dict) else {}
+    values = [v for v in map(_finite, rewards.values()) if v is not None]
     if not task or not values:
         if task:
             result.unevaluated.append(task)
         return
-    reward = (
-        float(rewards["reward"])
-        if isinstance((rewards or {}).get("reward"), int | float)
-        else sum(values) / len(values)
-    )
+    named = _finite(rewards.get("reward"))
+    reward = named if named is not None else sum(values) / len(values)
+    if not math.isfinite(reward):  # finite rewards whose sum is not
+        result.unevaluated.append(task)
+        return
     details = json.dumps(
         {
             "rewards": rewards,
             "trial_name": data.get("trial_name"),
-            "exception": (data.get("exception_info") or {}).get("exception_type"),
+            "exception": info.get("exception_type") if isinstance(info := data.get("exception_info"), dict) else None,
         },
         sort_keys=True,
         default=str,
@@ -358,15 +375,21 @@ def verdict_event(envelope: dict[str, Any], verdict: Verdict, *, seq: int, ts: i
     }
 
 
-def with_verdicts(session: ImportedSession, files: Iterable[VerdictFile]) -> Verdict | None:
-    """Append the verdict the files hold on ``session``'s task unless a harness already judged it; the verdict or None.
+def with_verdicts(session: ImportedSession, files: Iterable[VerdictFile], *, beside: bool = False) -> Verdict | None:
+    """Append the verdict the files hold on ``session``'s task (unless it is there already); the verdict or None.
 
-    The event joins the import (the session's own identity), after its last event. A session whose
-    only verdict is its own file's claim (``self_reported``) still gets the report's: which one
-    counts is assembly's verdict precedence, not decided here.
+    The event joins the import (the session's own identity), after its last event. Whatever verdict the
+    run's own files carry -- a claim (``self_reported``) or a harness result written beside the run -- the
+    report given with the import joins it: which one counts is assembly's verdict precedence, not decided
+    here (at an equal rank the later, the report's). Skipping it when the file already had a 'harness'
+    verdict let the run's own file overrule the operator's report on that exact instance, silently.
+    ``beside``: the reports were found in the imported tree itself (part of what is imported, not given by
+    the operator): they judge only a session that brought no harness or fleet verdict of its own.
     """
+    if not session.events:
+        return None
     judged = (HARNESS, HARBOR, FLEET)
-    if not session.events or any(
+    if beside and any(
         e["event_type"] == "evaluation" and (e["payload"].get("provenance") or FLEET) in judged for e in session.events
     ):
         return None
@@ -375,9 +398,10 @@ def with_verdicts(session: ImportedSession, files: Iterable[VerdictFile]) -> Ver
         return None
     last = session.events[-1]
     first = session.events[0]
-    session.events.append(
-        verdict_event(first, verdict, seq=last["seq"] + 1, ts=last["ts"] + 1000, host_id=first["host_id"])
-    )
+    event = verdict_event(first, verdict, seq=last["seq"] + 1, ts=last["ts"] + 1000, host_id=first["host_id"])
+    if any(e["event_id"] == event["event_id"] for e in session.events):
+        return None  # this report's verdict joined already
+    session.events.append(event)
     return verdict
 
 

@@ -25,6 +25,7 @@ from producers.redact.stream import SessionRedactor, SessionRedactors, redact_se
 from producers.redact.structured import (
     MAX_DEPTH,
     redact_array,
+    redact_bytes,
     redact_event,
     redact_json_text,
     redact_record,
@@ -51,6 +52,7 @@ __all__ = [
     "forget_secret_values",
     "is_secret_name",
     "redact_array",
+    "redact_bytes",
     "redact_event",
     "redact_json_text",
     "redact_record",

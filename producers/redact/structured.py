@@ -65,8 +65,10 @@ def _redact_parsed(value: Any, depth: int, suspects: set[int] | None = None) -> 
     if depth > MAX_DEPTH:
         raise _TooDeep
     if isinstance(value, dict):
-        out = {}
+        out: dict[Any, Any] = {}
         for key, item in value.items():
+            if type(key) is str and (suspects is None or id(key) in suspects):
+                key = _redacted_key(key, depth, out)
             if type(item) is str and _secret_entry(key, item):
                 out[key] = REDACTED
             else:
@@ -79,6 +81,18 @@ def _redact_parsed(value: Any, depth: int, suspects: set[int] | None = None) -> 
     if isinstance(value, str):
         return _redact_json_text(str(value), depth + 1)
     return value
+
+
+def _redacted_key(key: str, depth: int, taken: dict[Any, Any]) -> str:
+    """A dict key with its secrets redacted (an attribute named after a token); kept apart from the keys before it."""
+    out = _redact_json_text(key, depth + 1)
+    if out == key:
+        return key
+    unique, n = out, 1
+    while unique in taken:
+        n += 1
+        unique = f"{out}#{n}"
+    return unique
 
 
 def _redact_call(call: dict[Any, Any], out: dict[Any, Any]) -> dict[Any, Any]:
@@ -115,6 +129,19 @@ def _redact_json_text(text: str, depth: int) -> str:
     return redact_text(text)
 
 
+def redact_bytes(data: bytes | None) -> bytes | None:
+    """Raw bytes no decoder could read (a dead letter's key or value) with the secrets in their text redacted.
+
+    Read as Latin-1 (one character per byte), so every byte outside a secret is kept as it was and the
+    secrets, ASCII in UTF-8 as in Avro strings, are found where they lie; unchanged bytes are returned as is.
+    """
+    if not data:
+        return data
+    text = bytes(data).decode("latin-1")
+    out = redact_text(text)
+    return data if out == text else out.encode("latin-1", errors="replace")
+
+
 def _ends(text: str) -> tuple[str, str]:
     """The first and the last character of ``text.strip()`` (``""`` when blank), without the stripped copy."""
     start, end = 0, len(text)
@@ -145,6 +172,8 @@ def _collect(value: Any, strings: list[str]) -> bool:
             if type(tokens) is list and tokens:
                 strings.append("".join(t for t in tokens if type(t) is str))  # the text the tokens spell
             for key, child in item.items():
+                if type(key) is str and _may_be_token_key(key):
+                    strings.append(key)  # a key can hold a secret too (an attribute named after a token)
                 if type(child) is str:
                     strings.append(child)
                     if not hit and _secret_entry(key, child):
@@ -156,6 +185,11 @@ def _collect(value: Any, strings: list[str]) -> bool:
         elif isinstance(item, str | dict | list | tuple):  # subclasses: the slow path
             stack.append(_plain(item))
     return hit
+
+
+def _may_be_token_key(key: str) -> bool:
+    """A dict key long enough, and not a lower-case name, to hold a token (schema and attribute names do not)."""
+    return len(key) >= 16 and not (key.isascii() and all(c.islower() or c in "_.-" for c in key))
 
 
 def _plain(value: Any) -> Any:

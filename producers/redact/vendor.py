@@ -123,7 +123,22 @@ def vendor_spans(text: str, limit: int = 256) -> list[tuple[int, int]]:
             while end > start and text[end - 1] in "._-":
                 end -= 1
             spans.append((start, end))
+        elif (named := _file_named_after(text, start, end)) is not None:
+            spans.append((start, named))
     return spans
+
+
+def _file_named_after(text: str, start: int, end: int) -> int | None:
+    """Where the token ends in a file named after one (``<token>.json``), or None.
+
+    :func:`vendor_token` reads ``name.ext`` as a file name and lets it be; the name is judged alone here.
+    """
+    if end - start > MAX_CACHED_RUN:
+        return None
+    stem, dot, extension = text[start:end].rstrip("._-").rpartition(".")
+    if not dot or "." in stem or not _EXTENSION.fullmatch(extension) or len(stem) < 20:
+        return None
+    return start + len(stem) if vendor_token(stem) or _glued(stem, 0, len(stem)) else None
 
 
 def _vendor_run(text: str, start: int, end: int) -> bool:

@@ -305,3 +305,37 @@ def test_rl_reward_is_the_scored_completion_and_an_unevaluated_run_has_none() ->
             {**unevaluated, "session_id": "s"}, Conversation(messages=[], tools=[], prompt_source="reconstructed")
         )
     assert caught.value.reason == "no_reward"
+
+
+def _token_session(reply: str) -> tuple[dict, object]:
+    from pipelines.export.conversation import Call, Conversation
+
+    call = Call(0, "m", "stop", 2, 3, 0, None, None, [1, 2], [3, 4, 5], [-0.1, -0.2, -0.3])
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": reply}]
+    session = {"session_id": "s", "task_id": "t", "task_type": "x", "task_family": "f", "reward": 1.0}
+    session |= {"completion": 1.0, "flag_list": [], "origin": "sdk", "quality": 1.0, "split": "train", "weight": 1.0}
+    return session, Conversation(messages, [], "recorded", [call])
+
+
+@pytest.mark.parametrize("fmt", ["rl", "verl", "skyrl"])
+def test_a_reply_redacted_at_export_takes_its_token_ids_with_it(fmt: str) -> None:
+    """The probe: a host that did not redact a reply and sent no token strings (nothing for the gate to check):
+    export redacted the message and kept ``response_ids`` that spell the secret, as if nothing happened."""
+    from common.prices import PriceTable
+    from pipelines.errors import RecordError
+    from pipelines.export.records import to_records
+    from pipelines.export.run import redacted_records
+    from pipelines.export.trainers import trainer_records
+
+    prices = PriceTable.load("")
+    build = (lambda s, c: to_records(fmt, s, c, prices)) if fmt == "rl" else (lambda s, c: trainer_records(fmt, s, c))
+    session, clean = _token_session("the tests pass")
+    assert redacted_records(fmt, session, clean, build(session, clean), prices) == build(session, clean)
+    session, leaking = _token_session("push with gh" + "p_aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5")
+    if fmt != "rl":
+        with pytest.raises(RecordError, match="token ids"):
+            redacted_records(fmt, session, leaking, build(session, leaking), prices)
+        return
+    (record,) = redacted_records(fmt, session, leaking, build(session, leaking), prices)
+    assert record["has_token_ids"] is False and record["response_ids"] == [] and record["prompt_ids"] == []
+    assert "aB3dE5fG7h" not in json.dumps(record) and "[REDACTED]" in json.dumps(record["messages"])

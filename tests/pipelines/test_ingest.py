@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -80,6 +81,31 @@ def test_corrupt_records_go_to_dead_letters_and_the_rest_of_the_batch_lands(kafk
 
 
 @pytest.mark.slow
+def test_a_dead_letter_keeps_no_secret_its_sender_left_in_it(kafka_settings: Settings) -> None:
+    """The probe: a host that does not redact sends records that cannot be decoded, a secret in the bytes (a
+    cut Avro event, JSON text) or in the Kafka key (a session id); dead_letters kept them verbatim -- the one
+    table no admission pass ever saw. The record is still kept (reason, coordinates, size), its secrets not."""
+    from common.broker import resolve_bootstrap
+    from producers.sdk import EventProducer
+
+    token = "gh" + "p_aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5"
+    event = sample_events(1)[0]
+    leaky = {**event, "extra": {**(event.get("extra") or {}), "note": f"push with {token}"}}
+    cut = encode_event(leaky)[:-3]
+    as_json = json.dumps({"session_id": "s", "password": "Zq8#vL2mPw9xKt4R", "token": token}).encode()
+    producer = EventProducer(resolve_bootstrap(kafka_settings), kafka_settings.topic, "host-b", redact=False)
+    for key, value in [("s1", cut), ("s2", as_json), (token, b"\x00garbage")]:
+        producer.send(key, "e", value)
+    producer.flush(60)
+    stats = IngestWorker(kafka_settings).run(until_idle=2)
+    assert stats.dead_letters == 3
+    rows = run_query(kafka_settings, "SELECT raw_key, raw_value, error, value_bytes FROM dead_letters")[1]
+    stored = b" ".join(bytes(k or b"") + bytes(v or b"") + (e or "").encode() for k, v, e, _ in rows)
+    assert b"aB3dE5fG7h" not in stored and b"Zq8#vL2mPw" not in stored
+    assert sorted(n for *_, n in rows) == sorted([len(cut), len(as_json), len(b"\x00garbage")])  # as received
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["after_iceberg_commit", "between_table_commits", "before_commit"])
 def test_crash_at_commit_points_neither_duplicates_nor_skips(kafka_settings: Settings, point: str) -> None:
     events = sample_events(20)
@@ -108,6 +134,24 @@ def test_resent_events_are_dropped_within_and_across_workers(kafka_settings: Set
     second = IngestWorker(kafka_settings).run(until_idle=2)
     assert (second.events, second.resent_duplicates) == (len(events) - half, 5)
     assert counts(kafka_settings) == (len(events), len(events), 0)
+
+
+@pytest.mark.slow
+def test_another_sessions_copy_of_an_event_id_never_drops_the_owners_event(kafka_settings: Settings) -> None:
+    """The probe: event ids a second host can know in advance (an import's are derived from a public file, a
+    late verdict's from the session and the report) sent first in its own session made ingest drop the owner's
+    events as re-sends; a duplicate is one of the same session, never another's."""
+    owner = [e for e in sample_events(2, seed=5) if e["session_id"] == sample_events(2, seed=5)[0]["session_id"]]
+    squatter = [{**e, "session_id": "squatter", "host_id": "host-b"} for e in owner]
+    produce(kafka_settings, squatter)
+    IngestWorker(kafka_settings).run(until_idle=2)
+    produce(kafka_settings, owner)
+    stats = IngestWorker(kafka_settings).run(until_idle=2)  # a new worker: its window warmed from raw_events
+    assert (stats.events, stats.resent_duplicates) == (len(owner), 0)
+    produce(kafka_settings, owner[:3])  # the owner's own re-send is still dropped
+    assert IngestWorker(kafka_settings).run(until_idle=2).resent_duplicates == 3
+    landed = run_query(kafka_settings, "SELECT session_id, count(*) FROM events GROUP BY 1 ORDER BY 1")[1]
+    assert landed == sorted([(owner[0]["session_id"], len(owner)), ("squatter", len(owner))])
 
 
 def test_recent_id_window_is_bounded_and_forgets_the_oldest() -> None:

@@ -208,3 +208,72 @@ def test_transforms_of_a_forgotten_token_are_left_alone(task_token):
     encoded = base64.b64encode(task_token.encode()).decode()
     forget_secret_values([task_token])
     assert redact_text(encoded) == encoded
+
+
+# -- held-out probes: where a token sits, and tokens of letters only ---------------------------------------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import settings as hypothesis_settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_LETTERS = st.text(st.sampled_from(string.ascii_letters), min_size=34, max_size=34).filter(
+    lambda s: sum(c.isupper() for c in s) >= 8 and sum(c.islower() for c in s) >= 8
+)
+
+
+@given(body=_LETTERS, before=st.sampled_from(["", "token: ", "HF=", "using "]))
+@hypothesis_settings(max_examples=60, deadline=None)
+def test_a_letters_only_token_behind_a_label_is_redacted(body: str, before: str) -> None:
+    """Hugging Face tokens are ``hf_`` and 34 letters, no digit (held: the detector layer knows them)."""
+    token = "h" + "f_" + body
+    assert body[6:20] not in redact_text(f"{before}{token} ok"), token
+
+
+@given(
+    token=st.sampled_from([_GH, "sb" + "p_" + "4f9a2c7e1b8d3f6a0c5e9b2d7f1a4c8e3b6d0f9a", "glpat-" + _alnum(20)]),
+    extension=st.sampled_from(["json", "txt", "env", "pem", "log"]),
+    where=st.sampled_from(["/tmp/creds/{}", "cat {} | head", "{}"]),
+)
+@hypothesis_settings(max_examples=40, deadline=None)
+def test_a_token_in_a_file_name_is_redacted(token: str, extension: str, where: str) -> None:
+    """A token followed by ``.json`` read as a file name (``name.ext``) and was left whole."""
+    text = where.format(f"{token}.{extension}")
+    out = redact_text(text)
+    assert token[len(token) // 3 :] not in out and out.endswith(f".{extension}" + text.split(extension)[-1]), out
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["setup.py", "README.md", "src/trajlake_events.parquet", "model-00001-of-00004.safetensors", "report_final.json"],
+)
+def test_ordinary_file_names_are_unchanged(text: str) -> None:
+    assert redact_text(text) == text
+
+
+@given(
+    token=st.sampled_from([_GH, "sk-" + "proj-" + _alnum(40), "xox" + "b-" + "123456789012-" + _alnum(24)]),
+    where=st.sampled_from(["extra", "payload", "json"]),
+    around=st.sampled_from(["{}", "key_{}", "{}=1"]),
+)
+@hypothesis_settings(max_examples=40, deadline=None)
+def test_a_secret_in_a_dict_key_is_redacted(token: str, where: str, around: str) -> None:
+    """Keys were never looked at: an attribute named after a token (an OTLP attribute key, a JSON key) kept it."""
+    key = around.format(token)
+    event: dict = {"event_type": "env_feedback", "session_id": "s", "payload": {"output": "ok"}, "extra": {}}
+    if where == "extra":
+        event["extra"] = {key: "1", "kept": "yes"}
+    elif where == "payload":
+        event["payload"] = {"output": "ok", "meta": {key: 1}}
+    else:
+        event["payload"] = {"output": json.dumps({key: "v", "other": 2})}
+    out = redact_value(event)
+    assert token[8:] not in json.dumps(out), out
+    if where == "extra":
+        assert out["extra"]["kept"] == "yes" and len(out["extra"]) == 2
+    if where == "json":
+        assert json.loads(out["payload"]["output"])["other"] == 2
+
+
+def test_ordinary_keys_are_unchanged() -> None:
+    event = {"payload": {"output": "ok", "meta": {"sha256_" + "ab" * 32: 1, "requestId": 2, "x-trace": 3}}}
+    assert redact_value(event) == event

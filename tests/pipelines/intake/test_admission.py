@@ -10,6 +10,7 @@ then Apache Kafka) for the Kafka door.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 import uuid
@@ -274,3 +275,37 @@ def test_over_http_the_credential_decides_who_owns_a_conversation(tmp_path: Path
     assert sent[0].session_id == sent[1].session_id  # one conversation id: the conflict reaches admission
     lake = _assemble_sent(tmp_path / "lake", sent)
     assert _rows(lake)[0][3] == 2 and set(_quarantine(lake)) == {e["event_id"] for e in sent[1].events}
+
+
+@given(
+    token=st.sampled_from(
+        ["gh" + "p_aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5", "sk-" + "proj-Zx81Lq0PwN4mB7vC2kJ9hG5fD3sA1qW6eR8tY0uI"]
+    ),
+    where=st.sampled_from(["instance", "file"]),
+)
+@hypothesis_settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_quarantine_row_keeps_no_secret_its_input_named(
+    tmp_path_factory: pytest.TempPathFactory, token: str, where: str
+) -> None:
+    """The probe: a verdict keyed by a token, a report or run file named after one -- the quarantine rows quote
+    the instance id and the path ('verdict:<id>', 'file:<path>', the detail) and kept them verbatim."""
+    from pipelines.intake.importing import ImportRun
+    from pipelines.intake.quarantine import quarantine_rows
+    from pipelines.intake.verdicts import Attached
+    from producers.importers import import_paths
+    from producers.importers.verdicts import read_verdicts
+
+    tmp = tmp_path_factory.mktemp("q")
+    if where == "instance":
+        path = tmp / "report.json"
+        path.write_text(json.dumps({"resolved_ids": [token]}))
+        found, _ = read_verdicts(path)
+        records = Attached(unknown=list(found[0].verdicts.values())).quarantine_records()
+    else:
+        (tmp / f"{token}.json").write_text('{"instance_id": "x", "history": [\n')
+        run = ImportRun(report=import_paths([tmp]))
+        records = run.quarantine_records()
+    assert records
+    rows = quarantine_rows(records, "run-1").to_pylist()
+    assert token[6:] not in json.dumps(rows, default=str), rows
+    assert all(r["reason"] and r["session_id"] for r in rows)

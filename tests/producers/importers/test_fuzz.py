@@ -127,3 +127,34 @@ def test_a_verdict_judges_only_its_exact_instance(instance: str, cut: int, extra
     assert report is not None
     verdict = report.get(instance)
     assert verdict is not None and verdict.passed
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+_REPORTS = [
+    lambda v: {"acme__w-1": {"resolved": True, "tests_status": {"FAIL_TO_PASS": {"success": v, "failure": []}}}},
+    lambda v: {"acme__w-1": {"resolved": v, "tests_status": v}},
+    lambda v: {"resolved_ids": v, "unresolved_ids": ["acme__w-2"]},
+    lambda v: {"task_name": "t", "trial_name": "t__x", "verifier_result": {"rewards": v}},
+    lambda v: {"acme__w-1": v},
+]
+
+
+@given(value=_JSON, shape=st.integers(0, len(_REPORTS) - 1))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_verdict_file_of_any_shape_is_read_or_refused_in_one_line(tmp_path: Path, value: Any, shape: int) -> None:
+    """The probe: a report whose test buckets hold a number (``"success": 5``) raised TypeError out of
+    ``trajlake import --verdicts`` (a traceback); every value in every place is read or named in one line."""
+    from producers.importers.verdicts import read_verdicts
+
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(_REPORTS[shape](value)))
+    found, errors = read_verdicts(path)
+    assert all("\n" not in e for e in errors)
+    for report in found:
+        for verdict in report.verdicts.values():
+            assert isinstance(verdict.passed, bool) and math.isfinite(verdict.reward)
+            assert verdict.tests_total >= verdict.tests_passed >= 0

@@ -213,6 +213,35 @@ def test_a_report_joins_a_session_whose_only_verdict_is_its_own_claim(tmp_path: 
     assert with_verdicts(session, [report]) is None  # a harness verdict is there: not twice
 
 
+def test_the_report_given_at_import_joins_a_session_whose_own_file_carries_a_harness_verdict(tmp_path: Path) -> None:
+    """The probe: ``import output.jsonl --verdicts report.json`` where the run's own file says it was resolved.
+
+    The report's verdict was not attached (a 'harness' verdict was already there), so the run's own file
+    decided the outcome and the operator's report for that exact instance was dropped silently. Now it joins
+    after the file's, and assembly's precedence decides (the same rank: the later one, the report's).
+    """
+    from producers.importers.verdicts import with_verdicts
+
+    lines = (FIXTURES / "openhands_v0" / "output.jsonl").read_text().splitlines()
+    run = next(json.loads(line) for line in lines if json.loads(line).get("test_result") is not None)
+    path = tmp_path / "output.jsonl"
+    path.write_text(json.dumps(run) + "\n")
+    (session,) = import_file(path).sessions
+    own = [e["payload"] for e in session.events if e["event_type"] == "evaluation"]
+    assert [v["provenance"] for v in own] == ["harness_report"]
+    verdict = not own[0]["passed"]  # the report says the opposite of the file
+    judged = {"resolved_ids": [session.task_id], "unresolved_ids": []}
+    if not verdict:
+        judged = {"resolved_ids": [], "unresolved_ids": [session.task_id]}
+    report = parse_verdicts(tmp_path / "r.json", judged)
+    assert report is not None
+    assert with_verdicts(session, [report]) is not None
+    evaluations = [e for e in session.events if e["event_type"] == "evaluation"]
+    assert [e["payload"]["passed"] for e in evaluations] == [own[0]["passed"], verdict]
+    assert evaluations[-1]["seq"] > evaluations[0]["seq"]  # the report's comes last: it counts at equal rank
+    assert with_verdicts(session, [report]) is None  # the same report again: not twice
+
+
 def test_a_harbor_trial_whose_result_has_no_rewards_takes_the_verifiers_output(tmp_path: Path) -> None:
     trial = tmp_path / "hello-world__Xy7aQ"
     shutil.copytree(FIXTURES / "harbor_job" / "hello-world__Xy7aQ", trial)
