@@ -21,7 +21,10 @@ from warehouse.lakehouse import Lakehouse
 from warehouse.query import run_query
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "real-trajectories"
-pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"real trajectories absent at {DATA}")
+pytestmark = [
+    pytest.mark.skipif(not DATA.is_dir(), reason=f"real trajectories absent at {DATA}"),
+    pytest.mark.slow,  # scoring every real run once for the module: ~10 s
+]
 MINI = DATA / "mini-swe-agent"
 DEEPSEEK = MINI / "deepseek-reasoner-dev"
 
