@@ -347,12 +347,20 @@ def import_runs(
 
 
 def _import_listen(listen: str, producer: Any, settings: Any) -> None:
-    """``import --listen``: receive OTLP/HTTP traces on ``listen`` until Ctrl-C, then say what came in."""
-    import time
+    """``import --listen``: receive OTLP/HTTP traces on ``listen`` until Ctrl-C or SIGTERM, then say what came in.
+
+    Both signals get a handler of their own: a process started in the background by a non-interactive shell (or a
+    supervisor) inherits SIGINT ignored, and Python then never raises ``KeyboardInterrupt`` for it.
+    """
+    import signal
+    import threading
 
     from pipelines.intake.importing import listen as start_receiver
     from producers.importers.otlp_receiver import read_credentials
 
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
     receiver = start_receiver(  # names come from the client: printed as text, never as markup
         listen,
         producer,
@@ -364,11 +372,9 @@ def _import_listen(listen: str, producer: Any, settings: Any) -> None:
         settings=settings,
     )
     out.print(f"receiving OTLP/HTTP traces at {receiver.endpoint} (Ctrl-C to stop)", markup=False)
-    try:
-        while True:
-            time.sleep(1)
-    except KeyboardInterrupt:
-        receiver.stop()
+    while not stop.wait(1):
+        pass
+    receiver.stop()
     out.print(f"received {receiver.spans_received} spans, sent {receiver.sessions_sent} sessions")
 
 

@@ -30,6 +30,16 @@ def _env(tmp_path: Path, bootstrap: str) -> dict[str, str]:
     return env
 
 
+def _stopped(process: subprocess.Popen[str]) -> tuple[str, str]:
+    """Wait for ``process`` to exit after a stop signal; killed (and the test failed) if it does not within 60 s."""
+    try:
+        return process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise AssertionError("the listener did not stop within 60 s of its stop signal") from None
+
+
 def test_markup_in_a_conversation_id_is_printed_as_text_and_nothing_stops(tmp_path: Path, tansu_broker: str) -> None:
     port = free_port()
     command = [sys.executable, "-m", "trajlake.cli", "import", "--listen", f"127.0.0.1:{port}"]
@@ -59,7 +69,7 @@ def test_markup_in_a_conversation_id_is_printed_as_text_and_nothing_stops(tmp_pa
                 lines.append(printed.get(timeout=60))  # the receiver prints each session it sent (none: it died)
         finally:
             process.send_signal(signal.SIGINT)
-            _, stderr = process.communicate(timeout=60)
+            _, stderr = _stopped(process)
     assert "conversation:[/][bold]evil\\u001b[31m: session" in lines[0], lines
     assert "conversation:plain: session" in lines[1], lines
     assert "MarkupError" not in stderr and "Traceback" not in stderr, stderr
@@ -95,3 +105,35 @@ def test_a_credentials_file_others_can_read_is_refused_in_one_line(tmp_path: Pat
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "readable by others" in errors[0] and "aaaa" not in result.stderr, result.stderr
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    ("signum", "started_ignoring_sigint"),
+    [(signal.SIGTERM, False), (signal.SIGINT, True)],
+    ids=["sigterm", "sigint-from-a-background-shell"],
+)
+def test_the_listener_stops_on_sigterm_and_on_sigint_it_inherited_ignored(
+    tmp_path: Path, tansu_broker: str, signum: signal.Signals, started_ignoring_sigint: bool
+) -> None:
+    """A supervisor stops with SIGTERM; a shell's background job inherits SIGINT ignored (no KeyboardInterrupt)."""
+    port = free_port()
+    command = [sys.executable, "-m", "trajlake.cli", "import", "--listen", f"127.0.0.1:{port}"]
+    with subprocess.Popen(
+        command,
+        env=_env(tmp_path, tansu_broker),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ignore_sigint if started_ignoring_sigint else None,
+    ) as process:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        assert "receiving OTLP/HTTP traces" in first, first
+        process.send_signal(signum)
+        rest, stderr = _stopped(process)
+    assert process.returncode == 0, stderr
+    assert "received 0 spans, sent 0 sessions" in rest and "Traceback" not in stderr, (rest, stderr)
