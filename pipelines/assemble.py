@@ -563,26 +563,8 @@ def _assemble(
         new_files = all_raw.paths
     stats.new_files = len(new_files)
     as_of = as_of or datetime.now(UTC)
-    con = connect()
-    spill = lake.scratch("assemble")
-    con.execute(f"SET memory_limit = '{options.memory_limit}'")
-    con.execute(f"SET temp_directory = '{spill}'")
-    con.execute("SET preserve_insertion_order = false")
-    set_door_key(con, lake.settings.home_dir)  # the admission gate verifies the verdicts door's signature
-    # Sessions touched by new files, plus open sessions whose idle deadline may have passed.
-    con.execute("CREATE TEMP TABLE affected (session_id VARCHAR)")
-    if new_files:
-        con.execute(f"INSERT INTO affected SELECT DISTINCT session_id FROM {parquet_source(new_files)}")
-    open_files = current_files(trajectories).paths
-    if open_files:
-        con.execute(
-            f"INSERT INTO affected SELECT session_id FROM {parquet_source(open_files)} "
-            "WHERE status = 'running' AND epoch(last_event_at) < $cutoff",
-            {"cutoff": as_of.timestamp() - options.idle_timeout_s},
-        )
-    con.execute("CREATE OR REPLACE TEMP TABLE affected AS SELECT DISTINCT session_id FROM affected")
-    affected = con.execute("SELECT count(*) FROM affected").fetchone()
-    stats.sessions = affected[0] if affected else 0
+    con = _connect(lake, options)
+    stats.sessions = _mark_affected(con, new_files, trajectories, as_of, options)
     properties = {ASSEMBLED_SNAPSHOT: str(all_raw.snapshot_id)}
     if stats.sessions == 0:
         if last != str(all_raw.snapshot_id):
@@ -595,6 +577,59 @@ def _assemble(
     # chunk: after a crash the next run recomputes (and replaces) every affected session.
     # A session already tiered (a late event) is recomputed from its cold events too.
     source = parquet_source(all_raw.paths + late_event_files(con, lake, "affected"), row_ids=True)
+    bounds = _chunk_bounds(con, source, options)
+    stats.chunks = len(bounds)
+    con.execute(_LOSERS_SQL.format(source=source, identity=IDENTITY_SQL, arrival=ARRIVAL_SQL))
+    params = {"as_of": as_of, "idle_us": int(options.idle_timeout_s * 1_000_000), "now": datetime.now(UTC)}
+    run = _ChunkRun(con, lake, steps, trajectories, source, params, options, run_id=str(all_raw.snapshot_id))
+    for chunk, low, high in bounds:
+        _assemble_chunk(run, (chunk, low, high), properties if chunk == stats.chunks - 1 else {}, stats)
+        if progress is not None:
+            progress(stats.trajectories_written + stats.skipped_sessions, stats.sessions, "sessions")
+    stats.seconds = time.monotonic() - started
+    log.info("assembled %d sessions (%d steps) from %d new files", stats.sessions, stats.steps_written, len(new_files))
+    return stats
+
+
+def _connect(lake: Lakehouse, options: AssembleOptions) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection bounded by the assemble memory limit, spilling into the lake's scratch space."""
+    con = connect()
+    spill = lake.scratch("assemble")
+    con.execute(f"SET memory_limit = '{options.memory_limit}'")
+    con.execute(f"SET temp_directory = '{spill}'")
+    con.execute("SET preserve_insertion_order = false")
+    set_door_key(con, lake.settings.home_dir)  # the admission gate verifies the verdicts door's signature
+    return con
+
+
+def _mark_affected(
+    con: duckdb.DuckDBPyConnection,
+    new_files: list[str],
+    trajectories: Table,
+    as_of: datetime,
+    options: AssembleOptions,
+) -> int:
+    """Fill the temp table ``affected``; returns how many sessions it holds.
+
+    Sessions touched by new files, plus open sessions whose idle deadline may have passed.
+    """
+    con.execute("CREATE TEMP TABLE affected (session_id VARCHAR)")
+    if new_files:
+        con.execute(f"INSERT INTO affected SELECT DISTINCT session_id FROM {parquet_source(new_files)}")
+    open_files = current_files(trajectories).paths
+    if open_files:
+        con.execute(
+            f"INSERT INTO affected SELECT session_id FROM {parquet_source(open_files)} "
+            "WHERE status = 'running' AND epoch(last_event_at) < $cutoff",
+            {"cutoff": as_of.timestamp() - options.idle_timeout_s},
+        )
+    con.execute("CREATE OR REPLACE TEMP TABLE affected AS SELECT DISTINCT session_id FROM affected")
+    affected = con.execute("SELECT count(*) FROM affected").fetchone()
+    return affected[0] if affected else 0
+
+
+def _chunk_bounds(con: duckdb.DuckDBPyConnection, source: str, options: AssembleOptions) -> list[Any]:
+    """Number each affected session's chunk (``affected.chunk``); returns (chunk, first id, last id) per chunk."""
     counted = con.execute(f"SELECT count(*) FROM {source} WHERE session_id IN (SELECT session_id FROM affected)")
     events = counted.fetchone()
     chunks = max(1, math.ceil((events[0] if events else 0) / options.chunk_events))
@@ -603,55 +638,78 @@ def _assemble(
         "(ORDER BY session_id) - 1 AS chunk FROM affected"
     )
     ranges = con.execute("SELECT chunk, min(session_id), max(session_id) FROM affected GROUP BY chunk ORDER BY chunk")
-    bounds = ranges.fetchall()
-    stats.chunks = len(bounds)
-    con.execute(_LOSERS_SQL.format(source=source, identity=IDENTITY_SQL, arrival=ARRIVAL_SQL))
-    params = {"as_of": as_of, "idle_us": int(options.idle_timeout_s * 1_000_000), "now": datetime.now(UTC)}
-    run_id = str(all_raw.snapshot_id)
-    for chunk, low, high in bounds:
-        try:
-            trajectory_rows, step_rows, records = _compute(
-                con,
-                source,
-                "affected WHERE chunk = $chunk",
-                {"low": low, "high": high, "chunk": chunk},
-                params,
-                options.trusted_verdicts,
-            )
-        except Exception as exc:
-            if not _is_data_error(exc):
-                raise
-            # One session's data broke the chunk: find it (them) by halving, keep every other session.
-            ids = [
-                sid
-                for (sid,) in con.execute(
-                    "SELECT session_id FROM affected WHERE chunk = $chunk ORDER BY session_id", {"chunk": chunk}
-                ).fetchall()
-            ]
-            t_parts, s_parts, records = _compute_bisecting(con, source, ids, params, exc, options.trusted_verdicts)
-            trajectory_rows = pa.concat_tables([TRAJECTORIES.arrow_schema().empty_table(), *t_parts])
-            step_rows = pa.concat_tables([STEPS.arrow_schema().empty_table(), *s_parts])
-        # Steps first: if we die between the commits, the trajectories watermark has not moved and
-        # the next run recomputes (and replaces) the same sessions in both tables.
-        _replace_sessions(con, steps, step_rows, {}, chunk)
-        recomputed = [
+    return ranges.fetchall()
+
+
+@dataclass(frozen=True)
+class _ChunkRun:
+    """What every chunk of one assemble run shares."""
+
+    con: duckdb.DuckDBPyConnection
+    lake: Lakehouse
+    steps: Table
+    trajectories: Table
+    source: str  # the raw (and late cold) event files, as a DuckDB source
+    params: dict[str, Any]
+    options: AssembleOptions
+    run_id: str  # the raw snapshot assembled (the quarantine records' run)
+
+
+def _assemble_chunk(
+    run: _ChunkRun, bounds: tuple[int, str, str], watermark: dict[str, str], stats: AssembleStats
+) -> None:
+    """Compute one chunk's sessions, replace them in ``steps`` then ``trajectories``; count them into ``stats``.
+
+    ``watermark`` is the properties the trajectories commit sets (the last chunk's moves the watermark).
+    """
+    con, chunk = run.con, bounds[0]
+    trajectory_rows, step_rows, records = _compute_chunk(con, run.source, bounds, run.params, run.options)
+    # Steps first: if we die between the commits, the trajectories watermark has not moved and
+    # the next run recomputes (and replaces) the same sessions in both tables.
+    _replace_sessions(con, run.steps, step_rows, {}, chunk)
+    recomputed = [
+        sid
+        for (sid,) in con.execute("SELECT session_id FROM affected WHERE chunk = $chunk", {"chunk": chunk}).fetchall()
+    ]
+    record_quarantine(run.lake, records, run.run_id, replace_stage="assemble", recomputed=recomputed)
+    _replace_sessions(con, run.trajectories, trajectory_rows, watermark, chunk)
+    stats.trajectories_written += trajectory_rows.num_rows
+    stats.steps_written += step_rows.num_rows
+    stats.nulled_sessions += len({r.session_id for r in records if r.action == "nulled"})
+    stats.skipped_sessions += len({r.session_id for r in records if r.action == "skipped"})
+    stats.foreign_events += sum(1 for r in records if r.reason in ("foreign_producer", "ownership_conflict"))
+    stats.uncounted_verdicts += sum(1 for r in records if r.reason in ("untrusted_verdict", "lower_verdict"))
+
+
+def _compute_chunk(
+    con: duckdb.DuckDBPyConnection,
+    source: str,
+    bounds: tuple[int, str, str],
+    params: dict[str, Any],
+    options: AssembleOptions,
+) -> tuple[pa.Table, pa.Table, list[Quarantined]]:
+    """One chunk's trajectory and step rows; a session whose data breaks the chunk is found by halving."""
+    chunk, low, high = bounds
+    try:
+        return _compute(
+            con,
+            source,
+            "affected WHERE chunk = $chunk",
+            {"low": low, "high": high, "chunk": chunk},
+            params,
+            options.trusted_verdicts,
+        )
+    except Exception as exc:
+        if not _is_data_error(exc):
+            raise
+        # One session's data broke the chunk: find it (them) by halving, keep every other session.
+        ids = [
             sid
             for (sid,) in con.execute(
-                "SELECT session_id FROM affected WHERE chunk = $chunk", {"chunk": chunk}
+                "SELECT session_id FROM affected WHERE chunk = $chunk ORDER BY session_id", {"chunk": chunk}
             ).fetchall()
         ]
-        record_quarantine(lake, records, run_id, replace_stage="assemble", recomputed=recomputed)
-        last = chunk == stats.chunks - 1
-        _replace_sessions(con, trajectories, trajectory_rows, properties if last else {}, chunk)
-        stats.trajectories_written += trajectory_rows.num_rows
-        stats.steps_written += step_rows.num_rows
-        stats.nulled_sessions += len({r.session_id for r in records if r.action == "nulled"})
-        stats.skipped_sessions += len({r.session_id for r in records if r.action == "skipped"})
-        stats.foreign_events += sum(1 for r in records if r.reason in ("foreign_producer", "ownership_conflict"))
-        stats.uncounted_verdicts += sum(1 for r in records if r.reason in ("untrusted_verdict", "lower_verdict"))
-        del trajectory_rows, step_rows
-        if progress is not None:
-            progress(stats.trajectories_written + stats.skipped_sessions, stats.sessions, "sessions")
-    stats.seconds = time.monotonic() - started
-    log.info("assembled %d sessions (%d steps) from %d new files", stats.sessions, stats.steps_written, len(new_files))
-    return stats
+        t_parts, s_parts, records = _compute_bisecting(con, source, ids, params, exc, options.trusted_verdicts)
+        trajectory_rows = pa.concat_tables([TRAJECTORIES.arrow_schema().empty_table(), *t_parts])
+        step_rows = pa.concat_tables([STEPS.arrow_schema().empty_table(), *s_parts])
+        return trajectory_rows, step_rows, records

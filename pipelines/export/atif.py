@@ -29,6 +29,7 @@ sorted keys).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -125,70 +126,26 @@ def verdict(session: dict[str, Any]) -> tuple[bool | None, float | None]:
     return claim.get("passed"), claim.get("reward")
 
 
+@dataclass
+class _Totals:
+    """The sums of an ATIF trajectory's steps (its ``final_metrics``)."""
+
+    prompt: int = 0
+    completion: int = 0
+    cached: int = 0
+    cost: Decimal = field(default_factory=lambda: Decimal(0))
+
+
 def atif_record(session: dict[str, Any], conversation: Conversation, prices: PriceTable) -> dict[str, Any]:
     """The session as one ATIF-v1.7 trajectory (see the module docstring)."""
-    steps: list[dict[str, Any]] = []
-    turns = conversation.usage_turns
-    recorded = prompt_source(session, conversation) == "recorded"
-    started = _iso(session.get("started_at"))
-    totals = {"prompt": 0, "completion": 0, "cached": 0}
-    cost_total = Decimal(0)
-    assistant = 0
-    for m in conversation.messages:
-        if m["role"] == "tool":
-            if steps and steps[-1]["source"] == "agent":
-                results = steps[-1].setdefault("observation", {"results": []})["results"]
-                results.append({"source_call_id": m.get("tool_call_id"), "content": m.get("content") or ""})
-                continue
-            # a tool message with no agent turn before it: kept as a system observation
-            result = {"source_call_id": m.get("tool_call_id"), "content": m.get("content") or ""}
-            orphan = {"step_id": len(steps) + 1, "source": "system", "message": ""}
-            steps.append({**orphan, "observation": {"results": [result]}})
-            continue
-        source = {"system": "system", "user": "user", "assistant": "agent"}.get(m["role"], "user")
-        step: dict[str, Any] = {"step_id": len(steps) + 1, "source": source, "message": m.get("content") or ""}
-        if source != "agent":
-            if started and assistant == 0:  # the task as given at the session's start
-                step["timestamp"] = started
-            steps.append(step)
-            continue
-        when = conversation.assistant_times[assistant] if assistant < len(conversation.assistant_times) else None
-        if when:
-            step["timestamp"] = when
-        if m.get("reasoning_content"):
-            step["reasoning_content"] = m["reasoning_content"]
-        if m.get("tool_calls"):
-            step["tool_calls"] = [
-                {
-                    "tool_call_id": c["id"],
-                    "function_name": c["function"]["name"],
-                    "arguments": arguments_object(c["function"]["arguments"]),
-                }
-                for c in m["tool_calls"]
-            ]
-        if assistant < len(turns):
-            call = turns[assistant]
-            if call.model:
-                step["model_name"] = call.model
-            if recorded:
-                step["llm_call_count"] = 1
-            cost = call_cost(call, prices)
-            step["metrics"] = _metrics(call, cost)
-            extra = _step_extra(call)
-            if extra:
-                step["extra"] = extra
-            totals["prompt"] += call.prompt_tokens or 0
-            totals["completion"] += call.completion_tokens or 0
-            totals["cached"] += call.cached_tokens or 0
-            cost_total += cost
-        assistant += 1
-        steps.append(step)
+    totals = _Totals()
+    steps = _steps(session, conversation, prices, totals)
     # the sums of the steps: equal to the trajectories row (a test checks it for every session)
     final: dict[str, Any] = {
-        "total_prompt_tokens": totals["prompt"],
-        "total_completion_tokens": totals["completion"],
-        "total_cached_tokens": totals["cached"],
-        "total_cost_usd": float(cost_total),
+        "total_prompt_tokens": totals.prompt,
+        "total_completion_tokens": totals.completion,
+        "total_cached_tokens": totals.cached,
+        "total_cost_usd": float(totals.cost),
         "total_steps": len(steps),
     }
     meta = metadata(session, conversation)
@@ -215,6 +172,86 @@ def atif_record(session: dict[str, Any], conversation: Conversation, prices: Pri
         "final_metrics": final,
         "extra": {k: v for k, v in run.items() if v is not None},
     }
+
+
+def _steps(
+    session: dict[str, Any], conversation: Conversation, prices: PriceTable, totals: _Totals
+) -> list[dict[str, Any]]:
+    """The conversation's messages as ATIF steps (tool results folded into the agent step before them)."""
+    steps: list[dict[str, Any]] = []
+    turns = conversation.usage_turns
+    recorded = prompt_source(session, conversation) == "recorded"
+    started = _iso(session.get("started_at"))
+    assistant = 0
+    for m in conversation.messages:
+        if m["role"] == "tool":
+            _add_tool_result(steps, m)
+            continue
+        source = {"system": "system", "user": "user", "assistant": "agent"}.get(m["role"], "user")
+        step: dict[str, Any] = {"step_id": len(steps) + 1, "source": source, "message": m.get("content") or ""}
+        if source != "agent":
+            if started and assistant == 0:  # the task as given at the session's start
+                step["timestamp"] = started
+            steps.append(step)
+            continue
+        _fill_agent_step(step, m, conversation, turns, assistant, recorded, prices, totals)
+        assistant += 1
+        steps.append(step)
+    return steps
+
+
+def _add_tool_result(steps: list[dict[str, Any]], m: dict[str, Any]) -> None:
+    """A tool message: an observation of the agent step before it (else a system step of its own)."""
+    if steps and steps[-1]["source"] == "agent":
+        results = steps[-1].setdefault("observation", {"results": []})["results"]
+        results.append({"source_call_id": m.get("tool_call_id"), "content": m.get("content") or ""})
+        return
+    # a tool message with no agent turn before it: kept as a system observation
+    result = {"source_call_id": m.get("tool_call_id"), "content": m.get("content") or ""}
+    orphan = {"step_id": len(steps) + 1, "source": "system", "message": ""}
+    steps.append({**orphan, "observation": {"results": [result]}})
+
+
+def _fill_agent_step(
+    step: dict[str, Any],
+    m: dict[str, Any],
+    conversation: Conversation,
+    turns: list[Call],
+    assistant: int,
+    recorded: bool,
+    prices: PriceTable,
+    totals: _Totals,
+) -> None:
+    """The ``assistant``-th agent step: its time, reasoning, tool calls and its model call's metrics (summed)."""
+    when = conversation.assistant_times[assistant] if assistant < len(conversation.assistant_times) else None
+    if when:
+        step["timestamp"] = when
+    if m.get("reasoning_content"):
+        step["reasoning_content"] = m["reasoning_content"]
+    if m.get("tool_calls"):
+        step["tool_calls"] = [
+            {
+                "tool_call_id": c["id"],
+                "function_name": c["function"]["name"],
+                "arguments": arguments_object(c["function"]["arguments"]),
+            }
+            for c in m["tool_calls"]
+        ]
+    if assistant < len(turns):
+        call = turns[assistant]
+        if call.model:
+            step["model_name"] = call.model
+        if recorded:
+            step["llm_call_count"] = 1
+        cost = call_cost(call, prices)
+        step["metrics"] = _metrics(call, cost)
+        extra = _step_extra(call)
+        if extra:
+            step["extra"] = extra
+        totals.prompt += call.prompt_tokens or 0
+        totals.completion += call.completion_tokens or 0
+        totals.cached += call.cached_tokens or 0
+        totals.cost += cost
 
 
 def atif_judgement(session: dict[str, Any], conversation: Conversation) -> dict[str, Any]:

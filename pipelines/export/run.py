@@ -8,7 +8,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -24,7 +24,7 @@ from pipelines.export._files import _ExclusiveFile, _write_file, open_subdirecto
 from pipelines.export.atif import atif_judgement
 from pipelines.export.conversation import from_calls, from_steps
 from pipelines.export.formats import FORMATS as RECORD_FORMATS
-from pipelines.export.layout import FeatureSketch, card, checkpoint, commit, discard, open_target
+from pipelines.export.layout import FeatureSketch, Target, card, checkpoint, commit, discard, open_target
 from pipelines.export.options import ExportOptions
 from pipelines.export.records import to_records
 from pipelines.export.rl import RL_SCHEMA
@@ -255,6 +255,26 @@ def export_training_set(
         raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     started = time.monotonic()
     options = options or ExportOptions.from_settings(lake.settings)
+    filters = _export_filters(fmt, parquet, options, filters, min_quality, day)
+    target = open_target(out_dir, lake.locations, force)
+    root = target.root
+    stats = ExportStats(export_id=uuid.uuid4().hex, format=fmt, out_dir=str(root))
+    manifest_text, snapshots = _write_and_swap(lake, options, fmt, filters, target, stats, clock, parquet, progress)
+    stats.manifest = str(root / "manifest.json")
+    _record_export(lake, stats, filters, manifest_text, snapshots)
+    stats.seconds = time.monotonic() - started
+    return stats
+
+
+def _export_filters(
+    fmt: str,
+    parquet: bool,
+    options: ExportOptions,
+    filters: ExportFilters | None,
+    min_quality: float | None,
+    day: date | None,
+) -> ExportFilters:
+    """The export's filters: the caller's, with ``min_quality`` and ``day`` over them, then the format's rules."""
     if parquet and fmt != "rl":
         raise ExportError(f"--parquet is for --format rl (typed columns); {fmt} is written as JSON lines")
     filters = filters or ExportFilters()
@@ -262,11 +282,21 @@ def export_training_set(
         filters = replace(
             filters, min_quality=filters.min_quality if min_quality is None else min_quality, day=day or filters.day
         )
-    filters = filters.for_format(fmt, options.min_quality)
-    min_quality, day = filters.min_quality, filters.day
-    target = open_target(out_dir, lake.locations, force)
-    root = target.root
-    stats = ExportStats(export_id=uuid.uuid4().hex, format=fmt, out_dir=str(root))
+    return filters.for_format(fmt, options.min_quality)
+
+
+def _write_and_swap(
+    lake: Lakehouse,
+    options: ExportOptions,
+    fmt: str,
+    filters: ExportFilters,
+    target: Target,
+    stats: ExportStats,
+    clock: Callable[[], datetime],
+    parquet: bool,
+    progress: Progress | None,
+) -> tuple[str, dict[str, int | None]]:
+    """Write the export into the target's staging directory and swap it in; on any failure, discard it."""
     try:
         try:
             manifest_text, snapshots = _write_export(
@@ -277,17 +307,24 @@ def export_training_set(
             discard(target)
             raise
     except OSError as exc:
-        raise ExportError(f"cannot write the export into {root}: {exc.strerror or exc}") from exc
+        raise ExportError(f"cannot write the export into {target.root}: {exc.strerror or exc}") from exc
     finally:
         target.close()  # also releases the flock
-    stats.manifest = str(root / "manifest.json")
+    return manifest_text, snapshots
+
+
+def _record_export(
+    lake: Lakehouse, stats: ExportStats, filters: ExportFilters, manifest_text: str, snapshots: dict[str, int | None]
+) -> None:
+    """Append the export's row to the ``exports`` table (written once the directory is in place)."""
+    day = filters.day
     row = {
         "export_id": stats.export_id,
         "created_at": datetime.fromisoformat(json.loads(manifest_text)["created_at"]),
-        "format": fmt,
+        "format": stats.format,
         "out_dir": stats.out_dir,
         "partition": day.isoformat() if day else None,
-        "min_quality": min_quality,
+        "min_quality": filters.min_quality,
         "sessions": stats.sessions,
         "records": stats.records,
         "scorer_version": json.loads(manifest_text)["scorer_version"],
@@ -296,8 +333,6 @@ def export_training_set(
         "source_snapshots": json.dumps(snapshots, sort_keys=True),
     }
     lake.table(EXPORTS.name).append(pa.Table.from_pylist([row], schema=EXPORTS.arrow_schema()))
-    stats.seconds = time.monotonic() - started
-    return stats
 
 
 class _SplitFiles:
@@ -346,6 +381,17 @@ class _SplitFiles:
             os.close(self.sub_fd)
 
 
+@dataclass
+class _Tally:
+    """What the export counted while writing its sessions (beyond :class:`ExportStats`)."""
+
+    quarantined: list[Quarantined] = field(default_factory=list)
+    splits: dict[str, int] = field(default_factory=dict)  # sessions per split
+    origins: dict[str, int] = field(default_factory=dict)  # sessions per origin
+    token_level: int = 0  # sessions whose records carry token ids
+    segmented: int = 0  # sessions written as more than one record
+
+
 def _write_export(
     lake: Lakehouse,
     options: ExportOptions,
@@ -363,10 +409,7 @@ def _write_export(
     snapshots = _snapshot_ids(lake)
     scoring = scoring_manifest(lake)
     weights = _flag_weights(scoring)
-    quarantined: list[Quarantined] = []
-    splits: dict[str, int] = {}
-    origins: dict[str, int] = {}
-    token_level = segmented = 0
+    tally = _Tally()
     selection: dict[str, Any] = {}
     prices = lake.prices
     data = _SplitFiles(dir_fd, "data", "parquet" if parquet else "jsonl", parquet)
@@ -375,29 +418,7 @@ def _write_export(
     sketches = {"default": FeatureSketch(), "scores": FeatureSketch()}
     try:
         chosen = _sessions(lake, filters, weights, report=selection, memory_limit=options.memory_limit)
-        for session, steps, calls, lookup in chosen:
-            try:
-                records, judgement = _records(fmt, session, steps, calls, lookup, prices)
-                lines = [_record_line(record, sort_keys=fmt == "atif") for record in records]
-                judged = _record_line(judgement, sort_keys=True) if judgement is not None else None
-            except RecordError as exc:
-                quarantined.append(Quarantined(session["session_id"], "export", exc.reason, "skipped", str(exc)))
-                continue
-            split = str(session["split"])
-            for record, line in zip(records, lines, strict=True):
-                data.write(split, record, line)
-                sketches["default"].add(record)
-            if scores is not None and judged is not None and judgement is not None:
-                scores.write(split, judgement, judged)
-                sketches["scores"].add(judgement)
-            stats.sessions += 1
-            stats.records += len(records)
-            splits[split] = splits.get(split, 0) + 1
-            origins[session["origin"]] = origins.get(session["origin"], 0) + 1
-            token_level += bool(records[0].get("has_token_ids", fmt in TRAINER_FORMATS))
-            segmented += len(records) > 1
-            if progress is not None:
-                progress(stats.records, None, "records")
+        _write_sessions(chosen, fmt, prices, data, scores, sketches, stats, tally, progress)
         digests = data.commit()
         score_digests = scores.commit() if scores is not None else {}
     except BaseException:
@@ -410,14 +431,81 @@ def _write_export(
         if scores is not None:
             scores.close()
     checkpoint("data_written")
-    stats.quarantined = len(quarantined)
-    stats.per_origin = origins
+    stats.quarantined = len(tally.quarantined)
+    stats.per_origin = tally.origins
     stats.considered = int(selection.get("considered", 0))
     stats.left_out = {**selection.get("left_out", {}), "quarantined": stats.quarantined}
-    if quarantined:
-        record_quarantine(lake, quarantined, run_id=stats.export_id)
+    if tally.quarantined:
+        record_quarantine(lake, tally.quarantined, run_id=stats.export_id)
+    entries = _file_entries(data, digests, scores, score_digests)
+    stats.files = {str(e["path"]): str(e["sha256"]) for e in entries}
+    counts = _counts(stats, selection, tally)
+    card_text = _write_card(dir_fd, fmt, entries, sketches, counts, parquet)
+    checkpoint("card_written")
+    manifest = {
+        "export_id": stats.export_id,
+        "created_at": clock().isoformat(),
+        "format": fmt,
+        "file_format": "parquet" if parquet else "jsonl",
+        "files": entries,
+        "card": {"path": "README.md", "sha256": hashlib.sha256(card_text.encode()).hexdigest()},
+        "filters": filters.as_dict(),
+        "splits": {"by": "task_family", "hash": "sha256", "percent": SPLIT_PERCENT},
+        "counts": counts,
+        # how costs were priced: recorded where the server reported one, else tokens × this table
+        "prices": prices.as_json(),
+        "scorer_version": lake.table(SCORES.name).properties.get(SCORED_VERSION, SCORER_VERSION),
+        "scoring": scoring,
+        "source_snapshots": snapshots,
+    }
+    manifest_text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    _write_file(dir_fd, "manifest.json", manifest_text)
+    return manifest_text, snapshots
+
+
+def _write_sessions(
+    chosen: Iterable[tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], _Blobs]],
+    fmt: str,
+    prices: PriceTable,
+    data: _SplitFiles,
+    scores: _SplitFiles | None,
+    sketches: dict[str, FeatureSketch],
+    stats: ExportStats,
+    tally: _Tally,
+    progress: Progress | None,
+) -> None:
+    """Build each chosen session's records and write them to its split (a session that cannot be: quarantined)."""
+    for session, steps, calls, lookup in chosen:
+        try:
+            records, judgement = _records(fmt, session, steps, calls, lookup, prices)
+            lines = [_record_line(record, sort_keys=fmt == "atif") for record in records]
+            judged = _record_line(judgement, sort_keys=True) if judgement is not None else None
+        except RecordError as exc:
+            tally.quarantined.append(Quarantined(session["session_id"], "export", exc.reason, "skipped", str(exc)))
+            continue
+        split = str(session["split"])
+        for record, line in zip(records, lines, strict=True):
+            data.write(split, record, line)
+            sketches["default"].add(record)
+        if scores is not None and judged is not None and judgement is not None:
+            scores.write(split, judgement, judged)
+            sketches["scores"].add(judgement)
+        stats.sessions += 1
+        stats.records += len(records)
+        tally.splits[split] = tally.splits.get(split, 0) + 1
+        tally.origins[session["origin"]] = tally.origins.get(session["origin"], 0) + 1
+        tally.token_level += bool(records[0].get("has_token_ids", fmt in TRAINER_FORMATS))
+        tally.segmented += len(records) > 1
+        if progress is not None:
+            progress(stats.records, None, "records")
+
+
+def _file_entries(
+    data: _SplitFiles, digests: dict[str, str], scores: _SplitFiles | None, score_digests: dict[str, str]
+) -> list[dict[str, Any]]:
+    """The manifest's ``files``: each written data file (then each scores file), in split order."""
     order = [s for s in SPLIT_PERCENT if s in digests]
-    entries = [
+    entries: list[dict[str, Any]] = [
         {
             "path": f"data/{s}.{data.suffix}",
             "config": "default",
@@ -439,45 +527,40 @@ def _write_export(
             for s in order
             if s in score_digests
         ]
-    stats.files = {str(e["path"]): str(e["sha256"]) for e in entries}
-    counts = {
+    return entries
+
+
+def _counts(stats: ExportStats, selection: dict[str, Any], tally: _Tally) -> dict[str, Any]:
+    """The manifest's (and the card's) ``counts``."""
+    return {
         "considered": stats.considered,
         "considered_by_origin": selection.get("considered_by_origin", {}),
         "left_out": stats.left_out,
         "sessions": stats.sessions,
         "records": stats.records,
         "quarantined": stats.quarantined,
-        "per_split": {s: splits.get(s, 0) for s in SPLIT_PERCENT},
-        "per_origin": origins,
-        "with_token_ids": token_level,
-        "segmented": segmented,  # rl: sessions split into segments where a prompt rewrote history
+        "per_split": {s: tally.splits.get(s, 0) for s in SPLIT_PERCENT},
+        "per_origin": tally.origins,
+        "with_token_ids": tally.token_level,
+        "segmented": tally.segmented,  # rl: sessions split into segments where a prompt rewrote history
     }
+
+
+def _write_card(
+    dir_fd: int,
+    fmt: str,
+    entries: list[dict[str, Any]],
+    sketches: dict[str, FeatureSketch],
+    counts: dict[str, Any],
+    parquet: bool,
+) -> str:
+    """Write ``README.md`` (the dataset card: its configs, features and counts); returns its text."""
     configs: dict[str, dict[str, str]] = {}
     for e in entries:
         configs.setdefault(str(e["config"]), {})[str(e["split"])] = str(e["path"])
     card_text = card(fmt, configs, {k: v.features() for k, v in sketches.items()}, counts, parquet)
     _write_file(dir_fd, "README.md", card_text)
-    checkpoint("card_written")
-    created = clock()
-    manifest = {
-        "export_id": stats.export_id,
-        "created_at": created.isoformat(),
-        "format": fmt,
-        "file_format": "parquet" if parquet else "jsonl",
-        "files": entries,
-        "card": {"path": "README.md", "sha256": hashlib.sha256(card_text.encode()).hexdigest()},
-        "filters": filters.as_dict(),
-        "splits": {"by": "task_family", "hash": "sha256", "percent": SPLIT_PERCENT},
-        "counts": counts,
-        # how costs were priced: recorded where the server reported one, else tokens × this table
-        "prices": prices.as_json(),
-        "scorer_version": lake.table(SCORES.name).properties.get(SCORED_VERSION, SCORER_VERSION),
-        "scoring": scoring,
-        "source_snapshots": snapshots,
-    }
-    manifest_text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-    _write_file(dir_fd, "manifest.json", manifest_text)
-    return manifest_text, snapshots
+    return card_text
 
 
 def _flag_weights(scoring: dict[str, object]) -> dict[str, float]:

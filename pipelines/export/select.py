@@ -30,6 +30,8 @@ from producers.importers.verdicts import SELF_REPORTED
 from quality.failure import EVALUATED_OUTCOMES, OUTCOMES
 
 if TYPE_CHECKING:
+    import duckdb
+
     from warehouse.lakehouse import Lakehouse
 
 #: Split shares (percent of task families, by the sha256 of the family name).
@@ -302,6 +304,34 @@ def _split_sql(column: str) -> str:
     return _SPLIT_SQL.format(f=column, train=SPLIT_PERCENT["train"], val=100 - SPLIT_PERCENT["test"])
 
 
+#: Each chosen session's row (kind 0), within a chunk: ``WHERE r.<within>`` is appended.
+_SESSION_ROWS = "SELECT r.session_id, 0 AS kind, 0 AS pos, r AS session FROM chosen_rows r"
+# A step's model input (prompt and cached tokens) is on the agent_input event of its model
+# message; the first action of the message carries it (a session without recorded calls).
+_STEP_ROWS = (
+    "SELECT s.session_id, 1 AS kind, s.step_index AS pos, struct_pack(s.step_index, s.tool_name, s.tool_call_id, "
+    "s.arguments, s.command, s.thought, s.output, s.exit_code, s.ts, s.output_tokens, s.reasoning_tokens, "
+    "s.cost_usd, input_tokens := u.input_tokens, cached_tokens := u.cached_tokens) AS step FROM steps s "
+    "LEFT JOIN (SELECT a.event_id AS action_event_id, i.input_tokens, i.cached_tokens FROM "
+    "(SELECT session_id, event_id, agent_message_id, seq FROM events WHERE event_type = 'agent_action' "
+    "AND {within}) a JOIN (SELECT session_id, agent_message_id, "
+    "TRY_CAST(sum(agent_input.input_tokens) AS BIGINT) AS input_tokens, "
+    "TRY_CAST(sum(agent_input.cached_tokens) AS BIGINT) AS cached_tokens "
+    "FROM events WHERE event_type = 'agent_input' "
+    "AND agent_input.model_call IS NULL AND {within} GROUP BY ALL) i USING (session_id, agent_message_id) "
+    "QUALIFY row_number() OVER (PARTITION BY a.session_id, a.agent_message_id ORDER BY a.seq) = 1) u "
+    "USING (action_event_id) WHERE s.session_id IN (SELECT session_id FROM chosen)"
+)
+#: Each chosen session's model calls (kind 2), within a chunk: ``AND <within>`` is appended.
+_CALL_ROWS = (
+    "SELECT session_id, 2 AS kind, seq AS pos, struct_pack(ts, mc := agent_input.model_call, "
+    "pv := coalesce(extra['policy_version'], policy_version), engine := extra['engine'], dtype := extra['dtype'], "
+    "system_fingerprint := extra['system_fingerprint']) AS call FROM events "
+    "WHERE event_type = 'agent_input' AND agent_input.model_call IS NOT NULL "
+    "AND session_id IN (SELECT session_id FROM chosen)"
+)
+
+
 def _sessions(
     lake: Lakehouse,
     filters: ExportFilters,
@@ -319,12 +349,35 @@ def _sessions(
     receives the sessions considered and what each rule left out (:func:`left_out`); ``memory_limit`` is
     DuckDB's for the ordering (``TRAJLAKE_EXPORT_MEMORY_LIMIT``).
     """
+    con = _export_connection(lake, memory_limit)
+    _choose(con, filters, report)
+    _gather_session_rows(con)
+    ranges = _chunk_ranges(con, chunk_sessions)
+    lookup = _Blobs(lake.views)
+    for low, high in ranges:
+        within = "session_id BETWEEN $low AND $high"
+        reader = con.sql(
+            f"SELECT * FROM ({_SESSION_ROWS} WHERE r.{within}) UNION ALL BY NAME "
+            f"SELECT * FROM ({_STEP_ROWS.format(within=within)} AND s.{within}) UNION ALL BY NAME "
+            f"SELECT * FROM ({_CALL_ROWS} AND {within}) ORDER BY session_id, kind, pos",
+            params={"low": low, "high": high},
+        ).to_arrow_reader(batch_rows)
+        yield from _grouped(reader, weights, lookup)
+
+
+def _export_connection(lake: Lakehouse, memory_limit: str) -> duckdb.DuckDBPyConnection:
+    """The lake's views on a connection whose ordering spills past ``memory_limit``."""
     con = lake.views()
     spill = lake.scratch("export")
     # past the limit the ordering spills to TRAJLAKE_HOME/tmp/export: an export's memory does not follow its size
     con.execute(f"SET memory_limit = '{memory_limit.strip()}'")
     con.execute(f"SET temp_directory = '{spill}'")
     con.execute("SET threads = 2")  # each thread holds its own sort buffers
+    return con
+
+
+def _choose(con: duckdb.DuckDBPyConnection, filters: ExportFilters, report: dict[str, Any] | None) -> None:
+    """The temp table ``chosen``: the sessions the filters choose (whole groups only, when asked)."""
     where, params = _selection(filters)
     if report is not None:
         report.update(left_out(con, filters))
@@ -350,6 +403,10 @@ def _sessions(
         after = con.execute("SELECT count(*) FROM chosen").fetchone()
         if report is not None and before and after:
             report.setdefault("left_out", {})["group_incomplete"] = int(before[0]) - int(after[0])
+
+
+def _gather_session_rows(con: duckdb.DuckDBPyConnection) -> None:
+    """The temp table ``chosen_rows``: each chosen session with its flags, submission, provenance and claim."""
     # a verdict the run's own file claimed (self-reported): never counted, but an ATIF export restates it
     claim = (
         "(SELECT session_id, arg_max(struct_pack(passed := evaluation.passed, reward := evaluation.reward, "
@@ -392,46 +449,16 @@ def _sessions(
         "(SELECT session_id FROM trajectories) OR source_session_id IN (SELECT source_session_id FROM chosen_rows "
         "WHERE source_session_id IS NOT NULL GROUP BY source_session_id HAVING count(*) > 1)"
     )
-    session_rows = "SELECT r.session_id, 0 AS kind, 0 AS pos, r AS session FROM chosen_rows r"
-    # A step's model input (prompt and cached tokens) is on the agent_input event of its model
-    # message; the first action of the message carries it (a session without recorded calls).
-    step_rows = (
-        "SELECT s.session_id, 1 AS kind, s.step_index AS pos, struct_pack(s.step_index, s.tool_name, s.tool_call_id, "
-        "s.arguments, s.command, s.thought, s.output, s.exit_code, s.ts, s.output_tokens, s.reasoning_tokens, "
-        "s.cost_usd, input_tokens := u.input_tokens, cached_tokens := u.cached_tokens) AS step FROM steps s "
-        "LEFT JOIN (SELECT a.event_id AS action_event_id, i.input_tokens, i.cached_tokens FROM "
-        "(SELECT session_id, event_id, agent_message_id, seq FROM events WHERE event_type = 'agent_action' "
-        "AND {within}) a JOIN (SELECT session_id, agent_message_id, "
-        "TRY_CAST(sum(agent_input.input_tokens) AS BIGINT) AS input_tokens, "
-        "TRY_CAST(sum(agent_input.cached_tokens) AS BIGINT) AS cached_tokens "
-        "FROM events WHERE event_type = 'agent_input' "
-        "AND agent_input.model_call IS NULL AND {within} GROUP BY ALL) i USING (session_id, agent_message_id) "
-        "QUALIFY row_number() OVER (PARTITION BY a.session_id, a.agent_message_id ORDER BY a.seq) = 1) u "
-        "USING (action_event_id) WHERE s.session_id IN (SELECT session_id FROM chosen)"
-    )
-    call_rows = (
-        "SELECT session_id, 2 AS kind, seq AS pos, struct_pack(ts, mc := agent_input.model_call, "
-        "pv := coalesce(extra['policy_version'], policy_version), engine := extra['engine'], dtype := extra['dtype'], "
-        "system_fingerprint := extra['system_fingerprint']) AS call FROM events "
-        "WHERE event_type = 'agent_input' AND agent_input.model_call IS NOT NULL "
-        "AND session_id IN (SELECT session_id FROM chosen)"
-    )
+
+
+def _chunk_ranges(con: duckdb.DuckDBPyConnection, chunk_sessions: int) -> list[Any]:
+    """(first, last) session id of each chunk of ``chunk_sessions`` chosen sessions, in order."""
     # Ordered in chunks of session ids (row groups are sorted by session, so a range reads few of
     # them): each query sorts one chunk, so memory follows the chunk, never the export's size.
-    ranges = con.sql(
+    return con.sql(
         f"SELECT min(session_id), max(session_id) FROM (SELECT session_id, (row_number() OVER "
         f"(ORDER BY session_id) - 1) // {int(chunk_sessions)} AS part FROM chosen_rows) GROUP BY part ORDER BY part"
     ).fetchall()
-    lookup = _Blobs(lake.views)
-    for low, high in ranges:
-        within = "session_id BETWEEN $low AND $high"
-        reader = con.sql(
-            f"SELECT * FROM ({session_rows} WHERE r.{within}) UNION ALL BY NAME "
-            f"SELECT * FROM ({step_rows.format(within=within)} AND s.{within}) UNION ALL BY NAME "
-            f"SELECT * FROM ({call_rows} AND {within}) ORDER BY session_id, kind, pos",
-            params={"low": low, "high": high},
-        ).to_arrow_reader(batch_rows)
-        yield from _grouped(reader, weights, lookup)
 
 
 def _grouped(

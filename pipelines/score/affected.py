@@ -53,73 +53,87 @@ def affected_sessions(
     con.register("__old", old.select(columns).to_arrow())
     con.register("__firsts", firsts.to_arrow())
     try:
-        counts = con.sql(
-            "SELECT coalesce(profile, 'unknown') AS profile, day, count(*) AS n FROM session_index "
-            f"WHERE {on_days(near)} GROUP BY ALL"
-        ).pl()
-        con.register("__counts", counts.to_arrow())
-        groups = con.sql(
-            f"""
-            WITH now_in AS (SELECT profile, day, count(*) AS n_new FROM __now GROUP BY ALL),
-            was_in AS (SELECT profile, day, count(*) AS n_old FROM __old GROUP BY ALL),
-            touched AS (
-                SELECT profile, day, coalesce(n_new, 0) AS n_new, coalesce(n_old, 0) AS n_old
-                FROM now_in FULL JOIN was_in USING (profile, day)
-            )
-            -- its own baseline: the previous day has fewer than min_profile_sessions sessions of the profile
-            SELECT t.profile, t.day FROM touched t
-            LEFT JOIN __counts p ON p.profile = t.profile AND p.day = t.day - 1
-            WHERE t.day IS NULL OR coalesce(p.n, 0) < {config.min_profile_sessions}
-            UNION
-            -- the next day's baseline, before or after this run
-            SELECT t.profile, t.day + 1 FROM touched t
-            LEFT JOIN __counts c ON c.profile = t.profile AND c.day = t.day
-            WHERE greatest(coalesce(c.n, 0), coalesce(c.n, 0) - t.n_new + t.n_old) >= {config.min_profile_sessions}
-            """
-        ).pl()
-        con.register("__groups", groups.to_arrow())
-        return con.sql(
-            f"""
-            WITH members AS (
-                -- markers: the changed sessions where they stand now, and where they stood before this run
-                SELECT session_id, i.family, i.started_at, i.day,
-                       session_id IN (SELECT session_id FROM __now) AS marker
-                FROM session_index i JOIN __firsts a ON coalesce(i.family, chr(0)) = a.f
-                WHERE (({timed} AND i.started_at >= a.first) OR i.started_at IS NULL)
-                UNION ALL
-                SELECT session_id, family, started_at, NULL, TRUE FROM __old
-            ),
-            ranked AS (
-                SELECT *, row_number() OVER (PARTITION BY family ORDER BY started_at NULLS LAST, session_id, marker)
-                          AS rank,
-                       count(*) FILTER (WHERE marker) OVER (PARTITION BY family) AS markers
-                FROM members
-            ),
-            reach AS (
-                SELECT *, max(CASE WHEN marker THEN rank END)
-                          OVER (PARTITION BY family ORDER BY rank ROWS UNBOUNDED PRECEDING) AS last_marker
-                FROM ranked
-            ),
-            novelty AS (
-                SELECT session_id, day, started_at FROM reach
-                WHERE NOT marker AND last_marker IS NOT NULL
-                  AND rank - last_marker <= {config.novelty_max_history} + markers
-            ),
-            grouped AS (
-                SELECT i.session_id, i.day, i.started_at FROM session_index i JOIN __groups g
-                  ON coalesce(i.profile, 'unknown') = g.profile AND i.day IS NOT DISTINCT FROM g.day
-                WHERE {on_days(groups["day"].to_list())}
-            )
-            SELECT DISTINCT session_id, day, started_at FROM (
-                SELECT session_id, day, started_at FROM __now
-                UNION ALL SELECT * FROM novelty UNION ALL SELECT * FROM grouped
-            )
-            ORDER BY started_at NULLS LAST, session_id
-            """
-        ).pl()
+        groups = _baseline_groups(con, near, config)
+        return _reached(con, timed, groups, config)
     finally:
         for name in ("__now", "__old", "__firsts", "__counts", "__groups"):
             con.unregister(name)  # a name never registered is no error
+
+
+def _baseline_groups(con: duckdb.DuckDBPyConnection, near: list[date | None], config: QualityConfig) -> pl.DataFrame:
+    """(profile, day) groups a changed session moves: a group that is its own baseline, the next day's.
+
+    Registers ``__counts`` and ``__groups`` on ``con`` (the caller unregisters them).
+    """
+    counts = con.sql(
+        "SELECT coalesce(profile, 'unknown') AS profile, day, count(*) AS n FROM session_index "
+        f"WHERE {on_days(near)} GROUP BY ALL"
+    ).pl()
+    con.register("__counts", counts.to_arrow())
+    groups = con.sql(
+        f"""
+        WITH now_in AS (SELECT profile, day, count(*) AS n_new FROM __now GROUP BY ALL),
+        was_in AS (SELECT profile, day, count(*) AS n_old FROM __old GROUP BY ALL),
+        touched AS (
+            SELECT profile, day, coalesce(n_new, 0) AS n_new, coalesce(n_old, 0) AS n_old
+            FROM now_in FULL JOIN was_in USING (profile, day)
+        )
+        -- its own baseline: the previous day has fewer than min_profile_sessions sessions of the profile
+        SELECT t.profile, t.day FROM touched t
+        LEFT JOIN __counts p ON p.profile = t.profile AND p.day = t.day - 1
+        WHERE t.day IS NULL OR coalesce(p.n, 0) < {config.min_profile_sessions}
+        UNION
+        -- the next day's baseline, before or after this run
+        SELECT t.profile, t.day + 1 FROM touched t
+        LEFT JOIN __counts c ON c.profile = t.profile AND c.day = t.day
+        WHERE greatest(coalesce(c.n, 0), coalesce(c.n, 0) - t.n_new + t.n_old) >= {config.min_profile_sessions}
+        """
+    ).pl()
+    con.register("__groups", groups.to_arrow())
+    return groups
+
+
+def _reached(con: duckdb.DuckDBPyConnection, timed: str, groups: pl.DataFrame, config: QualityConfig) -> pl.DataFrame:
+    """The changed sessions, those whose novelty window a marker entered or left, and the moved groups' members."""
+    return con.sql(
+        f"""
+        WITH members AS (
+            -- markers: the changed sessions where they stand now, and where they stood before this run
+            SELECT session_id, i.family, i.started_at, i.day,
+                   session_id IN (SELECT session_id FROM __now) AS marker
+            FROM session_index i JOIN __firsts a ON coalesce(i.family, chr(0)) = a.f
+            WHERE (({timed} AND i.started_at >= a.first) OR i.started_at IS NULL)
+            UNION ALL
+            SELECT session_id, family, started_at, NULL, TRUE FROM __old
+        ),
+        ranked AS (
+            SELECT *, row_number() OVER (PARTITION BY family ORDER BY started_at NULLS LAST, session_id, marker)
+                      AS rank,
+                   count(*) FILTER (WHERE marker) OVER (PARTITION BY family) AS markers
+            FROM members
+        ),
+        reach AS (
+            SELECT *, max(CASE WHEN marker THEN rank END)
+                      OVER (PARTITION BY family ORDER BY rank ROWS UNBOUNDED PRECEDING) AS last_marker
+            FROM ranked
+        ),
+        novelty AS (
+            SELECT session_id, day, started_at FROM reach
+            WHERE NOT marker AND last_marker IS NOT NULL
+              AND rank - last_marker <= {config.novelty_max_history} + markers
+        ),
+        grouped AS (
+            SELECT i.session_id, i.day, i.started_at FROM session_index i JOIN __groups g
+              ON coalesce(i.profile, 'unknown') = g.profile AND i.day IS NOT DISTINCT FROM g.day
+            WHERE {on_days(groups["day"].to_list())}
+        )
+        SELECT DISTINCT session_id, day, started_at FROM (
+            SELECT session_id, day, started_at FROM __now
+            UNION ALL SELECT * FROM novelty UNION ALL SELECT * FROM grouped
+        )
+        ORDER BY started_at NULLS LAST, session_id
+        """
+    ).pl()
 
 
 def touched_days(changed: pl.DataFrame, old: pl.DataFrame) -> list[date | None]:

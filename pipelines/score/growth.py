@@ -198,65 +198,84 @@ def _probe(
     fresh_bands = band_rows(fresh).join(fresh.select("session_key", "session_id"), on="session_key")
     con.register("__keys", fresh_bands.select("band_key").unique().to_arrow())
     try:
-        # Buckets of one (most keys of most sessions: only their own row) link nothing; of the others only
-        # the head -- the earliest session -- is wanted (two integer columns of every band_keys row are what
-        # a run reads in proportion to history). With two earliest at one moment, or no start at all, the
-        # head is the smallest id of them: those buckets are read whole.
-        buckets = con.sql(
-            "SELECT band_key, count(*) AS n, arg_min(session_key, started_at) AS head_key, "
-            "min_by(started_at, started_at, 2) AS earliest "
-            "FROM band_keys WHERE band_key IN (SELECT band_key FROM __keys) GROUP BY band_key HAVING count(*) > 1"
-        ).pl()
-        unsure = buckets.filter(
-            pl.col("head_key").is_null()
-            | (pl.col("earliest").list.get(0) == pl.col("earliest").list.get(1, null_on_oob=True))
-        )
-        if unsure.height:
-            con.register("__unsure", unsure.select("band_key").to_arrow())
-            members = con.sql(
-                "SELECT b.band_key, b.session_key, i.session_id, b.started_at FROM band_keys b "
-                "JOIN session_index i USING (session_key) WHERE b.band_key IN (SELECT band_key FROM __unsure)"
-            ).pl()
-            con.unregister("__unsure")
-            firsts = (
-                members.sort("started_at", "session_id", nulls_last=True)
-                .group_by("band_key", maintain_order=True)
-                .agg(pl.col("session_key").first().alias("first_key"))
-            )
-            buckets = (
-                buckets.join(firsts, on="band_key", how="left")
-                .with_columns(pl.coalesce("first_key", "head_key").alias("head_key"))
-                .drop("first_key")
-            )
-        # the heads, and the older exact twins of the fresh sessions (twins share every band: found by their
-        # key, whichever session heads their buckets)
-        con.register("__heads", buckets.select(pl.col("head_key").alias("session_key")).unique().to_arrow())
-        con.register("__exact", fresh.select("exact_key").unique().to_arrow())
-        con.register("__fresh", fresh.select("session_key").to_arrow())
-        columns = "session_id, session_key, exact_key, started_at::TIMESTAMPTZ AS started_at, day"
-        candidates = pl.concat(
-            [
-                con.sql(
-                    f"SELECT {columns} FROM session_index WHERE session_key IN (SELECT session_key FROM __heads)"
-                ).pl(),
-                con.sql(
-                    f"SELECT {columns} FROM session_index WHERE exact_key IN (SELECT exact_key FROM __exact) "
-                    "AND session_key NOT IN (SELECT session_key FROM __fresh)"
-                ).pl(),
-                fresh.select(
-                    "session_id",
-                    "session_key",
-                    "exact_key",
-                    pl.col("started_at").cast(_UTC),
-                    pl.col("day").cast(pl.Date),
-                ),
-            ],
-            how="vertical_relaxed",
-        )
+        buckets = _bucket_heads(con)
+        candidates = _candidates(con, fresh, buckets)
     finally:
         for name in ("__keys", "__heads", "__exact", "__fresh"):
             con.unregister(name)
     candidates = candidates.with_columns(pl.col("started_at").cast(_UTC)).unique("session_id")
+    return _links(fresh, fresh_bands, buckets, candidates)
+
+
+def _bucket_heads(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """The fresh sessions' buckets (``__keys``) of more than one session: band_key, n, head_key (the earliest)."""
+    # Buckets of one (most keys of most sessions: only their own row) link nothing; of the others only
+    # the head -- the earliest session -- is wanted (two integer columns of every band_keys row are what
+    # a run reads in proportion to history). With two earliest at one moment, or no start at all, the
+    # head is the smallest id of them: those buckets are read whole.
+    buckets = con.sql(
+        "SELECT band_key, count(*) AS n, arg_min(session_key, started_at) AS head_key, "
+        "min_by(started_at, started_at, 2) AS earliest "
+        "FROM band_keys WHERE band_key IN (SELECT band_key FROM __keys) GROUP BY band_key HAVING count(*) > 1"
+    ).pl()
+    unsure = buckets.filter(
+        pl.col("head_key").is_null()
+        | (pl.col("earliest").list.get(0) == pl.col("earliest").list.get(1, null_on_oob=True))
+    )
+    if unsure.height:
+        con.register("__unsure", unsure.select("band_key").to_arrow())
+        members = con.sql(
+            "SELECT b.band_key, b.session_key, i.session_id, b.started_at FROM band_keys b "
+            "JOIN session_index i USING (session_key) WHERE b.band_key IN (SELECT band_key FROM __unsure)"
+        ).pl()
+        con.unregister("__unsure")
+        firsts = (
+            members.sort("started_at", "session_id", nulls_last=True)
+            .group_by("band_key", maintain_order=True)
+            .agg(pl.col("session_key").first().alias("first_key"))
+        )
+        buckets = (
+            buckets.join(firsts, on="band_key", how="left")
+            .with_columns(pl.coalesce("first_key", "head_key").alias("head_key"))
+            .drop("first_key")
+        )
+    return buckets
+
+
+def _candidates(con: duckdb.DuckDBPyConnection, fresh: pl.DataFrame, buckets: pl.DataFrame) -> pl.DataFrame:
+    """The buckets' heads, the fresh sessions' older exact twins and the fresh sessions themselves.
+
+    Registers ``__heads``, ``__exact`` and ``__fresh`` on ``con`` (the caller unregisters them).
+    """
+    # the heads, and the older exact twins of the fresh sessions (twins share every band: found by their
+    # key, whichever session heads their buckets)
+    con.register("__heads", buckets.select(pl.col("head_key").alias("session_key")).unique().to_arrow())
+    con.register("__exact", fresh.select("exact_key").unique().to_arrow())
+    con.register("__fresh", fresh.select("session_key").to_arrow())
+    columns = "session_id, session_key, exact_key, started_at::TIMESTAMPTZ AS started_at, day"
+    return pl.concat(
+        [
+            con.sql(f"SELECT {columns} FROM session_index WHERE session_key IN (SELECT session_key FROM __heads)").pl(),
+            con.sql(
+                f"SELECT {columns} FROM session_index WHERE exact_key IN (SELECT exact_key FROM __exact) "
+                "AND session_key NOT IN (SELECT session_key FROM __fresh)"
+            ).pl(),
+            fresh.select(
+                "session_id",
+                "session_key",
+                "exact_key",
+                pl.col("started_at").cast(_UTC),
+                pl.col("day").cast(pl.Date),
+            ),
+        ],
+        how="vertical_relaxed",
+    )
+
+
+def _links(
+    fresh: pl.DataFrame, fresh_bands: pl.DataFrame, buckets: pl.DataFrame, candidates: pl.DataFrame
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame] | None:
+    """Links to the heads and twins, from the candidates (None: a fresh session heads a bucket of older ones)."""
     per_key = fresh_bands.group_by("band_key").len("mine")
     heads = (
         buckets.join(per_key, on="band_key")
