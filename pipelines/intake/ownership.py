@@ -108,7 +108,13 @@ def apply_ownership(con: duckdb.DuckDBPyConnection, trusted: tuple[str, ...]) ->
                    {provenance} AS provenance, extra['source_kind'] AS door, {ARRIVAL_SQL} AS arrival
             FROM ev WHERE session_id IN (SELECT session_id FROM ev_flagged)
         ),
-        owners AS (SELECT session_id, arg_min(identity, arrival) AS owner FROM mine GROUP BY session_id)
+        -- the verdicts door speaks of sessions, it never owns one: the first other identity does (a session of
+        -- verdicts alone keeps its first one until the session's own events come)
+        owners AS (
+            SELECT session_id,
+                   coalesce(arg_min(identity, arrival) FILTER (WHERE door IS DISTINCT FROM '{VERDICTS_DOOR}'),
+                            arg_min(identity, arrival)) AS owner
+            FROM mine GROUP BY session_id)
         SELECT row_id, session_id, event_id, event_type, identity, provenance, door, identity = owner AS own
         FROM mine JOIN owners USING (session_id)
         WHERE identity <> owner OR event_type = 'evaluation'
