@@ -44,17 +44,7 @@ FEATURES = [*TRAJECTORY_FEATURES, "error_rate", "run_tests_share"]
 #: hung or gave up early does that, and its status already says so (the fleet's honest ``hang``
 #: policy was flagged on every session for ``disk_write_bytes`` 0). Steps, duration, error rate and
 #: test-run share count both ways: one step where the others need twenty is the anomaly to see.
-HIGH_SIDE_ONLY = frozenset(
-    {
-        "n_file_writes",
-        "disk_write_bytes",
-        "cpu_seconds",
-        "peak_memory_bytes",
-        "peak_processes",
-        "processes_started",
-        "n_network_requests",
-    }
-)
+HIGH_SIDE_ONLY = frozenset(TRAJECTORY_FEATURES) - {"n_steps", "duration_s"}
 __all__ = [
     "FEATURES",
     "HIGH_SIDE_ONLY",

@@ -43,6 +43,7 @@ import hashlib
 import hmac
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -306,19 +307,25 @@ def _verify_verdicts_door(con: duckdb.DuckDBPyConnection) -> list[Quarantined]:
                OR extra['door_mac'] <> sha256({key} || chr(31) || sha256({key} || chr(31) || {message})))
         """
     ).fetchall()
+    return _exclude_unverified(
+        con,
+        rows,
+        lambda event_type, host_id: (
+            f"{event_type} from host {host_id} claims the verdicts door without its signature; only "
+            "`trajlake import --verdicts` of this installation speaks for that door"
+        ),
+    )
+
+
+def _exclude_unverified(
+    con: duckdb.DuckDBPyConnection, rows: list[tuple[Any, ...]], detail: Callable[[str, str], str]
+) -> list[Quarantined]:
+    """Take ``rows`` (rowid, session, event id, host, event type) out of ``ev``, one ``unverified_door`` record each."""
     if not rows:
         return []
     con.execute("DELETE FROM ev WHERE rowid IN (SELECT unnest($ids::BIGINT[]))", {"ids": [r[0] for r in rows]})
     return [
-        Quarantined(
-            session_id,
-            "assemble",
-            "unverified_door",
-            "excluded",
-            f"{event_type} from host {host_id} claims the verdicts door without its signature; only "
-            "`trajlake import --verdicts` of this installation speaks for that door",
-            event_id,
-        )
+        Quarantined(session_id, "assemble", "unverified_door", "excluded", detail(event_type, host_id), event_id)
         for _, session_id, event_id, host_id, event_type in rows
     ]
 
@@ -349,21 +356,14 @@ def _verify_door_identity(con: duckdb.DuckDBPyConnection) -> list[Quarantined]:
         WHERE NOT signed
         """
     ).fetchall()
-    if not rows:
-        return []
-    con.execute("DELETE FROM ev WHERE rowid IN (SELECT unnest($ids::BIGINT[]))", {"ids": [r[0] for r in rows]})
-    return [
-        Quarantined(
-            session_id,
-            "assemble",
-            "unverified_door",
-            "excluded",
+    return _exclude_unverified(
+        con,
+        rows,
+        lambda event_type, host_id: (
             f"{event_type} from host {host_id} wears the identity of the door that signed this session without "
-            "its signature; only that door of this installation speaks for it",
-            event_id,
-        )
-        for _, session_id, event_id, host_id, event_type in rows
-    ]
+            "its signature; only that door of this installation speaks for it"
+        ),
+    )
 
 
 #: The origin the door an ``ev`` row came through gives it (the declared one only where the door allows it).
