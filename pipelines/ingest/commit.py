@@ -220,7 +220,7 @@ def commit_rows(
         kept_ids: list[str] = []
         if recent is not None and keep.any():
             kept = keys.filter(pa.array(keep))
-            kept_ids = recent_keys(kept.column("session_id").to_pylist(), kept.column("event_id").to_pylist())
+            kept_ids = recent_keys(kept.column("session_id"), kept.column("event_id"))
             unseen = recent.unseen(kept_ids)
             resent = unseen.count(False)
             if resent:
@@ -250,7 +250,7 @@ def commit_rows(
             stats.reset_details.append(reset)
             log.warning("%s", IngestStats(reset_details=[reset]).describe_resets()[0])
         if recent is not None:
-            recent.remember(kept_ids)
+            recent.remember(kept_ids, unseen=True)
         stats.resent_duplicates += resent
         stats.reset_duplicates += n_fresh - n_kept - resent
         return table, n_kept, keys.num_rows - n_kept

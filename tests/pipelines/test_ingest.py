@@ -154,6 +154,24 @@ def test_another_sessions_copy_of_an_event_id_never_drops_the_owners_event(kafka
     assert landed == sorted([(owner[0]["session_id"], len(owner)), ("squatter", len(owner))])
 
 
+def test_recent_keys_join_session_and_event_in_arrow_as_the_window_is_warmed() -> None:
+    """The keys commit checks are the keys a restarted worker warms its window with (session, 0x1F, event id;
+    a missing part is empty), whatever the column's string type or chunking."""
+    import pyarrow as pa
+
+    from pipelines.ingest.recent_ids import recent_keys
+    from warehouse.sql import connect
+
+    sessions, events = ["s1", None, "s3", "s\x1f4"], ["e1", "e2", None, "e4"]
+    expected = [
+        connect().execute("SELECT coalesce(?, '') || chr(31) || coalesce(?, '')", [s, e]).fetchall()[0][0]
+        for s, e in zip(sessions, events, strict=True)
+    ]
+    assert expected == ["s1\x1fe1", "\x1fe2", "s3\x1f", "s\x1f4\x1fe4"]
+    assert recent_keys(pa.array(sessions), pa.array(events)) == expected
+    assert recent_keys(pa.chunked_array([sessions[:1], sessions[1:]], pa.large_string()), pa.array(events)) == expected
+
+
 def test_recent_id_window_is_bounded_and_forgets_the_oldest() -> None:
     from pipelines.ingest import RecentIds
 
