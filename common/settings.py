@@ -120,10 +120,11 @@ class Settings(BaseSettings):
         "default: the rewrite holds the next commit back (p95 freshness 1.6 s -> 5.1 s with 20 s rounds).",
     )
     ingest_follow_retention_seconds: float = Field(
-        3600.0,
+        600.0,
         ge=0,
         description="TRAJLAKE_INGEST_FOLLOW_RETENTION_SECONDS: a follower's upkeep expires raw_events' and "
-        "dead_letters' snapshots older than this (never the current one, nor assembly's watermark and later).",
+        "dead_letters' snapshots older than this (never the current one, nor assembly's watermark and later); "
+        "every commit rewrites the table's metadata, which grows by ~1 kB a snapshot.",
     )
     max_event_bytes: int = Field(
         1 << 20, ge=1024, description="TRAJLAKE_MAX_EVENT_BYTES: larger records are dead-lettered."

@@ -19,19 +19,50 @@ from warehouse.tables import RAW_EVENTS, ensure_table
 from warehouse.transactions import transaction
 
 
+def test_updates_apply_as_pyiceberg_applies_them_without_copying_what_they_leave(settings: Settings) -> None:
+    """Staging (the transaction's and the catalog's) gives pyiceberg's metadata, field for field, but shares the
+    snapshots and schemas it does not change with the table's: pyiceberg deep-copied them all, twice a commit, a
+    cost that grew with the table's history (docs/performance.md, "Freshness")."""
+    from pyiceberg.table.update import update_table_metadata
+
+    from warehouse.catalog import apply_updates
+
+    table = ensure_table(open_catalog(settings), settings, RAW_EVENTS.name)
+    for n in range(3):
+        with transaction(table) as tx:
+            tx.append(raw_rows(5, start=10 * n), snapshot_properties={"n": str(n)})
+        table = table.refresh()
+    base = table.metadata
+    tx = transaction(table)
+    tx.append(raw_rows(5, start=100))
+    tx.set_properties({"trajlake.test": "x"})
+    updates = tx._updates
+    ours = apply_updates(base, updates, table.metadata_location)
+    theirs = update_table_metadata(base, updates, metadata_location=table.metadata_location)
+    assert ours.model_dump(exclude={"last_updated_ms"}) == theirs.model_dump(exclude={"last_updated_ms"})
+    assert len(ours.snapshots) == 4 and ours.metadata_log[-1].metadata_file == table.metadata_location
+    assert ours.snapshots[0] is base.snapshots[0] and ours.schemas[0] is base.schemas[0]
+    assert theirs.snapshots[0] is not base.snapshots[0]
+    assert base.properties.get("trajlake.test") is None and len(base.snapshots) == 3  # the base is untouched
+
+    tx.commit_transaction()  # through the catalog's staging, which applies them the same way
+    committed = table.refresh().metadata
+    assert committed.model_dump(exclude={"last_updated_ms"}) == ours.model_dump(exclude={"last_updated_ms"})
+
+
 def test_staged_metadata_follows_every_update_and_is_built_once_per_change(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     table = ensure_table(open_catalog(settings), settings, RAW_EVENTS.name)
     built = []
-    real = transactions.update_table_metadata
+    real = transactions.apply_updates
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         built.append(1)
         return real(*args, **kwargs)
 
-    # Both names: ours, and the one pyiceberg's own Transaction.table_metadata calls.
-    monkeypatch.setattr(transactions, "update_table_metadata", counted)
+    # Ours, and the one pyiceberg's own Transaction.table_metadata calls (which must not be reached).
+    monkeypatch.setattr(transactions, "apply_updates", counted)
     monkeypatch.setattr(pyiceberg.table, "update_table_metadata", counted)
 
     with transaction(table) as tx:
