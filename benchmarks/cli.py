@@ -331,3 +331,14 @@ def bench_startup_cmd(
     from benchmarks.startup import bench_startup
 
     bench_startup(rounds=rounds)
+
+
+@bench_app.command("commits")
+def bench_commits_cmd(
+    snapshots: Annotated[str, typer.Option(help="History sizes (snapshots kept), comma-separated.")] = "100,1000,5000",
+    rounds: Annotated[int, typer.Option(help="Commits per size and staging, alternated.")] = 5,
+) -> None:
+    """CPU per ingest-shaped commit against the table's history: trajlake's staging vs pyiceberg's deep copies."""
+    from benchmarks.commits import bench_commits
+
+    bench_commits(snapshots=tuple(int(x) for x in snapshots.split(",")), rounds=rounds)
