@@ -1,4 +1,4 @@
-"""``trajlake bench commits``: a tiny run, so the bench cannot rot (its figures are printed, never asserted as timings)."""
+"""``trajlake bench commits``: a tiny run, so the bench cannot rot (figures are printed, never asserted as timings)."""
 
 from __future__ import annotations
 
