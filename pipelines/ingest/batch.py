@@ -33,7 +33,11 @@ class Batch:
     timestamps: array[int] = field(default_factory=lambda: array("q"))  # Kafka timestamp (ms, 0 if none)
     keys: list[bytes | None] = field(default_factory=list)
     n_bytes: int = 0  # size of the values (kept after ``data`` is released)
-    started: float = 0.0  # time.monotonic() of the first record
+    started: float = 0.0  # time.monotonic() of the first record, or ``opened`` when set
+    #: time.monotonic() from which this batch's records may have been waiting (0: unknown). A follower
+    #: opens the next batch at the cut of the one before: records that arrive while the worker waits
+    #: for a commit are older than their first poll, and the linger counts from when they could arrive.
+    opened: float = 0.0
 
     def __len__(self) -> int:
         return len(self.ends)
@@ -58,7 +62,7 @@ class Batch:
             The number of records added.
         """
         if not self.ends:
-            self.started = time.monotonic()
+            self.started = self.opened or time.monotonic()
         data, ends, partitions, offsets, timestamps, keys = (
             self.data,
             self.ends,

@@ -221,6 +221,15 @@ class IngestWorker:
             and (self._decoded is None or self._decoded.done())
         )
 
+    def _next_batch(self) -> Batch:
+        """The batch after the one being cut now.
+
+        Following, its linger runs from this cut, not from its first poll, which comes only once the
+        commit before is done (:meth:`flush` waits for it): the records that arrive meanwhile have been
+        waiting since, so waiting for the commit and for the linger overlap instead of adding up.
+        """
+        return Batch(opened=time.monotonic() if self.follow else 0.0)
+
     def _add(self, message: Message) -> None:
         self._add_many([message])
 
@@ -447,7 +456,7 @@ class IngestWorker:
         """
         batch = self._batch
         if batch.ends:
-            self._batch = Batch()
+            self._batch = self._next_batch()
             decoding = self._decoded = self._decoding.submit(self._decode, batch)
             self._wait_inflight()
             self._inflight = self._committer.submit(self._process, batch, decoding)

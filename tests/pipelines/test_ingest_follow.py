@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -101,6 +102,47 @@ def test_follow_makes_events_queryable_with_no_full_batch_while_records_arrive(k
         assert total == distinct == len(sent)
 
 
+class _Record:
+    """What ``Batch.add`` reads of a consumed record (a ``confluent_kafka.Message``)."""
+
+    def __init__(self, offset: int) -> None:
+        self._offset = offset
+
+    def error(self) -> None:
+        return None
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes:
+        return b"value"
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1_700_000_000_000)
+
+    def key(self) -> bytes:
+        return b"session"
+
+
+def _records(*offsets: int) -> list[Any]:
+    return [_Record(offset) for offset in offsets]
+
+
+def test_a_batch_opened_at_a_cut_is_as_old_as_the_cut_when_its_first_record_comes() -> None:
+    from pipelines.ingest.batch import Batch
+
+    opened = time.monotonic() - 2.0
+    batch, unopened = Batch(opened=opened), Batch()
+    before = time.monotonic()
+    assert batch.add(_records(0), {}) == unopened.add(_records(0), {}) == 1
+    assert batch.started == opened and unopened.started >= before
+    batch.add(_records(1), {})
+    assert batch.started == opened  # the first record's, kept
+
+
 def _close(worker: IngestWorker) -> None:
     worker._decoding.shutdown()
     worker._committer.shutdown()
@@ -130,6 +172,12 @@ def test_only_a_follower_cuts_a_batch_at_its_linger_and_only_once_the_one_before
         follower._decoded = None
         catching_up._batch.started = time.monotonic() - 3600
         assert catching_up._batch_full()  # the batch-mode bound still holds
+        # The next batch: a follower's linger counts from the cut, a batch-mode worker's from its first record.
+        cut = time.monotonic()
+        following, batch_mode = follower._next_batch(), catching_up._next_batch()
+        for batch in (following, batch_mode):
+            batch.add(_records(7), {})
+        assert cut <= following.started < batch_mode.started
     finally:
         _close(follower)
         _close(catching_up)
