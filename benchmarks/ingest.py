@@ -229,7 +229,7 @@ def bench_memory(events: int = 1_000_000, home: Path | None = None) -> dict[str,
     return result
 
 
-_SCALEOUT_CONFIGS = ("one", "two", "one pinned", "two pinned")
+_SCALEOUT_CONFIGS = ("one", "two", "one pinned", "two pinned", "two apart pinned")
 
 
 def _scaleout_cpus(config: str, round_: int) -> list[set[int]] | None:
@@ -277,8 +277,13 @@ def bench_scaleout(events: int = 300_000, home: Path | None = None, rounds: int 
     ingest's own. The same two configurations are run pinned as well, one CPU per child (its
     worker and the decoder it spawns share that CPU), so that both have exactly one core per
     ingest: ``2 × one-pinned ÷ two-pinned`` is the scale-out factor without the oversubscription,
-    and ``one-pinned ÷ one`` what squeezing one ingest onto one core costs by itself. The four
-    configurations rotate within each round (reversed in odd rounds). Per run it prints each
+    and ``one-pinned ÷ one`` what squeezing one ingest onto one core costs by itself. A fifth
+    configuration splits the pinned pair's extra CPU in two: two pinned children "apart", each in
+    a consumer group of its own draining the whole backlog into its own namespace, share the
+    machine as the pair does but no work: ``apart ÷ one-pinned`` is the cost of running beside
+    another ingest (caches, memory bandwidth, the hypervisor), ``two-pinned ÷ apart`` the cost of
+    sharing one group's partitions (rebalances, smaller shares, more commits, commit retries).
+    The configurations rotate within each round (reversed in odd rounds). Per run it prints each
     child's batches, commit retries, skipped records, rebalances, worker and decoder CPU per
     event and context switches. Wall time is printed beside: on this 2-core machine two
     processes cannot run faster by the clock than one that already keeps both cores busy.
@@ -297,27 +302,31 @@ def bench_scaleout(events: int = 300_000, home: Path | None = None, rounds: int 
         produce_encoded(settings, encoded_events(events))
         for round_ in range(rounds):
             for config in configs if round_ % 2 == 0 else configs[::-1]:
-                workers = 2 if config.startswith("two") else 1
+                workers, apart = (2 if config.startswith("two") else 1), "apart" in config
                 namespace = f"scale_{config.replace(' ', '_')}_{round_}"
-                runs = run_group(settings, workers, namespace, cpus=_scaleout_cpus(config, round_))
-                total, distinct, partitions = run_query(
-                    settings.model_copy(update={"namespace": namespace}),
-                    "SELECT count(*), count(DISTINCT event_id), count(DISTINCT kafka_partition) FROM events",
-                )[1][0]
-                rows[workers] = total
-                if workers == 2:
+                runs = run_group(settings, workers, namespace, cpus=_scaleout_cpus(config, round_), apart=apart)
+                for written in [f"{namespace}_{i}" for i in range(workers)] if apart else [namespace]:
+                    total, distinct, partitions = run_query(
+                        settings.model_copy(update={"namespace": written}),
+                        "SELECT count(*), count(DISTINCT event_id), count(DISTINCT kafka_partition) FROM events",
+                    )[1][0]
+                    if distinct != events:
+                        raise RuntimeError(f"{config}: {written} holds {distinct} distinct of {events} events")
+                if not apart:
+                    rows[workers] = total
+                if workers == 2 and not apart:
                     checks.append((total - distinct, events - distinct, partitions))
                 landed = sum(r.events for r in runs)
-                if distinct != events or landed != events:
-                    raise RuntimeError(f"{config}: landed {landed} ({distinct} distinct) of {events} events")
-                cpu[config].append(sum(r.cpu_s for r in runs) / events * 1e6)
+                if landed != events * (workers if apart else 1):
+                    raise RuntimeError(f"{config}: landed {landed} of {events} events per group")
+                cpu[config].append(sum(r.cpu_s for r in runs) / landed * 1e6)
                 first = min(r.extra["first_at"] for r in runs if r.extra.get("first_at"))
                 wall[config].append(max(r.extra["last_at"] for r in runs) - first)
                 children[config].append([{"events": r.events, "cpu_s": r.cpu_s, **r.extra} for r in runs])
                 split = ", ".join(f"{r.events:,} events {r.cpu_s / max(r.events, 1) * 1e6:.2f} µs" for r in runs)
                 print(
                     f"  {config} (round {round_}): {cpu[config][-1]:.2f} µs CPU/event, "
-                    f"{events / wall[config][-1] / 1e3:.1f}k events/s ({split})",
+                    f"{landed / wall[config][-1] / 1e3:.1f}k events/s ({split})",
                     flush=True,
                 )
                 for index, run in enumerate(runs):
@@ -354,6 +363,12 @@ def bench_scaleout(events: int = 300_000, home: Path | None = None, rounds: int 
         "two_pinned_cpu_us_per_event": cpu.get("two pinned"),
         "scale_out_factor_pinned": 2 * median["one pinned"] / median["two pinned"] if pinning else None,
         "lone_pinning_cost": median["one pinned"] / one if pinning else None,
+        "two_apart_pinned_cpu_us_per_event": cpu.get("two apart pinned"),
+        # two pinned ingests in groups of their own (each draining the whole backlog) against the lone
+        # pinned one: what running beside another ingest costs by itself, without sharing any work
+        "co_running_cost": median["two apart pinned"] / median["one pinned"] if pinning else None,
+        # the pair in one group against the same two apart: ingest's own cost of sharing the partitions
+        "coordination_cost": median["two pinned"] / median["two apart pinned"] if pinning else None,
         "one_worker_rows": rows[1],
         "two_workers_rows": rows[2],
         "two_workers_duplicates": max(c[0] for c in checks),
@@ -375,6 +390,11 @@ def bench_scaleout(events: int = 300_000, home: Path | None = None, rounds: int 
             f"{result['scale_out_factor_pinned']:.2f}× one process; the lone process pinned to one CPU "
             f"costs {result['lone_pinning_cost']:.2f}× its unpinned CPU per event "
             f"(so 2 × unpinned one / pinned two = {2 * one / two_pinned:.2f}×)"
+        )
+        print(
+            f"  pinned pair {two_pinned:.2f} µs = lone pinned {one_pinned:.2f} µs × {result['co_running_cost']:.2f} "
+            f"(two ingests apart, each its own group and whole backlog, {median['two apart pinned']:.2f} µs: "
+            f"running beside another ingest) × {result['coordination_cost']:.2f} (sharing one group's partitions)"
         )
     return result
 
