@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import time
 import uuid
@@ -228,54 +229,111 @@ def bench_memory(events: int = 1_000_000, home: Path | None = None) -> dict[str,
     return result
 
 
+_SCALEOUT_CONFIGS = ("one", "two", "one pinned", "two pinned", "two apart pinned")
+
+
+def _scaleout_cpus(config: str, round_: int) -> list[set[int]] | None:
+    """Pins for a configuration: none unpinned; one CPU per child pinned (the lone child alternates CPUs)."""
+    if "pinned" not in config:
+        return None
+    available = sorted(os.sched_getaffinity(0))
+    if config == "one pinned":
+        return [{available[round_ % 2]}]
+    return [{available[0]}, {available[1]}]
+
+
+def _scaleout_child_line(index: int, run: Any) -> str:
+    """One child's coordination and CPU split: what tells ingest's own costs from the scheduler's."""
+    extra, events = run.extra, max(run.events, 1)
+    per_event = {k: extra.get(f"{k}_cpu_s", 0.0) / events * 1e6 for k in ("worker", "decoder")}
+    switches = ", ".join(
+        f"{k} {v[0] / events * 1e3:.1f} + {v[1] / events * 1e3:.1f}"
+        for k in ("worker", "decoder")
+        if (v := extra.get(f"{k}_switches"))
+    )
+    return (
+        f"      child {index}: {run.events:,} events, {extra.get('batches')} batches, "
+        f"{extra.get('commit_retries')} commit retries, {extra.get('skipped')} skipped, "
+        f"{extra.get('assignments')} assignments / {extra.get('revocations')} revocations; "
+        f"worker {per_event['worker']:.2f} + decoder {per_event['decoder']:.2f} µs/event; "
+        f"context switches per 1k events (voluntary + involuntary): {switches}; "
+        f"CPUs {extra.get('cpus')} (decoder {extra.get('decoder_cpus')})"
+    )
+
+
 def bench_scaleout(events: int = 300_000, home: Path | None = None, rounds: int = 2) -> dict[str, Any]:
     """Two ingest processes in one consumer group vs one, on the same backlog, with a duplicate check.
 
     Each run drains the same topic into its own namespace with ``benchmarks/ingest_child.py``
-    children (one, or two at once in one group), alternating one/two over ``rounds`` rounds. The
-    figure is CPU per event: each child's worker process over ``run()`` plus its decoder process
-    after start-up (imports and start-up are per process, not per event), summed over the
-    children. Two processes on two machines' worth of cores land ``2 × (one's CPU per event ÷
-    two's)`` as many events per second as one: the scale-out factor printed, which is 2.0 when
-    sharing the partitions costs nothing per event (group rebalances, smaller batches, more
-    commits, commit races). Wall time is printed beside it: on this 2-core machine one ingest
-    process already keeps both cores busy (worker and decoder), so two cannot run faster by
-    the clock here.
+    children (one, or two at once in one group). The figure is CPU per event: each child's worker
+    process over ``run()`` plus its decoder process after start-up (imports and start-up are per
+    process, not per event), summed over the children. Two processes on two machines' worth of
+    cores land ``2 × (one's CPU per event ÷ two's)`` as many events per second as one: the
+    scale-out factor printed, which is 2.0 when sharing the partitions costs nothing per event
+    (group rebalances, smaller batches, more commits, commit races).
+
+    Unpinned, the lone process (worker + decoder) has both cores and the pair's four processes
+    share them, so the pair's extra CPU mixes the scheduler's (caches, context switches) with
+    ingest's own. The same two configurations are run pinned as well, one CPU per child (its
+    worker and the decoder it spawns share that CPU), so that both have exactly one core per
+    ingest: ``2 × one-pinned ÷ two-pinned`` is the scale-out factor without the oversubscription,
+    and ``one-pinned ÷ one`` what squeezing one ingest onto one core costs by itself. A fifth
+    configuration splits the pinned pair's extra CPU in two: two pinned children "apart", each in
+    a consumer group of its own draining the whole backlog into its own namespace, share the
+    machine as the pair does but no work: ``apart ÷ one-pinned`` is the cost of running beside
+    another ingest (caches, memory bandwidth, the hypervisor), ``two-pinned ÷ apart`` the cost of
+    sharing one group's partitions (rebalances, smaller shares, more commits, commit retries).
+    The configurations rotate within each round (reversed in odd rounds). Per run it prints each
+    child's batches, commit retries, skipped records, rebalances, worker and decoder CPU per
+    event and context switches. Wall time is printed beside: on this 2-core machine two
+    processes cannot run faster by the clock than one that already keeps both cores busy.
     """
     from benchmarks.ingest_ab import run_group
     from warehouse.query import run_query
 
-    cpu: dict[int, list[float]] = {1: [], 2: []}
-    wall: dict[int, list[float]] = {1: [], 2: []}
+    pinning = len(os.sched_getaffinity(0)) >= 2
+    configs = _SCALEOUT_CONFIGS if pinning else _SCALEOUT_CONFIGS[:2]
+    cpu: dict[str, list[float]] = {c: [] for c in configs}
+    wall: dict[str, list[float]] = {c: [] for c in configs}
+    children: dict[str, list[list[dict[str, Any]]]] = {c: [] for c in configs}
     checks: list[tuple[int, int, int]] = []
     rows: dict[int, int] = {}
     with bench_home(home) as settings:
         produce_encoded(settings, encoded_events(events))
         for round_ in range(rounds):
-            for workers in (1, 2) if round_ % 2 == 0 else (2, 1):
-                namespace = f"scale_{workers}_{round_}"
-                runs = run_group(settings, workers, namespace)
-                total, distinct, partitions = run_query(
-                    settings.model_copy(update={"namespace": namespace}),
-                    "SELECT count(*), count(DISTINCT event_id), count(DISTINCT kafka_partition) FROM events",
-                )[1][0]
-                rows[workers] = total
-                if workers == 2:
+            for config in configs if round_ % 2 == 0 else configs[::-1]:
+                workers, apart = (2 if config.startswith("two") else 1), "apart" in config
+                namespace = f"scale_{config.replace(' ', '_')}_{round_}"
+                runs = run_group(settings, workers, namespace, cpus=_scaleout_cpus(config, round_), apart=apart)
+                for written in [f"{namespace}_{i}" for i in range(workers)] if apart else [namespace]:
+                    total, distinct, partitions = run_query(
+                        settings.model_copy(update={"namespace": written}),
+                        "SELECT count(*), count(DISTINCT event_id), count(DISTINCT kafka_partition) FROM events",
+                    )[1][0]
+                    if distinct != events:
+                        raise RuntimeError(f"{config}: {written} holds {distinct} distinct of {events} events")
+                if not apart:
+                    rows[workers] = total
+                if workers == 2 and not apart:
                     checks.append((total - distinct, events - distinct, partitions))
                 landed = sum(r.events for r in runs)
-                if distinct != events or landed != events:
-                    raise RuntimeError(f"{workers} workers landed {landed} ({distinct} distinct) of {events} events")
-                cpu[workers].append(sum(r.cpu_s for r in runs) / events * 1e6)
+                if landed != events * (workers if apart else 1):
+                    raise RuntimeError(f"{config}: landed {landed} of {events} events per group")
+                cpu[config].append(sum(r.cpu_s for r in runs) / landed * 1e6)
                 first = min(r.extra["first_at"] for r in runs if r.extra.get("first_at"))
-                wall[workers].append(max(r.extra["last_at"] for r in runs) - first)
+                wall[config].append(max(r.extra["last_at"] for r in runs) - first)
+                children[config].append([{"events": r.events, "cpu_s": r.cpu_s, **r.extra} for r in runs])
                 split = ", ".join(f"{r.events:,} events {r.cpu_s / max(r.events, 1) * 1e6:.2f} µs" for r in runs)
                 print(
-                    f"  {workers} process(es): {cpu[workers][-1]:.2f} µs CPU/event, "
-                    f"{events / wall[workers][-1] / 1e3:.1f}k events/s ({split})",
+                    f"  {config} (round {round_}): {cpu[config][-1]:.2f} µs CPU/event, "
+                    f"{landed / wall[config][-1] / 1e3:.1f}k events/s ({split})",
                     flush=True,
                 )
-    one, two = statistics.median(cpu[1]), statistics.median(cpu[2])
-    one_wall, two_wall = statistics.median(wall[1]), statistics.median(wall[2])
+                for index, run in enumerate(runs):
+                    print(_scaleout_child_line(index, run), flush=True)
+    median = {c: statistics.median(cpu[c]) for c in configs}
+    one, two = median["one"], median["two"]
+    one_wall, two_wall = statistics.median(wall["one"]), statistics.median(wall["two"])
     figures = [
         Figure("events per CPU-second, 2 processes vs 1 (medians)", 1e6 / two, 1e6 / one, "events/CPU-s"),
         Figure(
@@ -285,13 +343,32 @@ def bench_scaleout(events: int = 300_000, home: Path | None = None, rounds: int 
             "events/s",
         ),
     ]
+    if pinning:
+        figures.append(
+            Figure(
+                "events per CPU-second, 2 processes vs 1, one CPU per process (medians)",
+                1e6 / median["two pinned"],
+                1e6 / median["one pinned"],
+                "events/CPU-s",
+            )
+        )
     result = {
         "events": events,
         "rounds": rounds,
-        "one_cpu_us_per_event": cpu[1],
-        "two_cpu_us_per_event": cpu[2],
+        "one_cpu_us_per_event": cpu["one"],
+        "two_cpu_us_per_event": cpu["two"],
         "scale_out_factor": 2 * one / two,
         "wall_ratio": one_wall / two_wall,
+        "one_pinned_cpu_us_per_event": cpu.get("one pinned"),
+        "two_pinned_cpu_us_per_event": cpu.get("two pinned"),
+        "scale_out_factor_pinned": 2 * median["one pinned"] / median["two pinned"] if pinning else None,
+        "lone_pinning_cost": median["one pinned"] / one if pinning else None,
+        "two_apart_pinned_cpu_us_per_event": cpu.get("two apart pinned"),
+        # two pinned ingests in groups of their own (each draining the whole backlog) against the lone
+        # pinned one: what running beside another ingest costs by itself, without sharing any work
+        "co_running_cost": median["two apart pinned"] / median["one pinned"] if pinning else None,
+        # the pair in one group against the same two apart: ingest's own cost of sharing the partitions
+        "coordination_cost": median["two pinned"] / median["two apart pinned"] if pinning else None,
         "one_worker_rows": rows[1],
         "two_workers_rows": rows[2],
         "two_workers_duplicates": max(c[0] for c in checks),
@@ -300,11 +377,25 @@ def bench_scaleout(events: int = 300_000, home: Path | None = None, rounds: int 
         "figures": [f.as_dict() for f in figures],
     }
     print_figures("scaleout", figures, result)
+    result["children"] = children  # per run, per child: what the lines above printed (not printed again)
     print(
         f"  scale-out factor 2 × {one:.2f} / {two:.2f} µs = {result['scale_out_factor']:.2f}× one process "
         f"(target ≥ 1.8×); duplicates {result['two_workers_duplicates']}, lost {result['two_workers_lost']}, "
         f"partitions {result['partitions_covered']}"
     )
+    if pinning:
+        one_pinned, two_pinned = median["one pinned"], median["two pinned"]
+        print(
+            f"  one CPU per process: 2 × {one_pinned:.2f} / {two_pinned:.2f} µs = "
+            f"{result['scale_out_factor_pinned']:.2f}× one process; the lone process pinned to one CPU "
+            f"costs {result['lone_pinning_cost']:.2f}× its unpinned CPU per event "
+            f"(so 2 × unpinned one / pinned two = {2 * one / two_pinned:.2f}×)"
+        )
+        print(
+            f"  pinned pair {two_pinned:.2f} µs = lone pinned {one_pinned:.2f} µs × {result['co_running_cost']:.2f} "
+            f"(two ingests apart, each its own group and whole backlog, {median['two apart pinned']:.2f} µs: "
+            f"running beside another ingest) × {result['coordination_cost']:.2f} (sharing one group's partitions)"
+        )
     return result
 
 

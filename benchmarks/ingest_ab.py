@@ -135,6 +135,8 @@ def _finish_child(child: subprocess.Popen[bytes], stderr: Any, stderr_path: Path
                     "worker_faults",
                     "decoder_sys_s",
                     "decoder_faults",
+                    *("commit_retries", "skipped", "assignments", "revocations", "worker_switches"),
+                    *("decoder_switches", "cpus", "decoder_cpus"),
                     "first_at",
                     "last_at",
                 )
@@ -157,16 +159,36 @@ def run_child(
         shutil.rmtree(home, ignore_errors=True)
 
 
-def run_group(settings: Settings, workers: int, namespace: str, until_idle: float = 1.0) -> list[Run]:
+def run_group(
+    settings: Settings,
+    workers: int,
+    namespace: str,
+    until_idle: float = 1.0,
+    cpus: list[set[int]] | None = None,
+    apart: bool = False,
+) -> list[Run]:
     """``workers`` ingest children of this tree at once, in one consumer group, into ``settings``' home.
 
     They share the home (one catalog) and write ``namespace``, so what they landed together can be
-    checked for duplicates and loss afterwards.
+    checked for duplicates and loss afterwards. ``cpus``, one set per child, pins each child (its
+    worker, and so the decoder it spawns) to those CPUs. ``apart``: each child in a group of its
+    own, writing ``<namespace>_<i>``, so each drains the whole topic alone while the others run.
     """
     group = f"scale-{namespace}-{uuid.uuid4().hex[:8]}"
-    env = _child_env(settings, HERE, settings.home_dir, group, TRAJLAKE_NAMESPACE=namespace)
+    envs = [
+        _child_env(
+            settings,
+            HERE,
+            settings.home_dir,
+            f"{group}-{i}" if apart else group,
+            TRAJLAKE_NAMESPACE=f"{namespace}_{i}" if apart else namespace,
+        )
+        for i in range(workers)
+    ]
+    if cpus is not None:
+        envs = [{**env, "INGEST_CHILD_CPUS": ",".join(map(str, sorted(cpus[i])))} for i, env in enumerate(envs)]
     logs = [settings.home_dir / f"{namespace}-{i}.log" for i in range(workers)]
-    started = [_start_child(env, "ingest", until_idle, log) for log in logs]
+    started = [_start_child(child_env, "ingest", until_idle, log) for child_env, log in zip(envs, logs, strict=True)]
     return [
         _finish_child(child, stderr, log, f"{namespace}-{i}", "ingest")
         for i, ((child, stderr), log) in enumerate(zip(started, logs, strict=True))

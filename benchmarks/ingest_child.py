@@ -18,7 +18,17 @@ environment the driver sets. It prints one JSON line:
   ``worker_gc_collections``: the CPU the worker process's cyclic garbage collector took over
   ``run()`` (thread CPU of the collecting thread, from ``gc.callbacks``), and how many collections;
 * ``kafka_threads_cpu_s``: the part of the measured CPU that librdkafka's own threads took
-  (read from ``/proc`` while they run: they have no Python stack for a profiler to sample).
+  (read from ``/proc`` while they run: they have no Python stack for a profiler to sample);
+* ingest only, for ``bench scaleout``: ``commit_retries`` and ``skipped`` from the worker's stats
+  (``None`` where the checkout has no such count), ``assignments`` / ``revocations``: how often the
+  group handed the worker partitions and took them back, ``worker_switches`` / ``decoder_switches``:
+  voluntary and involuntary context switches of each process over the measured span (all
+  threads; the decoder's from ``/proc`` at the start and its reaped rusage at the end), and
+  ``cpus`` / ``decoder_cpus``: the CPUs each process may run on.
+
+``INGEST_CHILD_CPUS`` (e.g. ``0`` or ``0,1``) pins this process to those CPUs before the worker
+is built, so its decoder process, spawned from it, and every thread inherit the pin
+(``decoder_cpus`` shows that they did).
 
 Modes: ``ingest`` (one worker, ``--until-idle``) and ``consume`` (a plain consumer with the
 worker's own consumer settings that reads every record's value and drops it: the floor any
@@ -81,6 +91,52 @@ def _process_faults(pid: int) -> tuple[float, int]:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return int(fields[12]) / os.sysconf("SC_CLK_TCK"), int(fields[7])
+
+
+CPUS_ENV = "INGEST_CHILD_CPUS"
+
+
+def pin_from_env() -> None:
+    """Pin this process to the CPUs ``INGEST_CHILD_CPUS`` lists (comma-separated), if it is set."""
+    text = os.environ.get(CPUS_ENV, "").strip()
+    if text:
+        os.sched_setaffinity(0, {int(cpu) for cpu in text.split(",")})
+
+
+def _thread_switches(pid: int) -> tuple[int, int]:
+    """Voluntary and involuntary context switches so far of a running process's live threads."""
+    voluntary = involuntary = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as status:
+                for line in status:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        voluntary += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches:"):
+                        involuntary += int(line.split()[1])
+        except OSError:  # the thread ended meanwhile
+            continue
+    return voluntary, involuntary
+
+
+class _Rebalances:
+    """Counts the group's assignments and revocations by wrapping the worker's callbacks before ``run()``."""
+
+    def __init__(self, worker: Any) -> None:
+        self.assignments = self.revocations = 0
+        on_assign, on_revoke = getattr(worker, "_on_assign", None), getattr(worker, "_on_revoke", None)
+        if on_assign is None or on_revoke is None:
+            return
+
+        def assign(consumer: Any, partitions: Any) -> None:
+            self.assignments += 1
+            on_assign(consumer, partitions)
+
+        def revoke(consumer: Any, partitions: Any) -> None:
+            self.revocations += 1
+            on_revoke(consumer, partitions)
+
+        worker._on_assign, worker._on_revoke = assign, revoke
 
 
 def _decoder_pid(worker: Any) -> int | None:
@@ -175,6 +231,9 @@ def run_ingest(until_idle: float) -> dict[str, Any]:
     gc.callbacks.append(collector)
     decoder_pid = _decoder_pid(worker)
     decoder_sys_before, decoder_faults_before = _process_faults(decoder_pid) if decoder_pid else (0.0, 0)
+    decoder_switches_before = _thread_switches(decoder_pid) if decoder_pid else (0, 0)
+    decoder_cpus = sorted(os.sched_getaffinity(decoder_pid)) if decoder_pid else None
+    rebalances = _Rebalances(worker)
     kafka_threads = _KafkaThreads()
     kafka_threads.start()
     self_before = resource.getrusage(resource.RUSAGE_SELF)
@@ -206,6 +265,20 @@ def run_ingest(until_idle: float) -> dict[str, Any]:
         "worker_faults": self_after.ru_minflt - self_before.ru_minflt,
         "decoder_sys_s": decoder.ru_stime - decoder_sys_before,
         "decoder_faults": decoder.ru_minflt - decoder_faults_before,
+        "commit_retries": getattr(stats, "commit_retries", None),
+        "skipped": getattr(stats, "skipped", None),
+        "assignments": rebalances.assignments,
+        "revocations": rebalances.revocations,
+        "worker_switches": [
+            self_after.ru_nvcsw - self_before.ru_nvcsw,
+            self_after.ru_nivcsw - self_before.ru_nivcsw,
+        ],
+        "decoder_switches": [
+            decoder.ru_nvcsw - decoder_switches_before[0],
+            decoder.ru_nivcsw - decoder_switches_before[1],
+        ],
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "decoder_cpus": decoder_cpus,
         "first_at": probe.first_at,
         "last_at": last_ms / 1000,
         "phases": None
@@ -254,6 +327,7 @@ def run_consume(expected: int) -> dict[str, Any]:
 
 def main() -> None:
     mode, argument = sys.argv[1], float(sys.argv[2])
+    pin_from_env()
     result = run_ingest(argument) if mode == "ingest" else run_consume(int(argument))
     result["pid"] = os.getpid()
     print(json.dumps(result), flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,19 @@ def test_bench_scaleout_two_workers_split_partitions_without_duplicates(tmp_path
     assert result["two_workers_rows"] == result["one_worker_rows"] == 2_000
     assert (result["two_workers_duplicates"], result["two_workers_lost"]) == (0, 0)
     assert result["partitions_covered"] == 8
+    # Each child reports what separates ingest's coordination from the scheduler's costs.
+    for runs in result["children"].values():
+        for child in (c for run in runs for c in run):
+            assert isinstance(child["commit_retries"], int) and isinstance(child["skipped"], int)
+            assert child["batches"] >= 1 and child["assignments"] >= 1
+            assert all(isinstance(n, int) and n >= 0 for n in child["worker_switches"] + child["decoder_switches"])
+    # Pinned, each child and the decoder it spawned are on one CPU, the pair's on different ones.
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert result["scale_out_factor_pinned"] > 0
+        for config, width in (("one pinned", 1), ("two pinned", 2)):
+            for run in result["children"][config]:
+                assert [c["cpus"] for c in run] == [c["decoder_cpus"] for c in run]
+                assert all(len(c["cpus"]) == 1 for c in run) and len({c["cpus"][0] for c in run}) == width
 
 
 def test_every_benchmark_module_is_reachable_from_a_command() -> None:
