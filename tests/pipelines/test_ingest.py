@@ -10,6 +10,8 @@ import sys
 
 import pytest
 from confluent_kafka import Message
+from hypothesis import given
+from hypothesis import strategies as st
 
 from common.memory import STEADY_GC_GEN0
 from common.settings import Settings
@@ -170,6 +172,31 @@ def test_recent_keys_join_session_and_event_in_arrow_as_the_window_is_warmed() -
     assert expected == ["s1\x1fe1", "\x1fe2", "s3\x1f", "s\x1f4\x1fe4"]
     assert recent_keys(pa.array(sessions), pa.array(events)) == expected
     assert recent_keys(pa.chunked_array([sessions[:1], sessions[1:]], pa.large_string()), pa.array(events)) == expected
+
+
+@given(
+    st.lists(st.tuples(st.none() | st.text(max_size=40), st.none() | st.text(max_size=40)), max_size=30),
+    st.sampled_from(["string", "large_string"]),
+    st.integers(min_value=1, max_value=4),
+)
+def test_recent_keys_of_any_ids_are_session_0x1f_event_and_tell_different_pairs_apart(
+    pairs: list[tuple[str | None, str | None]], kind: str, chunks: int
+) -> None:
+    """Ids come from every host: whatever text they hold, the key is the session, 0x1F, the event id (missing: empty),
+    and two pairs get the same key only when that text is the same."""
+    import pyarrow as pa
+
+    from pipelines.ingest.recent_ids import recent_keys
+
+    sessions, events = [s for s, _ in pairs], [e for _, e in pairs]
+    step = max(1, -(-len(pairs) // chunks))
+    chunked = pa.chunked_array(
+        [sessions[i : i + step] for i in range(0, len(sessions), step)] or [[]], getattr(pa, kind)()
+    )
+    keys = recent_keys(chunked, pa.array(events, pa.string()))
+    assert keys == [f"{s or ''}\x1f{e or ''}" for s, e in pairs]
+    if not any("\x1f" in (x or "") for pair in pairs for x in pair):
+        assert len(set(keys)) == len({(s or "", e or "") for s, e in pairs})
 
 
 def test_recent_id_window_is_bounded_and_forgets_the_oldest() -> None:
