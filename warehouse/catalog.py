@@ -96,9 +96,8 @@ def apply_updates(
 
     pyiceberg ends every application of updates with a deep copy of the whole metadata — every
     schema, snapshot, summary and log entry — which it does at least twice per commit (the
-    transaction's staged view, the catalog's staging). The cost grows with the table's history:
-    with 5,000 snapshots (an hour of ``ingest --follow`` at ~1.4 commits/s) a 100-row commit to
-    raw_events took ~1.4 s of CPU, ~65 ms with 100 (docs/performance.md, "Freshness"). The copy
+    transaction's staged view, the catalog's staging). The cost grows with the table's history, which
+    a follower adds to once a second (``trajlake bench commits``, docs/performance.md). The copy
     protects nothing: metadata models are frozen and every update is applied copy-on-write
     (new lists and dicts, ``model_copy(update=…)``), so the result may share unchanged parts with
     ``base``. The same checks run (partition spec and sort order against the schema).
